@@ -1,0 +1,43 @@
+# Two commands do all the set-up (see README):
+#   make run    execute every notebook headlessly and write results, figures and a report
+#   make test   unit tests (Triton kernels under the interpreter on a CPU) + every notebook, quick profile
+# Both create .venv on first use and reuse it afterwards; it is rebuilt only when pyproject.toml changes.
+# To use an environment you already have (conda, a GPU image), pass PYTHON=python and nothing is installed.
+VENV    ?= .venv
+EXTRAS  ?= notebooks,triton,dev
+ARGS    ?=
+
+ifdef PYTHON
+  PY    := $(PYTHON)
+  READY :=
+else
+  PY    := $(VENV)/bin/python
+  READY := $(VENV)/.installed
+endif
+
+.PHONY: run test test-fast env lab clean-venv
+
+run: $(READY)
+	$(PY) -m mahia run $(ARGS)
+
+test: $(READY)
+	$(PY) -m pytest $(ARGS)
+
+# Unit tests only (no notebook execution): the quick loop while developing.
+test-fast: $(READY)
+	$(PY) -m pytest -m "not notebooks" $(ARGS)
+
+env: $(READY)
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+lab: $(READY)
+	$(PY) -m pip install --quiet -e ".[lab]" && $(PY) -m jupyter lab notebooks
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,63 @@
+"""``python -m mahia.bench {kernels,moe,meta,hybrid,all} [--quick] [--device D] [--results-dir R]``"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+from . import SUITES
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mahia.bench")
+    p.add_argument("suites", nargs="+", help=f"one or more of {sorted(SUITES)} or 'all'")
+    p.add_argument("--quick", action="store_true", help="small sizes (CPU smoke run)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--results-dir", default=None)
+    args = p.parse_args(argv)
+    names = sorted(SUITES) if "all" in args.suites else args.suites
+    bad = [n for n in names if n not in SUITES]
+    if bad:
+        print(f"error: unknown suite(s) {bad}; choose from {sorted(SUITES)} or 'all'", file=sys.stderr)
+        return 2
+    from .. import hardware
+    from ..results import Recorder, default_results_dir
+    try:
+        dev = hardware.resolve_device(args.device)
+    except (RuntimeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    root = args.results_dir or default_results_dir()
+    ceil = hardware.ceilings(dev, results_dir=root, quick=args.quick)
+    print(f"{hardware.device_slug(dev)}: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
+          f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s",
+          flush=True)
+    rc = 0
+    rec = None
+    for name in names:
+        t0 = time.perf_counter()
+        rec = Recorder(f"bench_{name}", dev, results_dir=root, ceilings=ceil)
+        try:
+            importlib.import_module(SUITES[name]).run(rec, ceil, quick=args.quick)
+        except Exception as e:  # report and go on with the next suite
+            import traceback
+            traceback.print_exc()
+            print(f"suite {name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = 1
+        df = rec.frame()
+        print(f"\n== {name} ({time.perf_counter() - t0:.0f} s) ==")
+        if len(df):
+            cols = ["experiment", "variant", "shape", "dtype", "median_ms", "gbps", "tflops", "frac_of_limit"]
+            print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if rec is not None:
+        metrics = rec.summarize()
+        print("\nheadline metrics:")
+        for k, v in metrics.items():
+            if v is not None:
+                print(f"  {k}: {v:.4g}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Timing that tells the truth about asynchronous devices.
+
+A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around a launch
+measures the launch, not the work. ``bench`` therefore times
+
+* on CUDA with device events, through ``triton.testing.do_bench`` when Triton is there (it also
+  flushes the L2 cache before every repetition, so a small input is not served from cache), else
+  with ``torch.cuda.Event`` pairs around each repetition after an L2-sized buffer write;
+* on the CPU with ``torch.utils.benchmark.Timer`` (which handles warm-up and thread settings).
+
+The first call is timed apart (``first_call_ms``): compilation, autotuning and allocator growth
+happen there and would otherwise pollute the median. Peak device memory over one extra call is
+reported on CUDA (``None`` on the CPU, where PyTorch tracks no allocator peak).
+
+Statistics: median with the 20th and 80th percentiles of the per-repetition times.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["Timing", "bench", "synchronize", "naive_host_time"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    n: int
+    first_call_ms: float | None = None
+    peak_mem_bytes: int | None = None
+    device: str = "cpu"
+
+    @property
+    def spread(self) -> float:
+        """Relative width of the 20-80 percentile band."""
+        return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else math.nan
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        s = f"{self.median_ms:.4g} ms [{self.p20_ms:.4g}, {self.p80_ms:.4g}] (n={self.n})"
+        if self.peak_mem_bytes is not None:
+            s += f", peak {self.peak_mem_bytes / 2**20:.1f} MiB"
+        return s
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for queued work on ``device`` (no-op on the CPU)."""
+    dev = torch.device(device) if device is not None else None
+    if (dev is None or dev.type == "cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize(dev)
+
+
+def naive_host_time(fn: Callable[[], object], n: int = 10) -> float:
+    """What a naive ``perf_counter`` around a loop reports, in ms per call (no synchronization).
+
+    Kept to *show* why it lies on a GPU (notebook 00); never used for a reported figure.
+    """
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def _percentiles(times: list[float]) -> tuple[float, float, float]:
+    xs = sorted(times)
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=10, method="inclusive")  # deciles: q[1]=20%, q[7]=80%
+    return statistics.median(xs), q[1], q[7]
+
+
+def _cuda_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, flush_l2: bool,
+                max_reps: int) -> list[float]:
+    # Estimate one call's time, then choose repetition counts from the budgets.
+    cache = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        if cache is not None:
+            cache.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 3, 1e-3)
+    n_warm = max(1, int(warmup_ms / est))
+    n_rep = max(3, min(max_reps, int(rep_ms / est)))
+    for _ in range(n_warm):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
+    for s, e in zip(starts, ends):
+        if cache is not None:
+            cache.zero_()  # evict the inputs from L2 so each repetition reads device memory
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def _cpu_times(fn: Callable[[], object], rep_ms: float, max_reps: int) -> list[float]:
+    from torch.utils import benchmark
+
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    # blocked_autorange picks a block size so each measurement is >= ~rep_ms / 10.
+    m = timer.blocked_autorange(min_run_time=rep_ms / 1e3)
+    times = [t * 1e3 for t in m.times][:max_reps]
+    return times
+
+
+def bench(
+    fn: Callable[[], object],
+    *,
+    device: torch.device | str | None = None,
+    warmup_ms: float = 25,
+    rep_ms: float = 100,
+    flush_l2: bool = True,
+    memory: bool = True,
+    max_reps: int = 1000,
+) -> Timing:
+    """Time the zero-argument callable ``fn`` and return median and spread in milliseconds.
+
+    ``device`` defaults to CUDA when available. ``fn`` must do the full unit of work (e.g. forward
+    and backward) and should not allocate its inputs. The first call is timed apart, synchronized
+    with a host clock; it includes compilation and autotuning.
+    """
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("bench(device='cuda') but CUDA is not available on this machine")
+
+    synchronize(dev)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(dev)
+    first = (time.perf_counter() - t0) * 1e3
+
+    peak = None
+    if dev.type == "cuda":
+        if memory:
+            torch.cuda.reset_peak_memory_stats(dev)
+            base = torch.cuda.memory_allocated(dev)
+            fn()
+            torch.cuda.synchronize(dev)
+            peak = torch.cuda.max_memory_allocated(dev) - base
+        times = _do_bench(fn, warmup_ms, rep_ms, flush_l2, max_reps)
+    else:
+        times = _cpu_times(fn, rep_ms, max_reps)
+    med, p20, p80 = _percentiles(times)
+    return Timing(med, p20, p80, len(times), first, peak, dev.type)
+
+
+def _do_bench(fn, warmup_ms, rep_ms, flush_l2, max_reps) -> list[float]:
+    try:
+        from triton.testing import do_bench
+    except Exception:  # no Triton: CUDA events directly
+        return _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
+    if not flush_l2:
+        return _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
+    try:  # triton >= 3.0: return_mode="all" gives every repetition
+        times = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
+        return list(times)[:max_reps] if isinstance(times, (list, tuple)) else [float(times)]
+    except TypeError:
+        return _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
