@@ -250,8 +250,15 @@ def ratio(experiment, num: str | Sequence[str], den: str, shape=None, dtype=None
     nums = [num] if isinstance(num, str) else list(num)
 
     def rule(df):
-        t_den = _time(df, experiment, den, shape, dtype)
-        t_num = [t for t in (_time(df, experiment, v, shape, dtype) for v in nums) if t is not None]
+        sh = shape
+        if sh is None:  # pair with the shape of the newest ``den`` record, never across shapes
+            sel = _rows(df, experiment, None, dtype)
+            sel = sel[(sel["variant"] == den) & sel["median_ms"].notna()]
+            if sel.empty:
+                return None
+            sh = sel.sort_values("date")["shape"].iloc[-1]
+        t_den = _time(df, experiment, den, sh, dtype)
+        t_num = [t for t in (_time(df, experiment, v, sh, dtype) for v in nums) if t is not None]
         return min(t_num) / t_den if t_den and t_num else None
     return rule
 

@@ -6,7 +6,8 @@ measures the launch, not the work. ``bench`` therefore times
 * on CUDA with device events, through ``triton.testing.do_bench`` when Triton is there (it also
   flushes the L2 cache before every repetition, so a small input is not served from cache), else
   with ``torch.cuda.Event`` pairs around each repetition after an L2-sized buffer write;
-* on the CPU with ``torch.utils.benchmark.Timer`` (which handles warm-up and thread settings).
+* on the CPU with ``torch.utils.benchmark.Timer`` (the CPU runs work when it is called, so
+  host time is device time), in samples of several calls each.
 
 The first call is timed apart (``first_call_ms``): compilation, autotuning and allocator growth
 happen there and would otherwise pollute the median. Peak device memory over one extra call is
@@ -80,41 +81,56 @@ def _percentiles(times: list[float]) -> tuple[float, float, float]:
 
 def _cuda_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, flush_l2: bool,
                 max_reps: int) -> list[float]:
-    # Estimate one call's time, then choose repetition counts from the budgets.
+    """Per-call times from CUDA events.
+
+    With ``flush_l2`` each repetition is one call after an L2-sized buffer write (the write also
+    gives the CPU time to queue the call, so the events time the kernel, not the launch). Without
+    it, calls run back to back in blocks of ``k`` between one pair of events, and each block's
+    time / k is one sample: timing a single short kernel between events would measure the host's
+    launch gap instead.
+    """
     cache = torch.empty(256 * 2**20 // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
     start.record()
-    for _ in range(3):
-        if cache is not None:
-            cache.zero_()
+    for _ in range(5):
         fn()
     end.record()
     torch.cuda.synchronize()
-    est = max(start.elapsed_time(end) / 3, 1e-3)
-    n_warm = max(1, int(warmup_ms / est))
-    n_rep = max(3, min(max_reps, int(rep_ms / est)))
-    for _ in range(n_warm):
+    est = max(start.elapsed_time(end) / 5, 1e-4)
+    for _ in range(max(1, int(warmup_ms / est))):
         fn()
+    if flush_l2:
+        k, n_rep = 1, max(3, min(max_reps, int(rep_ms / est)))
+    else:
+        k = max(1, int(0.5 / est))  # blocks of >= ~0.5 ms
+        n_rep = max(5, min(max_reps, int(rep_ms / (est * k))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     for s, e in zip(starts, ends):
         if cache is not None:
             cache.zero_()  # evict the inputs from L2 so each repetition reads device memory
         s.record()
-        fn()
+        for _ in range(k):
+            fn()
         e.record()
     torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    return [s.elapsed_time(e) / k for s, e in zip(starts, ends)]
 
 
-def _cpu_times(fn: Callable[[], object], rep_ms: float, max_reps: int) -> list[float]:
+def _cpu_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, max_reps: int) -> list[float]:
+    """Per-call times from ``torch.utils.benchmark.Timer``: samples of ``k`` calls each (>= ~1 ms),
+    at least 5 samples, within about ``rep_ms``."""
     from torch.utils import benchmark
 
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    # blocked_autorange picks a block size so each measurement is >= ~rep_ms / 10.
-    m = timer.blocked_autorange(min_run_time=rep_ms / 1e3)
-    times = [t * 1e3 for t in m.times][:max_reps]
-    return times
+    est = max(timer.timeit(1).mean, 1e-7) * 1e3  # ms; the first call was already made by bench()
+    if warmup_ms > est:
+        timer.timeit(max(1, int(warmup_ms / est)))
+    k = max(1, int(1.0 / est))
+    n = max(5, min(max_reps, int(rep_ms / (est * k))))
+    return [timer.timeit(k).mean * 1e3 for _ in range(n)]
 
 
 def bench(
@@ -154,7 +170,7 @@ def bench(
             peak = torch.cuda.max_memory_allocated(dev) - base
         times = _do_bench(fn, warmup_ms, rep_ms, flush_l2, max_reps)
     else:
-        times = _cpu_times(fn, rep_ms, max_reps)
+        times = _cpu_times(fn, warmup_ms, rep_ms, max_reps)
     med, p20, p80 = _percentiles(times)
     return Timing(med, p20, p80, len(times), first, peak, dev.type)
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # -- timing ------------------------------------------------------------------------------------------
 def test_bench_orders_percentiles_and_reports_first_call():
     x = torch.randn(256, 256)
-    t = bench(lambda: x @ x, rep_ms=20)
+    t = bench(lambda: x @ x, device="cpu", rep_ms=20)
     assert t.n >= 1 and t.device == "cpu"
     assert 0 < t.p20_ms <= t.median_ms <= t.p80_ms
     assert t.first_call_ms is not None and t.first_call_ms > 0
@@ -27,10 +27,10 @@ def test_bench_orders_percentiles_and_reports_first_call():
 
 
 def test_bench_sees_more_work():
-    small, big = torch.randn(64, 64), torch.randn(512, 512)
-    t_small = bench(lambda: small @ small, rep_ms=20)
-    t_big = bench(lambda: big @ big, rep_ms=20)
-    assert t_big.median_ms > 5 * t_small.median_ms  # 512 times the FLOPs
+    small, big = torch.randn(32, 32), torch.randn(1024, 1024)
+    t_small = bench(lambda: small @ small, device="cpu", rep_ms=20)
+    t_big = bench(lambda: big @ big, device="cpu", rep_ms=20)
+    assert t_big.median_ms > 5 * t_small.median_ms  # 32768 times the FLOPs
 
 
 def test_bench_cuda_without_gpu_is_a_clear_error():

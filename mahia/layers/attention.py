@@ -1,0 +1,682 @@
+"""Attention: the textbook path, PyTorch's fused SDPA kernels with an explicit backend, a chunked path,
+and the attention layer with a static KV cache for graph-capturable decoding.
+
+For one head, queries q (T, D), keys k (S, D), values v (S, Dv):
+
+    out = softmax(q @ k^T * scale + mask) @ v,        scale = 1 / sqrt(D)
+
+Grouped-query attention (GQA): q has Hq heads, k and v have Hkv heads with Hq % Hkv == 0; query head
+h reads kv head h // (Hq / Hkv) (the layout of ``repeat_interleave``, the same as SDPA's
+``enable_gqa``).
+
+Causal masking aligns the query block to the *end* of the keys (bottom-right): query i of T sees keys
+j <= i + S - T. For S == T that is the usual lower triangle; for S > T it is what decoding needs (the T
+new tokens are the last T positions of the sequence). ``F.scaled_dot_product_attention(is_causal=True)``
+aligns top-left instead, so for S != T the SDPA path passes an explicit mask.
+
+Paths, all computing the same function:
+
+* :func:`manual_attention` ("before"): materializes the (T, S) score matrix, softmax in float32.
+* :func:`sdpa_attention` ("after"): ``F.scaled_dot_product_attention`` with a chosen kernel, "flash",
+  "cudnn", "efficient" or "math", or None to let PyTorch pick; :func:`resolve_backend` falls back
+  (warning once) when the chosen one cannot run on these inputs.
+* :func:`chunked_attention`: queries in chunks, so the manual path needs O(chunk_size * S) memory.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from mahia.kernels._registry import check_float_tensor, check_same_device
+from mahia.layers.rope import IMPLS as ROPE_IMPLS
+from mahia.layers.rope import apply_rope
+
+__all__ = [
+    "IMPLS",
+    "BACKENDS",
+    "repeat_kv",
+    "causal_mask",
+    "manual_attention",
+    "sdpa_attention",
+    "chunked_attention",
+    "attention",
+    "resolve_backend",
+    "available_backends",
+    "clear_backend_cache",
+    "attention_flops",
+    "attention_bytes",
+    "rope_rows",
+    "decode_mask",
+    "StaticKVCache",
+    "Attention",
+]
+
+IMPLS = ("sdpa", "manual", "chunked")
+# Fallback order: fastest kernels first, "math" (always runnable) last.
+BACKENDS = ("flash", "cudnn", "efficient", "math")
+_SDP_BACKEND = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+DEFAULT_CHUNK_SIZE = 1024
+
+
+# ---------------------------------------------------------------------------------------------------
+# Input checks and masks
+# ---------------------------------------------------------------------------------------------------
+
+def _check_qkv(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Raise TypeError/ValueError naming the argument unless q (B,Hq,T,D), k (B,Hkv,S,D), v (B,Hkv,S,Dv)
+    fit together."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float_tensor(fn, name, t, min_dim=4)
+        if t.dim() != 4:
+            raise ValueError(f"{fn}: {name} must be 4-d (B, H, seq, head_dim), got shape {tuple(t.shape)}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{fn}: q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    check_same_device(fn, q=q, k=k, v=v)
+    B, Hq, _, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"{fn}: k and v must have the batch size of q ({B}), "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if k.shape[-1] != D:
+        raise ValueError(f"{fn}: k must have the head dim of q ({D}), got k {tuple(k.shape)}")
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"{fn}: v must be (B, Hkv, S, Dv) with (B, Hkv, S) of k {tuple(k.shape[:3])}, "
+                         f"got v {tuple(v.shape)}")
+    Hkv = k.shape[1]
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"{fn}: the number of query heads Hq={Hq} must be a multiple of the number of "
+                         f"kv heads Hkv={Hkv} (dim 1 of k and v)")
+
+
+def _check_causal_lengths(fn: str, T: int, S: int, causal: bool) -> None:
+    if causal and S < T:
+        raise ValueError(f"{fn}: causal attention aligns the T={T} queries to the end of the S={S} keys and "
+                         "needs S >= T (otherwise the first queries see no key)")
+
+
+def _check_mask(fn: str, attn_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"{fn}: attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+        raise TypeError(f"{fn}: attn_mask must be bool (True = attend) or floating (added to the scores), "
+                        f"got {attn_mask.dtype}")
+    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    try:
+        ok = attn_mask.dim() >= 2 and torch.broadcast_shapes(attn_mask.shape, full) == full
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{fn}: attn_mask must have >= 2 dims and broadcast to (B, Hq, T, S) = {full}, "
+                         f"got shape {tuple(attn_mask.shape)}")
+    check_same_device(fn, q=q, attn_mask=attn_mask)
+
+
+def _check_backend(fn: str, backend: str | None) -> None:
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, Hkv, S, D) -> (B, Hkv * n_rep, S, D); head h of the result is kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    B, Hkv, S, D = x.shape
+    return x[:, :, None].expand(B, Hkv, n_rep, S, D).reshape(B, Hkv * n_rep, S, D)
+
+
+def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Bool (T, S), True where query i may attend key j, i.e. j <= i + S - T (aligned to the end)."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
+
+
+def _combined_mask(q: torch.Tensor, k: torch.Tensor, causal: bool,
+                   attn_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, bool]:
+    """The (mask, is_causal) pair to hand to SDPA so that it computes bottom-right causal attention.
+
+    SDPA's own ``is_causal`` is used only for S == T without a user mask (where top-left and
+    bottom-right agree); it lets flash attention run. Otherwise the causal triangle goes into the mask.
+    Float masks are cast to the dtype of q, which SDPA requires.
+    """
+    T, S = q.shape[2], k.shape[2]
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.to(q.dtype)
+    if not causal:
+        return attn_mask, False
+    if attn_mask is None and S == T:
+        return None, True
+    keep = causal_mask(T, S, q.device)  # (T, S)
+    if attn_mask is None:
+        return keep, False
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & keep, False
+    return attn_mask.masked_fill(~keep, float("-inf")), False
+
+
+# ---------------------------------------------------------------------------------------------------
+# The paths
+# ---------------------------------------------------------------------------------------------------
+
+def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                     attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """softmax(q @ k^T * scale + mask) @ v, the textbook way: the full score matrix is materialized.
+
+    q (B, Hq, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> (B, Hq, T, Dv), in the dtype of q.
+    The scores come out of the matmul in the input dtype; scaling, masking and softmax run in float32
+    (float64 for float64 inputs). ``causal=True`` needs S >= T and aligns the queries to the end of the
+    keys: query i sees keys j <= i + S - T (decoding: the T new tokens are the last T positions).
+    ``attn_mask`` is bool (True = attend) or floating (added to the scores), broadcastable to
+    (B, Hq, T, S); with ``causal`` both apply. A query row that can see no key gives NaN.
+    Memory: O(B * Hq * T * S) for the scores and the probabilities.
+    """
+    fn = "manual_attention"
+    _check_qkv(fn, q, k, v)
+    _check_mask(fn, attn_mask, q, k)
+    T, S, D = q.shape[2], k.shape[2], q.shape[3]
+    _check_causal_lengths(fn, T, S, causal)
+    scale = D ** -0.5 if scale is None else scale
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, Hq, S, D)
+
+    dt = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.matmul(q, k.transpose(-2, -1)).to(dt) * scale  # (B, Hq, T, S)
+    if causal:
+        scores = scores.masked_fill(~causal_mask(T, S, q.device), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        else:
+            scores = scores + attn_mask.to(dt)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs.to(v.dtype), v)  # (B, Hq, T, Dv)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                   attn_mask: torch.Tensor | None = None, backend: str | None = None,
+                   scale: float | None = None) -> torch.Tensor:
+    """The same function as :func:`manual_attention`, through ``F.scaled_dot_product_attention``.
+
+    ``backend`` picks the kernel: "flash" (FlashAttention-2 on CUDA sm80+ in fp16/bf16, no arbitrary
+    mask; on a CPU, PyTorch's own tiled CPU kernel of that name), "cudnn" (cuDNN fused attention, CUDA
+    sm80+), "efficient" (xFormers memory-efficient kernel, CUDA only), "math" (the composite reference,
+    runs everywhere), or None to let PyTorch choose. A named backend that cannot run on these inputs is
+    replaced by the first runnable one in ``BACKENDS`` order, with a warning the first time
+    (:func:`resolve_backend`). GQA uses SDPA's ``enable_gqa`` where the kernel supports it, otherwise
+    the kv heads are repeated first. Causal with S != T passes an explicit bottom-right mask.
+    """
+    fn = "sdpa_attention"
+    _check_qkv(fn, q, k, v)
+    _check_mask(fn, attn_mask, q, k)
+    _check_backend(fn, backend)
+    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
+    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
+    gqa = q.shape[1] != k.shape[1]
+    if backend is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=gqa)
+    name, native_gqa = _plan(q, k, v, backend, mask, is_causal)
+    if gqa and not native_gqa:
+        n_rep = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    with sdpa_kernel(_SDP_BACKEND[name]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=gqa and native_gqa)
+
+
+def _slice_mask(attn_mask: torch.Tensor, t0: int, t1: int, s1: int) -> torch.Tensor:
+    """Rows t0:t1 and columns :s1 of a mask broadcastable to (B, H, T, S) (size-1 dims kept)."""
+    if attn_mask.shape[-2] != 1:
+        attn_mask = attn_mask[..., t0:t1, :]
+    if attn_mask.shape[-1] != 1:
+        attn_mask = attn_mask[..., :s1]
+    return attn_mask
+
+
+def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
+                      chunk_size: int = DEFAULT_CHUNK_SIZE, backend: str | None = None,
+                      attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """The same function as :func:`manual_attention`, ``chunk_size`` queries at a time.
+
+    Rows of softmax(q k^T) are independent, so splitting the queries changes nothing but the peak
+    memory: O(B * Hq * chunk_size * S) instead of O(B * Hq * T * S). With ``causal``, the chunk of
+    queries t0 .. t1-1 sees no key past t1 - 1 + S - T, so keys are cut there (this also skips the
+    masked upper-right blocks); causal attention on the cut keys, aligned to their end, is exactly the
+    causal pattern of the full problem. Each chunk runs :func:`manual_attention` when ``backend`` is
+    None, else :func:`sdpa_attention` with that backend.
+    """
+    fn = "chunked_attention"
+    _check_qkv(fn, q, k, v)
+    _check_mask(fn, attn_mask, q, k)
+    _check_backend(fn, backend)
+    if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size > 0):
+        raise ValueError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
+    T, S = q.shape[2], k.shape[2]
+    _check_causal_lengths(fn, T, S, causal)
+    outs = []
+    for t0 in range(0, T, chunk_size):
+        t1 = min(t0 + chunk_size, T)
+        s1 = t1 + S - T if causal else S  # last key any query of this chunk sees, plus one
+        qc, kc, vc = q[:, :, t0:t1], k[:, :, :s1], v[:, :, :s1]  # (B, Hq, c, D), (B, Hkv, s1, D)
+        mc = None if attn_mask is None else _slice_mask(attn_mask, t0, t1, s1)
+        if backend is None:
+            outs.append(manual_attention(qc, kc, vc, causal=causal, attn_mask=mc, scale=scale))
+        else:
+            outs.append(sdpa_attention(qc, kc, vc, causal=causal, attn_mask=mc, backend=backend, scale=scale))
+    return torch.cat(outs, dim=2)  # (B, Hq, T, Dv)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = "sdpa", causal: bool = True,
+              backend: str | None = None, chunk_size: int | None = None,
+              attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Dispatch to :func:`sdpa_attention`, :func:`manual_attention` or :func:`chunked_attention`.
+
+    ``backend`` applies to "sdpa" and "chunked" (the per-chunk kernel), ``chunk_size`` to "chunked"
+    only (default 1024); passing one to an impl that does not use it is an error, not a silent no-op.
+    """
+    _check_impl_args("attention", impl, backend, chunk_size)
+    if impl == "manual":
+        return manual_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
+    if impl == "sdpa":
+        return sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=backend, scale=scale)
+    return chunked_attention(q, k, v, causal=causal, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
+                             backend=backend, attn_mask=attn_mask, scale=scale)
+
+
+def _check_impl_args(fn: str, impl: str, backend: str | None, chunk_size: int | None) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"{fn}: impl must be one of {IMPLS}, got {impl!r}")
+    _check_backend(fn, backend)
+    if backend is not None and impl == "manual":
+        raise ValueError(f"{fn}: backend={backend!r} applies to impl='sdpa' or 'chunked', not 'manual'")
+    if chunk_size is not None:
+        if impl != "chunked":
+            raise ValueError(f"{fn}: chunk_size applies to impl='chunked' only, got impl={impl!r}")
+        if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size > 0):
+            raise ValueError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which SDPA backend can run
+# ---------------------------------------------------------------------------------------------------
+
+# (backend, properties of the inputs) -> (runs, runs with enable_gqa). Filled on first use per key.
+_runnable: dict[tuple, tuple[bool, bool]] = {}
+# (requested, chosen, properties) that already warned about a fallback.
+_warned: set[tuple] = set()
+
+
+def clear_backend_cache() -> None:
+    """Forget which backends were found runnable and which fallbacks warned (tests; changed settings)."""
+    _runnable.clear()
+    _warned.clear()
+
+
+def _props(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           is_causal: bool) -> tuple:
+    """What the backends' constraints depend on in practice; the cache key (less the backend name)."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return (q.device, q.dtype, q.shape[-1], v.shape[-1], mask is not None, is_causal,
+            q.shape[1] != k.shape[1], k.shape[2] == 1, needs_grad)
+
+
+def _can_use_cuda(name: str, q, k, v, mask, is_causal: bool, gqa: bool) -> bool | None:
+    """PyTorch's own capability check for a CUDA backend on these inputs; None if this torch lacks it."""
+    check = getattr(torch.backends.cuda, {"flash": "can_use_flash_attention",
+                                          "efficient": "can_use_efficient_attention",
+                                          "cudnn": "can_use_cudnn_attention"}[name], None)
+    params_cls = getattr(torch.backends.cuda, "SDPAParams", None)
+    if check is None or params_cls is None:
+        return None
+    try:
+        params = params_cls(q, k, v, mask, 0.0, is_causal, gqa)
+    except TypeError:  # a torch whose SDPAParams has no enable_gqa argument
+        return None
+    # Inside sdpa_kernel so that a caller's own sdpa_kernel(...) context does not veto the backend.
+    with sdpa_kernel(_SDP_BACKEND[name]):
+        return bool(check(params, False))
+
+
+def _try_run(name: str, props: tuple, gqa: bool) -> bool:
+    """Run the backend once on tiny inputs with the given properties; True if it worked."""
+    device, dtype, d, dv, masked, is_causal, has_gqa, s_is_1, needs_grad = props
+    T = S = 1 if s_is_1 else 2
+    Hkv, Hq = 1, (2 if has_gqa else 1)
+    # zeros, not randn: the probe must not advance the caller's random number generator
+    q = torch.zeros(1, Hq, T, d, device=device, dtype=dtype, requires_grad=needs_grad)
+    k = torch.zeros(1, Hkv if gqa else Hq, S, d, device=device, dtype=dtype)
+    v = torch.zeros(1, Hkv if gqa else Hq, S, dv, device=device, dtype=dtype)
+    mask = causal_mask(T, S, device) if masked else None
+    try:
+        with warnings.catch_warnings(), sdpa_kernel(_SDP_BACKEND[name]), torch.set_grad_enabled(needs_grad):
+            warnings.simplefilter("ignore")  # PyTorch warns why each kernel was rejected
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
+            if needs_grad:
+                out.sum().backward()
+        return True
+    except RuntimeError:
+        return False
+
+
+def _static_verdict(name: str, device: torch.device, dtype: torch.dtype, masked: bool) -> bool | None:
+    """The rules that need no check of the inputs: True/False where they decide, None where they don't."""
+    if name == "math":
+        return True
+    if name in ("cudnn", "efficient") and device.type != "cuda":
+        return False  # CUDA-only kernels
+    if device.type == "cuda":
+        if name == "flash" and masked:
+            return False  # flash takes only is_causal, no mask tensor
+        if name in ("flash", "cudnn") and dtype not in (torch.float16, torch.bfloat16):
+            return False
+        if name == "efficient" and dtype == torch.float64:
+            return False
+    return None
+
+
+def _runs(name: str, q, k, v, mask, is_causal: bool) -> tuple[bool, bool]:
+    """(can run, can run with enable_gqa), cached per (backend, input properties)."""
+    props = _props(q, k, v, mask, is_causal)
+    key = (name,) + props
+    if key in _runnable:
+        return _runnable[key]
+    verdict = _static_verdict(name, q.device, q.dtype, mask is not None)
+    if verdict is not None:
+        return verdict, verdict
+    if torch.compiler.is_compiling():
+        return True, True  # resolve eagerly first (a warm-up call); tracing cannot run the checks
+    gqa = props[6]
+    result = None
+    if q.device.type == "cuda":  # PyTorch's own checks on the actual inputs: exact, launch nothing
+        native = _can_use_cuda(name, q, k, v, mask, is_causal, gqa)
+        if native is not None and gqa and not native:  # maybe it runs once the kv heads are repeated
+            n_rep = q.shape[1] // k.shape[1]
+            k_rep, v_rep = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+            repeated = _can_use_cuda(name, q, k_rep, v_rep, mask, is_causal, False)
+            result = (bool(repeated), False)
+        elif native is not None:
+            result = (native, native)
+    if result is None:  # only trying tells (PyTorch's CPU flash kernel; a torch without can_use_*)
+        if _try_run(name, props, gqa):
+            result = (True, True)
+        elif gqa and _try_run(name, props, False):
+            result = (True, False)
+        else:
+            result = (False, False)
+    _runnable[key] = result
+    return result
+
+
+def _plan(q, k, v, requested: str | None, mask, is_causal: bool) -> tuple[str, bool]:
+    """(backend to use, use enable_gqa) for SDPA inputs already combined into (mask, is_causal)."""
+    chain = BACKENDS if requested is None else (requested,) + tuple(b for b in BACKENDS if b != requested)
+    for name in chain:
+        runs, native_gqa = _runs(name, q, k, v, mask, is_causal)
+        if runs:
+            break
+    if requested is not None and name != requested and not torch.compiler.is_compiling():
+        props = _props(q, k, v, mask, is_causal)
+        if (requested, name) + props not in _warned:
+            _warned.add((requested, name) + props)
+            warnings.warn(
+                f"attention: SDPA backend {requested!r} cannot run on these inputs (device {q.device}, "
+                f"dtype {q.dtype}, head_dim {q.shape[-1]}, mask {'yes' if mask is not None else 'no'}, "
+                f"GQA {'yes' if q.shape[1] != k.shape[1] else 'no'}); using {name!r} instead.",
+                RuntimeWarning, stacklevel=3)
+    return name, native_gqa
+
+
+def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requested: str | None,
+                    causal: bool = True, attn_mask: torch.Tensor | None = None) -> str:
+    """The backend :func:`sdpa_attention` runs for these inputs: ``requested`` if it can, else the first
+    runnable one of ``BACKENDS`` (warning once per kind of input).
+
+    On CUDA the check is PyTorch's own ``torch.backends.cuda.can_use_*_attention`` on the actual
+    inputs (no launch). Elsewhere "cudnn" and "efficient" are out (CUDA-only) and "flash" is tried once
+    on tiny inputs. Results are cached per (backend, device, dtype, head dims, masked, causal, GQA,
+    S == 1, needs grad); call it once eagerly before CUDA graph capture or ``torch.compile``.
+    """
+    fn = "resolve_backend"
+    _check_qkv(fn, q, k, v)
+    _check_mask(fn, attn_mask, q, k)
+    _check_backend(fn, requested)
+    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
+    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
+    return _plan(q, k, v, requested, mask, is_causal)[0]
+
+
+def available_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                       attn_mask: torch.Tensor | None = None) -> list[str]:
+    """The SDPA backends (in ``BACKENDS`` order) that can run attention on these inputs."""
+    fn = "available_backends"
+    _check_qkv(fn, q, k, v)
+    _check_mask(fn, attn_mask, q, k)
+    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
+    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
+    return [name for name in BACKENDS if _runs(name, q, k, v, mask, is_causal)[0]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Roofline helpers
+# ---------------------------------------------------------------------------------------------------
+
+def attention_flops(B: int, Hq: int, T: int, S: int, D: int, causal: bool) -> int:
+    """Forward FLOPs: two matmuls (q k^T and p v) of 2*T*S*D each per head, 4*B*Hq*T*S*D in all.
+
+    Causal counts only the visible part by removing the masked T x T triangle at the end of the keys
+    (the FlashAttention convention): 4*B*Hq*D*(T*S - T*T/2), i.e. exactly half for S == T.
+    """
+    for name, val in (("B", B), ("Hq", Hq), ("T", T), ("S", S), ("D", D)):
+        if not (isinstance(val, int) and val > 0):
+            raise ValueError(f"attention_flops: {name} must be a positive int, got {val!r}")
+    _check_causal_lengths("attention_flops", T, S, causal)
+    if causal:
+        return 2 * B * Hq * D * (2 * T * S - T * T)
+    return 4 * B * Hq * T * S * D
+
+
+def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *,
+                    dtype: torch.dtype = torch.bfloat16) -> int:
+    """Minimum HBM traffic of a fused kernel: q and k, v read once, the output written once.
+
+    (B*Hq*T*D [q] + 2*B*Hkv*S*D [k, v] + B*Hq*T*D [out]) * bytes per element. The manual path moves
+    far more: it writes and reads the (T, S) score and probability matrices.
+    """
+    for name, val in (("B", B), ("Hq", Hq), ("Hkv", Hkv), ("T", T), ("S", S), ("D", D)):
+        if not (isinstance(val, int) and val > 0):
+            raise ValueError(f"attention_bytes: {name} must be a positive int, got {val!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"attention_bytes: dtype must be a torch.dtype, got {type(dtype).__name__}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return (2 * B * Hq * T * D + 2 * B * Hkv * S * D) * itemsize
+
+
+# ---------------------------------------------------------------------------------------------------
+# Decoding helpers: rope rows and mask from a position tensor, and the static KV cache
+# ---------------------------------------------------------------------------------------------------
+
+def _check_start_pos(fn: str, start_pos: object, device: torch.device) -> torch.Tensor:
+    if not isinstance(start_pos, torch.Tensor):
+        raise TypeError(f"{fn}: start_pos must be a 0-dim int64 tensor on {device} (a Python int would be "
+                        f"baked into a captured CUDA graph), got {type(start_pos).__name__}")
+    if start_pos.dim() != 0 or start_pos.dtype != torch.int64:
+        raise TypeError(f"{fn}: start_pos must be a 0-dim int64 tensor, got shape {tuple(start_pos.shape)} "
+                        f"dtype {start_pos.dtype}")
+    if start_pos.device != device:
+        raise ValueError(f"{fn}: start_pos must be on {device}, got {start_pos.device}")
+    return start_pos
+
+
+def rope_rows(cache: nn.Module, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) rows of a :class:`~mahia.layers.rope.RotaryCache` at ``positions`` (int64, shape (T,)).
+
+    A gather on the device (no host sync): ``rope_rows(rope, start_pos + torch.arange(T))`` gives the
+    rows a decode step needs from a position *tensor*. Out-of-range positions are not checked (that
+    would sync); on CUDA they trip a device-side assert.
+    """
+    if not (isinstance(getattr(cache, "cos", None), torch.Tensor) and isinstance(getattr(cache, "sin", None),
+                                                                                  torch.Tensor)):
+        raise TypeError(f"rope_rows: cache must be a RotaryCache (with .cos and .sin tables), "
+                        f"got {type(cache).__name__}")
+    if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.dim() != 1:
+        raise TypeError("rope_rows: positions must be a 1-d int64 tensor")
+    return cache.cos[positions], cache.sin[positions]  # (T, D/2) each
+
+
+def decode_mask(start_pos: torch.Tensor, T: int, max_len: int) -> torch.Tensor:
+    """Bool (T, max_len): query i (at position start_pos + i) may attend key j iff j <= start_pos + i.
+
+    Built from tensors only, so it needs no host sync and can be captured in a CUDA graph.
+    """
+    device = start_pos.device
+    pos = start_pos + torch.arange(T, device=device)  # (T,)
+    return torch.arange(max_len, device=device)[None, :] <= pos[:, None]  # (T, max_len)
+
+
+class StaticKVCache(nn.Module):
+    """Preallocated keys and values, (batch, n_kv_heads, max_len, head_dim) each.
+
+    ``update(start_pos, k_new, v_new)`` writes T new positions start_pos .. start_pos+T-1 with
+    ``index_copy_`` and returns the whole buffers; shapes never change, so a decode step that uses it
+    can be captured in a CUDA graph. Everything that can be checked from shapes is checked; that
+    start_pos + T <= max_len is the caller's responsibility (checking a device value would sync; on a
+    CPU an overflow raises IndexError, on CUDA it is a device-side assert). For inference: call it under
+    ``torch.no_grad()`` / ``torch.inference_mode()``.
+    """
+
+    def __init__(self, batch: int, max_len: int, n_kv_heads: int, head_dim: int, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        for name, val in (("batch", batch), ("max_len", max_len), ("n_kv_heads", n_kv_heads),
+                          ("head_dim", head_dim)):
+            if not (isinstance(val, int) and not isinstance(val, bool) and val > 0):
+                raise ValueError(f"StaticKVCache: {name} must be a positive int, got {val!r}")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"StaticKVCache: dtype must be a floating torch.dtype, got {dtype!r}")
+        self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+
+    def update(self, start_pos: torch.Tensor, k_new: torch.Tensor,
+               v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k_new, v_new (batch, n_kv_heads, T, head_dim) at positions start_pos .. start_pos+T-1."""
+        fn = "StaticKVCache.update"
+        expected = (self.batch, self.n_kv_heads, None, self.head_dim)
+        for name, t in (("k_new", k_new), ("v_new", v_new)):
+            check_float_tensor(fn, name, t, min_dim=4)
+            if t.dim() != 4 or any(e is not None and s != e for s, e in zip(t.shape, expected)):
+                raise ValueError(f"{fn}: {name} must be (batch, n_kv_heads, T, head_dim) = ({self.batch}, "
+                                 f"{self.n_kv_heads}, T, {self.head_dim}), got {tuple(t.shape)}")
+            if t.dtype != self.k.dtype:
+                raise TypeError(f"{fn}: {name} must have the cache dtype {self.k.dtype}, got {t.dtype}")
+            if t.device != self.k.device:
+                raise ValueError(f"{fn}: {name} must be on the cache device {self.k.device}, got {t.device}")
+        T = k_new.shape[2]
+        if v_new.shape[2] != T:
+            raise ValueError(f"{fn}: k_new and v_new must hold the same number of positions, got {T} and "
+                             f"{v_new.shape[2]}")
+        if T > self.max_len:
+            raise ValueError(f"{fn}: cannot write T={T} positions into a cache of max_len={self.max_len}")
+        start_pos = _check_start_pos(fn, start_pos, self.k.device)
+        pos = start_pos + torch.arange(T, device=start_pos.device)  # (T,) int64, stays on the device
+        self.k.index_copy_(2, pos, k_new)
+        self.v.index_copy_(2, pos, v_new)
+        return self.k, self.v
+
+    def reset(self) -> None:
+        """Zero both buffers (positions past the current one are masked anyway; this is for hygiene)."""
+        self.k.zero_()
+        self.v.zero_()
+
+    def extra_repr(self) -> str:
+        return (f"batch={self.batch}, max_len={self.max_len}, n_kv_heads={self.n_kv_heads}, "
+                f"head_dim={self.head_dim}, dtype={self.k.dtype}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The layer
+# ---------------------------------------------------------------------------------------------------
+
+class Attention(nn.Module):
+    """Multi-head self-attention with GQA and RoPE: fused qkv projection, attention, output projection.
+
+        q, k, v = split(x @ Wqkv^T);  q, k = rope(q), rope(k);  y = attention(q, k, v) @ Wo^T
+
+    ``impl`` / ``backend`` / ``chunk_size`` choose the attention path (see :func:`attention`),
+    ``rope_impl`` the RoPE path ("eager" or "triton"). Without a cache, ``forward`` is causal
+    self-attention over the T tokens of x. With ``kv_cache`` and ``start_pos`` (a 0-dim int64 tensor on
+    the device of x), the new k, v are written at positions start_pos .. start_pos+T-1 and the queries
+    attend over the whole static cache, key j visible to query i iff j <= start_pos + i: no host sync,
+    no shape change, so a decode step can be captured in a CUDA graph. ``cos`` and ``sin`` are the
+    (T, head_dim/2) RoPE rows of those positions (``rope_rows`` gathers them from a position tensor).
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None, *, impl: str = "sdpa",
+                 backend: str | None = None, chunk_size: int | None = None, rope_impl: str = "eager",
+                 bias: bool = False, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        for name, val in (("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+            if not (isinstance(val, int) and not isinstance(val, bool) and val > 0):
+                raise ValueError(f"Attention: {name} must be a positive int, got {val!r}")
+        if dim % n_heads != 0:
+            raise ValueError(f"Attention: dim={dim} must be divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"Attention: n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+        if (dim // n_heads) % 2 != 0:
+            raise ValueError(f"Attention: head_dim = dim / n_heads = {dim // n_heads} must be even for RoPE")
+        _check_impl_args("Attention", impl, backend, chunk_size)
+        if rope_impl not in ROPE_IMPLS:
+            raise ValueError(f"Attention: rope_impl must be one of {ROPE_IMPLS}, got {rope_impl!r}")
+        self.dim, self.n_heads, self.n_kv_heads = dim, n_heads, n_kv_heads
+        self.head_dim = dim // n_heads
+        self.impl, self.backend, self.chunk_size, self.rope_impl = impl, backend, chunk_size, rope_impl
+        qkv_out = (n_heads + 2 * n_kv_heads) * self.head_dim
+        self.qkv_proj = nn.Linear(dim, qkv_out, bias=bias, device=device, dtype=dtype)
+        self.out_proj = nn.Linear(n_heads * self.head_dim, dim, bias=bias, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: StaticKVCache | None = None, start_pos: torch.Tensor | None = None) -> torch.Tensor:
+        check_float_tensor("Attention.forward", "x", x, min_dim=3)
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"Attention.forward: x must be (B, T, dim={self.dim}), got {tuple(x.shape)}")
+        B, T, _ = x.shape
+        Hq, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.qkv_proj(x).split([Hq * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = q.view(B, T, Hq, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
+        q, k = apply_rope(q, k, cos, sin, impl=self.rope_impl)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
+
+        if kv_cache is None:
+            if start_pos is not None:
+                raise ValueError("Attention.forward: start_pos is only meaningful together with kv_cache")
+            out = attention(q, k, v, impl=self.impl, causal=True, backend=self.backend,
+                            chunk_size=self.chunk_size)
+        else:
+            if not isinstance(kv_cache, StaticKVCache):
+                raise TypeError(f"Attention.forward: kv_cache must be a StaticKVCache or None, "
+                                f"got {type(kv_cache).__name__}")
+            if start_pos is None:
+                raise ValueError("Attention.forward: kv_cache needs start_pos (a 0-dim int64 tensor)")
+            _check_start_pos("Attention.forward", start_pos, x.device)
+            k_all, v_all = kv_cache.update(start_pos, k, v)  # (B, Hkv, max_len, D)
+            mask = decode_mask(start_pos, T, kv_cache.max_len)  # (T, max_len)
+            out = attention(q, k_all, v_all, impl=self.impl, causal=False, backend=self.backend,
+                            chunk_size=self.chunk_size, attn_mask=mask)
+        out = out.transpose(1, 2).reshape(B, T, Hq * D)  # (B, T, Hq*D)
+        return self.out_proj(out)
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+                f"head_dim={self.head_dim}, impl={self.impl!r}, backend={self.backend!r}, "
+                f"chunk_size={self.chunk_size}, rope_impl={self.rope_impl!r}")

@@ -1,0 +1,373 @@
+"""Attention paths (manual, SDPA per backend, chunked) against a float64 reference; the Attention layer
+with its static KV cache (prefill == token-by-token decode, no host syncs while decoding); bad inputs."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mahia.checks import check_close, compare_fn, rel_error, tolerance
+from mahia.layers import attention as A
+from mahia.layers.rope import RotaryCache, apply_rope_eager
+from mahia.syncs import count_syncs
+
+
+def reference(q, k, v, causal=True, attn_mask=None):
+    """Head by head, with the visibility rule spelled out: query i sees key j iff j <= i + S - T."""
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    i = torch.arange(T, device=q.device)[:, None]
+    j = torch.arange(S, device=q.device)[None, :]
+    visible = (j <= i + (S - T)) if causal else torch.ones(T, S, dtype=torch.bool, device=q.device)
+    mask = None if attn_mask is None else attn_mask.expand(B, Hq, T, S)
+    outs = []
+    for h in range(Hq):
+        kv = h // (Hq // Hkv)  # GQA: consecutive query heads share a kv head
+        s = q[:, h] @ k[:, kv].transpose(-1, -2) / math.sqrt(D)  # (B, T, S)
+        if mask is not None and mask.dtype == torch.bool:
+            s = s.masked_fill(~mask[:, h], float("-inf"))
+        elif mask is not None:
+            s = s + mask[:, h].to(s.dtype)
+        s = s.masked_fill(~visible, float("-inf"))
+        p = torch.exp(s - s.amax(dim=-1, keepdim=True))
+        outs.append((p / p.sum(dim=-1, keepdim=True)) @ v[:, kv])
+    return torch.stack(outs, dim=1)  # (B, Hq, T, Dv)
+
+
+def qkv(B, Hq, Hkv, T, S, D, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, Hq, T, D, generator=g).to(dtype),
+            torch.randn(B, Hkv, S, D, generator=g).to(dtype),
+            torch.randn(B, Hkv, S, D, generator=g).to(dtype))
+
+
+def paths(q, k, v, causal, attn_mask=None):
+    """Every path under test, by name; the SDPA backends are those that can run on these inputs."""
+    out = {
+        "manual": lambda q, k, v: A.manual_attention(q, k, v, causal=causal, attn_mask=attn_mask),
+        "chunked": lambda q, k, v: A.chunked_attention(q, k, v, causal=causal, chunk_size=16,
+                                                       attn_mask=attn_mask),
+        "chunked-math": lambda q, k, v: A.chunked_attention(q, k, v, causal=causal, chunk_size=16,
+                                                            backend="math", attn_mask=attn_mask),
+        "sdpa-auto": lambda q, k, v: A.sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask),
+    }
+    for b in A.available_backends(q, k, v, causal=causal, attn_mask=attn_mask):
+        out[f"sdpa-{b}"] = lambda q, k, v, b=b: A.sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask,
+                                                                 backend=b)
+    return out
+
+
+# (B, Hq, Hkv, T, S, D): GQA, plain MHA with T = 130 > chunk, queries at the end of longer keys, decode
+SHAPES = [(2, 6, 2, 37, 37, 16), (1, 4, 4, 130, 130, 24), (2, 6, 2, 7, 37, 16), (1, 6, 3, 1, 29, 8)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_paths_match_float64_reference(shape, causal):
+    q, k, v = qkv(*shape)
+    ref = lambda q, k, v: reference(q, k, v, causal=causal)  # noqa: E731
+    for name, fn in paths(q, k, v, causal).items():
+        compare_fn(fn, ref, [q, k, v], name=f"{name} {shape} causal={causal}")
+
+
+def test_bfloat16_paths_within_bf16_tolerance():
+    q, k, v = qkv(2, 6, 2, 37, 37, 16, dtype=torch.bfloat16)
+    ref = lambda q, k, v: reference(q, k, v)  # noqa: E731
+    for name, fn in paths(q, k, v, True).items():
+        compare_fn(fn, ref, [q, k, v], name=f"{name} bf16", tol=tolerance(torch.bfloat16))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_user_mask_combines_with_causal(kind, causal):
+    q, k, v = qkv(2, 6, 2, 11, 40, 16)
+    g = torch.Generator().manual_seed(1)
+    if kind == "bool":
+        mask = torch.rand(2, 1, 11, 40, generator=g) > 0.3
+        mask[..., 0] = True  # every query keeps at least key 0 (no all-masked row)
+    else:
+        mask = torch.randn(1, 6, 11, 40, generator=g)
+    ref_mask = mask.double() if kind == "float" else mask
+    ref = lambda q, k, v: reference(q, k, v, causal=causal, attn_mask=ref_mask)  # noqa: E731
+    for name, fn in paths(q, k, v, causal, attn_mask=mask).items():
+        compare_fn(fn, ref, [q, k, v], name=f"{name} {kind} mask causal={causal}")
+
+
+def test_causal_aligns_queries_to_the_end_of_the_keys():
+    # The last 5 queries against all 37 keys are the last 5 rows of full causal attention (decoding).
+    q, k, v = qkv(1, 4, 2, 37, 37, 16)
+    full = A.manual_attention(q, k, v)
+    for name, fn in paths(q[:, :, -5:], k, v, True).items():
+        check_close(name, fn(q[:, :, -5:], k, v), full[:, :, -5:], 1e-5)
+
+
+class _LargestScores(TorchDispatchMode):
+    """Largest numel among op outputs whose last dim is S (score/probability-shaped tensors)."""
+
+    def __init__(self, S):
+        super().__init__()
+        self.S, self.largest = S, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[-1] == self.S:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_chunked_peak_score_memory_is_chunk_times_s():
+    B, H, T, S, D, chunk = 1, 2, 130, 130, 8, 16
+    q, k, v = qkv(B, H, H, T, S, D)
+    with _LargestScores(S) as manual:
+        A.manual_attention(q, k, v, causal=False)
+    with _LargestScores(S) as chunked:
+        A.chunked_attention(q, k, v, causal=False, chunk_size=chunk)
+    assert manual.largest == B * H * T * S
+    assert chunked.largest == B * H * chunk * S
+
+
+def test_dispatcher_routes_to_each_impl():
+    q, k, v = qkv(1, 4, 2, 19, 19, 8)
+    ref = A.manual_attention(q, k, v)
+    for impl, kw in (("manual", {}), ("sdpa", {}), ("sdpa", {"backend": "math"}),
+                     ("chunked", {"chunk_size": 4}), ("chunked", {})):
+        check_close(f"attention(impl={impl}, {kw})", A.attention(q, k, v, impl=impl, **kw), ref, 1e-5)
+
+
+# --- backend resolution --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("requested", ["efficient", "cudnn"])
+def test_cuda_only_backend_on_cpu_falls_back_with_one_warning(requested):
+    A.clear_backend_cache()
+    q, k, v = qkv(1, 6, 2, 9, 9, 16)
+    with pytest.warns(RuntimeWarning, match=f"'{requested}' cannot run"):
+        out = A.sdpa_attention(q, k, v, backend=requested)
+    check_close(f"fallback from {requested}", out, reference(q.double(), k.double(), v.double()), 1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second call with the same kind of input stays quiet
+        chosen = A.resolve_backend(q, k, v, requested)
+        A.sdpa_attention(q, k, v, backend=requested)
+    assert chosen != requested and chosen in A.available_backends(q, k, v)
+
+
+def test_backends_on_cpu():
+    # PyTorch has a CPU kernel behind SDPBackend.FLASH_ATTENTION, so "flash" runs here; cudnn and
+    # efficient are CUDA-only; math runs everywhere.
+    q, k, v = qkv(1, 2, 2, 5, 5, 8)
+    assert A.available_backends(q, k, v) == ["flash", "math"]
+    assert A.resolve_backend(q, k, v, "flash") == "flash"
+    assert A.resolve_backend(q, k, v, None) == "flash"
+
+
+# --- roofline helpers ----------------------------------------------------------------------------
+
+def test_flops_and_bytes():
+    assert A.attention_flops(2, 3, 5, 5, 4, causal=False) == 4 * 2 * 3 * 5 * 5 * 4
+    assert 2 * A.attention_flops(2, 3, 6, 6, 4, causal=True) == A.attention_flops(2, 3, 6, 6, 4, causal=False)
+    # S > T causal: the full T x S block minus the masked T x T/2 triangle at the end of the keys
+    assert A.attention_flops(1, 1, 4, 10, 2, causal=True) == 4 * 2 * (4 * 10 - 4 * 4 // 2)
+    q_out, kv = 2 * 2 * 8 * 16 * 64, 2 * 2 * 2 * 32 * 64  # elements of q + out, of k + v
+    assert A.attention_bytes(2, 8, 2, 16, 32, 64, dtype=torch.bfloat16) == 2 * (q_out + kv)
+    assert A.attention_bytes(1, 1, 1, 1, 1, 4, dtype=torch.float32) == 4 * (2 * 4 + 2 * 4)
+    with pytest.raises(ValueError, match="S >= T"):
+        A.attention_flops(1, 1, 8, 4, 2, causal=True)
+
+
+# --- the layer and the static KV cache -------------------------------------------------------------
+
+DIM, HQ, HKV, HD, B, T = 96, 6, 2, 16, 2, 13
+
+
+def make_layer(impl="sdpa", **kw):
+    torch.manual_seed(0)
+    return A.Attention(DIM, HQ, HKV, impl=impl, **kw)
+
+
+def layer_inputs():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(B, T, DIM, generator=g), RotaryCache(HD, 32)
+
+
+def test_layer_matches_reference_built_from_its_weights():
+    layer, (x, rope) = make_layer(), layer_inputs()
+    cos, sin = rope.get(T)
+    out = layer(x, cos, sin)
+    with torch.no_grad():
+        q, k, v = (x.double() @ layer.qkv_proj.weight.double().T).split([HQ * HD, HKV * HD, HKV * HD], dim=-1)
+        q, k = apply_rope_eager(q.view(B, T, HQ, HD), k.view(B, T, HKV, HD), cos, sin)
+        o = reference(q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, HKV, HD).transpose(1, 2))
+        ref = o.transpose(1, 2).reshape(B, T, HQ * HD) @ layer.out_proj.weight.double().T
+    check_close("Attention layer", out, ref, 1e-5)
+
+
+@pytest.mark.parametrize("impl,kw", [("sdpa", {}), ("sdpa", {"backend": "math"}), ("manual", {}),
+                                     ("chunked", {"chunk_size": 4})],
+                         ids=["sdpa", "sdpa-math", "manual", "chunked"])
+@pytest.mark.parametrize("prefill", [0, 5], ids=["token-by-token", "prefill5"])
+def test_prefill_equals_decode_through_static_cache(impl, kw, prefill):
+    layer, (x, rope) = make_layer(impl, **kw), layer_inputs()
+    with torch.no_grad():
+        full = layer(x, *rope.get(T))
+        cache = A.StaticKVCache(B, 20, HKV, HD, device="cpu", dtype=torch.float32)
+        outs, pos = [], 0
+        for n in ([prefill] if prefill else []) + [1] * (T - prefill):
+            start = torch.tensor(pos)
+            cos, sin = A.rope_rows(rope, start + torch.arange(n))
+            outs.append(layer(x[:, pos:pos + n], cos, sin, kv_cache=cache, start_pos=start))
+            pos += n
+    check_close(f"{impl} decode vs prefill", torch.cat(outs, dim=1), full, 1e-5)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "manual", "chunked"])
+def test_decode_step_has_no_host_sync(impl):
+    layer, (x, rope) = make_layer(impl), layer_inputs()
+    cache = A.StaticKVCache(B, 20, HKV, HD, device="cpu", dtype=torch.float32)
+    start = torch.tensor(4)
+    with torch.no_grad():
+        layer(x[:, :4], *rope.get(4), kv_cache=cache, start_pos=torch.tensor(0))  # prefill / warm-up
+        with count_syncs() as r:
+            cos, sin = A.rope_rows(rope, start + torch.arange(1))
+            layer(x[:, 4:5], cos, sin, kv_cache=cache, start_pos=start)
+            start += 1  # the next step's position, still on the device
+    assert r.syncing_ops == 0, str(r)
+    with count_syncs() as control:  # the recorder does see a data-dependent read
+        int(start)
+    assert control.syncing_ops == 1
+
+
+def test_cache_reset_and_overflow():
+    cache = A.StaticKVCache(1, 8, 2, 4, device="cpu", dtype=torch.float32)
+    k = torch.randn(1, 2, 3, 4)
+    ck, cv = cache.update(torch.tensor(2), k, 2 * k)
+    assert torch.equal(ck[:, :, 2:5], k) and torch.equal(cv[:, :, 2:5], 2 * k)
+    assert ck[:, :, :2].abs().sum() == 0 and ck[:, :, 5:].abs().sum() == 0
+    cache.reset()
+    assert cache.k.abs().sum() == 0 and cache.v.abs().sum() == 0
+    with pytest.raises(ValueError, match="max_len"):
+        cache.update(torch.tensor(0), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4))
+    with pytest.raises(IndexError):  # position overflow is not checked on the host; on a CPU it raises
+        cache.update(torch.tensor(6), k, k)
+
+
+# --- bad inputs ----------------------------------------------------------------------------------
+
+def test_bad_inputs_name_the_argument():
+    q, k, v = qkv(1, 6, 2, 5, 5, 16)
+    for fn in (A.manual_attention, A.sdpa_attention, A.chunked_attention):
+        with pytest.raises(ValueError, match="head dim"):
+            fn(q, k[..., :8], v)
+        with pytest.raises(ValueError, match="multiple of the number of kv heads"):
+            fn(q, torch.randn(1, 4, 5, 16), torch.randn(1, 4, 5, 16))
+        with pytest.raises(TypeError, match="dtype"):
+            fn(q, k.double(), v)
+        with pytest.raises(ValueError, match="S >= T"):
+            fn(q, k[:, :, :3], v[:, :, :3])
+        with pytest.raises(ValueError, match="attn_mask"):
+            fn(q, k, v, attn_mask=torch.ones(3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="impl"):
+        A.attention(q, k, v, impl="flash")
+    with pytest.raises(ValueError, match="backend"):
+        A.sdpa_attention(q, k, v, backend="flash2")
+    with pytest.raises(ValueError, match="backend"):
+        A.attention(q, k, v, impl="manual", backend="math")
+    with pytest.raises(ValueError, match="chunk_size"):
+        A.attention(q, k, v, impl="sdpa", chunk_size=8)
+    with pytest.raises(ValueError, match="chunk_size"):
+        A.chunked_attention(q, k, v, chunk_size=0)
+
+    with pytest.raises(ValueError, match="n_heads"):
+        A.Attention(96, 6, 4)
+    with pytest.raises(ValueError, match="dim"):
+        A.Attention(100, 6)
+    with pytest.raises(ValueError, match="impl"):
+        A.Attention(96, 6, impl="fast")
+    with pytest.raises(ValueError, match="rope_impl"):
+        A.Attention(96, 6, rope_impl="cuda")
+
+    layer, (x, rope) = make_layer(), layer_inputs()
+    cache = A.StaticKVCache(B, 20, HKV, HD, device="cpu", dtype=torch.float32)
+    cos, sin = rope.get(1)
+    with pytest.raises(TypeError, match="start_pos"):
+        layer(x[:, :1], cos, sin, kv_cache=cache, start_pos=3)
+    with pytest.raises(TypeError, match="start_pos"):
+        layer(x[:, :1], cos, sin, kv_cache=cache, start_pos=torch.tensor(3, dtype=torch.int32))
+    with pytest.raises(ValueError, match="start_pos"):
+        layer(x[:, :1], cos, sin, kv_cache=cache)
+    with pytest.raises(TypeError, match="dtype"):
+        layer(x[:, :1], cos, sin, kv_cache=A.StaticKVCache(B, 20, HKV, HD, dtype=torch.bfloat16),
+              start_pos=torch.tensor(0))
+    with pytest.raises(ValueError, match="k_new"):
+        layer(x[:1, :1], cos, sin, kv_cache=cache, start_pos=torch.tensor(0))
+    with pytest.raises(ValueError, match="batch"):
+        A.StaticKVCache(0, 20, HKV, HD)
+
+
+def test_rel_error_of_decode_is_tight():
+    # One decode step with T=1 is exactly attention of one query over the visible prefix.
+    q, k, v = qkv(1, 6, 2, 1, 12, 16)
+    mask = A.decode_mask(torch.tensor(7), 1, 12)  # keys 0..7 visible
+    out = A.sdpa_attention(q, k, v, causal=False, attn_mask=mask)
+    ref = reference(q.double(), k[:, :, :8].double(), v[:, :, :8].double(), causal=False)
+    assert rel_error(out, ref) < 1e-6
+
+
+# --- CUDA only (skipped on a CPU) ------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T,S", [(256, 256), (40, 256)], ids=["square", "queries-at-end"])
+def test_cuda_backends_match_reference(T, S):
+    q, k, v = (t.cuda() for t in qkv(2, 8, 2, T, S, 64, dtype=torch.bfloat16))
+    names = A.available_backends(q, k, v)
+    assert "math" in names and "efficient" in names
+    if torch.cuda.get_device_capability() >= (8, 0) and S == T:
+        assert "flash" in names  # with S != T the causal mask is explicit, which flash cannot take
+    ref = lambda q, k, v: reference(q, k, v)  # noqa: E731
+    for name, fn in paths(q, k, v, True).items():
+        compare_fn(fn, ref, [q, k, v], name=f"cuda {name}", tol=tolerance(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_graph_decode_step_matches_prefill_without_syncs():
+    dev = torch.device("cuda")
+    layer, (x, rope) = make_layer().to(dev), layer_inputs()
+    x, rope = x.to(dev), rope.to(dev)
+    with torch.no_grad():
+        full = layer(x, *rope.get(T))
+        cache = A.StaticKVCache(B, 20, HKV, HD, device=dev, dtype=torch.float32)
+        start = torch.zeros((), dtype=torch.int64, device=dev)
+        x_step = torch.zeros(B, 1, DIM, device=dev)
+
+        def step():
+            cos, sin = A.rope_rows(rope, start + torch.arange(1, device=dev))
+            return layer(x_step, cos, sin, kv_cache=cache, start_pos=start)
+
+        side = torch.cuda.Stream()  # warm up on a side stream before capture, as torch.cuda.graph asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        with count_syncs() as r:
+            step()
+        assert r.count == 0, str(r)
+        cache.reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        outs = []
+        for t in range(T):
+            x_step.copy_(x[:, t:t + 1])
+            start.fill_(t)
+            graph.replay()
+            outs.append(out.clone())
+    check_close("CUDA-graph decode vs prefill", torch.cat(outs, dim=1), full,
+                tolerance(torch.float32, tf32=True))
