@@ -1,0 +1,97 @@
+"""MetaAttention's gated linear attention, forward + backward: loop vs log-space vs Triton scan.
+
+``python -m mahia.bench meta``. One experiment, ``meta_attention_fwdbwd``: the function
+``gated_linear_attention(q, k, v, g)`` followed by the backward to q, k, v and g, at B=4, H=8, T=2048,
+K=V=64 on CUDA (``quick`` or the CPU: B=1, H=2, T=256, K=V=32), with bfloat16 inputs for every variant:
+the dtype a model trains in. It is fair to the loop: every path does its recurrence math in float32
+(the loop and log-space paths upcast their inputs once; the kernels accumulate in float32), so the
+inputs' dtype changes only how many bytes are read and what the kernels feed their tensor cores.
+
+* ``loop`` (baseline): the recurrence step by step, a few kernel launches per step, forward and backward
+  (2T steps). Slow, so timed with a small budget (one or two repetitions).
+* ``logspace`` (peer): chunked PyTorch (pairwise decays inside 16-row chunks, T/16 state steps).
+* ``triton`` (optimized): the fused chunked kernels of :mod:`mahia.kernels.scan`; skipped, and said so,
+  where Triton cannot run (the CPU interpreter's timings would mean nothing).
+
+Every variant's output and four gradients are checked against the float64 loop before it is timed; a
+wrong one raises ``CorrectnessError`` and nothing is recorded for it. ``rel_err`` is the largest of the
+five norm-wise errors.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..checks import check_close, tolerance
+from ..kernels._registry import triton_available_for, why_not
+from ..model.meta_attention import gated_linear_attention, gla_bytes, gla_flops
+from ..timing import bench
+
+__all__ = ["run", "EXPERIMENT"]
+
+EXPERIMENT = "meta_attention_fwdbwd"
+VARIANTS = (("loop", "baseline"), ("logspace", "peer"), ("triton", "optimized"))
+
+
+def _inputs(B: int, H: int, T: int, K: int, V: int, device: torch.device, dtype: torch.dtype):
+    """q, k, v, g as a MetaAttention layer makes them: q scaled by 1/sqrt(K), g = logsigmoid(.) / 16."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(B, H, T, K, generator=gen) * K ** -0.5
+    k = torch.randn(B, H, T, K, generator=gen)
+    v = torch.randn(B, H, T, V, generator=gen)
+    g = F.logsigmoid(torch.randn(B, H, T, K, generator=gen)) / 16.0
+    do = torch.randn(B, H, T, V, generator=gen)
+    return [t.to(device, dtype) for t in (q, k, v, g)], do.to(device, dtype)
+
+
+def _fwd_bwd(impl: str, inputs, do):
+    leaves = [t.detach().requires_grad_() for t in inputs]
+
+    def fn():
+        o = gated_linear_attention(*leaves, impl=impl)
+        grads = torch.autograd.grad(o, leaves, do)
+        return o, grads
+    return fn
+
+
+def _limit(flops: int, n_bytes: int, ceilings, dtype: torch.dtype) -> str:
+    """The roofline ceiling the variant is held to: compute or bandwidth, whichever the intensity hits."""
+    compute = "matmul_bf16" if dtype in (torch.bfloat16, torch.float16) else "matmul_fp32"
+    if ceilings is None:
+        return compute
+    ridge = ceilings.limit(compute) * 1e12 / (ceilings.limit("copy") * 1e9)  # FLOP per byte
+    return compute if flops / n_bytes >= ridge else "copy"
+
+
+def run(recorder, ceilings=None, *, quick: bool) -> None:
+    dev = recorder.device
+    cuda = dev.type == "cuda"
+    B, H, T, K, V = (4, 8, 2048, 64, 64) if cuda and not quick else (1, 2, 256, 32, 32)
+    dtype = torch.bfloat16
+    shape = f"B={B},H={H},T={T},K={K},V={V}"
+    inputs, do = _inputs(B, H, T, K, V, dev, dtype)
+
+    # Reference: the float64 loop, once.
+    ref_o, ref_grads = _fwd_bwd("loop", [t.double() for t in inputs], do.double())()
+    ref = [ref_o, *ref_grads]
+
+    flops = gla_flops(B, H, T, K, V, 16)
+    n_bytes = gla_bytes(B, H, T, K, V, element_size=torch.finfo(dtype).bits // 8)
+    limit = _limit(flops, n_bytes, ceilings, dtype)
+    tol = tolerance(dtype)
+    for impl, role in VARIANTS:
+        if impl == "triton" and not (triton_available_for(inputs[0]) and cuda):
+            reason = why_not(inputs[0]) or "the CPU interpreter is for correctness, not timing"
+            print(f"{EXPERIMENT}: triton skipped ({reason})")
+            continue
+        fn = _fwd_bwd(impl, inputs, do)
+        o, grads = fn()
+        errs = [check_close(f"{EXPERIMENT} {impl} {name}", got, want, tol)
+                for name, got, want in zip(("o", "dq", "dk", "dv", "dg"), (o, *grads), ref)]
+        del o, grads
+        # The loop takes ~2T small launches per call: a tiny budget still gives one or two repetitions.
+        budget = dict(warmup_ms=1, rep_ms=1) if impl == "loop" else dict(warmup_ms=25, rep_ms=100 if quick else 300)
+        t = bench(fn, device=dev, **budget)
+        recorder.timing(EXPERIMENT, impl, role, t, shape=shape, dtype=dtype, bytes=n_bytes, flops=flops,
+                        limit=limit, rel_err=max(errs),
+                        notes="forward + backward to q, k, v, g; flops/bytes: chunked algorithm, chunk 16")

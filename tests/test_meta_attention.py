@@ -1,0 +1,254 @@
+"""MetaAttention (gated linear attention): loop, log-space and Triton paths against a float64 loop."""
+import os
+import warnings
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (conftest does the same)
+
+import torch.nn.functional as F  # noqa: E402
+
+from mahia.checks import compare_fn, rel_error, tolerance  # noqa: E402
+from mahia.kernels._registry import reset_fallback_warnings, triton_available_for, triton_import_error  # noqa: E402
+from mahia.model.meta_attention import (  # noqa: E402
+    MetaAttention,
+    gated_linear_attention,
+    gla_bytes,
+    gla_flops,
+    gla_logspace,
+    gla_loop,
+    naive_cumprod_form,
+)
+from mahia.syncs import count_syncs  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(triton_import_error() is not None, reason="triton is not installed")
+
+
+def make_inputs(B, H, T, K, V, dtype=torch.float32, *, temperature=4.0, seed=0):
+    """q, k (B, H, T, K), v (B, H, T, V), g = logsigmoid(2 z) / temperature: slow and fast decays mixed."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, K, generator=gen) * K ** -0.5
+    k = torch.randn(B, H, T, K, generator=gen)
+    v = torch.randn(B, H, T, V, generator=gen)
+    g = F.logsigmoid(2 * torch.randn(B, H, T, K, generator=gen)) / temperature
+    return [t.to(DEVICE, dtype) for t in (q, k, v, g)]
+
+
+def _path(impl, chunk_size=None):
+    if impl == "logspace" and chunk_size is not None:
+        return lambda q, k, v, g: gla_logspace(q, k, v, g, chunk_size=chunk_size)
+    return lambda q, k, v, g: gated_linear_attention(q, k, v, g, impl=impl)
+
+
+PATHS = [
+    ("loop", None, torch.float32),
+    ("logspace", None, torch.float32),
+    ("logspace", 64, torch.float32),
+    ("logspace", None, torch.bfloat16),
+    ("triton", None, torch.float32),
+    ("triton", None, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("T", [1, 37, 130])
+@pytest.mark.parametrize("impl,chunk,dtype", PATHS,
+                         ids=[f"{i}{'-c' + str(c) if c else ''}-{str(d)[6:]}" for i, c, d in PATHS])
+def test_paths_match_float64_loop(impl, chunk, dtype, T):
+    if impl == "triton" and triton_import_error() is not None:
+        pytest.skip("triton is not installed")
+    inputs = make_inputs(2, 3, T, 16, 32, dtype)
+    if impl == "triton":
+        assert triton_available_for(inputs[0])  # the kernel, not the fallback, is under test
+    if T > 1:
+        cmp = compare_fn(_path(impl, chunk), gla_loop, inputs, tol=tolerance(dtype), name=f"gla {impl}")
+        assert set(cmp.errors) == {"out0", "grad0", "grad1", "grad2", "grad3"}
+        return
+    # T = 1: the only pair is s = t, whose decay exp(G_t - G_t) does not depend on g, so dg = 0 exactly;
+    # a relative error against 0 is meaningless. dg = q * dq - k * dk must cancel to rounding level.
+    compare_fn(_path(impl, chunk), gla_loop, inputs, tol=tolerance(dtype), name=f"gla {impl}", grad_inputs=(0, 1, 2))
+    q, k, v, g = (t.detach().requires_grad_() for t in inputs)
+    _path(impl, chunk)(q, k, v, g).sum().backward()
+    scale = (q.float() * q.grad.float()).abs().max()
+    assert g.grad.float().abs().max() <= tolerance(dtype) * scale
+
+
+@needs_triton
+def test_triton_float16_and_mixed_gate_dtype():
+    q, k, v, g = make_inputs(2, 3, 37, 16, 16, torch.float16)
+    compare_fn(_path("triton"), gla_loop, [q, k, v, g], tol=tolerance(torch.float16), name="gla triton fp16")
+    # a float32 gate with bfloat16 q, k, v (the gate is where precision matters most)
+    q, k, v, g = make_inputs(2, 3, 37, 16, 16, torch.bfloat16)
+    compare_fn(_path("triton"), gla_loop, [q, k, v, g.float()], tol=tolerance(torch.bfloat16),
+               name="gla triton bf16 + fp32 gate")
+
+
+@needs_triton
+@pytest.mark.parametrize("K,V,block_v", [(20, 40, 16), (32, 16, 16), (16, 48, 32)])
+def test_triton_launchers_value_blocks_and_padding(K, V, block_v):
+    """Several value blocks (dq, dk, dg summed over partials), K and V that are not powers of two."""
+    from mahia.kernels.scan import gla_bwd_launch, gla_fwd_launch
+
+    q, k, v, g = make_inputs(2, 1, 37, K, V)
+    ref_in = [t.double().requires_grad_() for t in (q, k, v, g)]
+    ref = gla_loop(*ref_in)
+    do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(DEVICE)
+    ref.backward(do)
+    tol = tolerance(torch.float32)
+    assert rel_error(gla_fwd_launch(q, k, v, g, block_v=block_v), ref) <= tol
+    grads = gla_bwd_launch(q, k, v, g, do.float(), block_v=block_v)
+    for name, got, t in zip("qkvg", grads, ref_in):
+        assert got.shape == t.shape and got.dtype == torch.float32
+        assert rel_error(got, t.grad) <= tol, f"d{name}: {rel_error(got, t.grad):.2e}"
+
+
+@pytest.mark.parametrize("impl", ["logspace", "triton"])
+def test_module_matches_float64_loop_module(impl):
+    if impl == "triton" and triton_import_error() is not None:
+        pytest.skip("triton is not installed")
+    torch.manual_seed(0)
+    fast = MetaAttention(40, 2, key_dim=16, value_dim=24, impl=impl, gate_temperature=4.0).to(DEVICE)
+    ref = MetaAttention(40, 2, key_dim=16, value_dim=24, impl="loop", gate_temperature=4.0).to(DEVICE, torch.float64)
+    ref.load_state_dict({n: p.double() for n, p in fast.state_dict().items()})
+    x = torch.randn(2, 37, 40, device=DEVICE)
+    x_ref = x.double().requires_grad_()
+    x.requires_grad_()
+    y, y_ref = fast(x), ref(x_ref)
+    assert y.shape == x.shape
+    tol = tolerance(torch.float32)
+    assert rel_error(y, y_ref) <= tol
+    dy = torch.randn(y.shape, dtype=torch.float64, device=DEVICE)
+    y.backward(dy.float())
+    y_ref.backward(dy)
+    assert rel_error(x.grad, x_ref.grad) <= tol
+    ref_params = dict(ref.named_parameters())
+    for name, p in fast.named_parameters():
+        assert rel_error(p.grad, ref_params[name].grad) <= tol, name
+
+
+def test_naive_cumprod_form_overflows_where_logspace_stays_exact():
+    """exp(-G_s) passes float32's range near |G| ~ 88: at T = 2048 with GLA's decays (temperature 16)."""
+    q, k, v, g = make_inputs(1, 2, 2048, 16, 16, temperature=16.0)
+    assert g.sum(dim=2).max() < -88  # every channel's total log-decay is past float32's exp range
+    ref = gla_loop(*(t.double() for t in (q, k, v, g)))
+    tol = tolerance(torch.float32)
+    naive_err = rel_error(naive_cumprod_form(q, k, v, g), ref)
+    assert naive_err > 1e-2, f"the naive form was expected to fail at T=2048, error {naive_err:.2e}"
+    assert rel_error(gla_logspace(q, k, v, g), ref) <= tol
+    if triton_import_error() is None:
+        assert rel_error(gated_linear_attention(q, k, v, g, impl="triton"), ref) <= tol
+    # The same formula is right where exp stays in range: the failure is numerical, not a bug.
+    short = [t[:, :, :64] for t in (q, k, v, g)]
+    assert rel_error(naive_cumprod_form(*short), gla_loop(*(t.double() for t in short))) <= tol
+
+
+@pytest.mark.parametrize("impl", ["logspace", "triton"])
+def test_no_host_syncs(impl):
+    if impl == "triton" and triton_import_error() is not None:
+        pytest.skip("triton is not installed")
+    q, k, v, g = (t.requires_grad_() for t in make_inputs(2, 3, 37, 16, 16))
+    with count_syncs() as report:
+        o = gated_linear_attention(q, k, v, g, impl=impl)
+        o.backward(torch.ones_like(o))
+    assert report.count == 0, str(report)
+    assert all(t.grad is not None for t in (q, k, v, g))
+
+
+@needs_triton
+def test_opcheck_custom_ops():
+    import mahia.kernels.scan  # noqa: F401  (registers mahia::gla_fwd and mahia::gla_bwd)
+
+    q, k, v, g = (t.requires_grad_() for t in make_inputs(1, 2, 20, 16, 16))
+    torch.library.opcheck(torch.ops.mahia.gla_fwd.default, (q, k, v, g))
+    do = torch.randn(1, 2, 20, 16, device=DEVICE)
+    torch.library.opcheck(torch.ops.mahia.gla_bwd.default, tuple(t.detach() for t in (q, k, v, g)) + (do,))
+
+
+@needs_triton
+def test_module_compiles_without_graph_break():
+    """The custom ops have fake and autograd rules: torch.compile traces the layer as one graph."""
+    torch.manual_seed(0)
+    m = MetaAttention(32, 2, impl="triton").to(DEVICE)
+    x = torch.randn(2, 21, 32, device=DEVICE, requires_grad=True)
+    y = torch.compile(m, backend="aot_eager", fullgraph=True)(x)
+    y.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    y_eager = m(x)
+    y_eager.sum().backward()
+    assert rel_error(y, y_eager) <= tolerance(torch.float32)
+    assert rel_error(grad, x.grad) <= tolerance(torch.float32)
+
+
+def test_triton_falls_back_to_logspace_once(monkeypatch):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    reset_fallback_warnings()
+    q, k, v, g = make_inputs(1, 2, 19, 16, 16)
+    with pytest.warns(RuntimeWarning, match="gla"):
+        out = gated_linear_attention(q, k, v, g, impl="triton")
+    assert torch.equal(out, gla_logspace(q, k, v, g))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second call says nothing
+        MetaAttention(32, 2, impl="triton").to(DEVICE)(torch.randn(1, 5, 32, device=DEVICE))
+    reset_fallback_warnings()
+
+
+def _bad(**override):
+    q, k, v, g = make_inputs(1, 2, 8, 16, 16)
+    args = {"q": q, "k": k, "v": v, "g": g, **override}
+    return lambda impl="logspace": gated_linear_attention(args["q"], args["k"], args["v"], args["g"], impl=impl)
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (_bad(q=torch.randn(2, 8, 16)), ValueError, "q must be 4-D"),
+    (_bad(k=torch.randn(1, 2, 9, 16)), ValueError, "k must have the shape of q"),
+    (_bad(g=torch.randn(1, 2, 8, 8)), ValueError, "g must have the shape of q"),
+    (_bad(v=torch.randn(1, 2, 7, 16)), ValueError, "v must be"),
+    (_bad(q=torch.ones(1, 2, 8, 16, dtype=torch.int64)), TypeError, "q must be a floating-point"),
+    (_bad(v=torch.randn(1, 2, 8, 16, dtype=torch.float64)), TypeError, "v must have the dtype of q"),
+    (_bad(g=[0.0]), TypeError, "g must be a torch.Tensor"),
+    (_bad(g=torch.zeros(1, 2, 8, 16, device="meta")), ValueError, "same device"),
+    (lambda: _bad()(impl="fast"), ValueError, "impl must be one of"),
+    (lambda: gla_logspace(*make_inputs(1, 1, 4, 16, 16), chunk_size=0), ValueError, "chunk_size"),
+    (lambda: MetaAttention(30, 4), ValueError, "divisible by n_heads"),
+    (lambda: MetaAttention(32, 2, impl="cuda"), ValueError, "impl must be one of"),
+    (lambda: MetaAttention(32, 2, gate_temperature=0.0), ValueError, "gate_temperature"),
+    (lambda: MetaAttention(32, 2, key_dim=0, value_dim=8), ValueError, "key_dim"),
+    (lambda: MetaAttention(32, 2)(torch.randn(2, 5, 31)), ValueError, "x must be"),
+    (lambda: gla_flops(1, 1, -1, 16, 16), ValueError, "T must be"),
+    (lambda: gla_bytes(1, 1, 8, 16, 16, element_size=-2), ValueError, "element_size"),
+])
+def test_bad_inputs_raise(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@needs_triton
+def test_triton_launcher_rejects_what_it_cannot_run(monkeypatch):
+    from mahia.kernels.scan import gla_bwd_launch, gla_fwd_launch
+
+    q, k, v, g = make_inputs(1, 2, 8, 16, 16)
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        gla_fwd_launch(q.double(), k.double(), v.double(), g.double())
+    big = make_inputs(1, 1, 8, 130, 16)
+    with pytest.raises(ValueError, match="K=130 exceeds"):
+        gla_fwd_launch(*big)
+    with pytest.raises(ValueError, match="block_v"):
+        gla_fwd_launch(q, k, v, g, block_v=24)
+    with pytest.raises(ValueError, match="do must have the shape of v"):
+        gla_bwd_launch(q, k, v, g, torch.zeros(1, 2, 8, 15, device=DEVICE))
+    if DEVICE == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            gla_fwd_launch(q, k, v, g)
+
+
+def test_flop_and_byte_counts():
+    C = 16
+    assert gla_flops(1, 1, 16, 16, 16, C, backward=False) == 3 * C**3 + 2 * C**3 + 4 * C**3
+    assert gla_flops(1, 1, 17, 16, 16, C, backward=False) == 2 * 9 * C**3  # a padded second chunk
+    assert gla_flops(2, 3, 16, 16, 16, C) == 6 * (9 + 25) * C**3
+    assert gla_bytes(1, 1, 10, 4, 8, element_size=2, backward=False) == 10 * (3 * 4 + 2 * 8) * 2
+    assert gla_bytes(2, 1, 10, 4, 8) == 2 * 10 * (9 * 4 + 5 * 8) * 4
