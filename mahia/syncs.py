@@ -16,7 +16,7 @@ GPU idles while the CPU issues the next launches.
 * ``cuda_syncs`` (CUDA only): ``torch.cuda.set_sync_debug_mode("warn")`` makes PyTorch itself warn
   at every synchronizing call; the warnings are counted. This is the ground truth on a GPU.
 
-``count`` is the CUDA count on a GPU and the op count elsewhere.
+``count`` is the CUDA count where the region ran CUDA ops, and the op count elsewhere.
 """
 from __future__ import annotations
 
@@ -78,9 +78,12 @@ class SyncReport:
     ops: Counter = field(default_factory=Counter)
     where: list[str] = field(default_factory=list)
 
+    saw_cuda: bool = False
+
     @property
     def count(self) -> int:
-        return self.cuda_syncs if self.cuda_syncs is not None else self.syncing_ops
+        """PyTorch's own count where the region ran CUDA ops, else the syncing-op count."""
+        return self.cuda_syncs if (self.cuda_syncs is not None and self.saw_cuda) else self.syncing_ops
 
     def __str__(self) -> str:
         s = f"{self.count} sync(s)"
@@ -97,6 +100,8 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = _op_name(func)
+        if not self.report.saw_cuda:
+            self.report.saw_cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
         mask_index = _is_mask_index(func, args)
         if name in SYNCING_OPS or mask_index or _is_host_copy(func, args, kwargs):
             # repeat_interleave only syncs when repeats is a tensor and no output_size is given.

@@ -3,9 +3,9 @@
 A CUDA kernel launch returns before the kernel runs, so ``time.perf_counter()`` around a launch
 measures the launch, not the work. ``bench`` therefore times
 
-* on CUDA with device events, through ``triton.testing.do_bench`` when Triton is there (it also
-  flushes the L2 cache before every repetition, so a small input is not served from cache), else
-  with ``torch.cuda.Event`` pairs around each repetition after an L2-sized buffer write;
+* on CUDA with ``torch.cuda.Event`` pairs around each repetition, after a write of an L2-sized
+  buffer that flushes the cache (as ``triton.testing.do_bench`` does), so a small input is not
+  served from cache; at least 5 repetitions, however long one takes;
 * on the CPU with ``torch.utils.benchmark.Timer`` (the CPU runs work when it is called, so
   host time is device time), in samples of several calls each.
 
@@ -102,7 +102,7 @@ def _cuda_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, flush
     for _ in range(max(1, int(warmup_ms / est))):
         fn()
     if flush_l2:
-        k, n_rep = 1, max(3, min(max_reps, int(rep_ms / est)))
+        k, n_rep = 1, max(5, min(max_reps, int(rep_ms / est)))
     else:
         k = max(1, int(0.5 / est))  # blocks of >= ~0.5 ms
         n_rep = max(5, min(max_reps, int(rep_ms / (est * k))))
@@ -142,12 +142,19 @@ def bench(
     flush_l2: bool = True,
     memory: bool = True,
     max_reps: int = 1000,
+    cuda_graph: bool = False,
 ) -> Timing:
     """Time the zero-argument callable ``fn`` and return median and spread in milliseconds.
 
     ``device`` defaults to CUDA when available. ``fn`` must do the full unit of work (e.g. forward
     and backward) and should not allocate its inputs. The first call is timed apart, synchronized
     with a host clock; it includes compilation and autotuning.
+
+    ``cuda_graph=True`` (CUDA only) captures ``fn`` once in a CUDA graph and times its replays: the
+    *device* time of the work, without the Python, dispatcher and launch overhead that a short
+    kernel sequence otherwise pays on every call (and that a real model hides by running ahead or
+    by graphs of its own). Use it to judge a kernel against the hardware; time without it to see
+    what a plain eager call costs.
     """
     dev = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
@@ -168,22 +175,28 @@ def bench(
             fn()
             torch.cuda.synchronize(dev)
             peak = torch.cuda.max_memory_allocated(dev) - base
-        times = _do_bench(fn, warmup_ms, rep_ms, flush_l2, max_reps)
+        if cuda_graph:
+            fn = _capture(fn)
+        times = _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
     else:
         times = _cpu_times(fn, warmup_ms, rep_ms, max_reps)
     med, p20, p80 = _percentiles(times)
     return Timing(med, p20, p80, len(times), first, peak, dev.type)
 
 
-def _do_bench(fn, warmup_ms, rep_ms, flush_l2, max_reps) -> list[float]:
+def _capture(fn: Callable[[], object]) -> Callable[[], None]:
+    """Capture ``fn`` in a CUDA graph (after a warm-up on a side stream); return its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):  # warm-up: lazy initialization and allocator growth happen here
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
     try:
-        from triton.testing import do_bench
-    except Exception:  # no Triton: CUDA events directly
-        return _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
-    if not flush_l2:
-        return _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
-    try:  # triton >= 3.0: return_mode="all" gives every repetition
-        times = do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="all")
-        return list(times)[:max_reps] if isinstance(times, (list, tuple)) else [float(times)]
-    except TypeError:
-        return _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as e:
+        raise RuntimeError(f"bench(cuda_graph=True): the function cannot be captured in a CUDA graph "
+                           f"({type(e).__name__}: {e}); time it with cuda_graph=False") from e
+    return graph.replay

@@ -28,8 +28,13 @@ def test_bench_orders_percentiles_and_reports_first_call():
 
 def test_bench_sees_more_work():
     small, big = torch.randn(32, 32), torch.randn(1024, 1024)
-    t_small = bench(lambda: small @ small, device="cpu", rep_ms=20)
-    t_big = bench(lambda: big @ big, device="cpu", rep_ms=20)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a busy machine, spinning worker threads swamp a tiny matmul
+    try:
+        t_small = bench(lambda: small @ small, device="cpu", rep_ms=20)
+        t_big = bench(lambda: big @ big, device="cpu", rep_ms=20)
+    finally:
+        torch.set_num_threads(threads)
     assert t_big.median_ms > 5 * t_small.median_ms  # 32768 times the FLOPs
 
 
