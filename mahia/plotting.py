@@ -98,7 +98,7 @@ def roofline(points: pd.DataFrame, ceilings: Ceilings, *, title: str = "Roofline
     hi = max(peak / bw * 8, p["intensity"].max() * 2) if len(p) else peak / bw * 8
     xs = np.logspace(np.log10(lo), np.log10(hi), 200)
     ax.plot(xs, np.minimum(peak, bw * xs), color="black", lw=2,
-            label=f"measured roof: {ceilings.copy_gbps:.0f} GB/s, {peak:.0f} TFLOP/s ({matmul})")
+            label=f"measured roof: {ceilings.copy_gbps:.4g} GB/s, {peak:.4g} TFLOP/s ({matmul})")
     for _, r in p.iterrows():
         ax.scatter(r["intensity"], r["achieved"], s=50, zorder=3,
                    color=ROLE_COLORS.get(r.get("role", ""), None))

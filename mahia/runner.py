@@ -151,6 +151,9 @@ def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = 
     env = dict(os.environ, MAHIA_RUN_ID=run_id, MAHIA_HEADLESS="1", MAHIA_RESULTS_DIR=str(res_root),
                MAHIA_FIGURES_DIR=str(fig_root), MPLBACKEND="module://matplotlib_inline.backend_inline",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    # A notebook runs what a user's session would: the test suite's Triton interpreter (set by
+    # tests/conftest.py on CPU machines) must not leak into the kernels the runner starts.
+    env.pop("TRITON_INTERPRET", None)
     del torch
 
     outcomes = []
