@@ -117,7 +117,10 @@ def md(text: str) -> None:
 
 
 def _source(obj) -> str:
-    return inspect.getsource(obj) if not isinstance(obj, str) else obj
+    if isinstance(obj, str):
+        return obj
+    obj = getattr(obj, "fn", obj)  # a @triton.jit kernel wraps the Python function it compiles
+    return inspect.getsource(obj)
 
 
 def side_by_side(before, after, *, titles=("before", "after")) -> str:

@@ -138,14 +138,17 @@ def test_recorder_writes_rows_and_derives_metrics(tmp_path):
     rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, ceilings=_ceil(slug))
     t_base = Timing(4.0, 3.9, 4.1, 10)
     t_opt = Timing(1.0, 0.95, 1.05, 10)
-    rec.timing("moe_fwd", "loop", "baseline", t_base, shape=(16, 8), dtype=torch.bfloat16, flops=2e9)
-    row = rec.timing("moe_fwd", "grouped", "optimized", t_opt, shape=(16, 8), dtype=torch.bfloat16,
+    rec.timing("moe_fwd", "loop", "baseline", t_base, shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
+    row = rec.timing("moe_fwd", "grouped", "optimized", t_opt, shape=results.MOE, dtype=torch.bfloat16,
                      flops=2e9, rel_err=1e-3)
+    # a sweep point at another shape never becomes the headline
+    rec.timing("moe_fwd", "grouped", "optimized", Timing(0.1, 0.1, 0.1, 3), shape=(16, 8),
+               dtype=torch.bfloat16, flops=2e9)
     assert row["tflops"] == pytest.approx(2.0) and row["limit"] == "matmul_bf16"
     assert row["frac_of_limit"] == pytest.approx(0.2)
     rec.metric("sync_count", "baseline", 7, unit="syncs")
     on_disk = pd.read_csv(tmp_path / slug / "99_test.csv")
-    assert len(on_disk) == 3 and set(results.COLUMNS) == set(on_disk.columns)
+    assert len(on_disk) == 4 and set(results.COLUMNS) == set(on_disk.columns)
     m = rec.summarize()
     assert m["moe_vs_loop"] == pytest.approx(4.0)
     assert m["moe_fwd_tflops"] == pytest.approx(2.0)
