@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--figures-dir", default=None, help="figures root (default figures)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
+                   help="set a notebook parameter, e.g. -p batch=8 -p \"modes=['default']\" (repeatable)")
     sub.add_parser("list", help="list the notebooks")
     rep = sub.add_parser("report", help="rebuild summary.json and report.md from the records")
     rep.add_argument("folder", nargs="?", default=None, help="device folder (default: every folder)")
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             return runner.run(profile=args.profile, device=args.device, notebooks=args.notebooks,
                               out=args.out, timeout=args.timeout, results_dir=args.results_dir,
                               figures_dir=args.figures_dir, seed=args.seed,
-                              progress=not args.no_progress)
+                              progress=not args.no_progress, params=args.param)
         if args.cmd == "list":
             for nb in runner.list_notebooks():
                 print(nb.stem)

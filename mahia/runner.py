@@ -7,6 +7,7 @@ on; the exit code is non-zero at the end if any failed.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Sequence
 
 from .results import REPO_ROOT, default_figures_dir, default_results_dir
 
@@ -55,6 +57,30 @@ def select_notebooks(spec: str | None, folder: Path = NOTEBOOK_DIR) -> list[Path
         if hits[0] not in chosen:
             chosen.append(hits[0])
     return chosen
+
+
+RESERVED = ("device", "profile", "seed", "interactive", "results_dir")
+
+
+def parse_params(items: Sequence[str]) -> dict:
+    """``["batch=8", "modes=['default']"]`` -> ``{"batch": 8, "modes": ["default"]}``."""
+    out = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier():
+            raise UsageError(f"--param expects NAME=VALUE with a Python identifier as NAME, got {item!r}")
+        if name in RESERVED:
+            raise UsageError(f"--param {name}=...: use the runner's own --{name.replace('_', '-')} option")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = raw
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 def _load(path: Path) -> dict:
@@ -120,8 +146,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = None,
         out: str | None = None, timeout: float = 1800, results_dir: str | None = None,
-        figures_dir: str | None = None, seed: int = 0, progress: bool = True) -> int:
-    """Execute notebooks; returns the exit code (0 all ok, 1 some failed)."""
+        figures_dir: str | None = None, seed: int = 0, progress: bool = True,
+        params: Sequence[str] = ()) -> int:
+    """Execute notebooks; returns the exit code (0 all ok, 1 some failed).
+
+    ``params`` are extra ``NAME=VALUE`` settings injected into every selected notebook's
+    parameters cell (VALUE is read as JSON or a Python literal, else kept as a string)."""
     import torch
 
     from . import hardware
@@ -136,6 +166,7 @@ def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = 
     if timeout <= 0:
         raise UsageError(f"--timeout must be positive seconds, got {timeout}")
     prof = profile if profile != "auto" else ("full" if dev.type == "cuda" else "quick")
+    extra = parse_params(params)
     chosen = select_notebooks(notebooks)
     try:
         import papermill  # noqa: F401
@@ -179,6 +210,8 @@ def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = 
                "--cwd", str(nb.parent), "--log-output", "--no-progress-bar",
                "-p", "device", str(dev), "-p", "profile", prof, "-p", "seed", str(seed),
                "-p", "interactive", "False", "-p", "results_dir", str(res_root)]
+        if extra:
+            cmd += ["-y", json.dumps(extra)]  # JSON is YAML: lists and tuples keep their type
         t0 = time.perf_counter()
         with open(log, "w") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,

@@ -217,6 +217,8 @@ def _cli(*args):
     (["run", "--device", "tpu"], "device must be"),
     (["run", "--notebooks", "no_such_notebook"], "matches nothing"),
     (["run", "--timeout", "0"], "--timeout must be positive"),
+    (["run", "--param", "no-equals-sign"], "--param expects NAME=VALUE"),
+    (["run", "--param", "device=cuda"], "use the runner's own --device"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     r = _cli(*args)
@@ -229,6 +231,11 @@ def test_cli_cuda_without_gpu_exits_2():
         pytest.skip("has a GPU")
     r = _cli("run", "--device", "cuda")
     assert r.returncode == 2 and "no CUDA GPU" in r.stderr
+
+
+def test_parse_params_types():
+    assert runner.parse_params(["batch=8", "lr=1e-3", "name=small", "modes=('a', 'b')", "flag=true"]) == {
+        "batch": 8, "lr": 1e-3, "name": "small", "modes": ["a", "b"], "flag": True}
 
 
 def test_select_notebooks_by_number_and_name():
@@ -246,19 +253,19 @@ def test_failing_notebook_is_reported_with_its_cell_and_the_run_goes_on(tmp_path
     def make(name, body):
         nb = nbformat.v4.new_notebook()
         p = nbformat.v4.new_code_cell("device = 'auto'\nprofile = 'quick'\nseed = 0\n"
-                                      "interactive = True\nresults_dir = None")
+                                      "interactive = True\nresults_dir = None\nextra = None")
         p.metadata["tags"] = ["parameters"]
         nb.cells = [p, nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(body)]
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         nbformat.write(nb, nbdir / name)
 
     make("01_breaks.ipynb", "raise ValueError('planted failure')")
-    make("02_fine.ipynb", "assert profile == 'quick' and interactive is False")
+    make("02_fine.ipynb", "assert profile == 'quick' and interactive is False and extra == [1, 2]")
     monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbdir)
     monkeypatch.setattr(runner, "list_notebooks", lambda folder=nbdir: sorted(nbdir.glob("*.ipynb")))
     monkeypatch.setattr(runner, "select_notebooks", lambda spec, folder=nbdir: sorted(nbdir.glob("*.ipynb")))
     rc = runner.run(device="cpu", out=str(tmp_path / "out"), results_dir=str(tmp_path / "res"),
-                    figures_dir=str(tmp_path / "fig"), progress=False, timeout=300)
+                    figures_dir=str(tmp_path / "fig"), progress=False, timeout=300, params=["extra=[1, 2]"])
     assert rc == 1
     outcomes = {o["name"]: o for o in json.loads((tmp_path / "out" / "outcomes.json").read_text())}
     assert outcomes["01_breaks"]["status"] == "failed"
