@@ -1,0 +1,538 @@
+"""MAHIA-X: a Llama-style decoder with optional hybrid parts, every part with a reference and a fast path.
+
+    x_0   = E[idx]                                                    token embedding (B, T, D)
+    block l (pre-norm, parallel mixers):
+        n     = RMSNorm_1(x)
+        mix   = Attention(n)  [+ a_l * MetaAttention(n)]  [+ GraphDiffusionMemory(n)]   (all causal)
+        m, h  = RMSNorm_2(mix, residual=x)                            fused: h = x + mix, m = RMSNorm_2(h)
+        x'    = h + FFN(m)                                            FFN = SwiGLU, or MoE in MoE blocks
+    logits = RMSNorm_f(x_L) @ E^T                                     LM head tied to the embedding
+    loss   = cross_entropy(logits, targets) + sum over MoE blocks of the (already scaled) aux loss
+
+``a_l`` is a learned scalar per block (initialised to 1). With ``gating`` the blocks run inside a
+:class:`~mahia.model.fabric.DynamicNeuroFabric` as residual deltas, ``x <- x + g_{b,l} (x' - x)`` for
+the samples b whose gate g_{b,l} (computed once from x_0) passes the threshold.
+
+Causality: position t uses tokens 0..t only, for every preset. Attention, meta-attention (a gated
+linear attention, a causal scan), SwiGLU and MoE are causal per position. The two sequence-level parts
+run in their causal modes:
+
+* the graph memory (``causal=True``, ``segment=memory_segment``): the sequence is cut into segments of
+  ``memory_segment`` tokens; a token reads the memory written by the EARLIER segments (segment 0 reads
+  the learned nodes), and a segment's write (a softmax over its own tokens) takes effect at the next
+  segment boundary. While decoding, a token's memory state is therefore fixed for its whole segment;
+  the segment's write is added when its last token arrives (:meth:`GraphDiffusionMemory.decode`).
+* the fabric's gates (``gate_source="first"``): computed from the first token's embedding x_0[:, 0],
+  which every position may see. While decoding they are computed in the call that holds position 0
+  and kept for the rest of the sequence.
+
+MoE aux loss with gating: the load-balancing loss of an MoE block is one batch statistic over the
+tokens of the samples that run the block. The branch fabric runs a block one sample at a time, the
+masked fabric on the whole batch with the skipped samples weighted 0; both pool the same
+:class:`~mahia.model.moe.RouterStats`, so both give the same loss.
+
+The implementation fields of :class:`~mahia.model.config.HybridConfig` pick the path of every part; all
+paths compute the same function, so weights load across them (``load_state_dict``) unchanged.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mahia.layers.attention import Attention, StaticKVCache, attention_flops, rope_rows
+from mahia.layers.mlp import SwiGLU
+from mahia.layers.norm import RMSNorm
+from mahia.layers.rope import RotaryCache
+from mahia.model.config import HybridConfig
+from mahia.model.fabric import DynamicNeuroFabric, fabric_forward
+from mahia.model.memory import GraphDiffusionMemory, MemoryCache
+from mahia.model.meta_attention import MetaAttention, gla_flops
+from mahia.model.moe import MoE, RouterStats, moe_flops
+from mahia.model.optimize import CHECKPOINT, run_checkpointed
+
+__all__ = ["Block", "HybridModel"]
+
+
+def meta_decode(meta: MetaAttention, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """``meta(x)`` for T new tokens continuing from ``state``, by the recurrence; ``state`` is updated in place.
+
+        S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T q_t        (per batch and head)
+
+    x (B, T, dim); state (B, H, K, V) in float32 (zeros before the first token). The projections are
+    those of :meth:`MetaAttention.forward`, so T steps from a zero state give ``meta(x)``; with T = 1
+    the shapes are static and the step can be captured in a CUDA graph.
+    """
+    B, T, _ = x.shape
+    H, K, V = meta.n_heads, meta.key_dim, meta.value_dim
+    dt = state.dtype
+    q = (meta.q_proj(x).view(B, T, H, K) * K ** -0.5).to(dt)
+    k = meta.k_proj(x).view(B, T, H, K).to(dt)
+    v = meta.v_proj(x).view(B, T, H, V).to(dt)
+    g = (F.logsigmoid(meta.gate_proj(x)) / meta.gate_temperature).view(B, T, H, K).to(dt)  # <= 0
+    S, outs = state, []
+    for t in range(T):
+        S = g[:, t].exp().unsqueeze(-1) * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)  # (B, H, K, V)
+        outs.append((q[:, t].unsqueeze(-2) @ S).squeeze(-2))  # (B, H, V)
+    state.copy_(S)
+    o = torch.stack(outs, dim=1).to(x.dtype)  # (B, T, H, V)
+    return meta.o_proj(o.reshape(B, T, H * V))
+
+
+class Block(nn.Module):
+    """One pre-norm block (module docstring). ``forward`` returns ``(x', aux)``; ``aux`` is None unless MoE.
+
+    The cache arguments are for decoding only: ``kv_cache`` with ``start_pos``, ``meta_state`` (the
+    meta-attention's float32 state) and ``memory_cache`` (the graph memory's :class:`MemoryCache`),
+    all updated in place.
+    """
+
+    def __init__(self, cfg: HybridConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
+        self.attn = Attention(cfg.dim, cfg.n_heads, cfg.n_kv_heads, impl=cfg.attention_impl,
+                              backend=cfg.attention_backend,
+                              chunk_size=cfg.attention_chunk_size if cfg.attention_impl == "chunked" else None,
+                              rope_impl=cfg.kernels)
+        self.meta = MetaAttention(cfg.dim, cfg.meta_heads, impl=cfg.meta_impl) if cfg.meta_attention else None
+        self.meta_gain = nn.Parameter(torch.ones(())) if cfg.meta_attention else None
+        self.memory = (GraphDiffusionMemory(cfg.dim, cfg.memory_nodes, cfg.memory_steps, cfg.memory_alpha,
+                                            impl=cfg.memory_impl, causal=True, segment=cfg.memory_segment)
+                       if cfg.is_memory_block(layer) else None)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
+        if cfg.is_moe_block(layer):
+            self.mlp = MoE(cfg.dim, cfg.moe_hidden, cfg.n_experts, cfg.top_k, impl=cfg.moe_impl,
+                           aux_loss_coef=cfg.aux_loss_coef)
+        else:
+            self.mlp = SwiGLU(cfg.dim, cfg.hidden, impl=cfg.kernels)
+        self.is_moe = cfg.is_moe_block(layer)
+
+    def _mix(self, x, cos, sin, kv_cache, start_pos, meta_state, memory_cache):
+        n = self.attn_norm(x)  # (B, T, D)
+        mix = self.attn(n, cos, sin, kv_cache, start_pos)
+        if self.meta is not None:
+            meta = self.meta(n) if meta_state is None else meta_decode(self.meta, n, meta_state)
+            mix = mix + self.meta_gain * meta
+        if self.memory is not None:
+            mix = mix + (self.memory(n) if memory_cache is None else self.memory.decode(n, memory_cache, start_pos))
+        return mix
+
+    def _ffn(self, m, token_weight=None, return_stats=False):
+        """(y, aux) or, with return_stats, (y, aux, RouterStats); aux and stats are None without MoE."""
+        if self.is_moe:
+            return self.mlp(m, token_weight=token_weight, return_stats=return_stats)
+        return (self.mlp(m), None, None) if return_stats else (self.mlp(m), None)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_cache: StaticKVCache | None = None, start_pos: torch.Tensor | None = None,
+                meta_state: torch.Tensor | None = None, memory_cache: MemoryCache | None = None):
+        """``(x', aux)``. The caches are for decoding (class docstring)."""
+        mix = self._mix(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache)
+        # Under autocast the mixers return the autocast dtype while the residual stream keeps the
+        # parameters' dtype; the fused add+norm wants one dtype (a no-op cast otherwise).
+        m, h = self.mlp_norm(mix.to(x.dtype), residual=x)
+        y, aux = self._ffn(m)
+        return h + y, aux
+
+    def delta(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              kv_cache: StaticKVCache | None = None, start_pos: torch.Tensor | None = None,
+              meta_state: torch.Tensor | None = None, memory_cache: MemoryCache | None = None, *,
+              token_weight: torch.Tensor | None = None, return_stats: bool = False):
+        """``(x' - x, aux)`` computed without the subtraction: ``mix + FFN(m)`` (for the gated fabric).
+
+        ``token_weight`` (B, T) weights the tokens in an MoE block's aux loss; ``return_stats`` appends
+        the MoE's :class:`RouterStats` (None without MoE): ``(x' - x, aux, stats)``.
+        """
+        mix = self._mix(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache).to(x.dtype)
+        m, _ = self.mlp_norm(mix, residual=x)
+        y, *rest = self._ffn(m, token_weight, return_stats)
+        return (mix + y, *rest)
+
+
+class HybridModel(nn.Module):
+    """The MAHIA-X decoder (module docstring). ``forward(idx, targets=None) -> (logits, loss)``."""
+
+    def __init__(self, cfg: HybridConfig):
+        super().__init__()
+        if not isinstance(cfg, HybridConfig):
+            raise TypeError(f"HybridModel: cfg must be a HybridConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.rope = RotaryCache(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)  # one table for all layers
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.fabric = (DynamicNeuroFabric(cfg.dim, cfg.n_layers, threshold=cfg.gate_threshold,
+                                          impl=cfg.gating_impl, gate_source="first") if cfg.gating else None)
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
+        self._checkpoint: str | None = None
+        self.kv_caches: list[StaticKVCache] | None = None
+        self.meta_states: list[torch.Tensor | None] | None = None
+        self.memory_caches: list[MemoryCache | None] | None = None
+        self.gate_state: torch.Tensor | None = None  # (B, L) decode: the gates of the current sequences
+        self._init_weights()
+
+    # ------------------------------------------------------------------------------------------------
+    def _init_weights(self) -> None:
+        """GPT-2 style: N(0, init_std) for the embedding and the attention / SwiGLU matrices, the two
+        residual output projections per block scaled by 1/sqrt(2 n_layers). The hybrid parts (MoE,
+        meta-attention, memory, fabric) keep the initialisation their modules chose."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)
+        nn.init.normal_(self.tok_emb.weight, 0.0, std)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.qkv_proj.weight, 0.0, std)
+            nn.init.normal_(block.attn.out_proj.weight, 0.0, out_std)
+            if not block.is_moe:
+                nn.init.normal_(block.mlp.w12.weight, 0.0, std)
+                nn.init.normal_(block.mlp.w3.weight, 0.0, out_std)
+
+    def _non_causal_parts(self) -> list[str]:
+        parts = [f"blocks[{i}].memory (causal=False)" for i, b in enumerate(self.blocks)
+                 if b.memory is not None and not b.memory.causal]
+        if self.fabric is not None and self.fabric.gate_source != "first":
+            parts.append(f"fabric (gate_source={self.fabric.gate_source!r})")
+        return parts
+
+    @property
+    def is_causal(self) -> bool:
+        """Whether position t sees only tokens 0..t: True as built from any config (module docstring);
+        False only if a sequence-level part was switched to its bidirectional mode afterwards."""
+        return not self._non_causal_parts()
+
+    def set_checkpointing(self, mode: str | None) -> None:
+        """Activation checkpointing of every block in training: None, "full" or "selective" (see
+        :func:`mahia.model.optimize.run_checkpointed`)."""
+        if mode not in CHECKPOINT:
+            raise ValueError(f"HybridModel.set_checkpointing: mode must be one of {CHECKPOINT}, got {mode!r}")
+        self._checkpoint = mode
+
+    # ------------------------------------------------------------------------------------------------
+    def _check_idx(self, fn: str, idx: torch.Tensor) -> None:
+        if not isinstance(idx, torch.Tensor):
+            raise TypeError(f"{fn}: idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
+        if idx.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{fn}: idx must be int64 (or int32) token ids, got dtype {idx.dtype}")
+        if idx.dim() != 2 or idx.shape[0] < 1 or idx.shape[1] < 1:
+            raise ValueError(f"{fn}: idx must be (B, T) with B, T >= 1, got shape {tuple(idx.shape)}")
+        if idx.shape[1] > self.cfg.max_seq_len:
+            raise ValueError(f"{fn}: sequence length {idx.shape[1]} exceeds max_seq_len={self.cfg.max_seq_len}")
+        if idx.device != self.tok_emb.weight.device:
+            raise ValueError(f"{fn}: idx is on {idx.device} but the model is on {self.tok_emb.weight.device}")
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """``idx`` (B, T) token ids -> ``(logits (B, T, V), loss or None)``.
+
+        ``loss`` = mean cross entropy over the targets (ids < 0 are ignored) + the MoE aux losses.
+        """
+        self._check_idx("HybridModel.forward", idx)
+        if targets is not None and (not isinstance(targets, torch.Tensor) or targets.shape != idx.shape):
+            got = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
+            raise ValueError(f"HybridModel.forward: targets must be a tensor of the shape of idx "
+                             f"{tuple(idx.shape)}, got {got}")
+        B, T = idx.shape
+        cos, sin = self.rope.get(T)  # (T, head_dim/2) each
+        x = self.tok_emb(idx)  # (B, T, D)
+        ckpt = self._checkpoint if self.training and torch.is_grad_enabled() else None
+        auxes: list[torch.Tensor] = []
+        if self.fabric is None:
+            for block in self.blocks:
+                x, aux = run_checkpointed(block, x, cos, sin, mode=ckpt)
+                if aux is not None:
+                    auxes.append(aux)
+        else:
+            gates = self.fabric.gates(x)  # (B, L), from x_0[:, 0]
+            # The masked fabric runs every block on the whole batch: weight the skipped samples 0 in the
+            # MoE aux loss, so that it covers the same tokens as the branch fabric's per-sample calls.
+            active = (gates > self.fabric.threshold).to(x.dtype) if self.fabric.impl == "masked" else None
+            stats: list[list[RouterStats]] = [[] for _ in self.blocks]
+            layers = [self._gated(block, cos, sin, ckpt, stats[l], None if active is None else active[:, l])
+                      for l, block in enumerate(self.blocks)]
+            x = self.fabric(x, layers, gates=gates)
+            auxes += [block.mlp.aux_loss_from(RouterStats.pool(st)) for block, st in zip(self.blocks, stats) if st]
+        logits = F.linear(self.norm(x), self.tok_emb.weight)  # (B, T, V), tied head
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T), ignore_index=-1)
+        for aux in auxes:
+            loss = loss + aux
+        return logits, loss
+
+    @staticmethod
+    def _gated(block: Block, cos, sin, ckpt, stats: list, active: torch.Tensor | None):
+        """Block as the fabric wants it: a residual delta ``x -> x' - x``; its MoE statistics go to ``stats``.
+
+        The fabric's branch path calls it once per sample that runs the block (a one-sample slice,
+        ``active`` None: every token counts), the masked path once on the whole batch, with ``active``
+        (B,) = 1 for the samples that run the block and 0 for the others. Either way the pooled
+        :class:`RouterStats` cover exactly the tokens of the samples that run the block: the aux loss
+        (a batch statistic, not a sum over samples) is the same in both paths."""
+
+        def f(x: torch.Tensor) -> torch.Tensor:
+            weight = None if active is None else active[:, None].expand(x.shape[0], x.shape[1])  # (B, T)
+            fn = functools.partial(block.delta, token_weight=weight, return_stats=True)
+            delta, _, st = run_checkpointed(fn, x, cos, sin, mode=ckpt)
+            if st is not None:
+                stats.append(st)
+            return delta
+
+        return f
+
+    # ------------------------------------------------------------------------------------------------
+    # Decoding with a static KV cache
+    # ------------------------------------------------------------------------------------------------
+    def setup_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> None:
+        """Allocate one :class:`StaticKVCache` (batch, n_kv_heads, max_len, head_dim) per block, in
+        ``dtype`` (default: the parameters' dtype) on the model's device."""
+        for name, v in (("batch", batch), ("max_len", max_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"HybridModel.setup_cache: {name} must be a positive int, got {v!r}")
+        if max_len > self.cfg.max_seq_len:
+            raise ValueError(f"HybridModel.setup_cache: max_len={max_len} exceeds "
+                             f"max_seq_len={self.cfg.max_seq_len}")
+        weight = self.tok_emb.weight
+        dtype = weight.dtype if dtype is None else dtype
+        self.kv_caches = [StaticKVCache(batch, max_len, self.cfg.n_kv_heads, self.cfg.head_dim,
+                                        device=weight.device, dtype=dtype) for _ in self.blocks]
+        self.meta_states = [None if b.meta is None else
+                            torch.zeros(batch, b.meta.n_heads, b.meta.key_dim, b.meta.value_dim,
+                                        device=weight.device, dtype=torch.float32) for b in self.blocks]
+        self.memory_caches = [None if b.memory is None else b.memory.new_cache(batch, max_len, dtype=dtype)
+                              for b in self.blocks]
+        self.gate_state = (None if self.fabric is None else
+                           torch.zeros(batch, self.cfg.n_layers, device=weight.device,
+                                       dtype=torch.promote_types(weight.dtype, torch.float32)))
+
+    def reset_cache(self) -> None:
+        """Zero the caches in place (their storage stays, so a captured CUDA graph stays valid)."""
+        if self.kv_caches is None:
+            raise RuntimeError("HybridModel.reset_cache: call setup_cache(batch, max_len) first")
+        for cache in self.kv_caches:
+            cache.reset()
+        for state in self.meta_states:
+            if state is not None:
+                state.zero_()
+        for block, cache in zip(self.blocks, self.memory_caches):
+            if cache is not None:
+                block.memory.reset_cache(cache)  # the learned nodes, as they are now
+        if self.gate_state is not None:
+            self.gate_state.zero_()
+
+    def decode_step(self, idx: torch.Tensor, start_pos: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, V) for tokens ``idx`` (B, T) at positions start_pos .. start_pos+T-1.
+
+        Writes their keys and values into the caches and advances the meta-attention states and the
+        graph memories (see the module docstring: a memory state changes at segment boundaries only).
+        A sequence starts at position 0: that call computes the fabric's gates from its first token,
+        later calls reuse them. With ``gating`` every block runs on the whole batch and skipped
+        (sample, block) pairs are masked out, whatever ``gating_impl`` says: the same function as the
+        forward, without the branch path's per-sample host syncs and cache slicing.
+        ``start_pos`` is a 0-dim int64 tensor on the model's device, so the step has static shapes and
+        no host sync and can be captured in a CUDA graph (with the sync-free implementations: every
+        attention impl, the grouped MoE). Only a causal model decodes (see ``is_causal``); call under
+        ``torch.no_grad()``.
+        """
+        fn = "HybridModel.decode_step"
+        if not self.is_causal:
+            raise ValueError(f"{fn}: the model has parts that read later positions "
+                             f"({', '.join(self._non_causal_parts())}), so it cannot decode one token at a time")
+        if self.kv_caches is None:
+            raise RuntimeError(f"{fn}: call setup_cache(batch, max_len) first")
+        self._check_idx(fn, idx)
+        if idx.shape[0] != self.kv_caches[0].batch:
+            raise ValueError(f"{fn}: idx has batch {idx.shape[0]} but the cache was set up for "
+                             f"{self.kv_caches[0].batch}")
+        T = idx.shape[1]
+        positions = start_pos + torch.arange(T, device=idx.device)  # (T,), on the device
+        cos, sin = rope_rows(self.rope, positions)  # (T, head_dim/2) each
+        x = self.tok_emb(idx)
+        caches = list(zip(self.blocks, self.kv_caches, self.meta_states, self.memory_caches))
+        if self.fabric is None:
+            for block, cache, state, memory in caches:
+                x, _ = block(x, cos, sin, cache, start_pos, state, memory)
+        else:
+            # The call holding position 0 sets the sequence's gates (from its first token); no host sync.
+            self.gate_state.copy_(torch.where(start_pos == 0, self.fabric.gates(x), self.gate_state))
+            layers = [functools.partial(self._decode_delta, block, cos, sin, cache, start_pos, state, memory)
+                      for block, cache, state, memory in caches]
+            x = fabric_forward(x, self.fabric.gate.weight, self.fabric.gate.bias, layers,
+                               threshold=self.fabric.threshold, impl="masked", gates=self.gate_state)
+        return F.linear(self.norm(x), self.tok_emb.weight)  # (B, T, V)
+
+    @staticmethod
+    def _decode_delta(block: Block, cos, sin, kv_cache, start_pos, meta_state, memory_cache, x):
+        """``x' - x`` of one block while decoding, as the fabric calls it: ``f(x)``."""
+        return block.delta(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache)[0]
+
+    # ------------------------------------------------------------------------------------------------
+    # Counting
+    # ------------------------------------------------------------------------------------------------
+    def param_count(self, *, exclude_embedding: bool = False) -> int:
+        """Number of parameters (the tied embedding / LM head matrix counted once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.tok_emb.weight.numel() if exclude_embedding else n
+
+    def flops_breakdown(self, seq_len: int, *, causal: bool = False) -> dict[str, float]:
+        """Forward FLOPs per token by part, for sequences of ``seq_len`` tokens (a multiply-add is 2).
+
+        With D = dim, Hq / Hkv query / kv heads of size hd, F = hidden, E experts of width Fe, top-k,
+        V = vocab, N memory nodes, T = seq_len, per block:
+
+            attention projections   2 D (Hq + 2 Hkv) hd + 2 D^2
+            attention scores        4 T D                  (q k^T and p v over all T keys; causal=True
+                                                            counts the visible half, 2 T D)
+            SwiGLU                  6 D F
+            MoE                     2 D E + 6 k D Fe       (router + k experts: moe_flops / tokens)
+            meta-attention          2 D (2 Hm K + Hm V + r) + 2 r Hm K + 2 Hm V D   (projections, gate of
+                                    rank r) + gla_flops(1, Hm, T, K, V, backward=False) / T (chunked scan)
+            graph memory            4 D^2 + 4 N D          (per token: read q, out; the two (N x D) read
+                                    products) + (4 D^2 + 4 N D) Tw / T (write k, v and the two write
+                                    products of the Tw = (J - 1) S tokens that write: a causal memory
+                                    skips the last of its J = ceil(T / S) segments of S = min(memory_segment,
+                                    T) tokens) + (2 N D^2 [Tw > 0] + J (4 N D^2 + 2 N^2 D)) / T (per
+                                    sequence: the nodes' write queries; per segment: the read keys and
+                                    values of its state and one application of the N x N diffusion operator)
+        and once per token: the LM head 2 D V and the fabric gates 2 D L / T. Norms, activations, softmax,
+        RoPE and the residual adds are not counted (they move bytes, not FLOPs). MoE and gated blocks are
+        counted as the model defines them (k experts per token; every block runs), not as an
+        implementation executes them (the masked fabric also computes blocks it then discards).
+        """
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"flops_per_token: seq_len must be a positive int, got {seq_len!r}")
+        cfg, T = self.cfg, seq_len
+        D, hd, L = cfg.dim, cfg.head_dim, cfg.n_layers
+        parts = dict.fromkeys(("attention_proj", "attention_scores", "mlp", "moe", "meta_attention",
+                               "graph_memory", "gating", "lm_head"), 0.0)
+        for block in self.blocks:
+            parts["attention_proj"] += 2 * D * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd + 2 * D * D
+            parts["attention_scores"] += attention_flops(1, cfg.n_heads, T, T, hd, causal) / T
+            if block.is_moe:
+                parts["moe"] += moe_flops(1, D, cfg.moe_hidden, cfg.top_k, cfg.n_experts)
+            else:
+                parts["mlp"] += 6 * D * cfg.hidden
+            if block.meta is not None:
+                m = block.meta
+                H, K, V = m.n_heads, m.key_dim, m.value_dim
+                r = m.gate_proj[0].out_features
+                proj = 2 * D * (2 * H * K + H * V + r) + 2 * r * H * K + 2 * H * V * D
+                parts["meta_attention"] += proj + gla_flops(1, H, T, K, V, backward=False) / T
+            if block.memory is not None:
+                N, S = block.memory.n_nodes, min(cfg.memory_segment or T, T)
+                J = -(-T // S)
+                T_write = (J - 1) * S
+                per_segment = 4 * N * D * D + (2 * N * N * D if block.memory.steps > 0 else 0)
+                parts["graph_memory"] += (4 * D * D + 4 * N * D + (4 * D * D + 4 * N * D) * T_write / T
+                                          + ((2 * N * D * D if T_write else 0) + J * per_segment) / T)
+        if self.fabric is not None:
+            parts["gating"] = 2 * D * L / T
+        parts["lm_head"] = 2 * D * cfg.vocab_size
+        return parts
+
+    def flops_per_token(self, seq_len: int, *, training: bool = True, causal: bool = False) -> float:
+        """FLOPs per token for MFU: the sum of :meth:`flops_breakdown`, times 3 when ``training``
+        (forward + backward: each matmul has two gradient matmuls of its size).
+
+        For a dense model this is PaLM's ``6 N + 12 L T D`` (N: matmul parameters, the tied LM head
+        included once, embedding lookup excluded), with attention over all T keys unless ``causal``.
+        """
+        total = sum(self.flops_breakdown(seq_len, causal=causal).values())
+        return 3 * total if training else total
+
+    def activation_bytes_per_token(self, seq_len: int, dtype: torch.dtype = torch.float32, *,
+                                   checkpoint: str | None = None) -> tuple[float, float]:
+        """(bytes kept for backward at the end of the forward pass, bytes of one block recomputed during
+        backward), per token; the model is in :meth:`memory_estimate`."""
+        if checkpoint not in CHECKPOINT:
+            raise ValueError(f"memory_estimate: checkpoint must be one of {CHECKPOINT}, got {checkpoint!r}")
+        cfg, T = self.cfg, seq_len
+        D, Dkv, Hq = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
+        s = torch.empty((), dtype=dtype).element_size()
+        probs_bytes = 4 + (s if s < 4 else 0)  # float32 softmax, plus its cast to the input dtype
+
+        def block_bytes(block: Block) -> tuple[float, float]:
+            """(bytes saved without checkpointing, bytes saved with selective checkpointing)."""
+            core = 4 * Hq if cfg.attention_impl == "sdpa" else Hq * T * probs_bytes
+            full = (4 * D + 2 * Dkv) * s + core  # norm in/out, q k v, attention out
+            sel = (3 * D + 2 * Dkv) * s + core  # block input, q k v, attention out, out-proj out
+            if block.meta is not None:
+                m = block.meta
+                full += (3 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s
+                sel += (2 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s
+            if block.memory is not None:
+                N, S = block.memory.n_nodes, min(cfg.memory_segment or T, T)
+                mem = (4 * D + 2 * N) * s + 4 * N * D * s / S
+                full += mem
+                sel += mem
+            if block.is_moe:
+                k, Fe, E = cfg.top_k, cfg.moe_hidden, cfg.n_experts
+                full += 2 * D * s + k * (2 * D + 3 * Fe) * s + 4 * E
+                sel += k * (2 * D + 2 * Fe) * s + 4 * E
+            else:
+                full += (2 * D + 3 * cfg.hidden) * s
+                sel += (2 * cfg.hidden + D) * s
+            return full, sel
+
+        per_block = [block_bytes(b) for b in self.blocks]
+        if checkpoint is None:
+            blocks = sum(f for f, _ in per_block)
+        elif checkpoint == "full":  # only the block inputs
+            blocks = len(per_block) * D * s
+        else:
+            blocks = sum(sel for _, sel in per_block)
+        head = 2 * D * s + 4 * cfg.vocab_size  # final norm input and output, float32 log-softmax
+        recompute = 0.0 if checkpoint is None else max(f for f, _ in per_block)
+        return blocks + head, recompute
+
+    def memory_estimate(self, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *,
+                        checkpoint: str | None = None) -> dict[str, int]:
+        """Training memory in bytes: parameters, gradients, AdamW states, activations, and their total.
+
+        Parameters and gradients are counted in the parameters' dtype, AdamW's two states in float32
+        (8 bytes per parameter), activations in ``dtype``. ``activations`` is what autograd keeps from
+        the forward pass for the backward pass; ``recompute`` is one block's activations, alive while a
+        checkpointed block is recomputed (0 without checkpointing); ``total`` adds all of them (the peak
+        falls early in the backward pass, when gradients start to exist and little has been freed).
+
+        The activation model counts what the fused paths keep, per token, with s = bytes per element of
+        ``dtype`` and the notation of :meth:`flops_breakdown`:
+
+            attention    (4 D + 2 Dkv) s            norm input and output, q, k, v, attention output
+                         + 4 Hq                     sdpa: the float32 log-sum-exp per head
+                         + Hq T (4 [+ s])           manual/chunked: the float32 probabilities (and their
+                                                    cast to ``dtype``): the O(T^2) term
+            SwiGLU       (2 D + 3 F) s              norm input and output, up projection (2F), activation
+            MoE          2 D s + k (2 D + 3 Fe) s + 4 E   norms; per assignment the gathered input, up
+                                                    projection, activation, expert output; router probs
+            meta         (3 Hm K + 2 Hm V + D) s    q, k, g, v, output, and the gain's input
+            memory       (4 D + 2 N) s              write k, v, read q, read output, write and read
+                         + 4 N D s / S              weights; per segment of S tokens: its state, diffused
+                                                    state, read keys and values
+            head         2 D s + 4 V                final norm input and output, float32 log-softmax
+
+        The eager paths keep more (the eager RMSNorm also keeps its normalized input, eager RoPE both
+        the rotated and unrotated q and k, the log-space scan its (C, C, K) pairwise decays per chunk,
+        the loop scan every (K, V) state), so for them this is a lower bound. ``checkpoint="full"``
+        keeps each block's input (D s); ``"selective"`` keeps the block input and the outputs of the
+        matrix products and attention, and recomputes norms and activations. Allocator slack,
+        workspaces and forward temporaries are not included: measure ``torch.cuda.max_memory_allocated``
+        for the real peak.
+        """
+        for name, v in (("batch", batch), ("seq_len", seq_len)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"memory_estimate: {name} must be a positive int, got {v!r}")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"memory_estimate: dtype must be a torch.dtype, got {type(dtype).__name__}")
+        n = self.param_count()
+        p_bytes = self.tok_emb.weight.element_size()
+        kept, recompute = self.activation_bytes_per_token(seq_len, dtype, checkpoint=checkpoint)
+        out = {
+            "parameters": n * p_bytes,
+            "gradients": n * p_bytes,
+            "optimizer": n * 8,
+            "activations": int(batch * seq_len * kept),
+            "recompute": int(batch * seq_len * recompute),
+        }
+        out["total"] = sum(out.values())
+        return out

@@ -1,0 +1,371 @@
+"""Named optimizations of the hybrid model, each usable alone.
+
+Two kinds:
+
+* **model optimizations** change which implementation a layer uses; they live in the config, and
+  :func:`apply` switches them on by name::
+
+      cfg = apply(HybridConfig.preset("small"), "sdpa", "grouped_moe")
+
+* **runtime optimizations** change how the model is run, not what it computes:
+  :func:`make_train_step` (mixed precision, activation checkpointing, ``torch.compile``, sync-free loss
+  logging) and :func:`make_decoder` (static KV cache, optionally one decode step captured in a CUDA graph).
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import sys
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from mahia.model.config import OPTIMIZED_IMPLS, HybridConfig
+
+__all__ = [
+    "OPTIMIZATIONS",
+    "apply",
+    "make_train_step",
+    "make_decoder",
+    "Decoder",
+    "run_checkpointed",
+    "selective_checkpoint_policy",
+    "compile_problem",
+]
+
+# name -> the config fields it sets. Each one is a single decision; "all" is every fast path at once.
+OPTIMIZATIONS: dict[str, dict[str, Any]] = {
+    "sdpa": {"attention_impl": "sdpa"},
+    "flash": {"attention_impl": "sdpa", "attention_backend": "flash"},
+    "cudnn_attention": {"attention_impl": "sdpa", "attention_backend": "cudnn"},
+    "chunked_attention": {"attention_impl": "chunked"},
+    "triton": {"kernels": "triton"},
+    "grouped_moe": {"moe_impl": "grouped"},
+    "logspace_scan": {"meta_impl": "logspace"},
+    "triton_scan": {"meta_impl": "triton"},
+    "batched_memory": {"memory_impl": "batched"},
+    "masked_gating": {"gating_impl": "masked"},
+    "all": dict(OPTIMIZED_IMPLS),
+}
+
+AMP = (None, "bf16", "fp16")
+CHECKPOINT = (None, "full", "selective")
+COMPILE = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def apply(cfg: HybridConfig, *names: str) -> HybridConfig:
+    """A copy of ``cfg`` with the named model optimizations switched on (see ``OPTIMIZATIONS``).
+
+    Later names win where two set the same field (``apply(cfg, "sdpa", "chunked_attention")`` is chunked).
+    """
+    if not isinstance(cfg, HybridConfig):
+        raise TypeError(f"apply: cfg must be a HybridConfig, got {type(cfg).__name__}")
+    changes: dict[str, Any] = {}
+    for name in names:
+        if name not in OPTIMIZATIONS:
+            raise ValueError(f"apply: unknown optimization {name!r}; valid names: {sorted(OPTIMIZATIONS)} "
+                             f"(runtime ones are arguments of make_train_step / make_decoder)")
+        changes.update(OPTIMIZATIONS[name])
+    return cfg.replace(**changes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activation checkpointing
+# ---------------------------------------------------------------------------------------------------
+
+def _save_ops() -> set:
+    """aten ops whose outputs selective checkpointing keeps: matrix products and fused attention."""
+    names = ["mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu"]
+    return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
+
+
+def selective_checkpoint_policy(ctx, op, *args, **kwargs):
+    """Save matmul and attention outputs (expensive to recompute); recompute everything pointwise."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+_SAVE_OPS = _save_ops()
+
+
+def run_checkpointed(fn: Callable, *args: Any, mode: str | None) -> Any:
+    """``fn(*args)``, with its activations recomputed in backward per ``mode`` (None, "full", "selective").
+
+    "full" keeps only the inputs and reruns ``fn`` in backward; "selective" keeps the outputs of matrix
+    products and attention and reruns only the cheap pointwise ops (norms, activations, rotary) between
+    them. Without ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` (torch < 2.4),
+    "selective" falls back to "full" with a warning.
+    """
+    if mode is None:
+        return fn(*args)
+    from torch.utils import checkpoint as ckpt
+
+    if mode == "selective":
+        if hasattr(ckpt, "create_selective_checkpoint_contexts"):
+            context_fn = functools.partial(ckpt.create_selective_checkpoint_contexts, selective_checkpoint_policy)
+            return ckpt.checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn)
+        warnings.warn("selective checkpointing needs torch >= 2.4; using full checkpointing", RuntimeWarning,
+                      stacklevel=2)
+    elif mode != "full":
+        raise ValueError(f"run_checkpointed: mode must be one of {CHECKPOINT}, got {mode!r}")
+    return ckpt.checkpoint(fn, *args, use_reentrant=False)
+
+
+# ---------------------------------------------------------------------------------------------------
+# torch.compile, with a clean fallback
+# ---------------------------------------------------------------------------------------------------
+
+def compile_problem(device: torch.device | str) -> str | None:
+    """None if ``torch.compile`` (inductor) can run on ``device`` here; else why not."""
+    from torch import _dynamo
+
+    device = torch.device(device)
+    if hasattr(_dynamo, "is_dynamo_supported") and not _dynamo.is_dynamo_supported():
+        return (f"torch.compile is not supported on Python {sys.version_info.major}.{sys.version_info.minor} "
+                f"with torch {torch.__version__}")
+    if device.type == "cpu":
+        from torch._inductor import config as inductor_config
+
+        configured = getattr(getattr(inductor_config, "cpp", None), "cxx", ()) or ()
+        candidates = [c for c in configured if isinstance(c, str)] + ["g++", "c++", "clang++"]
+        if not any(shutil.which(c) for c in candidates):
+            return "no C++ compiler found (inductor needs one for CPU code)"
+    elif device.type == "cuda":
+        try:
+            import triton  # noqa: F401
+        except Exception as exc:  # inductor generates Triton kernels for CUDA
+            return f"triton is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _compiled(model: nn.Module, mode: str, device: torch.device) -> Callable:
+    """``torch.compile(model, mode=mode)``, or ``model`` itself (with a warning) where compile cannot run."""
+    from torch import _dynamo
+
+    problem = compile_problem(device)
+    if problem is not None:
+        warnings.warn(f"make_train_step: compile={mode!r} skipped, running eager: {problem}", RuntimeWarning,
+                      stacklevel=3)
+        return model
+    compiled = torch.compile(model, mode=mode)
+    state = {"fn": compiled}
+
+    def forward(*args, **kwargs):
+        try:
+            return state["fn"](*args, **kwargs)
+        except _dynamo.exc.BackendCompilerFailed as exc:
+            # A missing toolchain surfaces only at the first call; a broken model raises something else.
+            if state["fn"] is model:
+                raise
+            warnings.warn(f"make_train_step: compile={mode!r} failed, running eager from now on: {exc}",
+                          RuntimeWarning, stacklevel=2)
+            state["fn"] = model
+            return model(*args, **kwargs)
+
+    return forward
+
+
+# ---------------------------------------------------------------------------------------------------
+# The training step
+# ---------------------------------------------------------------------------------------------------
+
+def make_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    amp: str | None = None,
+    checkpoint: str | None = None,
+    compile: str | None = None,
+    sync_free_logging: bool = True,
+) -> Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """A function ``step((idx, targets)) -> loss`` doing forward, backward and one optimizer step.
+
+    ``model(idx, targets)`` must return ``(logits, loss)``. Options, each usable alone:
+
+    * ``amp``: None (the parameters' dtype), ``"bf16"`` or ``"fp16"`` autocast. fp16 scales the loss with
+      a ``torch.amp.GradScaler``; note that ``GradScaler.step`` reads ``found_inf`` on the host (one sync
+      per step) unless the optimizer handles scaling itself (e.g. ``AdamW(fused=True)``).
+    * ``checkpoint``: None, ``"full"`` or ``"selective"`` activation checkpointing of every block (the model
+      must have ``set_checkpointing(mode)``, as :class:`~mahia.model.HybridModel` does; this sets it).
+    * ``compile``: None or a ``torch.compile`` mode for the model's forward (its backward is compiled too).
+      Where compile cannot run (no C++ compiler on CPU, a Python that Dynamo does not support), it warns
+      and runs eager.
+    * ``sync_free_logging``: the loss of every step is appended to ``step.history``; True stores the
+      detached device tensor (turn them into numbers once, at the end: ``torch.stack(step.history)``),
+      False calls ``loss.item()`` every step, which waits for the GPU to finish (the common slow habit).
+
+    The step returns the detached loss tensor and, with ``sync_free_logging=True``, never reads a device
+    value on the host (as long as the model does not: see the model's impl choices).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"make_train_step: model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"make_train_step: optimizer must be a torch.optim.Optimizer, "
+                        f"got {type(optimizer).__name__}")
+    options = (("amp", amp, AMP), ("checkpoint", checkpoint, CHECKPOINT), ("compile", compile, COMPILE))
+    for name, value, valid in options:
+        if value not in valid:
+            raise ValueError(f"make_train_step: {name} must be one of {valid}, got {value!r}")
+    if not isinstance(sync_free_logging, bool):
+        raise TypeError(f"make_train_step: sync_free_logging must be a bool, got {sync_free_logging!r}")
+
+    if hasattr(model, "set_checkpointing"):
+        model.set_checkpointing(checkpoint)
+    elif checkpoint is not None:
+        raise TypeError(f"make_train_step: checkpoint={checkpoint!r} needs a model with set_checkpointing(mode); "
+                        f"{type(model).__name__} has none")
+
+    device = next(model.parameters()).device
+    amp_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
+    forward = _compiled(model, compile, device) if compile is not None else model
+
+    # CUDA-graph modes reuse their output buffers on every replay: mark each step as a new one.
+    mark_step = (compile in ("reduce-overhead", "max-autotune") and forward is not model
+                 and hasattr(torch.compiler, "cudagraph_mark_step_begin"))
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        idx, targets = batch
+        model.train()
+        if mark_step:
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            _, loss = forward(idx, targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        # A copy: a compiled model's output may live in a buffer that the next step overwrites.
+        loss = loss.detach().clone()
+        step.history.append(loss if sync_free_logging else loss.item())
+        return loss
+
+    step.history = []
+    step.options = dict(amp=amp, checkpoint=checkpoint, compile=compile, sync_free_logging=sync_free_logging)
+    return step
+
+
+# ---------------------------------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------------------------------
+
+class Decoder:
+    """Token-by-token generation with the model's static KV cache, optionally through a CUDA graph.
+
+    The model must provide ``setup_cache(batch, max_len)``, ``reset_cache()`` and
+    ``decode_step(idx, start_pos) -> logits`` (``start_pos`` a 0-dim int64 device tensor), as
+    :class:`~mahia.model.HybridModel` does. The prompt is prefilled by one eager ``decode_step`` over all
+    its tokens; every further token is one ``decode_step`` on a (B, 1) input. With ``cuda_graphs`` that
+    step is captured once per cache shape (static input, position and output buffers; warm-up on a side
+    stream) and replayed: one launch per token instead of one per kernel.
+    """
+
+    def __init__(self, model: nn.Module, *, cuda_graphs: bool = False):
+        for attr in ("setup_cache", "reset_cache", "decode_step"):
+            if not hasattr(model, attr):
+                raise TypeError(f"make_decoder: model must have {attr}(); {type(model).__name__} has none")
+        if not isinstance(cuda_graphs, bool):
+            raise TypeError(f"make_decoder: cuda_graphs must be a bool, got {cuda_graphs!r}")
+        self.model = model
+        self.cuda_graphs = cuda_graphs
+        self._shape: tuple[int, int] | None = None  # (batch, max_len) the cache and graph were built for
+        self._graph = None
+
+    @property
+    def uses_graph(self) -> bool:
+        """Whether steps replay a captured CUDA graph (asked for, and the model is on a CUDA device)."""
+        return self._graph is not None
+
+    def _prepare(self, batch: int, max_len: int, device: torch.device) -> None:
+        if self._shape != (batch, max_len):
+            self.model.setup_cache(batch, max_len)
+            self._shape = (batch, max_len)
+            self._graph = None
+            self._idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            self._pos = torch.zeros((), dtype=torch.long, device=device)
+            if self.cuda_graphs and device.type == "cuda":
+                self._capture()
+        self.model.reset_cache()
+
+    def _capture(self) -> None:
+        model = self.model
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up: lazy inits, autotuning and allocator growth happen outside capture
+                model.decode_step(self._idx, self._pos)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._logits = model.decode_step(self._idx, self._pos)  # (B, 1, V), overwritten by each replay
+        self._graph = graph
+
+    def _step(self, token: torch.Tensor, pos: int) -> torch.Tensor:
+        """Logits (B, V) after feeding ``token`` (B, 1) at position ``pos``."""
+        self._idx.copy_(token)
+        self._pos.fill_(pos)  # a device-side fill: no host sync
+        if self._graph is not None:
+            self._graph.replay()
+            return self._logits[:, -1]
+        return self.model.decode_step(self._idx, self._pos)[:, -1]
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """``prompt`` (B, T0) int64 followed by ``max_new_tokens`` generated tokens: (B, T0 + max_new_tokens).
+
+        ``temperature=0`` is greedy (argmax); otherwise tokens are sampled from softmax(logits / temperature)
+        by the Gumbel-max trick (argmax of logits / temperature + Gumbel noise), which needs no host sync.
+        """
+        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.dtype != torch.long:
+            raise ValueError(f"Decoder.generate: prompt must be a (B, T) int64 tensor, got "
+                             f"{getattr(prompt, 'dtype', type(prompt))} {tuple(getattr(prompt, 'shape', ()))}")
+        if prompt.shape[1] < 1:
+            raise ValueError("Decoder.generate: prompt must hold at least one token")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"Decoder.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not temperature >= 0.0:
+            raise ValueError(f"Decoder.generate: temperature must be >= 0, got {temperature!r}")
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            batch, t0 = prompt.shape
+            total = t0 + max_new_tokens
+            self._prepare(batch, total, prompt.device)
+            out = torch.empty(batch, total, dtype=torch.long, device=prompt.device)
+            out[:, :t0] = prompt
+            if max_new_tokens == 0:
+                return out
+            logits = model.decode_step(prompt, self._pos.zero_())[:, -1]  # prefill: (B, V)
+            for i in range(max_new_tokens):
+                nxt = self._sample(logits, temperature, generator)  # (B,)
+                out[:, t0 + i] = nxt
+                if i + 1 < max_new_tokens:
+                    logits = self._step(nxt[:, None], t0 + i)
+            return out
+        finally:
+            model.train(was_training)
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+        if temperature == 0.0:
+            return logits.argmax(dim=-1)
+        u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float32)
+        gumbel = -torch.log(-torch.log(u.clamp_(min=1e-20)))
+        return (logits.float() / temperature + gumbel).argmax(dim=-1)
+
+
+def make_decoder(model: nn.Module, *, cuda_graphs: bool = False) -> Decoder:
+    """A :class:`Decoder` for ``model``; ``cuda_graphs=True`` replays one captured decode step per token
+    (only when the model is on a CUDA device; on a CPU it runs the same steps eagerly)."""
+    return Decoder(model, cuda_graphs=cuda_graphs)
