@@ -634,9 +634,16 @@ class MoE(nn.Module):
             0, flat, torch.ones_like(flat, dtype=torch.int32))         # (E,) sync-free bincount
         offs = counts.cumsum(0, dtype=torch.int32)                     # (E,) end row of each expert's group
         xs = x2.index_select(0, order // k)                            # (N*k, D) tokens in expert order
-        h = grouped_mm(xs, self.w13, offs, backend=backend)            # (N*k, 2H)
+        w13, w2 = self.w13, self.w2
+        dev_type = x2.device.type
+        if torch.is_autocast_enabled(dev_type):
+            # Autocast does not know grouped_mm: cast as it would for a matmul, like the loop's F.linear.
+            amp = torch.get_autocast_dtype(dev_type)
+            xs, w13, w2 = xs.to(amp), w13.to(amp), w2.to(amp)
+            backend = self.backend_for(xs)
+        h = grouped_mm(xs, w13, offs, backend=backend)                 # (N*k, 2H)
         a = kernels.swiglu(*h.chunk(2, dim=-1))                        # (N*k, H)
-        out = grouped_mm(a, self.w2, offs, backend=backend)            # (N*k, D)
+        out = grouped_mm(a, w2, offs, backend=backend)                 # (N*k, D)
         inverse = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=x2.device))
         out = out.index_select(0, inverse).view(N, k, D)               # (N, k, D) back in token order
         # Like the loop: gate in the experts' dtype, accumulate the k terms in x's dtype.
