@@ -313,6 +313,30 @@ HEADLINES: dict[str, Callable[[pd.DataFrame], float | None]] = {
 }
 HEADLINE_KEYS = ["copy_gbps", "matmul_bf16_tflops", *HEADLINES]
 
+# The project's goals for the headline metrics on an H100/H200 (direction, bound).
+GOALS: dict[str, tuple[str, float]] = {
+    "rmsnorm_fwd_frac_of_copy": (">=", 0.92), "rmsnorm_fwd_vs_liger": (">=", 1.0),
+    "rmsnorm_fwdbwd_vs_best_peer": (">=", 1.4), "swiglu_fwd_vs_compile": (">=", 1.0),
+    "swiglu_fwdbwd_vs_compile": (">=", 1.0), "rope_fwdbwd_frac_of_copy": (">=", 0.85),
+    "attention_sdpa_vs_manual": (">=", 20.0), "attention_best_fwd_tflops": (">=", 550.0),
+    "sync_count_optimized": ("<=", 0.0), "cudagraph_speedup": (">=", 3.0),
+    "decode_cudagraph_speedup": (">=", 3.0), "amp_speedup": (">=", 3.0),
+    "amp_loss_rel_diff": ("<=", 0.01), "checkpoint_memory_saving": (">=", 0.6),
+    "checkpoint_overhead": ("<=", 0.25), "moe_vs_loop": (">=", 15.0), "moe_fwd_tflops": (">=", 300.0),
+    "meta_attention_vs_loop": (">=", 100.0), "full_stack_speedup": (">=", 5.0),
+    "full_stack_mfu": (">=", 0.65),
+}
+
+
+def goal_status(key: str, value: float | None) -> str:
+    """'met', 'missed', 'not measured' or '' (no goal) for a headline value."""
+    if key not in GOALS:
+        return ""
+    if value is None:
+        return "not measured"
+    op, bound = GOALS[key]
+    return "met" if (value >= bound if op == ">=" else value <= bound) else "missed"
+
 
 def summarize(folder: str | Path) -> dict:
     """Headline metrics of one device folder (None where not measured)."""

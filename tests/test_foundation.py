@@ -158,6 +158,14 @@ def test_recorder_writes_rows_and_derives_metrics(tmp_path):
     assert set(summary["metrics"]) == set(results.HEADLINE_KEYS)
 
 
+def test_goal_status():
+    assert results.goal_status("moe_vs_loop", 16.0) == "met"
+    assert results.goal_status("moe_vs_loop", 8.0) == "missed"
+    assert results.goal_status("checkpoint_overhead", 0.3) == "missed"
+    assert results.goal_status("checkpoint_overhead", None) == "not measured"
+    assert results.goal_status("copy_gbps", 1.0) == ""
+
+
 def test_latest_record_wins_and_history_is_kept(tmp_path):
     rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, run_id="r1")
     rec.timing("sync_loop", "baseline", "baseline", Timing(2.0, 2, 2, 3))
