@@ -12,6 +12,7 @@ import pytest
 from mahia import kernels
 from mahia.checks import compare_fn, tolerance
 from mahia.layers.norm import RMSNorm, add_rms_norm_eager, rms_norm_eager
+from helpers import graph_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not kernels.triton_available_for(torch.empty(0, device=DEVICE)),
@@ -19,19 +20,6 @@ pytestmark = pytest.mark.skipif(not kernels.triton_available_for(torch.empty(0, 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # odd hidden sizes, leading dims, a single column, a size just past a power of two
 SHAPES = [(3, 37, 1000), (5, 130), (4, 1), (2, 4097)]
-
-
-def _graph_ops(fn, *args):
-    """Names of the ops Dynamo puts in the graph of ``fn`` (fullgraph: a graph break raises)."""
-    seen = []
-
-    def backend(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, fullgraph=True, backend=backend)(*args)
-    return seen
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -120,7 +108,7 @@ def test_torch_compile_fullgraph():
     compare_fn(compiled, _eager_block, [x, torch.randn_like(x), torch.randn(50, device=DEVICE)],
                name="compiled block")
     # the compiled graph calls the custom ops (not the eager-mode autograd.Function)
-    ops = _graph_ops(block, x, x, torch.randn(50, device=DEVICE))
+    ops = graph_ops(block, x, x, torch.randn(50, device=DEVICE))
     assert "mahia.add_rms_norm_fwd.default" in ops and "mahia.rms_norm_fwd.default" in ops, ops
 
 

@@ -12,6 +12,7 @@ import pytest
 from mahia import kernels
 from mahia.checks import compare_fn, rel_error, tolerance
 from mahia.layers.rope import RotaryCache, apply_rope, apply_rope_eager
+from helpers import graph_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not kernels.triton_available_for(torch.empty(0, device=DEVICE)),
@@ -25,19 +26,6 @@ def _inputs(B, T, Hq, Hkv, D, dtype, offset=0, seed=0):
     k = torch.randn(B, T, Hkv, D, device=DEVICE, dtype=dtype)
     cos, sin = RotaryCache(D, offset + T, device=DEVICE).get(T, offset)
     return q, k, cos, sin
-
-
-def _graph_ops(fn, *args):
-    """Names of the ops Dynamo puts in the graph of ``fn`` (fullgraph: a graph break raises)."""
-    seen = []
-
-    def backend(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, fullgraph=True, backend=backend)(*args)
-    return seen
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -85,7 +73,7 @@ def test_torch_compile_fullgraph():
     compiled = torch.compile(attn_prologue, fullgraph=True, backend="aot_eager")
     compare_fn(compiled, eager, list(_inputs(2, 5, 4, 2, 24, torch.float32)), grad_inputs=[0, 1],
                name="compiled rope")
-    assert "mahia.rope_fwd.default" in _graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
+    assert "mahia.rope_fwd.default" in graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
 
 
 def test_backward_is_inverse_rotation():

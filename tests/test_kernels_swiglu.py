@@ -12,24 +12,12 @@ import pytest
 from mahia import kernels
 from mahia.checks import compare_fn, rel_error, tolerance
 from mahia.layers.mlp import SwiGLU, swiglu_eager
+from helpers import graph_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not kernels.triton_available_for(torch.empty(0, device=DEVICE)),
                                 reason=str(kernels.status()["swiglu"]))
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _graph_ops(fn, *args):
-    """Names of the ops Dynamo puts in the graph of ``fn`` (fullgraph: a graph break raises)."""
-    seen = []
-
-    def backend(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, fullgraph=True, backend=backend)(*args)
-    return seen
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -85,7 +73,7 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(mlp_act, fullgraph=True, backend="aot_eager")
     compare_fn(compiled, eager, [torch.randn(6, 2 * 45, device=DEVICE)], name="compiled swiglu")
-    assert "mahia.swiglu_fwd.default" in _graph_ops(mlp_act, torch.randn(6, 2 * 45, device=DEVICE))
+    assert "mahia.swiglu_fwd.default" in graph_ops(mlp_act, torch.randn(6, 2 * 45, device=DEVICE))
 
 
 def test_bad_inputs_raise_clear_errors():

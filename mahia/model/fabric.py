@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from ._inputs import check_btd
 
 __all__ = ["DynamicNeuroFabric", "FabricPlan", "fabric_gates", "fabric_forward", "fabric_plan", "IMPLS",
            "GATE_SOURCES"]
@@ -79,15 +80,6 @@ def _check_gate_source(gate_source: str) -> None:
         raise ValueError(f"gate_source must be one of {GATE_SOURCES}, got {gate_source!r}")
 
 
-def _check_x(x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"x must be a (B, T, D) tensor, got {getattr(x, 'shape', type(x))}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        raise ValueError(f"x must have at least one sample and one token, got shape {tuple(x.shape)}")
-
-
 def fabric_gates(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor, *,
                  source: str = "mean") -> torch.Tensor:
     """g = sigmoid(s(x) Wg^T + bg): (B, T, D) -> (B, L), in float32 (or float64).
@@ -95,7 +87,7 @@ def fabric_gates(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Te
     s(x) is the mean over the tokens (``source="mean"``) or the first token (``source="first"``, causal).
     """
     _check_gate_source(source)
-    _check_x(x)
+    check_btd(x)
     if gate_weight.dim() != 2 or gate_weight.shape[1] != x.shape[-1]:
         raise ValueError(f"gate_weight must be (L, D={x.shape[-1]}), got {tuple(gate_weight.shape)}")
     if gate_bias.shape != gate_weight.shape[:1]:
@@ -168,7 +160,7 @@ def fabric_forward(
         g = fabric_gates(x, gate_weight, gate_bias, source=gate_source)  # (B, L); checks x and the gate params
     else:
         _check_gate_source(gate_source)
-        _check_x(x)
+        check_btd(x)
         _check_gates(gates, x, gate_weight.shape[0])
         g = gates
     n_layers = g.shape[1]

@@ -84,6 +84,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from ._inputs import check_btd
 
 __all__ = ["GraphDiffusionMemory", "MemoryCache", "graph_diffusion_memory", "graph_diffusion_write",
            "diffusion_operator", "IMPLS"]
@@ -245,14 +246,6 @@ def _read(x, m, read_q, read_k, read_v, out):
 # Functional forms
 # ---------------------------------------------------------------------------------------------------
 
-def _check_x(x: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        raise ValueError(f"x must be a (B, T, D) tensor, got {getattr(x, 'shape', type(x))}")
-    if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-    if x.shape[0] == 0 or x.shape[1] == 0:
-        raise ValueError(f"x must have at least one sample and one token, got shape {tuple(x.shape)}")
-
 
 def _check_params(x: torch.Tensor, memory: torch.Tensor, **params: torch.Tensor) -> None:
     """memory (N, D); adj_logits (N, N) if given; every other entry a (D, D) weight; all like x."""
@@ -312,7 +305,7 @@ def graph_diffusion_memory(
     component; a language model needs ``causal=True``.
     """
     _check_config(steps, alpha, impl, causal, segment)
-    _check_x(x)
+    check_btd(x)
     weights = dict(write_q=write_q, write_k=write_k, write_v=write_v, read_q=read_q, read_k=read_k,
                    read_v=read_v, out=out)
     _check_params(x, memory, adj_logits=adj_logits, **weights)
@@ -340,7 +333,7 @@ def graph_diffusion_write(
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     _check_segment(segment)
-    _check_x(x)
+    check_btd(x)
     _check_params(x, memory, write_q=write_q, write_k=write_k, write_v=write_v)
     base = _initial_state(x, memory, state)
     seg = x.shape[1] if segment is None else min(segment, x.shape[1])
@@ -484,7 +477,7 @@ class GraphDiffusionMemory(nn.Module):
             raise ValueError(f"{fn}: decoding needs causal=True")
         if not isinstance(cache, MemoryCache):
             raise TypeError(f"{fn}: cache must be a MemoryCache (from new_cache), got {type(cache).__name__}")
-        _check_x(x)
+        check_btd(x)
         B, T, D = x.shape
         if D != self.dim or B != cache.batch:
             raise ValueError(f"{fn}: x must be (batch={cache.batch}, T, dim={self.dim}), got {tuple(x.shape)}")
