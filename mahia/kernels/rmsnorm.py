@@ -146,9 +146,9 @@ def _fwd_config(n_cols: int) -> tuple[int, int, int]:
                          "(the whole row is held in registers)")
     block_n = _next_pow2(n_cols)
     block_m = max(1, 4096 // block_n)  # small rows: several per program, so each moves >= 4096 elements
-    # 512 elements per warp (16 per thread), at most 16 warps. On an H100 (bf16, 2^26 elements) this reached 0.93-0.95 of copy bandwidth
-    # for N = 512 .. 16384; too many warps for the tile (16 on 2048 elements) or too few (8 on 16384)
-    # lost 17-27%.
+    # 512 elements per warp (16 per thread), at most 16 warps. On an H100 (bf16, 2^26 elements) this
+    # reached 0.93-0.95 of copy bandwidth for N = 512 .. 16384; too many warps for the tile (16 on 2048
+    # elements) or too few (8 on 16384) lost 17-27%.
     num_warps = min(max((block_m * block_n) // 512, 1), 16)
     return block_m, block_n, num_warps
 
