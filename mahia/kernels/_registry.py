@@ -36,6 +36,7 @@ __all__ = [
     "check_rms_norm_inputs",
     "check_swiglu_inputs",
     "check_rope_inputs",
+    "check_gla_inputs",
 ]
 
 # Every public kernel of mahia.kernels, by the name status() and the warnings use.
@@ -192,3 +193,30 @@ def check_rope_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tens
         if tuple(t.shape) != (T, D // 2):
             raise ValueError(f"{fn}: {name} must have shape (T, D/2) = ({T}, {D // 2}), got {tuple(t.shape)}")
     check_same_device(fn, q=q, k=k, cos=cos, sin=sin)
+
+
+def check_gla_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                     do: torch.Tensor | None = None) -> None:
+    """q, k, g (B, H, T, K) and v, do (B, H, T, V); floating point; q, k, v of one dtype; one device."""
+    named = {"q": q, "k": k, "v": v, "g": g}
+    if do is not None:
+        named["do"] = do
+    for name, t in named.items():
+        check_float_tensor(fn, name, t)
+        if t.dim() != 4:
+            last = "V" if name in ("v", "do") else "K"
+            raise ValueError(f"{fn}: {name} must be 4-D (B, H, T, {last}), got shape {tuple(t.shape)}")
+    for name in ("k", "g"):
+        if named[name].shape != q.shape:
+            raise ValueError(f"{fn}: {name} must have the shape of q {tuple(q.shape)}, "
+                             f"got {tuple(named[name].shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        B, H, T, _ = q.shape
+        raise ValueError(f"{fn}: v must be (B, H, T, V) = ({B}, {H}, {T}, V) to match q {tuple(q.shape)}, "
+                         f"got {tuple(v.shape)}")
+    if do is not None and do.shape != v.shape:
+        raise ValueError(f"{fn}: do must have the shape of v {tuple(v.shape)}, got {tuple(do.shape)}")
+    for name in ("k", "v"):
+        if named[name].dtype != q.dtype:
+            raise TypeError(f"{fn}: {name} must have the dtype of q ({q.dtype}), got {named[name].dtype}")
+    check_same_device(fn, **named)

@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mahia.kernels._registry import check_float_tensor, check_same_device
+from mahia.kernels._registry import check_gla_inputs
 
 __all__ = [
     "gla_fwd",
@@ -271,32 +271,12 @@ def _interpreting() -> bool:
 def check_gla_kernel_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                             do: torch.Tensor | None = None) -> None:
     """q, k, g (B, H, T, K) and v, do (B, H, T, V); float32/bfloat16/float16; q, k, v one dtype; one device."""
-    named = {"q": q, "k": k, "v": v, "g": g}
-    if do is not None:
-        named["do"] = do
-    for name, t in named.items():
-        check_float_tensor(fn, name, t)
-        if t.dim() != 4:
-            last = "V" if name in ("v", "do") else "K"
-            raise ValueError(f"{fn}: {name} must be 4-D (B, H, T, {last}), got shape {tuple(t.shape)}")
-    B, H, T, Kd = q.shape
-    for name in ("k", "g"):
-        if named[name].shape != q.shape:
-            raise ValueError(f"{fn}: {name} must have the shape of q {tuple(q.shape)}, "
-                             f"got {tuple(named[name].shape)}")
-    if v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"{fn}: v must be (B, H, T, V) = ({B}, {H}, {T}, V) to match q {tuple(q.shape)}, "
-                         f"got {tuple(v.shape)}")
-    if do is not None and do.shape != v.shape:
-        raise ValueError(f"{fn}: do must have the shape of v {tuple(v.shape)}, got {tuple(do.shape)}")
-    for name, t in named.items():
-        if t.dtype not in DTYPES:
+    check_gla_inputs(fn, q, k, v, g, do)
+    for name, t in {"q": q, "g": g, "do": do}.items():  # k and v have q's dtype (checked above)
+        if t is not None and t.dtype not in DTYPES:
             raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16 for the Triton kernel, "
                             f"got {t.dtype}")
-    for name in ("k", "v"):
-        if named[name].dtype != q.dtype:
-            raise TypeError(f"{fn}: {name} must have the dtype of q ({q.dtype}), got {named[name].dtype}")
-    check_same_device(fn, **named)
+    Kd = q.shape[-1]
     if Kd > MAX_K:
         raise ValueError(f"{fn}: key dim K={Kd} exceeds the kernel's limit of {MAX_K} (each program keeps a "
                          f"({CHUNK}, {CHUNK}, K) block of pairwise decays in registers); use more heads or the "

@@ -46,7 +46,7 @@ from torch import nn
 
 from mahia.kernels._registry import (
     check_float_tensor,
-    check_same_device,
+    check_gla_inputs,
     triton_available_for,
     triton_import_error,
     warn_fallback_once,
@@ -74,28 +74,6 @@ LOGSPACE_CHUNK = 16
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     # float32 math for half types; float64 stays float64 so the loop doubles as the reference.
     return torch.promote_types(dtype, torch.float32)
-
-
-def check_gla_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> None:
-    """q, k, g (B, H, T, K) and v (B, H, T, V); floating point; q, k, v of one dtype; one device."""
-    named = {"q": q, "k": k, "v": v, "g": g}
-    for name, t in named.items():
-        check_float_tensor(fn, name, t)
-        if t.dim() != 4:
-            last = "V" if name == "v" else "K"
-            raise ValueError(f"{fn}: {name} must be 4-D (B, H, T, {last}), got shape {tuple(t.shape)}")
-    for name in ("k", "g"):
-        if named[name].shape != q.shape:
-            raise ValueError(f"{fn}: {name} must have the shape of q {tuple(q.shape)}, "
-                             f"got {tuple(named[name].shape)}")
-    if v.shape[:3] != q.shape[:3]:
-        B, H, T, _ = q.shape
-        raise ValueError(f"{fn}: v must be (B, H, T, V) = ({B}, {H}, {T}, V) to match q {tuple(q.shape)}, "
-                         f"got {tuple(v.shape)}")
-    for name in ("k", "v"):
-        if named[name].dtype != q.dtype:
-            raise TypeError(f"{fn}: {name} must have the dtype of q ({q.dtype}), got {named[name].dtype}")
-    check_same_device(fn, **named)
 
 
 # --------------------------------------------------------------------------------------------------
