@@ -126,6 +126,16 @@ def _check_backend(fn: str, backend: str | None) -> None:
         raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
 
 
+def _checked_sdpa_mask(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       attn_mask: torch.Tensor | None, causal: bool, backend: str | None = None):
+    """Validate the inputs of an SDPA call; return SDPA's (attn_mask, is_causal) for them."""
+    _check_qkv(fn, q, k, v)
+    _check_mask(fn, attn_mask, q, k)
+    _check_backend(fn, backend)
+    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
+    return _combined_mask(q, k, causal, attn_mask)
+
+
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(B, Hkv, S, D) -> (B, Hkv * n_rep, S, D); head h of the result is kv head h // n_rep."""
     if n_rep == 1:
@@ -213,12 +223,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     (:func:`resolve_backend`). GQA uses SDPA's ``enable_gqa`` where the kernel supports it, otherwise
     the kv heads are repeated first. Causal with S != T passes an explicit bottom-right mask.
     """
-    fn = "sdpa_attention"
-    _check_qkv(fn, q, k, v)
-    _check_mask(fn, attn_mask, q, k)
-    _check_backend(fn, backend)
-    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
-    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
+    mask, is_causal = _checked_sdpa_mask("sdpa_attention", q, k, v, attn_mask, causal, backend)
     gqa = q.shape[1] != k.shape[1]
     if backend is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
@@ -444,23 +449,14 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requested
     on tiny inputs. Results are cached per (backend, device, dtype, head dims, masked, causal, GQA,
     S == 1, needs grad); call it once eagerly before CUDA graph capture or ``torch.compile``.
     """
-    fn = "resolve_backend"
-    _check_qkv(fn, q, k, v)
-    _check_mask(fn, attn_mask, q, k)
-    _check_backend(fn, requested)
-    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
-    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
+    mask, is_causal = _checked_sdpa_mask("resolve_backend", q, k, v, attn_mask, causal, requested)
     return _plan(q, k, v, requested, mask, is_causal)[0]
 
 
 def available_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                        attn_mask: torch.Tensor | None = None) -> list[str]:
     """The SDPA backends (in ``BACKENDS`` order) that can run attention on these inputs."""
-    fn = "available_backends"
-    _check_qkv(fn, q, k, v)
-    _check_mask(fn, attn_mask, q, k)
-    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
-    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
+    mask, is_causal = _checked_sdpa_mask("available_backends", q, k, v, attn_mask, causal)
     return [name for name in BACKENDS if _runs(name, q, k, v, mask, is_causal)[0]]
 
 
