@@ -48,7 +48,7 @@ from ..layers.norm import rms_norm_eager
 from ..layers.rope import RotaryCache, apply_rope_eager
 from ..timing import bench
 
-__all__ = ["run"]
+__all__ = ["run", "min_bytes"]
 
 EPS = 1e-6
 ROLE = {"eager": "baseline", "F.rms_norm": "peer", "torch.compile": "peer", "liger": "peer",
@@ -114,6 +114,22 @@ def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, lige
     return out
 
 
+# ------------------------------------------------------------------------------------ bytes
+
+def min_bytes(experiment: str, shape, dtype: torch.dtype) -> int:
+    """The fewest bytes of ``experiment`` (table in the module docstring); shape (M, N) for RMSNorm
+    and SwiGLU, (B, T, Hq, Hkv, D) for RoPE."""
+    es = torch.empty(0, dtype=dtype).element_size()
+    if experiment.startswith("rope"):
+        B, T, Hq, Hkv, D = shape
+        return 4 * B * T * (Hq + Hkv) * D * es + 2 * T * D * 4  # cos/sin tables are float32
+    M, N = shape
+    per_element = {"rmsnorm_fwd": 2, "rmsnorm_fwd_sweep": 2, "rmsnorm_fwdbwd": 5,
+                   "swiglu_fwd": 3, "swiglu_fwdbwd": 8}[experiment]
+    weight = {"rmsnorm_fwd": N, "rmsnorm_fwd_sweep": N, "rmsnorm_fwdbwd": 3 * N}.get(experiment, 0)
+    return (per_element * M * N + weight) * es
+
+
 # ------------------------------------------------------------------------------------ measuring
 
 def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Callable, reference: Callable,
@@ -175,7 +191,6 @@ def run(recorder, ceilings, *, quick: bool) -> None:
         return
     full = dev.type == "cuda" and not quick
     dtype = torch.bfloat16
-    es = torch.finfo(dtype).bits // 8
     copy_gbps = getattr(ceilings, "copy_gbps", None)
     if copy_gbps:
         print(f"  measured copy bandwidth: {copy_gbps:,.0f} GB/s")
@@ -190,9 +205,9 @@ def run(recorder, ceilings, *, quick: bool) -> None:
         return _randn(M, N, dev=dev, dtype=dtype), _randn(N, dev=dev, dtype=dtype, scale=0.1, shift=1.0)
 
     _measure(recorder, "rmsnorm_fwd", rms, rms_inputs, rms_norm_eager, backward=False, grad_inputs=[0, 1],
-             nbytes=(2 * M * N + N) * es, shape=(M, N), dtype=dtype)
+             nbytes=min_bytes("rmsnorm_fwd", (M, N), dtype), shape=(M, N), dtype=dtype)
     _measure(recorder, "rmsnorm_fwdbwd", rms, rms_inputs, rms_norm_eager, backward=True, grad_inputs=[0, 1],
-             nbytes=(5 * M * N + 3 * N) * es, shape=(M, N), dtype=dtype)
+             nbytes=min_bytes("rmsnorm_fwdbwd", (M, N), dtype), shape=(M, N), dtype=dtype)
 
     # -- SwiGLU -----------------------------------------------------------------------------------
     M, H = (16384, 11008) if full else (64, 1000)
@@ -202,9 +217,9 @@ def run(recorder, ceilings, *, quick: bool) -> None:
         return _randn(M, H, dev=dev, dtype=dtype), _randn(M, H, dev=dev, dtype=dtype)
 
     _measure(recorder, "swiglu_fwd", swi, swi_inputs, swiglu_eager, backward=False, grad_inputs=[0, 1],
-             nbytes=3 * M * H * es, shape=(M, H), dtype=dtype)
+             nbytes=min_bytes("swiglu_fwd", (M, H), dtype), shape=(M, H), dtype=dtype)
     _measure(recorder, "swiglu_fwdbwd", swi, swi_inputs, swiglu_eager, backward=True, grad_inputs=[0, 1],
-             nbytes=8 * M * H * es, shape=(M, H), dtype=dtype)
+             nbytes=min_bytes("swiglu_fwdbwd", (M, H), dtype), shape=(M, H), dtype=dtype)
 
     # -- RoPE: forward + backward -----------------------------------------------------------------
     B, T, Hq, Hkv, D = (8, 2048, 32, 8, 128) if full else (2, 16, 4, 2, 32)
@@ -216,7 +231,8 @@ def run(recorder, ceilings, *, quick: bool) -> None:
         return _randn(B, T, Hq, D, dev=dev, dtype=dtype), _randn(B, T, Hkv, D, dev=dev, dtype=dtype), cos, sin
 
     _measure(recorder, "rope_fwdbwd", rope, rope_inputs, apply_rope_eager, backward=True, grad_inputs=[0, 1],
-             nbytes=4 * B * T * (Hq + Hkv) * D * es + 2 * T * D * 4, shape=(B, T, Hq, Hkv, D), dtype=dtype)
+             nbytes=min_bytes("rope_fwdbwd", (B, T, Hq, Hkv, D), dtype),
+             shape=(B, T, Hq, Hkv, D), dtype=dtype)
 
     # -- RMSNorm forward over hidden sizes ----------------------------------------------------------
     sizes = [512, 1024, 2048, 4096, 8192, 16384] if full else [128, 1000]
@@ -225,4 +241,5 @@ def run(recorder, ceilings, *, quick: bool) -> None:
         M = total // N
         variants = _variants("rms_norm", rms_norm_eager, kernels.rms_norm, dev, liger)
         _measure(recorder, "rmsnorm_fwd_sweep", variants, lambda M=M, N=N: rms_inputs(M, N), rms_norm_eager,
-                 backward=False, grad_inputs=[0, 1], nbytes=(2 * M * N + N) * es, shape=(M, N), dtype=dtype)
+                 backward=False, grad_inputs=[0, 1], nbytes=min_bytes("rmsnorm_fwd_sweep", (M, N), dtype),
+                 shape=(M, N), dtype=dtype)

@@ -401,14 +401,9 @@ def min_bytes(kind: str, shape: Sequence[int], dtype: torch.dtype) -> int:
         swiglu_fwdbwd   + read dc, a, b; write da, db                   8 MN
         rope_fwdbwd     read and write q and k, forward and backward    4 B T (Hq + Hkv) D, + 2 T D float32
     """
-    shape = _check_shape(kind, shape)
-    es = torch.empty(0, dtype=dtype).element_size()
-    if kind.startswith("rope"):
-        B, T, Hq, Hkv, D = shape
-        return 4 * B * T * (Hq + Hkv) * D * es + 2 * T * D * 4
-    M, N = shape
-    return {"rmsnorm_fwd": (2 * M * N + N) * es, "rmsnorm_fwdbwd": (5 * M * N + 3 * N) * es,
-            "swiglu_fwd": 3 * M * N * es, "swiglu_fwdbwd": 8 * M * N * es}[kind]
+    from mahia.bench.kernels import min_bytes as bench_min_bytes
+
+    return bench_min_bytes(kind, _check_shape(kind, shape), dtype)
 
 
 def op_flops(kind: str, shape: Sequence[int]) -> int:
