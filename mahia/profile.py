@@ -1,0 +1,213 @@
+"""Where a training step's time goes: ``python -m mahia.profile``.
+
+A step is *device-bound* when the GPU runs kernels all the time and *host-bound* when it waits for the
+host to launch them (Python, dispatch, launch latency, syncs). One number tells them apart::
+
+    device busy = (sum of kernel times of a step) / (wall time of a step)
+
+Near 1: faster kernels (fusion, bf16, better tiles) pay. Well below 1: the device idles, and only fewer
+launches or less Python pay (compile, CUDA graphs, vectorized paths); a faster kernel changes nothing.
+On a CPU the same table lists operators by host time.
+
+:func:`profile_step` runs ``torch.profiler`` over a few steps (after warm-up) and returns the wall time,
+the kernel time, the busiest operators and, with ``modules``, the forward time of each named module
+(forward hooks open a profiler range around it; the model's code is untouched)::
+
+    report = profile_step(step, batch, modules={"attn": blk.attn, "mlp": blk.mlp})
+    print(report)
+
+The command line builds a :class:`~mahia.model.HybridModel` training step (preset, batch, sequence
+length, the same options as :func:`~mahia.model.make_train_step`) and prints the report, e.g.::
+
+    python -m mahia.profile --preset small --batch 16 --seq-len 1024 --amp bf16 --checkpoint full
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+from torch import nn
+
+__all__ = ["StepReport", "profile_step", "module_ranges", "main"]
+
+
+@dataclass
+class StepReport:
+    """One step, averaged over the profiled steps. Times in ms; ``kernel_ms`` is None on a CPU."""
+
+    device: str
+    wall_ms: float
+    kernel_ms: float | None
+    kernels: int | None  # kernel launches per step
+    top: list[dict] = field(default_factory=list)  # operators by self time: name, calls, ms per step
+    modules: dict[str, float] = field(default_factory=dict)  # forward ms per step of each named module
+
+    @property
+    def busy(self) -> float | None:
+        """Fraction of the wall time the device runs kernels (None on a CPU)."""
+        return None if self.kernel_ms is None else self.kernel_ms / self.wall_ms
+
+    def __str__(self) -> str:
+        lines = [f"{self.device}: {self.wall_ms:.3f} ms per step"]
+        if self.kernel_ms is not None:
+            lines[0] += (f", kernels {self.kernel_ms:.3f} ms ({self.kernels} launches): device busy "
+                         f"{self.busy:.0%} -> {'device' if self.busy > 0.8 else 'host'}-bound")
+        what = "device" if self.kernel_ms is not None else "host"
+        lines.append(f"  top operators by self {what} time (ms per step, calls per step):")
+        lines += [f"    {r['ms']:9.3f}  {r['calls']:7.1f}  {r['name'][:90]}" for r in self.top]
+        if self.modules:
+            lines.append(f"  forward {what} time of the named modules (ms per step, their children included):")
+            lines += [f"    {ms:9.3f}  {name}" for name, ms in self.modules.items()]
+        return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def module_ranges(modules: Mapping[str, nn.Module]):
+    """Open a profiler range ``module:<name>`` around every forward call of each named module."""
+    handles = []
+    for name, mod in modules.items():
+        if not isinstance(mod, nn.Module):
+            raise TypeError(f"module_ranges: {name!r} must be an nn.Module, got {type(mod).__name__}")
+        ranges: list = []
+
+        def pre(_m, _a, _name=name, _ranges=ranges):
+            r = torch.autograd.profiler.record_function(f"module:{_name}")
+            r.__enter__()
+            _ranges.append(r)
+
+        def post(_m, _a, _o, _ranges=ranges):
+            _ranges.pop().__exit__(None, None, None)
+
+        handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _self_time(evt, on_device: bool) -> float:
+    """Self time in µs of a key_averages row (device or host); the attribute names moved across versions."""
+    if not on_device:
+        return evt.self_cpu_time_total
+    return getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0)
+
+
+def _total_time(evt, on_device: bool) -> float:
+    if not on_device:
+        return evt.cpu_time_total
+    return getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+
+
+def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: int = 15,
+                 modules: Mapping[str, nn.Module] | None = None) -> StepReport:
+    """Profile ``step(*args)``: ``warmup`` calls, then ``steps`` profiled calls (see the module docstring).
+
+    The device is taken from the first tensor found in ``args`` (CUDA: kernel times, a sync after each
+    step; otherwise host times). The wall time is measured around the profiled steps, so it includes
+    the profiler's own overhead (a few µs per operator): compare it with the kernel time, not with
+    :func:`mahia.timing.bench`.
+    """
+    if not callable(step):
+        raise TypeError(f"profile_step: step must be callable, got {type(step).__name__}")
+    for name, v in (("steps", steps), ("warmup", warmup), ("rows", rows)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name != "warmup" else 0):
+            raise ValueError(f"profile_step: {name} must be an int >= {1 if name != 'warmup' else 0}, got {v!r}")
+    flat = [a for x in args for a in (x if isinstance(x, (tuple, list)) else (x,))]
+    dev = next((a.device for a in flat if isinstance(a, torch.Tensor)), torch.device("cpu"))
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(warmup):
+        step(*args)
+    sync()
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof, module_ranges(modules or {}):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step(*args)
+        sync()
+        wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    events = prof.key_averages()
+    kernel_ms = kernels = None
+    if cuda:
+        kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        kernel_ms = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+                        for e in kern) / 1e3 / steps
+        kernels = round(len(kern) / steps)
+    ranked = sorted((e for e in events if not e.key.startswith("module:")),
+                    key=lambda e: _self_time(e, cuda), reverse=True)
+    top = [{"name": e.key, "calls": e.count / steps, "ms": _self_time(e, cuda) / 1e3 / steps}
+           for e in ranked[:rows] if _self_time(e, cuda) > 0]
+    mods = {e.key[len("module:"):]: _total_time(e, cuda) / 1e3 / steps for e in events if e.key.startswith("module:")}
+    mods = {k: mods[k] for k in (modules or {}) if k in mods}
+    return StepReport(str(dev), wall_ms, kernel_ms, kernels, top, mods)
+
+
+def _block_parts(model) -> dict[str, nn.Module]:
+    """The parts of a HybridModel's blocks, pooled by name over the blocks (``attn``, ``mlp``, ...)."""
+    parts: dict[str, list[nn.Module]] = {}
+    for block in model.blocks:
+        for name, child in block.named_children():
+            parts.setdefault(name, []).append(child)
+    # One hook per module instance, all opening the same range name: the report sums over the blocks.
+    return {f"{name}[{i}]": m for name, ms in parts.items() for i, m in enumerate(ms)}
+
+
+def main(argv=None) -> int:
+    from mahia.hardware import resolve_device
+    from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
+    from mahia.model.config import PRESETS
+    from mahia.model.optimize import AMP, CHECKPOINT, COMPILE
+
+    p = argparse.ArgumentParser(prog="python -m mahia.profile", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p.add_argument("--impl", default="optimized", choices=("optimized", "baseline"),
+                   help="every layer on its fast path, or on its reference path")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--amp", default=None, choices=[a for a in AMP if a])
+    p.add_argument("--checkpoint", default=None, choices=[c for c in CHECKPOINT if c])
+    p.add_argument("--compile", default=None, choices=[c for c in COMPILE if c])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--rows", type=int, default=15)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--by-module", action="store_true", help="also the forward time of each block part")
+    a = p.parse_args(argv)
+    try:
+        dev = resolve_device(a.device)
+        cfg = HybridConfig.preset(a.preset)
+        cfg = cfg.optimized() if a.impl == "optimized" else cfg.baseline()
+        for name in ("batch", "seq_len", "steps"):
+            if getattr(a, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+        if a.seq_len > cfg.max_seq_len:
+            raise ValueError(f"--seq-len {a.seq_len} exceeds the preset's max_seq_len {cfg.max_seq_len}")
+    except (RuntimeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    with dev:
+        model = HybridModel(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    step = make_train_step(model, opt, amp=a.amp, checkpoint=a.checkpoint, compile=a.compile)
+    batch = SyntheticTokens(cfg.vocab_size, a.seq_len, seed=0).batch(a.batch, dev)
+    print(f"preset {a.preset} ({a.impl}), batch {a.batch} x {a.seq_len}, amp={a.amp}, checkpoint={a.checkpoint}, "
+          f"compile={a.compile}")
+    mods = _block_parts(model) if a.by_module else None
+    report = profile_step(step, batch, steps=a.steps, rows=a.rows, modules=mods)
+    if mods:  # pool the per-block instances by part name
+        pooled: dict[str, float] = {}
+        for k, ms in report.modules.items():
+            pooled[k.split("[")[0]] = pooled.get(k.split("[")[0], 0.0) + ms
+        report.modules = pooled
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""mahia.profile: where a step's time goes (host times on the CPU here; kernel times need CUDA)."""
+import pytest
+import torch
+from torch import nn
+
+from mahia.profile import StepReport, main, module_ranges, profile_step
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+
+
+def test_profile_step_ranks_operators_and_times_modules():
+    net = _net()
+    x = torch.randn(16, 32)
+
+    def step(x):
+        net(x).sum().backward()
+
+    r = profile_step(step, x, steps=2, warmup=1, rows=5, modules={"first": net[0], "last": net[2]})
+    assert isinstance(r, StepReport) and r.device == "cpu"
+    assert r.kernel_ms is None and r.busy is None  # no device on a CPU
+    assert r.wall_ms > 0 and 0 < len(r.top) <= 5
+    names = [t["name"] for t in r.top]
+    assert any("addmm" in n or "mm" in n for n in names), names
+    assert all(t["ms"] >= 0 and t["calls"] > 0 for t in r.top)
+    assert [t["ms"] for t in r.top] == sorted((t["ms"] for t in r.top), reverse=True)
+    assert set(r.modules) == {"first", "last"} and all(v > 0 for v in r.modules.values())
+    assert "ms per step" in str(r) and "first" in str(r)
+
+
+def test_module_ranges_remove_their_hooks():
+    net = _net()
+    with module_ranges({"a": net[0]}):
+        assert len(net[0]._forward_hooks) == 1 and len(net[0]._forward_pre_hooks) == 1
+    assert not net[0]._forward_hooks and not net[0]._forward_pre_hooks
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        with module_ranges({"a": lambda x: x}):
+            pass
+
+
+@pytest.mark.parametrize("kw, match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
+                                       ({"rows": True}, "rows")])
+def test_profile_step_rejects_bad_counts(kw, match):
+    with pytest.raises(ValueError, match=match):
+        profile_step(lambda: None, **kw)
+    with pytest.raises(TypeError, match="callable"):
+        profile_step(3)
+
+
+def test_command_line(capsys):
+    assert main(["--preset", "tiny", "--batch", "1", "--seq-len", "16", "--steps", "1", "--rows", "3",
+                 "--device", "cpu", "--by-module"]) == 0
+    out = capsys.readouterr().out
+    assert "preset tiny (optimized)" in out and "ms per step" in out and "attn" in out
+    assert main(["--preset", "tiny", "--seq-len", "4096", "--device", "cpu"]) == 2
+    assert "max_seq_len" in capsys.readouterr().err
