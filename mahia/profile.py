@@ -68,7 +68,10 @@ class StepReport:
 
 @contextlib.contextmanager
 def module_ranges(modules: Mapping[str, nn.Module]):
-    """Open a profiler range ``module:<name>`` around every forward call of each named module."""
+    """Open a profiler range ``module:<name>`` around every forward call of each named module.
+
+    Not for steps with activation checkpointing: its recomputation may stop early, before the module's
+    forward hook closes the range."""
     handles = []
     for name, mod in modules.items():
         if not isinstance(mod, nn.Module):
@@ -92,7 +95,7 @@ def module_ranges(modules: Mapping[str, nn.Module]):
 
 
 def _self_time(evt, on_device: bool) -> float:
-    """Self time in µs of a key_averages row (device or host); the attribute names moved across versions."""
+    """Self time in µs of a profiler event (device or host); the attribute names moved across versions."""
     if not on_device:
         return evt.self_cpu_time_total
     return getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0)
@@ -132,18 +135,30 @@ def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: i
             step(*args)
         sync()
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
-    events = prof.key_averages()
+    CPU = torch.autograd.DeviceType.CPU
+    # Ranges (record_function, the module ranges, the optimizer's) also appear on the device timeline as
+    # "user annotations" spanning their kernels: leave them out, or their kernels count twice.
+    host_ops = [e for e in prof.events() if e.device_type == CPU and not getattr(e, "is_user_annotation", False)
+                and not e.name.startswith("module:")]
     kernel_ms = kernels = None
     if cuda:
-        kern = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        kernel_ms = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-                        for e in kern) / 1e3 / steps
+        kern = [e for e in prof.events() if e.device_type != CPU and not getattr(e, "is_user_annotation", False)]
+        kernel_ms = sum(e.time_range.elapsed_us() for e in kern) / 1e3 / steps
         kernels = round(len(kern) / steps)
-    ranked = sorted((e for e in events if not e.key.startswith("module:")),
-                    key=lambda e: _self_time(e, cuda), reverse=True)
-    top = [{"name": e.key, "calls": e.count / steps, "ms": _self_time(e, cuda) / 1e3 / steps}
-           for e in ranked[:rows] if _self_time(e, cuda) > 0]
-    mods = {e.key[len("module:"):]: _total_time(e, cuda) / 1e3 / steps for e in events if e.key.startswith("module:")}
+    # Operators (host events) by the device time of the kernels they launch themselves, or by their own
+    # host time on a CPU: every kernel is launched by exactly one operator, so nothing is listed twice.
+    by_name: dict[str, list[float]] = {}
+    for e in host_ops:
+        acc = by_name.setdefault(e.name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += _self_time(e, cuda)
+    ranked = sorted(by_name.items(), key=lambda kv: kv[1][1], reverse=True)
+    top = [{"name": n, "calls": c / steps, "ms": us / 1e3 / steps} for n, (c, us) in ranked[:rows] if us > 0]
+    mods: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == CPU and e.name.startswith("module:"):
+            key = e.name[len("module:"):]
+            mods[key] = mods.get(key, 0.0) + _total_time(e, cuda) / 1e3 / steps
     mods = {k: mods[k] for k in (modules or {}) if k in mods}
     return StepReport(str(dev), wall_ms, kernel_ms, kernels, top, mods)
 
@@ -185,6 +200,9 @@ def main(argv=None) -> int:
         for name in ("batch", "seq_len", "steps"):
             if getattr(a, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+        if a.by_module and a.checkpoint:
+            raise ValueError("--by-module cannot time modules under --checkpoint (the recompute may stop early, "
+                             "before a module's forward ends)")
         if a.seq_len > cfg.max_seq_len:
             raise ValueError(f"--seq-len {a.seq_len} exceeds the preset's max_seq_len {cfg.max_seq_len}")
     except (RuntimeError, ValueError) as e:

@@ -56,3 +56,8 @@ def test_command_line(capsys):
     assert "preset tiny (optimized)" in out and "ms per step" in out and "attn" in out
     assert main(["--preset", "tiny", "--seq-len", "4096", "--device", "cpu"]) == 2
     assert "max_seq_len" in capsys.readouterr().err
+
+
+def test_command_line_refuses_module_times_under_checkpointing(capsys):
+    assert main(["--preset", "tiny", "--device", "cpu", "--by-module", "--checkpoint", "full"]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
