@@ -19,6 +19,10 @@ recorded figure) and launched from Python as usual (in the record's notes). Shor
 otherwise dominated by host overhead (autograd, dispatch, Triton's launcher), which says nothing
 about the kernels and which a real model hides by running ahead of the GPU or by graphs.
 
+On CUDA each experiment also times a plain ``copy_`` that moves the same bytes (metric
+``copy_same_bytes``, as a fraction of the copy ceiling): the ceiling is measured on a 1 GiB copy, and at a
+few hundred MB even a copy reaches less of it, which is the honest limit for a kernel of that size.
+
 Bytes are the fewest a kernel must move (each input read once, each output written once):
 
     rmsnorm_fwd      read x, write y                                  2 MN + N elements
@@ -173,6 +177,25 @@ def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Ca
                         limit="copy", rel_err=cmp.max_error, notes=notes)
         print(f"  {experiment:18s} {v.name:14s} {timing.median_ms:8.4f} ms  "
               f"{nbytes / timing.median_ms / 1e6:8.1f} GB/s  rel err {cmp.max_error:.1e}  ({notes})")
+    if recorder.device.type == "cuda":
+        _copy_of_same_bytes(recorder, experiment, nbytes, shape, dtype)
+
+
+def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype) -> None:
+    """Time a plain copy that moves ``nbytes`` (half read, half written) and record its GB/s as a
+    fraction of the measured copy ceiling: the limit at *this* size. The ceiling is measured on a 1 GiB
+    copy; a smaller one loses its ramp-up and its last partial wave, so a kernel that moves a few
+    hundred MB cannot reach 1.0 of the ceiling either (notebook 00's copy sweep)."""
+    n = max(1, int(nbytes) // 4)  # float32 elements per side
+    src = torch.empty(n, device=recorder.device, dtype=torch.float32).normal_()
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src), device=recorder.device, cuda_graph=True)
+    frac = 2 * n * 4 / t.median_ms / 1e6 / recorder.ceilings.copy_gbps if recorder.ceilings else float("nan")
+    recorder.metric(experiment, "copy_same_bytes", frac, unit="fraction of the copy ceiling", shape=shape,
+                    dtype=dtype, notes=f"torch copy_ of {2 * n * 4 / 1e6:.0f} MB moved, device time "
+                                       f"{t.median_ms:.4f} ms: the copy limit at this size")
+    print(f"  {experiment:18s} {'copy, same MB':14s} {t.median_ms:8.4f} ms  "
+          f"{2 * n * 4 / t.median_ms / 1e6:8.1f} GB/s  = {frac:.3f} of the copy ceiling")
 
 
 def _randn(*shape, dev, dtype, scale=1.0, shift=0.0):
