@@ -15,5 +15,5 @@ def test_copy_of_same_bytes_records_the_limit_at_that_size(tmp_path):
     (row,) = rec.rows
     assert row["experiment"] == "rmsnorm_fwd" and row["variant"] == "copy_same_bytes"
     assert row["role"] == "metric" and row["value"] > 0
-    mb = int(nbytes) // 4 * 8 / 1e6
+    mb = int(nbytes) // 8 * 8 / 1e6
     assert f"{mb:.0f} MB moved" in row["notes"]
