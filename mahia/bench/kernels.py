@@ -20,7 +20,7 @@ otherwise dominated by host overhead (autograd, dispatch, Triton's launcher), wh
 about the kernels and which a real model hides by running ahead of the GPU or by graphs.
 
 On CUDA each experiment also times a plain ``copy_`` that moves the same bytes (metric
-``copy_same_bytes``, as a fraction of the copy ceiling): the ceiling is measured on a 1 GiB copy, and at a
+``copy_same_bytes``, as a fraction of the copy ceiling): the ceiling is measured on a 2 GiB copy, and at a
 few hundred MB even a copy reaches less of it, which is the honest limit for a kernel of that size.
 
 Bytes are the fewest a kernel must move (each input read once, each output written once):
@@ -183,7 +183,7 @@ def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Ca
 
 def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype) -> None:
     """Time a plain copy that moves ``nbytes`` (half read, half written) and record its GB/s as a
-    fraction of the measured copy ceiling: the limit at *this* size. The ceiling is measured on a 1 GiB
+    fraction of the measured copy ceiling: the limit at *this* size. The ceiling is measured on a 2 GiB
     copy; a smaller one loses its ramp-up and its last partial wave, so a kernel that moves a few
     hundred MB cannot reach 1.0 of the ceiling either (notebook 00's copy sweep)."""
     n = max(1, int(nbytes) // 8)  # float32 elements per side: half the bytes read, half written
