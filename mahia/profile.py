@@ -72,10 +72,11 @@ def module_ranges(modules: Mapping[str, nn.Module]):
 
     Not for steps with activation checkpointing: its recomputation may stop early, before the module's
     forward hook closes the range."""
-    handles = []
-    for name, mod in modules.items():
+    for name, mod in modules.items():  # all checked before any hook is registered
         if not isinstance(mod, nn.Module):
             raise TypeError(f"module_ranges: {name!r} must be an nn.Module, got {type(mod).__name__}")
+    handles = []
+    for name, mod in modules.items():
         ranges: list = []
 
         def pre(_m, _a, _name=name, _ranges=ranges):

@@ -36,8 +36,9 @@ def test_module_ranges_remove_their_hooks():
         assert len(net[0]._forward_hooks) == 1 and len(net[0]._forward_pre_hooks) == 1
     assert not net[0]._forward_hooks and not net[0]._forward_pre_hooks
     with pytest.raises(TypeError, match="must be an nn.Module"):
-        with module_ranges({"a": lambda x: x}):
+        with module_ranges({"a": net[0], "b": lambda x: x}):
             pass
+    assert not net[0]._forward_hooks and not net[0]._forward_pre_hooks  # nothing left behind
 
 
 @pytest.mark.parametrize("kw, match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
