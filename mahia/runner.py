@@ -111,6 +111,20 @@ def _has_parameters_cell(path: Path) -> bool:
     return any("parameters" in c.get("metadata", {}).get("tags", []) for c in _load(path)["cells"])
 
 
+def declared_parameters(path: Path) -> set[str]:
+    """The names a notebook's cell tagged ``parameters`` assigns (empty without one)."""
+    names: set[str] = set()
+    for c in _load(path)["cells"]:
+        if "parameters" in c.get("metadata", {}).get("tags", []):
+            try:
+                tree = ast.parse("".join(c["source"]))
+            except SyntaxError:
+                continue
+            names |= {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                      for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
 def _failure(out_nb: Path) -> tuple[int | None, str]:
     """(cell number, 'Error: message') of the first cell with an error output."""
     if not out_nb.exists():
@@ -168,6 +182,14 @@ def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = 
     prof = profile if profile != "auto" else ("full" if dev.type == "cuda" else "quick")
     extra = parse_params(params)
     chosen = select_notebooks(notebooks)
+    # A -p NAME that no selected notebook declares would be injected and then ignored (a typo, or the
+    # wrong notebook): refuse it. Each notebook gets only the names its parameters cell declares.
+    declared = {nb: declared_parameters(nb) for nb in chosen}
+    unknown = sorted(set(extra) - set().union(*declared.values()))
+    if unknown:
+        valid = sorted(set().union(*declared.values()) - set(RESERVED))
+        raise UsageError(f"--param {', '.join(unknown)}: no selected notebook has such a parameter; "
+                         f"theirs: {', '.join(valid)}")
     try:
         import papermill  # noqa: F401
     except ImportError:
@@ -210,8 +232,9 @@ def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = 
                "--cwd", str(nb.parent), "--log-output", "--no-progress-bar",
                "-p", "device", str(dev), "-p", "profile", prof, "-p", "seed", str(seed),
                "-p", "interactive", "False", "-p", "results_dir", str(res_root)]
-        if extra:
-            cmd += ["-y", json.dumps(extra)]  # JSON is YAML: lists and tuples keep their type
+        mine = {k: v for k, v in extra.items() if k in declared[nb]}
+        if mine:
+            cmd += ["-y", json.dumps(mine)]  # JSON is YAML: lists and tuples keep their type
         t0 = time.perf_counter()
         with open(log, "w") as logf:
             proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,

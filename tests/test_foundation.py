@@ -227,6 +227,7 @@ def _cli(*args):
     (["run", "--timeout", "0"], "--timeout must be positive"),
     (["run", "--param", "no-equals-sign"], "--param expects NAME=VALUE"),
     (["run", "--param", "device=cuda"], "use the runner's own --device"),
+    (["run", "--notebooks", "00", "--param", "batchsize=8"], "no selected notebook has such a parameter"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     r = _cli(*args)
@@ -258,10 +259,10 @@ def test_failing_notebook_is_reported_with_its_cell_and_the_run_goes_on(tmp_path
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
 
-    def make(name, body):
+    def make(name, body, declares="extra = None"):
         nb = nbformat.v4.new_notebook()
         p = nbformat.v4.new_code_cell("device = 'auto'\nprofile = 'quick'\nseed = 0\n"
-                                      "interactive = True\nresults_dir = None\nextra = None")
+                                      f"interactive = True\nresults_dir = None\n{declares}")
         p.metadata["tags"] = ["parameters"]
         nb.cells = [p, nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(body)]
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -269,6 +270,10 @@ def test_failing_notebook_is_reported_with_its_cell_and_the_run_goes_on(tmp_path
 
     make("01_breaks.ipynb", "raise ValueError('planted failure')")
     make("02_fine.ipynb", "assert profile == 'quick' and interactive is False and extra == [1, 2]")
+    # A notebook that does not declare a -p name is run without it (not handed a stray variable).
+    make("03_other.ipynb", "assert 'extra' not in globals() and other == 3", declares="other = 3")
+    assert runner.declared_parameters(nbdir / "03_other.ipynb") == {"device", "profile", "seed", "interactive",
+                                                                   "results_dir", "other"}
     monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbdir)
     monkeypatch.setattr(runner, "list_notebooks", lambda folder=nbdir: sorted(nbdir.glob("*.ipynb")))
     monkeypatch.setattr(runner, "select_notebooks", lambda spec, folder=nbdir: sorted(nbdir.glob("*.ipynb")))
@@ -280,6 +285,7 @@ def test_failing_notebook_is_reported_with_its_cell_and_the_run_goes_on(tmp_path
     assert outcomes["01_breaks"]["cell"] == 4  # parameters, injected parameters, x = 1, the raise
     assert "planted failure" in outcomes["01_breaks"]["error"]
     assert outcomes["02_fine"]["status"] == "ok"
+    assert outcomes["03_other"]["status"] == "ok", outcomes["03_other"]
 
 
 def test_committed_notebooks_are_clean_and_have_parameters():
