@@ -29,6 +29,8 @@ __all__ = [
     "tolerance",
     "check_close",
     "compare_fn",
+    "check_int",
+    "check_float_dtype",
 ]
 
 # Norm-wise relative error a fast path may have, by the dtype it computes in.
@@ -42,6 +44,22 @@ TOLERANCE: dict[torch.dtype, float] = {
 
 class CorrectnessError(AssertionError):
     """A fast path disagrees with its reference; timing must not go on."""
+
+
+def check_int(fn: str, name: str, value, *, minimum: int = 1) -> int:
+    """``value`` if it is an int (a bool is not one) >= ``minimum``; else a ValueError naming ``fn`` and
+    ``name``. The one argument check of the package's counts and sizes."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise ValueError(f"{fn}: {name} must be {what}, got {value!r}")
+    return value
+
+
+def check_float_dtype(fn: str, dtype) -> torch.dtype:
+    """``dtype`` if it is a floating-point torch.dtype; else a TypeError naming ``fn``."""
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{fn}: dtype must be a floating torch.dtype, got {dtype!r}")
+    return dtype
 
 
 def tolerance(dtype: torch.dtype, *, tf32: bool = False) -> float:

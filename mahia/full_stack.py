@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mahia.checks import CorrectnessError, check_close, rel_error
+from mahia.checks import CorrectnessError, check_close, check_int, rel_error
 from mahia.timing import Timing
 
 __all__ = [
@@ -433,8 +433,7 @@ def predict_ms(ops: float, syncs: float, work_ms: float, *, launch_us: float, sy
 
 def tokens_per_s(tokens: int, timing: Timing | float) -> float:
     """Tokens per second of a step over ``tokens`` tokens taking ``timing`` (a Timing, or ms)."""
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ValueError(f"tokens_per_s: tokens must be a positive int, got {tokens!r}")
+    check_int("tokens_per_s", "tokens", tokens)
     ms = timing.median_ms if isinstance(timing, Timing) else timing
     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0:
         raise ValueError(f"tokens_per_s: the step time must be a positive number of ms, got {ms!r}")

@@ -46,6 +46,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from mahia.checks import check_int
+
 __all__ = [
     "MATMUL_OPS", "OPAQUE_ATEN_OPS", "FREE_OPS",
     "OpRecord", "FusedEstimate", "OpTrace", "trace_ops", "StepPrediction", "predict_step",
@@ -600,8 +602,7 @@ class GraphedStep:
         if not all(t.is_cuda for t in example_inputs):
             devices = sorted({str(t.device) for t in example_inputs})
             raise ValueError(f"GraphedStep: CUDA graphs need CUDA tensors, got inputs on {devices}")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-            raise ValueError(f"GraphedStep: warmup must be an int >= 1, got {warmup!r}")
+        check_int("GraphedStep", "warmup", warmup)
         self.fn = fn
         self.static_inputs = tuple(t.detach().clone() for t in example_inputs)
         side = torch.cuda.Stream()
@@ -632,8 +633,7 @@ class GraphedStep:
 
 def next_bucket(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket >= n."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"next_bucket: n must be a positive int, got {n!r}")
+    check_int("next_bucket", "n", n)
     fits = [b for b in buckets if b >= n]
     if not fits:
         raise ValueError(f"next_bucket: size {n} exceeds the largest bucket {max(buckets)}")

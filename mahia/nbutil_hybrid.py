@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from .checks import check_close, tolerance
+from .checks import check_close, check_float_dtype, check_int, tolerance
 from .sync_loops import OpCount, count_ops, launch_chain
 from .syncs import SyncReport, count_syncs
 from .timing import Timing, bench as _bench
@@ -48,11 +48,6 @@ __all__ = [
 ]
 
 MOE_OUTPUTS = ("y", "aux", "dx", "dw_router", "dw13", "dw2")
-
-
-def _check_count(fn: str, name: str, value, *, minimum: int = 0) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{fn}: {name} must be an int >= {minimum}, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -80,7 +75,7 @@ def launch_costs(device: torch.device | str, *, n_kernels: int = 200,
     ``bench`` is the timing function (e.g. a notebook's ``ctx.bench``); default ``mahia.timing.bench``.
     On a CPU both are host costs: an op's dispatch overhead, and (nearly) nothing for a "sync".
     """
-    _check_count("launch_costs", "n_kernels", n_kernels, minimum=1)
+    check_int("launch_costs", "n_kernels", n_kernels)
     dev = torch.device(device)
     timer = bench if bench is not None else (lambda fn, **kw: _bench(fn, device=dev, **kw))
     x = torch.zeros(1, device=dev)
@@ -127,7 +122,7 @@ def moe_bytes(n_tokens: int, dim: int, hidden: int, n_experts: int, *, element_s
     """
     for name, v in (("n_tokens", n_tokens), ("dim", dim), ("hidden", hidden), ("n_experts", n_experts),
                     ("element_size", element_size)):
-        _check_count("moe_bytes", name, v, minimum=1)
+        check_int("moe_bytes", name, v)
     return (2 * n_tokens * dim + n_experts * 3 * dim * hidden + dim * n_experts) * element_size
 
 
@@ -178,7 +173,7 @@ def train_routing(moe: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *
     with two coefficients shows what the load-balancing term does to the routing.
     """
     _check_moe_like("train_routing", moe)
-    _check_count("train_routing", "steps", steps)
+    check_int("train_routing", "steps", steps, minimum=0)
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"train_routing: lr must be a positive number, got {lr!r}")
     if not isinstance(target, torch.Tensor) or target.shape != x.shape:
@@ -213,11 +208,10 @@ def gla_inputs(B: int, H: int, T: int, K: int, V: int, *, device: torch.device |
     ``mahia.bench.meta``, then moved to ``device`` and ``dtype``. Shapes (B, H, T, K) and (B, H, T, V).
     """
     for name, v in (("B", B), ("H", H), ("T", T), ("K", K), ("V", V)):
-        _check_count("gla_inputs", name, v, minimum=1)
+        check_int("gla_inputs", name, v)
     if not (isinstance(temperature, (int, float)) and temperature > 0):
         raise ValueError(f"gla_inputs: temperature must be a positive number, got {temperature!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"gla_inputs: dtype must be a floating-point torch.dtype, got {dtype!r}")
+    check_float_dtype("gla_inputs", dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     q = torch.randn(B, H, T, K, generator=gen) * K ** -0.5
     k = torch.randn(B, H, T, K, generator=gen)

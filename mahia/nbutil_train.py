@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from mahia.checks import check_int
 from mahia.timing import Timing
 
 __all__ = [
@@ -55,11 +56,6 @@ __all__ = [
 # Loss curves
 # ---------------------------------------------------------------------------------------------------
 
-def _positive_int(fn: str, name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{fn}: {name} must be a positive int, got {v!r}")
-    return v
-
 
 def train_run(step: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor], data, *, steps: int,
               batch_size: int, device: torch.device | str) -> torch.Tensor:
@@ -72,8 +68,8 @@ def train_run(step: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
         raise TypeError(f"train_run: step must be callable, got {type(step).__name__}")
     if not hasattr(data, "batch"):
         raise TypeError(f"train_run: data must have batch(batch_size, device), got {type(data).__name__}")
-    _positive_int("train_run", "steps", steps)
-    _positive_int("train_run", "batch_size", batch_size)
+    check_int("train_run", "steps", steps)
+    check_int("train_run", "batch_size", batch_size)
     losses = [step(data.batch(batch_size, device)).reshape(()) for _ in range(steps)]
     return torch.stack(losses).float()
 
@@ -114,7 +110,7 @@ def smoothed_rel_dev(a, b, *, window: int) -> float:
     steps: ``max_t |ma(a)_t - ma(b)_t| / |ma(b)_t|``. Step-to-step noise averages out; a run that drifts
     away or diverges does not. NaN or Inf anywhere gives ``inf``."""
     a, b = _pair("smoothed_rel_dev", a, b)
-    _positive_int("smoothed_rel_dev", "window", window)
+    check_int("smoothed_rel_dev", "window", window)
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
         return math.inf
     w = min(window, a.numel())
@@ -273,7 +269,7 @@ def block_activation_table(model: nn.Module, seq_len: int, dtype: torch.dtype = 
         if not hasattr(model, attr):
             raise TypeError(f"block_activation_table: model must be a HybridModel (needs .{attr}), "
                             f"got {type(model).__name__}")
-    _positive_int("block_activation_table", "seq_len", seq_len)
+    check_int("block_activation_table", "seq_len", seq_len)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"block_activation_table: dtype must be a floating torch.dtype, got {dtype!r}")
     cfg, T = model.cfg, seq_len
@@ -435,8 +431,8 @@ def largest_fitting(fits_at: Callable[[int], bool], start: int, *, probes: int =
     """
     if not callable(fits_at):
         raise TypeError(f"largest_fitting: fits_at must be callable, got {type(fits_at).__name__}")
-    _positive_int("largest_fitting", "start", start)
-    _positive_int("largest_fitting", "probes", probes)
+    check_int("largest_fitting", "start", start)
+    check_int("largest_fitting", "probes", probes)
     if not (grow > 1 and 0 < shrink < 1):
         raise ValueError(f"largest_fitting: need grow > 1 and 0 < shrink < 1, got grow={grow}, shrink={shrink}")
     ok, bad, n = 0, None, start

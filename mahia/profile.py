@@ -33,6 +33,8 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
+from mahia.checks import check_int
+
 __all__ = ["StepReport", "profile_step", "module_ranges", "main"]
 
 
@@ -120,8 +122,7 @@ def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: i
     if not callable(step):
         raise TypeError(f"profile_step: step must be callable, got {type(step).__name__}")
     for name, v in (("steps", steps), ("warmup", warmup), ("rows", rows)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name != "warmup" else 0):
-            raise ValueError(f"profile_step: {name} must be an int >= {1 if name != 'warmup' else 0}, got {v!r}")
+        check_int("profile_step", name, v, minimum=0 if name == "warmup" else 1)
     flat = [a for x in args for a in (x if isinstance(x, (tuple, list)) else (x,))]
     dev = next((a.device for a in flat if isinstance(a, torch.Tensor)), torch.device("cpu"))
     cuda = dev.type == "cuda"

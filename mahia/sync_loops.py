@@ -50,6 +50,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mahia.checks import check_float_dtype, check_int
+
 __all__ = [
     "ResidualMLP",
     "make_batches",
@@ -82,10 +84,8 @@ class ResidualMLP(nn.Module):
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         for name, val in (("in_features", in_features), ("width", width), ("n_classes", n_classes)):
-            if not (isinstance(val, int) and not isinstance(val, bool) and val > 0):
-                raise ValueError(f"ResidualMLP: {name} must be a positive int, got {val!r}")
-        if not (isinstance(depth, int) and not isinstance(depth, bool) and depth >= 0):
-            raise ValueError(f"ResidualMLP: depth must be a non-negative int, got {depth!r}")
+            check_int("ResidualMLP", name, val)
+        check_int("ResidualMLP", "depth", depth, minimum=0)
         kw = dict(device=device, dtype=dtype)
         self.inp = nn.Linear(in_features, width, **kw)
         self.norms = nn.ModuleList(nn.LayerNorm(width, **kw) for _ in range(depth))
@@ -108,10 +108,8 @@ def make_batches(n_steps: int, batch: int, in_features: int, n_classes: int, *,
     same data), then moved to ``device`` once, outside any timed region."""
     for name, val in (("n_steps", n_steps), ("batch", batch), ("in_features", in_features),
                       ("n_classes", n_classes)):
-        if not (isinstance(val, int) and not isinstance(val, bool) and val > 0):
-            raise ValueError(f"make_batches: {name} must be a positive int, got {val!r}")
-    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"make_batches: dtype must be a floating torch.dtype, got {dtype!r}")
+        check_int("make_batches", name, val)
+    check_float_dtype("make_batches", dtype)
     gen = torch.Generator().manual_seed(seed)
     teacher = torch.randn(in_features, n_classes, generator=gen)
     x = torch.randn(n_steps, batch, in_features, generator=gen)
@@ -292,8 +290,7 @@ def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> tor
     if not isinstance(x, torch.Tensor) or x.numel() == 0:
         raise ValueError("launch_chain: x must be a non-empty tensor")
     for name, val, low in (("n_kernels", n_kernels, 1), ("read_every", read_every, 0)):
-        if isinstance(val, bool) or not isinstance(val, int) or val < low:
-            raise ValueError(f"launch_chain: {name} must be an int >= {low}, got {val!r}")
+        check_int("launch_chain", name, val, minimum=low)
     flat = x.view(-1)
     for i in range(n_kernels):
         x.add_(1)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from mahia.checks import check_float_dtype, check_int
 from mahia.kernels._registry import check_float_tensor, check_same_device
 from mahia.layers.rope import IMPLS as ROPE_IMPLS
 from mahia.layers.rope import apply_rope
@@ -262,8 +263,7 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     _check_qkv(fn, q, k, v)
     _check_mask(fn, attn_mask, q, k)
     _check_backend(fn, backend)
-    if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size > 0):
-        raise ValueError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
+    check_int(fn, "chunk_size", chunk_size)
     T, S = q.shape[2], k.shape[2]
     _check_causal_lengths(fn, T, S, causal)
     outs = []
@@ -305,8 +305,7 @@ def _check_impl_args(fn: str, impl: str, backend: str | None, chunk_size: int | 
     if chunk_size is not None:
         if impl != "chunked":
             raise ValueError(f"{fn}: chunk_size applies to impl='chunked' only, got impl={impl!r}")
-        if not (isinstance(chunk_size, int) and not isinstance(chunk_size, bool) and chunk_size > 0):
-            raise ValueError(f"{fn}: chunk_size must be a positive int, got {chunk_size!r}")
+        check_int(fn, "chunk_size", chunk_size)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -471,8 +470,7 @@ def attention_flops(B: int, Hq: int, T: int, S: int, D: int, causal: bool) -> in
     (the FlashAttention convention): 4*B*Hq*D*(T*S - T*T/2), i.e. exactly half for S == T.
     """
     for name, val in (("B", B), ("Hq", Hq), ("T", T), ("S", S), ("D", D)):
-        if not (isinstance(val, int) and val > 0):
-            raise ValueError(f"attention_flops: {name} must be a positive int, got {val!r}")
+        check_int("attention_flops", name, val)
     _check_causal_lengths("attention_flops", T, S, causal)
     if causal:
         return 2 * B * Hq * D * (2 * T * S - T * T)
@@ -487,8 +485,7 @@ def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *,
     far more: it writes and reads the (T, S) score and probability matrices.
     """
     for name, val in (("B", B), ("Hq", Hq), ("Hkv", Hkv), ("T", T), ("S", S), ("D", D)):
-        if not (isinstance(val, int) and val > 0):
-            raise ValueError(f"attention_bytes: {name} must be a positive int, got {val!r}")
+        check_int("attention_bytes", name, val)
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"attention_bytes: dtype must be a torch.dtype, got {type(dtype).__name__}")
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -553,10 +550,8 @@ class StaticKVCache(nn.Module):
         super().__init__()
         for name, val in (("batch", batch), ("max_len", max_len), ("n_kv_heads", n_kv_heads),
                           ("head_dim", head_dim)):
-            if not (isinstance(val, int) and not isinstance(val, bool) and val > 0):
-                raise ValueError(f"StaticKVCache: {name} must be a positive int, got {val!r}")
-        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"StaticKVCache: dtype must be a floating torch.dtype, got {dtype!r}")
+            check_int("StaticKVCache", name, val)
+        check_float_dtype("StaticKVCache", dtype)
         self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
         shape = (batch, n_kv_heads, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
@@ -623,8 +618,7 @@ class Attention(nn.Module):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         for name, val in (("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
-            if not (isinstance(val, int) and not isinstance(val, bool) and val > 0):
-                raise ValueError(f"Attention: {name} must be a positive int, got {val!r}")
+            check_int("Attention", name, val)
         if dim % n_heads != 0:
             raise ValueError(f"Attention: dim={dim} must be divisible by n_heads={n_heads}")
         if n_heads % n_kv_heads != 0:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mahia.checks import check_int
 from mahia import kernels
 from mahia.kernels._registry import check_swiglu_inputs
 
@@ -40,8 +41,7 @@ class SwiGLU(nn.Module):
         if impl not in IMPLS:
             raise ValueError(f"SwiGLU: impl must be one of {IMPLS}, got {impl!r}")
         for name, v in (("dim", dim), ("hidden", hidden)):
-            if not (isinstance(v, int) and v > 0):
-                raise ValueError(f"SwiGLU: {name} must be a positive int, got {v!r}")
+            check_int("SwiGLU", name, v)
         self.dim, self.hidden, self.impl = dim, hidden, impl
         self.w12 = nn.Linear(dim, 2 * hidden, bias=bias, device=device, dtype=dtype)
         self.w3 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)

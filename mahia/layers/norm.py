@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mahia.checks import check_int
 from mahia import kernels
 from mahia.kernels._registry import check_rms_norm_inputs
 
@@ -53,8 +54,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"RMSNorm: impl must be one of {IMPLS}, got {impl!r}")
-        if not (isinstance(dim, int) and dim > 0):
-            raise ValueError(f"RMSNorm: dim must be a positive int, got {dim!r}")
+        check_int("RMSNorm", "dim", dim)
         self.dim, self.eps, self.impl = dim, eps, impl
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 

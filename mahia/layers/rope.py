@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mahia.checks import check_int
 from mahia import kernels
 from mahia.kernels._registry import check_rope_inputs
 
@@ -34,8 +35,7 @@ class RotaryCache(nn.Module):
         super().__init__()
         if not (isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0):
             raise ValueError(f"RotaryCache: head_dim must be a positive even int, got {head_dim!r}")
-        if not (isinstance(max_seq_len, int) and max_seq_len > 0):
-            raise ValueError(f"RotaryCache: max_seq_len must be a positive int, got {max_seq_len!r}")
+        check_int("RotaryCache", "max_seq_len", max_seq_len)
         if not base > 0:
             raise ValueError(f"RotaryCache: base must be > 0, got {base!r}")
         self.head_dim, self.max_seq_len, self.base = head_dim, max_seq_len, float(base)

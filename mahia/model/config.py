@@ -19,6 +19,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from mahia.checks import check_int
+
 __all__ = ["HybridConfig", "IMPL_CHOICES", "BASELINE_IMPLS", "OPTIMIZED_IMPLS", "PRESETS"]
 
 # The valid values of every implementation field.
@@ -128,9 +130,7 @@ class HybridConfig:
     # ------------------------------------------------------------------------------------------------
     def _validate(self) -> None:
         def positive_int(name: str) -> None:
-            v = getattr(self, name)
-            if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
-                raise ValueError(f"HybridConfig: {name} must be a positive int, got {v!r}")
+            check_int("HybridConfig", name, getattr(self, name))
 
         def positive_float(name: str) -> None:
             v = getattr(self, name)

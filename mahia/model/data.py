@@ -30,6 +30,8 @@ import math
 
 import torch
 
+from mahia.checks import check_int
+
 __all__ = ["SyntheticTokens"]
 
 
@@ -43,8 +45,7 @@ class SyntheticTokens:
     def __init__(self, vocab_size: int, seq_len: int, seed: int = 0, *, copy_prob: float = 0.5,
                  zipf_exponent: float = 1.0):
         for name, v in (("vocab_size", vocab_size), ("seq_len", seq_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"SyntheticTokens: {name} must be a positive int, got {v!r}")
+            check_int("SyntheticTokens", name, v)
         if vocab_size < 2:
             raise ValueError(f"SyntheticTokens: vocab_size must be >= 2, got {vocab_size}")
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -100,8 +101,7 @@ class SyntheticTokens:
 
     def batch(self, batch_size: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """``(idx, targets)``, each (batch_size, seq_len) int64 on ``device``; no host synchronisation."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"SyntheticTokens.batch: batch_size must be a positive int, got {batch_size!r}")
+        check_int("SyntheticTokens.batch", "batch_size", batch_size)
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())

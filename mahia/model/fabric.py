@@ -50,6 +50,8 @@ from typing import Callable, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from mahia.checks import check_int
 from ._inputs import check_btd
 
 __all__ = ["DynamicNeuroFabric", "FabricPlan", "fabric_gates", "fabric_forward", "fabric_plan", "IMPLS",
@@ -205,10 +207,8 @@ class DynamicNeuroFabric(nn.Module):
     def __init__(self, dim: int, n_layers: int, *, threshold: float = 0.5, impl: str = "masked",
                  gate_source: str = "mean"):
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if isinstance(n_layers, bool) or not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"n_layers must be a positive int, got {n_layers!r}")
+        check_int("DynamicNeuroFabric", "dim", dim)
+        check_int("DynamicNeuroFabric", "n_layers", n_layers)
         _check_threshold(threshold)
         if impl not in IMPLS:
             raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mahia.checks import check_int
 from mahia.layers.attention import Attention, StaticKVCache, attention_flops, rope_rows
 from mahia.layers.mlp import SwiGLU
 from mahia.layers.norm import RMSNorm
@@ -287,8 +288,7 @@ class HybridModel(nn.Module):
         """Allocate one :class:`StaticKVCache` (batch, n_kv_heads, max_len, head_dim) per block, in
         ``dtype`` (default: the parameters' dtype) on the model's device."""
         for name, v in (("batch", batch), ("max_len", max_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"HybridModel.setup_cache: {name} must be a positive int, got {v!r}")
+            check_int("HybridModel.setup_cache", name, v)
         if max_len > self.cfg.max_seq_len:
             raise ValueError(f"HybridModel.setup_cache: max_len={max_len} exceeds "
                              f"max_seq_len={self.cfg.max_seq_len}")
@@ -399,8 +399,7 @@ class HybridModel(nn.Module):
         counted as the model defines them (k experts per token; every block runs), not as an
         implementation executes them (the masked fabric also computes blocks it then discards).
         """
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"flops_per_token: seq_len must be a positive int, got {seq_len!r}")
+        check_int("flops_per_token", "seq_len", seq_len)
         cfg, T = self.cfg, seq_len
         D, hd, L = cfg.dim, cfg.head_dim, cfg.n_layers
         parts = dict.fromkeys(("attention_proj", "attention_scores", "mlp", "moe", "meta_attention",
@@ -520,8 +519,7 @@ class HybridModel(nn.Module):
         for the real peak.
         """
         for name, v in (("batch", batch), ("seq_len", seq_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"memory_estimate: {name} must be a positive int, got {v!r}")
+            check_int("memory_estimate", name, v)
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"memory_estimate: dtype must be a torch.dtype, got {type(dtype).__name__}")
         n = self.param_count()

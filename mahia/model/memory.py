@@ -84,6 +84,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from mahia.checks import check_float_dtype, check_int
 from ._inputs import check_btd
 
 __all__ = ["GraphDiffusionMemory", "MemoryCache", "graph_diffusion_memory", "graph_diffusion_write",
@@ -93,8 +95,7 @@ IMPLS = ("loop", "batched")
 
 
 def _check_diffusion(steps: int, alpha: float) -> None:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+    check_int("GraphDiffusionMemory", "steps", steps, minimum=0)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= float(alpha) <= 1.0:
         raise ValueError(f"alpha must be a float in [0, 1], got {alpha!r}")
 
@@ -369,10 +370,8 @@ class MemoryCache(nn.Module):
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
         super().__init__()
         for name, v in (("batch", batch), ("max_len", max_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"MemoryCache: {name} must be a positive int, got {v!r}")
-        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise TypeError(f"MemoryCache: dtype must be a floating torch.dtype, got {dtype!r}")
+            check_int("MemoryCache", name, v)
+        check_float_dtype("MemoryCache", dtype)
         self.batch, self.max_len = batch, max_len
         kw = dict(device=device, dtype=dtype)
         length = max_len if positions else 0  # without segments nothing is written while decoding
@@ -399,10 +398,8 @@ class GraphDiffusionMemory(nn.Module):
     def __init__(self, dim: int, n_nodes: int = 64, steps: int = 4, alpha: float = 0.5, *,
                  impl: str = "batched", causal: bool = False, segment: int | None = None):
         super().__init__()
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if isinstance(n_nodes, bool) or not isinstance(n_nodes, int) or n_nodes < 1:
-            raise ValueError(f"n_nodes must be a positive int, got {n_nodes!r}")
+        check_int("GraphDiffusionMemory", "dim", dim)
+        check_int("GraphDiffusionMemory", "n_nodes", n_nodes)
         _check_config(steps, alpha, impl, causal, segment)
         self.dim, self.n_nodes, self.steps, self.alpha, self.impl = dim, n_nodes, steps, float(alpha), impl
         self.causal, self.segment = causal, segment

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mahia.checks import check_int
 from mahia.kernels._registry import (
     check_float_tensor,
     check_gla_inputs,
@@ -129,8 +130,7 @@ def gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
     overflow at any length. Memory: a (B, H, T, C, K) tensor of pairwise decays.
     """
     check_gla_inputs("gla_logspace", q, k, v, g)
-    if not (isinstance(chunk_size, int) and chunk_size >= 1):
-        raise ValueError(f"gla_logspace: chunk_size must be a positive int, got {chunk_size!r}")
+    check_int("gla_logspace", "chunk_size", chunk_size)
     B, H, T, K = q.shape
     V = v.shape[-1]
     out_dtype, dt = v.dtype, _compute_dtype(q.dtype)
@@ -245,16 +245,14 @@ class MetaAttention(nn.Module):
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         for name, n in (("dim", dim), ("n_heads", n_heads), ("gate_rank", gate_rank)):
-            if not (isinstance(n, int) and n > 0):
-                raise ValueError(f"MetaAttention: {name} must be a positive int, got {n!r}")
+            check_int("MetaAttention", name, n)
         if (key_dim is None or value_dim is None) and dim % n_heads:
             raise ValueError(f"MetaAttention: dim ({dim}) must be divisible by n_heads ({n_heads}) "
                              "unless key_dim and value_dim are given")
         key_dim = dim // n_heads if key_dim is None else key_dim
         value_dim = dim // n_heads if value_dim is None else value_dim
         for name, n in (("key_dim", key_dim), ("value_dim", value_dim)):
-            if not (isinstance(n, int) and n > 0):
-                raise ValueError(f"MetaAttention: {name} must be a positive int, got {n!r}")
+            check_int("MetaAttention", name, n)
         if impl not in IMPLS:
             raise ValueError(f"MetaAttention: impl must be one of {IMPLS}, got {impl!r}")
         if not (isinstance(gate_temperature, (int, float)) and math.isfinite(gate_temperature)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from mahia.checks import check_int
 from mahia.model.config import OPTIMIZED_IMPLS, HybridConfig
 
 __all__ = [
@@ -331,8 +332,7 @@ class Decoder:
                              f"{getattr(prompt, 'dtype', type(prompt))} {tuple(getattr(prompt, 'shape', ()))}")
         if prompt.shape[1] < 1:
             raise ValueError("Decoder.generate: prompt must hold at least one token")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"Decoder.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        check_int("Decoder.generate", "max_new_tokens", max_new_tokens, minimum=0)
         if not temperature >= 0.0:
             raise ValueError(f"Decoder.generate: temperature must be >= 0, got {temperature!r}")
         model = self.model
