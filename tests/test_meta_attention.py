@@ -1,18 +1,13 @@
 """MetaAttention (gated linear attention): loop, log-space and Triton paths against a float64 loop."""
-import os
 import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (conftest does the same)
-
-import torch.nn.functional as F  # noqa: E402
-
-from mahia.checks import compare_fn, rel_error, tolerance  # noqa: E402
-from mahia.kernels._registry import reset_fallback_warnings, triton_available_for, triton_import_error  # noqa: E402
-from mahia.model.meta_attention import (  # noqa: E402
+from mahia.checks import compare_fn, rel_error, tolerance
+from mahia.kernels._registry import reset_fallback_warnings, triton_available_for, triton_import_error
+from mahia.model.meta_attention import (
     MetaAttention,
     gated_linear_attention,
     gla_bytes,
@@ -21,7 +16,7 @@ from mahia.model.meta_attention import (  # noqa: E402
     gla_loop,
     naive_cumprod_form,
 )
-from mahia.syncs import count_syncs  # noqa: E402
+from mahia.syncs import count_syncs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(triton_import_error() is not None, reason="triton is not installed")

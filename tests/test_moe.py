@@ -1,17 +1,12 @@
 """MoE layer: the loop and grouped paths against an independent dense float64 reference, every grouped
 matmul backend, the absence of host syncs in the grouped path, routing statistics and bad input."""
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported (conftest does the same)
-
-from mahia.checks import compare_fn, rel_error, tolerance  # noqa: E402
-from mahia.model.moe import BACKENDS, MoE, RouterStats, grouped_mm, grouped_mm_backend, moe_flops  # noqa: E402
-from mahia.syncs import count_syncs  # noqa: E402
+from mahia.checks import compare_fn, rel_error, tolerance
+from mahia.model.moe import BACKENDS, MoE, RouterStats, grouped_mm, grouped_mm_backend, moe_flops
+from mahia.syncs import count_syncs
 
 # The grouped path's SwiGLU is mahia.kernels.swiglu (tested in its own file); under the CPU interpreter
 # it costs about a second per call at these sizes, so it falls back to eager (with a warning) except in
