@@ -11,9 +11,10 @@ On a CPU the same table lists operators by host time.
 
 :func:`profile_step` runs ``torch.profiler`` over a few steps (after warm-up) and returns the wall time,
 the kernel time, the busiest operators and, with ``modules``, the forward time of each named module
-(forward hooks open a profiler range around it; the model's code is untouched)::
+(forward hooks open a profiler range around it; the model's code is untouched). A name may stand for
+several modules, e.g. the same part of every block; its time is their sum::
 
-    report = profile_step(step, batch, modules={"attn": blk.attn, "mlp": blk.mlp})
+    report = profile_step(step, batch, modules={"attn": [b.attn for b in model.blocks], "mlp": blk.mlp})
     print(report)
 
 The command line builds a :class:`~mahia.model.HybridModel` training step (preset, batch, sequence
@@ -28,14 +29,14 @@ import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from mahia.checks import check_int
 
-__all__ = ["StepReport", "profile_step", "module_ranges", "main"]
+__all__ = ["StepReport", "profile_step", "module_ranges", "block_parts", "main"]
 
 
 @dataclass
@@ -69,17 +70,19 @@ class StepReport:
 
 
 @contextlib.contextmanager
-def module_ranges(modules: Mapping[str, nn.Module]):
-    """Open a profiler range ``module:<name>`` around every forward call of each named module.
+def module_ranges(modules: Mapping[str, nn.Module | Sequence[nn.Module]]):
+    """Open a profiler range ``module:<name>`` around every forward call of each named module (or of
+    each module of a named sequence).
 
     Not for steps with activation checkpointing: its recomputation may stop early, before the module's
     forward hook closes the range."""
-    for name, mod in modules.items():  # all checked before any hook is registered
+    named = [(name, m) for name, ms in modules.items() for m in (ms if isinstance(ms, (list, tuple)) else [ms])]
+    for name, mod in named:  # all checked before any hook is registered
         if not isinstance(mod, nn.Module):
             raise TypeError(f"module_ranges: {name!r} must be an nn.Module, got {type(mod).__name__}")
     handles = []
-    for name, mod in modules.items():
-        ranges: list = []
+    for name, mod in named:
+        ranges: list = []  # per module instance: its open range
 
         def pre(_m, _a, _name=name, _ranges=ranges):
             r = torch.autograd.profiler.record_function(f"module:{_name}")
@@ -111,7 +114,7 @@ def _total_time(evt, on_device: bool) -> float:
 
 
 def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: int = 15,
-                 modules: Mapping[str, nn.Module] | None = None) -> StepReport:
+                 modules: Mapping[str, nn.Module | Sequence[nn.Module]] | None = None) -> StepReport:
     """Profile ``step(*args)``: ``warmup`` calls, then ``steps`` profiled calls (see the module docstring).
 
     The device is taken from the first tensor found in ``args`` (CUDA: kernel times, a sync after each
@@ -165,14 +168,14 @@ def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: i
     return StepReport(str(dev), wall_ms, kernel_ms, kernels, top, mods)
 
 
-def _block_parts(model) -> dict[str, nn.Module]:
-    """The parts of a HybridModel's blocks, pooled by name over the blocks (``attn``, ``mlp``, ...)."""
+def block_parts(model) -> dict[str, list[nn.Module]]:
+    """The parts of a HybridModel's blocks by name (``attn``, ``mlp``, ...), each with its module in
+    every block that has one: as ``modules`` of :func:`profile_step`, a part's time summed over the blocks."""
     parts: dict[str, list[nn.Module]] = {}
     for block in model.blocks:
         for name, child in block.named_children():
             parts.setdefault(name, []).append(child)
-    # One hook per module instance, all opening the same range name: the report sums over the blocks.
-    return {f"{name}[{i}]": m for name, ms in parts.items() for i, m in enumerate(ms)}
+    return parts
 
 
 def main(argv=None) -> int:
@@ -218,13 +221,8 @@ def main(argv=None) -> int:
     batch = SyntheticTokens(cfg.vocab_size, a.seq_len, seed=0).batch(a.batch, dev)
     print(f"preset {a.preset} ({a.impl}), batch {a.batch} x {a.seq_len}, amp={a.amp}, checkpoint={a.checkpoint}, "
           f"compile={a.compile}")
-    mods = _block_parts(model) if a.by_module else None
-    report = profile_step(step, batch, steps=a.steps, rows=a.rows, modules=mods)
-    if mods:  # pool the per-block instances by part name
-        pooled: dict[str, float] = {}
-        for k, ms in report.modules.items():
-            pooled[k.split("[")[0]] = pooled.get(k.split("[")[0], 0.0) + ms
-        report.modules = pooled
+    report = profile_step(step, batch, steps=a.steps, rows=a.rows,
+                          modules=block_parts(model) if a.by_module else None)
     print(report)
     return 0
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from mahia.profile import StepReport, main, module_ranges, profile_step
+from mahia.profile import StepReport, block_parts, main, module_ranges, profile_step
 
 
 def _net():
@@ -32,9 +32,9 @@ def test_profile_step_ranks_operators_and_times_modules():
 
 def test_module_ranges_remove_their_hooks():
     net = _net()
-    with module_ranges({"a": net[0]}):
-        assert len(net[0]._forward_hooks) == 1 and len(net[0]._forward_pre_hooks) == 1
-    assert not net[0]._forward_hooks and not net[0]._forward_pre_hooks
+    with module_ranges({"a": net[0], "b": [net[1], net[2]]}):
+        assert all(len(m._forward_hooks) == 1 and len(m._forward_pre_hooks) == 1 for m in net)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in net)
     with pytest.raises(TypeError, match="must be an nn.Module"):
         with module_ranges({"a": net[0], "b": lambda x: x}):
             pass
@@ -62,3 +62,11 @@ def test_command_line(capsys):
 def test_command_line_refuses_module_times_under_checkpointing(capsys):
     assert main(["--preset", "tiny", "--device", "cpu", "--by-module", "--checkpoint", "full"]) == 2
     assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_block_parts_name_each_part_of_every_block():
+    from mahia.model import HybridConfig, HybridModel
+    model = HybridModel(HybridConfig.preset("tiny"))
+    parts = block_parts(model)
+    assert len(parts["attn"]) == len(model.blocks) and parts["attn"][0] is model.blocks[0].attn
+    assert set(parts) == {n for b in model.blocks for n, _ in b.named_children()}

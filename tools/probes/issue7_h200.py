@@ -151,7 +151,7 @@ log(f"[{time.perf_counter() - T0:.0f} s]")
 
 # ---------------------------------------------------------------- training-step profiles
 from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
-from mahia.profile import _block_parts, profile_step
+from mahia.profile import block_parts, profile_step
 
 
 def prof_step(preset, B, T, amp="bf16", ckpt=None, by_module=True, steps=3):
@@ -162,13 +162,7 @@ def prof_step(preset, B, T, amp="bf16", ckpt=None, by_module=True, steps=3):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     step = make_train_step(model, opt, amp=amp, checkpoint=ckpt)
     batch = SyntheticTokens(cfg.vocab_size, T, seed=0).batch(B, dev)
-    mods = _block_parts(model) if by_module else None
-    r = profile_step(step, batch, steps=steps, rows=18, modules=mods)
-    if mods:
-        pooled = {}
-        for k, ms in r.modules.items():
-            pooled[k.split("[")[0]] = pooled.get(k.split("[")[0], 0.0) + ms
-        r.modules = pooled
+    r = profile_step(step, batch, steps=steps, rows=18, modules=block_parts(model) if by_module else None)
     t = bench(lambda: step(batch), rep_ms=500, memory=False)
     log(f"\n== {preset} B={B} T={T} amp={amp} ckpt={ckpt}: bench {t}")
     log(str(r))
