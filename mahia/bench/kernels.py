@@ -192,12 +192,14 @@ def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype) ->
     # Launched, as the ceiling is measured: captured in a CUDA graph, copy_ becomes a memcpy node that
     # the copy engines run, at about 2/3 of the SMs' rate on an H200.
     t = bench(lambda: dst.copy_(src), device=recorder.device)
-    frac = 2 * n * 4 / t.median_ms / 1e6 / recorder.ceilings.copy_gbps if recorder.ceilings else float("nan")
+    moved = 2 * n * 4  # bytes
+    gbps = moved / t.median_ms / 1e6
+    frac = gbps / recorder.ceilings.copy_gbps if recorder.ceilings else float("nan")
     recorder.metric(experiment, "copy_same_bytes", frac, unit="fraction of the copy ceiling", shape=shape,
-                    dtype=dtype, notes=f"torch copy_ of {2 * n * 4 / 1e6:.0f} MB moved, device time "
+                    dtype=dtype, notes=f"torch copy_ of {moved / 1e6:.0f} MB moved, device time "
                                        f"{t.median_ms:.4f} ms: the copy limit at this size")
-    print(f"  {experiment:18s} {'copy, same MB':14s} {t.median_ms:8.4f} ms  "
-          f"{2 * n * 4 / t.median_ms / 1e6:8.1f} GB/s  = {frac:.3f} of the copy ceiling")
+    print(f"  {experiment:18s} {'copy, same MB':14s} {t.median_ms:8.4f} ms  {gbps:8.1f} GB/s  "
+          f"= {frac:.3f} of the copy ceiling")
 
 
 def _randn(*shape, dev, dtype, scale=1.0, shift=0.0):
