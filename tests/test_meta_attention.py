@@ -99,6 +99,22 @@ def test_triton_launchers_value_blocks_and_padding(K, V, block_v):
         assert rel_error(got, t.grad) <= tol, f"d{name}: {rel_error(got, t.grad):.2e}"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA grid limit: the CPU interpreter has none")
+def test_triton_launchers_take_more_than_65535_heads():
+    """B * H beyond a CUDA grid's second-axis limit (65535): the kernels use one flat axis. Notebook 07's
+    largest-batch search on a tiny model reaches such batches."""
+    from mahia.kernels.scan import gla_bwd_launch, gla_fwd_launch
+
+    B, H, T, K, V = 70_000, 1, 4, 16, 32
+    q, k, v, g = make_inputs(B, H, T, K, V)
+    o = gla_fwd_launch(q, k, v, g, block_v=16)  # two value blocks per head
+    ends = [0, B - 1]  # the first and the last programs
+    ref = gla_loop(*(t[ends].double() for t in (q, k, v, g)))
+    assert rel_error(o[ends], ref) <= tolerance(torch.float32)
+    dq, dk, dv, dg = gla_bwd_launch(q, k, v, g, torch.ones_like(o), block_v=16)
+    assert all(torch.isfinite(t).all() for t in (dq, dk, dv, dg)) and dv[-1].abs().sum() > 0
+
+
 @pytest.mark.parametrize("impl", ["logspace", "triton"])
 def test_module_matches_float64_loop_module(impl):
     if impl == "triton" and triton_import_error() is not None:

@@ -525,3 +525,26 @@ def test_synthetic_tokens_reject_bad_arguments():
         SyntheticTokens(10, 8, copy_prob=1.0)
     with pytest.raises(ValueError, match="batch_size"):
         SyntheticTokens(10, 8).batch(0)
+
+
+def test_routing_decisions_stay_float32_under_autocast():
+    """The MoE router and the fabric's gates decide discretely (top-k, skip or not): under bf16 autocast
+    they run outside it, in x's dtype, so a bf16 rounding of a logit cannot flip a decision."""
+    from mahia.model.fabric import fabric_gates
+    from mahia.model.moe import MoE
+
+    torch.manual_seed(0)
+    moe = MoE(32, 48, 8, 2)
+    x = torch.randn(64, 32)
+    probs, experts, gates = moe._route(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        probs_amp, experts_amp, gates_amp = moe._route(x)
+    assert probs_amp.dtype == torch.float32
+    assert torch.equal(probs_amp, probs) and torch.equal(experts_amp, experts) and torch.equal(gates_amp, gates)
+
+    xs = torch.randn(2, 16, 32)
+    w, b = torch.randn(3, 32) / 8, torch.zeros(3)
+    g = fabric_gates(xs, w, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g_amp = fabric_gates(xs, w, b)
+    assert g_amp.dtype == torch.float32 and torch.equal(g_amp, g)

@@ -1,11 +1,13 @@
 """Triton kernels for the pointwise and normalization ops of a transformer block.
 
-Public functions (each the same function as its eager reference in :mod:`mahia.layers`):
+Public functions (each the same function as its eager reference in :mod:`mahia.layers` or
+:mod:`mahia.model.moe`):
 
     rms_norm(x, weight, eps=1e-6) -> y                       mahia.layers.norm.rms_norm_eager
     add_rms_norm(x, residual, weight, eps=1e-6) -> (y, h)    mahia.layers.norm.add_rms_norm_eager
     swiglu(a, b) -> silu(a) * b                              mahia.layers.mlp.swiglu_eager
     rope(q, k, cos, sin) -> (q_rot, k_rot)                   mahia.layers.rope.apply_rope_eager
+    moe_combine(out, inverse, gates, dtype) -> y             mahia.model.moe.moe_combine_eager
 
 Each is a ``torch.library`` custom op (``mahia::rms_norm_fwd`` ...) with fake and autograd rules, so
 ``torch.compile`` traces through it without a graph break. Where a kernel cannot run (no triton,
@@ -31,6 +33,7 @@ __all__ = [
     "add_rms_norm",
     "swiglu",
     "rope",
+    "moe_combine",
     "status",
     "triton_available_for",
     "reset_fallback_warnings",
@@ -38,6 +41,7 @@ __all__ = [
 ]
 
 if triton_import_error() is None:
+    from mahia.kernels import moe_combine as _moe_combine
     from mahia.kernels import rmsnorm as _rmsnorm
     from mahia.kernels import rope as _rope
     from mahia.kernels import swiglu as _swiglu
@@ -54,7 +58,8 @@ def _use_triton(kernel: str, t: torch.Tensor) -> bool:
     return True
 
 
-# The eager references are imported inside the functions: mahia.layers imports this package.
+# The eager references are imported inside the functions: mahia.layers and mahia.model.moe import
+# this package.
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * weight (float32 math, output in x.dtype).  x: (..., N)."""
@@ -88,3 +93,18 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         return _rope.rope(q, k, cos, sin)
     from mahia.layers.rope import apply_rope_eager
     return apply_rope_eager(q, k, cos, sin)
+
+
+def moe_combine(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]]: the MoE layer's un-permute + gated sum, one pass.
+
+    out (N*k, D) in expert order, inverse (N*k,) int64 permutation, gates (N, k); y (N, D) in ``dtype``
+    (None: out.dtype). The kernel computes in float32 and rounds once; the eager reference gates in
+    out.dtype and sums in ``dtype``.
+    """
+    if (_use_triton("moe_combine", out) and isinstance(gates, torch.Tensor)
+            and gates.dtype != torch.float64 and dtype != torch.float64):
+        return _moe_combine.moe_combine(out, inverse, gates, dtype)
+    from mahia.model.moe import moe_combine_eager
+    return moe_combine_eager(out, inverse, gates, dtype)

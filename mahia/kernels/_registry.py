@@ -37,12 +37,14 @@ __all__ = [
     "check_swiglu_inputs",
     "check_rope_inputs",
     "check_gla_inputs",
+    "check_moe_combine_inputs",
 ]
 
 # Every public kernel of mahia.kernels, by the name status() and the warnings use.
 KERNELS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "swiglu", "rope",
                              "gla",           # gated linear attention scan (kernels/scan.py)
-                             "moe_grouped_mm")  # grouped GEMM fallback of the MoE layer (model/moe.py)
+                             "moe_grouped_mm",  # grouped GEMM fallback of the MoE layer (model/moe.py)
+                             "moe_combine")     # the MoE layer's un-permute + gated sum (kernels/moe_combine.py)
 DISABLE_ENV = "MAHIA_DISABLE_TRITON"
 
 try:  # importing triton is the expensive part; do it once
@@ -220,3 +222,29 @@ def check_gla_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         if named[name].dtype != q.dtype:
             raise TypeError(f"{fn}: {name} must have the dtype of q ({q.dtype}), got {named[name].dtype}")
     check_same_device(fn, **named)
+
+
+def check_moe_combine_inputs(fn: str, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
+                             dtype: torch.dtype | None = None) -> None:
+    """out (N*k, D) and gates (N, k) floating point, inverse (N*k,) int64, one device; dtype None or floating.
+
+    That ``inverse`` is a permutation of 0..N*k-1 is not checked (it would need the values on the host).
+    """
+    check_float_tensor(fn, "out", out)
+    check_float_tensor(fn, "gates", gates)
+    if gates.dim() != 2:
+        raise ValueError(f"{fn}: gates must be 2-D (N, k), got shape {tuple(gates.shape)}")
+    N, k = gates.shape
+    if out.dim() != 2 or out.shape[0] != N * k:
+        raise ValueError(f"{fn}: out must be (N*k, D) with N*k = {N}*{k} = {N * k} rows (gates is (N, k) = "
+                         f"{tuple(gates.shape)}), got shape {tuple(out.shape)}")
+    if not isinstance(inverse, torch.Tensor):
+        raise TypeError(f"{fn}: inverse must be a torch.Tensor, got {type(inverse).__name__}")
+    if inverse.dtype != torch.int64:
+        raise TypeError(f"{fn}: inverse must be an int64 tensor (row of out for each assignment n*k + j), "
+                        f"got dtype {inverse.dtype}")
+    if inverse.dim() != 1 or inverse.shape[0] != N * k:
+        raise ValueError(f"{fn}: inverse must have shape (N*k,) = ({N * k},), got {tuple(inverse.shape)}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"{fn}: dtype must be None or a floating torch.dtype, got {dtype!r}")
+    check_same_device(fn, out=out, inverse=inverse, gates=gates)

@@ -104,8 +104,11 @@ def _gla_fwd_kernel(
     PRECISION: tl.constexpr,  # tl.dot input precision for float32 operands
     UPCAST: tl.constexpr,  # see _dot
 ):
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)  # pid_bh * seq_len * k_dim can pass 2**31
+    # One flat grid axis (a second axis holds at most 65535 programs, and B*H can pass that); the value
+    # blocks of one (batch, head) stay neighbours, so they run together and share its q, k, g in L2.
+    n_vblocks = tl.cdiv(v_dim, BV)
+    pid_v = tl.program_id(0) % n_vblocks
+    pid_bh = (tl.program_id(0) // n_vblocks).to(tl.int64)  # pid_bh * seq_len * k_dim can pass 2**31
     Q += pid_bh * seq_len * k_dim
     K += pid_bh * seq_len * k_dim
     G += pid_bh * seq_len * k_dim
@@ -148,6 +151,34 @@ def _gla_fwd_kernel(
 
 
 @triton.jit
+def _gla_bwd_chunk(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict,
+                   BT: tl.constexpr):
+    """Load chunk c (rows c * BT ... c * BT + BT - 1) and the decays both backward passes need:
+
+        b_i = g_1 + ... + g_i,   b_last = b_BT,   decay_ij = exp(b_i - b_j) for j < i, else 0
+
+    Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay): q, k, b, b_last, decay in
+    float32, v and do in the dot operand dtype; padding rows and columns load 0. dA = do v^T stays in the
+    passes: computed here, it moves ahead of pass 1's A and changes the compiled schedule (and spills)."""
+    rows = c * BT + offs_t
+    t_ok = rows < seq_len
+    qk_off = rows[:, None] * k_dim + offs_k[None, :]
+    qk_mask = t_ok[:, None] & k_ok[None, :]
+    v_off = rows[:, None] * v_dim + offs_v[None, :]
+    v_mask = t_ok[:, None] & v_ok[None, :]
+    q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
+    k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
+    g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
+    v = tl.load(V + v_off, mask=v_mask, other=0.0)
+    do = tl.load(DO + v_off, mask=v_mask, other=0.0)
+
+    b = tl.cumsum(g, axis=0)
+    b_last = tl.sum(g, axis=0)
+    decay = _pairwise_decay(b, strict)  # (BT, BT, BK), zero on and above the diagonal
+    return qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay
+
+
+@triton.jit
 def _gla_bwd_kernel(
     Q, K, V, G, DO, DQ, DK, DV, DG,  # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K)
     HS,  # float32 scratch (n_vblocks, B*H, n_chunks, BK, BV): the adjoint state at every chunk end
@@ -158,8 +189,9 @@ def _gla_bwd_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
-    pid_v = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
+    pid_v = tl.program_id(0) % n_vblocks
+    pid_bh = (tl.program_id(0) // n_vblocks).to(tl.int64)
     n_chunks = tl.cdiv(seq_len, BT)
     Q += pid_bh * seq_len * k_dim
     K += pid_bh * seq_len * k_dim
@@ -188,21 +220,8 @@ def _gla_bwd_kernel(
     dstate = tl.zeros((BK, BV), dtype=tl.float32)
     for i in range(0, n_chunks):
         c = n_chunks - 1 - i
-        rows = c * BT + offs_t
-        t_ok = rows < seq_len
-        qk_off = rows[:, None] * k_dim + offs_k[None, :]
-        qk_mask = t_ok[:, None] & k_ok[None, :]
-        v_off = rows[:, None] * v_dim + offs_v[None, :]
-        v_mask = t_ok[:, None] & v_ok[None, :]
-        q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        v = tl.load(V + v_off, mask=v_mask, other=0.0)
-        do = tl.load(DO + v_off, mask=v_mask, other=0.0)
-
-        b = tl.cumsum(g, axis=0)
-        b_last = tl.sum(g, axis=0)
-        decay = _pairwise_decay(b, strict)  # (BT, BT, BK), zero on and above the diagonal
+        qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay = _gla_bwd_chunk(
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT)
         A = tl.sum(q[:, None, :] * k[None, :, :] * decay, axis=2)  # recomputed: pairs j < i ...
         A += tl.where(eye, tl.sum(q * k, axis=1)[:, None], 0.0)  # ... and j = i
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)  # (BT, BT): do_i . v_j
@@ -227,21 +246,8 @@ def _gla_bwd_kernel(
     # Pass 2, forward over the chunks: dq needs the state S entering each chunk; then dg.
     state = tl.zeros((BK, BV), dtype=tl.float32)
     for c in range(0, n_chunks):
-        rows = c * BT + offs_t
-        t_ok = rows < seq_len
-        qk_off = rows[:, None] * k_dim + offs_k[None, :]
-        qk_mask = t_ok[:, None] & k_ok[None, :]
-        v_off = rows[:, None] * v_dim + offs_v[None, :]
-        v_mask = t_ok[:, None] & v_ok[None, :]
-        q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        v = tl.load(V + v_off, mask=v_mask, other=0.0)
-        do = tl.load(DO + v_off, mask=v_mask, other=0.0)
-
-        b = tl.cumsum(g, axis=0)
-        b_last = tl.sum(g, axis=0)
-        decay = _pairwise_decay(b, strict)
+        qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay = _gla_bwd_chunk(
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT)
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)
         diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)
         dq = tl.sum(dA[:, :, None] * k[None, :, :] * decay, axis=1)  # (BT, BK), pairs j < i
@@ -331,8 +337,7 @@ def gla_fwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
-    grid = (triton.cdiv(v_dim, bv), B * H)
-    _gla_fwd_kernel[grid](
+    _gla_fwd_kernel[(triton.cdiv(v_dim, bv) * B * H,)](
         q, k, v, g, o, T, k_dim, v_dim,
         BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=_upcast_dots(q), num_warps=num_warps,
     )
@@ -358,7 +363,7 @@ def gla_bwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device)
                   for _ in range(3))
     h_ends = torch.empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), bk, bv), dtype=torch.float32, device=q.device)
-    _gla_bwd_kernel[(n_vblocks, B * H)](
+    _gla_bwd_kernel[(n_vblocks * B * H,)](
         q, k, v, g, do, dq, dk, dv, dg, h_ends, T, k_dim, v_dim, B * H,
         BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=_upcast_dots(q), num_warps=num_warps,
     )

@@ -69,13 +69,15 @@ def _swiglu_bwd_kernel(
 
 
 def _config(n_cols: int) -> tuple[int, int]:
-    """(BLOCK, num_warps): 4096 elements per program, 8 warps (16 per thread) for long rows.
+    """(BLOCK, num_warps): 2048 elements per program, 8 warps (8 per thread) for long rows.
 
-    On an H100 (bf16, 16384 x 11008) forward and backward both ran at the measured copy bandwidth with
-    this choice, also on the strided gate/up halves of a fused projection.
+    On an H200 (bf16, 16384 x 11008, 2026-11-22, tools/probes/issue7_s3.py) a grid of BLOCK 1024-16384 x
+    4-16 warps put this choice (with 1024 x 4) at the top for both passes: forward 251.6 us (torch.compile
+    251.1), backward 420.6 us, where 4096 x 8 took 253.2 and 428.5 us; 16 or more elements per thread
+    lose up to 2.5x.
     """
-    block = min(4096, max(128, 1 << (n_cols - 1).bit_length()))
-    return block, max(1, min(8, block // 512))
+    block = min(2048, max(128, 1 << (n_cols - 1).bit_length()))
+    return block, max(1, min(8, block // 256))
 
 
 def _as_2d(*tensors: torch.Tensor) -> list[torch.Tensor]:

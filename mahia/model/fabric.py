@@ -98,10 +98,12 @@ def fabric_gates(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Te
         if p.dtype != x.dtype or p.device != x.device:
             raise TypeError(f"{name} is {p.dtype} on {p.device} but x is {x.dtype} on {x.device}")
     # In at least float32: the gate network is tiny (B x L) and the on/off decision should not hinge
-    # on the bfloat16 rounding of a logit. mean(dtype=) accumulates in float32 without copying x.
+    # on the bfloat16 rounding of a logit, so it also runs outside autocast (which would make F.linear
+    # bf16). mean(dtype=) accumulates in float32 without copying x.
     dt = torch.promote_types(x.dtype, torch.float32)
     summary = x.mean(dim=1, dtype=dt) if source == "mean" else x[:, 0].to(dt)  # (B, D)
-    return torch.sigmoid(F.linear(summary, gate_weight.to(dt), gate_bias.to(dt)))  # (B, L)
+    with torch.autocast(x.device.type, enabled=False):
+        return torch.sigmoid(F.linear(summary, gate_weight.to(dt), gate_bias.to(dt)))  # (B, L)
 
 
 def _check_gates(gates: torch.Tensor, x: torch.Tensor, n_layers: int) -> None:

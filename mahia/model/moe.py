@@ -2,7 +2,7 @@
 
 Math, for N tokens x (N, D), E experts, top-k routing:
 
-    router     logits = x W_r                        W_r: (D, E), computed in x.dtype
+    router     logits = x W_r                        W_r: (D, E), computed in x.dtype, also under autocast
                p      = softmax(logits)              in float32 (float64 for float64 inputs)
                (v, i) = topk(p, k)                   per token: the k largest probabilities and their experts
                g      = v / sum(v)                   gate weights, renormalized to sum to 1 over the k experts
@@ -23,7 +23,8 @@ a batch processed in pieces (one sample at a time) equals that of the whole batc
 ``MoE.aux_loss_from``).
 
 Under autocast the experts' matmuls run in the autocast dtype; the gated sum over the k experts of
-each token is accumulated in x's dtype by both paths, so y keeps x's dtype.
+each token is accumulated in x's dtype by the loop and in float32 by the grouped path's fused combine
+(rounded once to x's dtype), so y keeps x's dtype.
 
 Two paths compute this same function from the same parameters (``impl=``):
 
@@ -39,7 +40,9 @@ Two paths compute this same function from the same parameters (``impl=``):
       h   = grouped_mm(x_sorted, w13, offs)            (N*k, 2H)   row r of group e times w13[e]
       a   = silu(h[:, :H]) * h[:, H:]                  (N*k, H)    mahia.kernels.swiglu (Triton on CUDA)
       out = grouped_mm(a, w2, offs)                    (N*k, D)
-      y   = sum_k g * out[inverse permutation]         (N, D)
+      y   = sum_k g * out[inverse permutation]         (N, D)      mahia.kernels.moe_combine: one fused
+                                                                   kernel (gather, gate, k-sum in one
+                                                                   pass over out; Triton on CUDA)
 
   The group sizes stay on the device: every shape above is known from N, k, D, H alone.
 
@@ -70,7 +73,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mahia import kernels
-from mahia.kernels._registry import triton_import_error, why_not
+from mahia.kernels._registry import check_moe_combine_inputs, triton_import_error, why_not
 
 __all__ = [
     "MoE",
@@ -80,6 +83,7 @@ __all__ = [
     "moe_flops",
     "grouped_mm",
     "grouped_mm_backend",
+    "moe_combine_eager",
 ]
 
 IMPLS = ("grouped", "loop")
@@ -448,6 +452,25 @@ def _grouped_mm_triton(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> 
 
 
 # ---------------------------------------------------------------------------------------------------
+# Combine: back to token order, gated sum over the k experts
+# ---------------------------------------------------------------------------------------------------
+
+def moe_combine_eager(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
+                      dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]] in plain PyTorch: three kernels (gather, gate
+    multiply, k-sum) and two (N, k, D) intermediates. ``mahia.kernels.moe_combine`` fuses them.
+
+    out (N*k, D) in expert order, inverse (N*k,) int64, gates (N, k); y (N, D) in ``dtype`` (None:
+    out.dtype). Like the loop: gate in the experts' dtype, accumulate the k terms in ``dtype``.
+    """
+    check_moe_combine_inputs("moe_combine", out, inverse, gates, dtype)
+    N, k = gates.shape
+    dtype = out.dtype if dtype is None else dtype
+    out = out.index_select(0, inverse).view(N, k, out.shape[1])              # (N, k, D) back in token order
+    return (out * gates.to(out.dtype).unsqueeze(-1)).to(dtype).sum(dim=1)  # (N, D)
+
+
+# ---------------------------------------------------------------------------------------------------
 # The layer
 # ---------------------------------------------------------------------------------------------------
 
@@ -542,7 +565,11 @@ class MoE(nn.Module):
 
     def _route(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(probs (N, E), experts (N, k) int64, gates (N, k)); probs and gates in float32 or float64."""
-        logits = x2 @ self.w_router                                           # (N, E) in x.dtype
+        # The decision must not hinge on the rounding of a logit: under autocast the router matmul would run
+        # in bf16, so it runs outside it, in x's dtype (float32 in mixed precision; Switch Transformer's
+        # "selective precision"). It is small: N x D x E.
+        with torch.autocast(x2.device.type, enabled=False):
+            logits = x2 @ self.w_router.to(x2.dtype)                          # (N, E) in x.dtype
         probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
         top_p, experts = probs.topk(self.top_k, dim=-1)                       # (N, k)
         if self.top_k == 1:
@@ -622,7 +649,8 @@ class MoE(nn.Module):
         return y, probs, experts
 
     def _forward_grouped(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """After: sort assignments by expert once, two grouped matmuls, un-permute. No host sync.
+        """After: sort assignments by expert once, two grouped matmuls, then one fused combine kernel that
+        un-permutes, gates and sums each token's k results. No host sync.
         Returns (y (N, D), probs, experts) for the aux loss."""
         N, D = x2.shape
         E, k = self.n_experts, self.top_k
@@ -644,10 +672,10 @@ class MoE(nn.Module):
         h = grouped_mm(xs, w13, offs, backend=backend)                 # (N*k, 2H)
         a = kernels.swiglu(*h.chunk(2, dim=-1))                        # (N*k, H)
         out = grouped_mm(a, w2, offs, backend=backend)                 # (N*k, D)
-        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=x2.device))
-        out = out.index_select(0, inverse).view(N, k, D)               # (N, k, D) back in token order
-        # Like the loop: gate in the experts' dtype, accumulate the k terms in x's dtype.
-        y = (out * gates.to(out.dtype).unsqueeze(-1)).to(x2.dtype).sum(dim=1)  # (N, D)
+        inverse = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=x2.device))  # (N*k,)
+        # y[n] = sum_j g[n, j] * out[inverse[n*k + j]]: gather, gate and k-sum in one pass (float32 math),
+        # y in x's dtype like the loop. Eager version: moe_combine_eager.
+        y = kernels.moe_combine(out, inverse, gates, x2.dtype)         # (N, D)
         return y, probs, experts
 
     # -- statistics (outside forward) ------------------------------------------------------------
