@@ -11,7 +11,8 @@ from mahia.syncs import count_syncs
 # The grouped path's SwiGLU is mahia.kernels.swiglu (tested in its own file); under the CPU interpreter
 # it costs about a second per call at these sizes, so it falls back to eager (with a warning) except in
 # the tests of the triton backend.
-pytestmark = pytest.mark.filterwarnings("ignore:mahia.kernels.swiglu:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:mahia.kernels.swiglu:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:mahia.kernels.moe_combine:RuntimeWarning")]
 
 
 @pytest.fixture(autouse=True)

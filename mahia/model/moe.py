@@ -569,7 +569,7 @@ class MoE(nn.Module):
         # in bf16, so it runs outside it, in x's dtype (float32 in mixed precision; Switch Transformer's
         # "selective precision"). It is small: N x D x E.
         with torch.autocast(x2.device.type, enabled=False):
-            logits = x2 @ self.w_router.to(x2.dtype)                          # (N, E) in x.dtype
+            logits = x2 @ self.w_router                                       # (N, E) in x.dtype
         probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
         top_p, experts = probs.topk(self.top_k, dim=-1)                       # (N, k)
         if self.top_k == 1:
