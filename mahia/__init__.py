@@ -5,7 +5,7 @@ Measurement helpers (imported eagerly, they are light):
     mahia.results.Recorder, mahia.syncs.count_syncs, mahia.plotting
 Components (imported on first use):
     mahia.layers   RMSNorm, SwiGLU, rotary embedding, attention
-    mahia.kernels  Triton kernels (RMSNorm, SwiGLU, RoPE, gated linear attention scan)
+    mahia.kernels  Triton kernels (RMSNorm, SwiGLU, RoPE, MoE combine, gated linear attention scan)
     mahia.model    the MAHIA-X hybrid model and its parts
 """
 import importlib

@@ -17,3 +17,12 @@ def test_copy_of_same_bytes_records_the_limit_at_that_size(tmp_path):
     assert row["role"] == "metric" and row["value"] > 0
     mb = int(nbytes) // 8 * 8 / 1e6
     assert f"{mb:.0f} MB moved" in row["notes"]
+
+
+def test_moe_combine_byte_counts():
+    """N=4 tokens, k=2, D=8 in bf16, gates float32, index int64, counted tensor by tensor."""
+    out, y, gates, index = 4 * 2 * 8 * 2, 4 * 8 * 2, 4 * 2 * 4, 4 * 2 * 8
+    fwd = out + y + gates + index                           # read out, gates, index; write y
+    bwd = y + out + out + gates + index + gates             # read dy, out, gates, index; write d_out, d_gates
+    assert min_bytes("moe_combine_fwd", (4, 2, 8), torch.bfloat16) == fwd
+    assert min_bytes("moe_combine_fwdbwd", (4, 2, 8), torch.bfloat16) == fwd + bwd

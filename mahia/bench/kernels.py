@@ -1,4 +1,4 @@
-"""Kernel benchmarks: RMSNorm, SwiGLU and RoPE (``python -m mahia.bench kernels``).
+"""Kernel benchmarks: RMSNorm, SwiGLU, RoPE and the MoE combine (``python -m mahia.bench kernels``).
 
 Variants, each checked against a float64 run of the eager reference on fresh random inputs before it
 is timed (a wrong one raises ``CorrectnessError`` and nothing is recorded):
@@ -30,9 +30,11 @@ Bytes are the fewest a kernel must move (each input read once, each output writt
     swiglu_fwd       read a, b; write c                               3 n
     swiglu_fwdbwd    + read dc, a, b; write da, db                    8 n
     rope_fwdbwd      read q, k; write q, k, twice; + cos/sin twice    4 (|q| + |k|) + 2 T D float32
+    moe_combine_fwd  read out (N k, D), write y (N, D); gates, index  N k D + N D + 12 N k bytes
+    moe_combine_fwdbwd  + read dy, out; write d_out, d_gates          3 N k D + 2 N D + 28 N k bytes
 
 Sizes on CUDA (bfloat16): RMSNorm 16384 x 4096, SwiGLU 16384 x 11008, RoPE B=8 T=2048 Hq=32 Hkv=8
-D=128, and an RMSNorm forward sweep over hidden sizes 512 .. 16384 at 2^26 elements each. ``quick``
+D=128, the MoE combine N=16384 tokens, k=2, D=1024 (notebook 08's layer), and an RMSNorm forward sweep over hidden sizes 512 .. 16384 at 2^26 elements each. ``quick``
 on the CPU uses tiny shapes and runs only eager, F.rms_norm and (under TRITON_INTERPRET=1, as a smoke
 test, not a performance figure) mahia_triton.
 """
@@ -50,6 +52,7 @@ from ..checks import compare_fn, tolerance
 from ..layers.mlp import swiglu_eager
 from ..layers.norm import rms_norm_eager
 from ..layers.rope import RotaryCache, apply_rope_eager
+from ..model.moe import moe_combine_eager
 from ..timing import bench
 
 __all__ = ["run", "min_bytes"]
@@ -122,8 +125,12 @@ def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, lige
 
 def min_bytes(experiment: str, shape, dtype: torch.dtype) -> int:
     """The fewest bytes of ``experiment`` (table in the module docstring); shape (M, N) for RMSNorm
-    and SwiGLU, (B, T, Hq, Hkv, D) for RoPE."""
+    and SwiGLU, (B, T, Hq, Hkv, D) for RoPE, (N, k, D) for the MoE combine (float32 gates, int64 index)."""
     es = torch.empty(0, dtype=dtype).element_size()
+    if experiment.startswith("moe_combine"):
+        N, k, D = shape
+        fwd = (N * k * D + N * D) * es + N * k * (4 + 8)
+        return fwd if experiment == "moe_combine_fwd" else 2 * fwd + N * k * D * es + N * k * 4  # + d_out, d_gates
     if experiment.startswith("rope"):
         B, T, Hq, Hkv, D = shape
         return 4 * B * T * (Hq + Hkv) * D * es + 2 * T * D * 4  # cos/sin tables are float32
@@ -260,6 +267,20 @@ def run(recorder, ceilings, *, quick: bool) -> None:
     _measure(recorder, "rope_fwdbwd", rope, rope_inputs, apply_rope_eager, backward=True, grad_inputs=[0, 1],
              nbytes=min_bytes("rope_fwdbwd", (B, T, Hq, Hkv, D), dtype),
              shape=(B, T, Hq, Hkv, D), dtype=dtype)
+
+    # -- MoE combine: each token's k expert rows gathered, gated and summed ------------------------
+    N, k, D = (16384, 2, 1024) if full else (64, 2, 100)
+    comb = _variants("moe_combine", moe_combine_eager, kernels.moe_combine, dev, liger)
+
+    def comb_inputs():
+        inverse = torch.randperm(N * k, device=dev)  # where each (token, slot) sits in expert order
+        gates = torch.rand(N, k, device=dev).softmax(-1)  # float32, as the router makes them
+        return _randn(N * k, D, dev=dev, dtype=dtype), inverse, gates
+
+    for experiment, backward in (("moe_combine_fwd", False), ("moe_combine_fwdbwd", True)):
+        _measure(recorder, experiment, comb, comb_inputs, moe_combine_eager, backward=backward,
+                 grad_inputs=[0, 2], nbytes=min_bytes(experiment, (N, k, D), dtype), shape=(N, k, D),
+                 dtype=dtype)
 
     # -- RMSNorm forward over hidden sizes ----------------------------------------------------------
     sizes = [512, 1024, 2048, 4096, 8192, 16384] if full else [128, 1000]
