@@ -95,6 +95,20 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT: tl.constexpr):
+    """Offsets and masks of chunk c (rows c * BT ... c * BT + BT - 1) in a (T, K) and a (T, V) operand of
+    one (batch, head): (qk_off, qk_mask, v_off, v_mask), each (BT, BK) or (BT, BV); padding rows and
+    columns are masked."""
+    rows = c * BT + offs_t
+    t_ok = rows < seq_len
+    qk_off = rows[:, None] * k_dim + offs_k[None, :]
+    qk_mask = t_ok[:, None] & k_ok[None, :]
+    v_off = rows[:, None] * v_dim + offs_v[None, :]
+    v_mask = t_ok[:, None] & v_ok[None, :]
+    return qk_off, qk_mask, v_off, v_mask
+
+
+@triton.jit
 def _gla_fwd_kernel(
     Q, K, V, G, O,
     seq_len, k_dim, v_dim,
@@ -124,12 +138,8 @@ def _gla_fwd_kernel(
 
     state = tl.zeros((BK, BV), dtype=tl.float32)  # S entering the chunk
     for c in range(0, tl.cdiv(seq_len, BT)):
-        rows = c * BT + offs_t
-        t_ok = rows < seq_len
-        qk_off = rows[:, None] * k_dim + offs_k[None, :]
-        qk_mask = t_ok[:, None] & k_ok[None, :]
-        v_off = rows[:, None] * v_dim + offs_v[None, :]
-        v_mask = t_ok[:, None] & v_ok[None, :]
+        qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v,
+                                                        k_ok, v_ok, BT)
         # Padding rows and columns load 0: g = 0 keeps b constant, k = v = 0 adds nothing to the state.
         q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
         k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
@@ -160,12 +170,8 @@ def _gla_bwd_chunk(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, off
     Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay): q, k, b, b_last, decay in
     float32, v and do in the dot operand dtype; padding rows and columns load 0. dA = do v^T stays in the
     passes: computed here, it moves ahead of pass 1's A and changes the compiled schedule (and spills)."""
-    rows = c * BT + offs_t
-    t_ok = rows < seq_len
-    qk_off = rows[:, None] * k_dim + offs_k[None, :]
-    qk_mask = t_ok[:, None] & k_ok[None, :]
-    v_off = rows[:, None] * v_dim + offs_v[None, :]
-    v_mask = t_ok[:, None] & v_ok[None, :]
+    qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v,
+                                                    k_ok, v_ok, BT)
     q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
     k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
     g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
