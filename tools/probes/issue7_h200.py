@@ -10,29 +10,17 @@
 3. training steps of the small and dense-350m presets (bf16): bench time and ``mahia.profile`` reports.
 It prints a summary last; it records nothing in data/.
 """
-import os
-import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
 
-from mahia import hardware
+from _probe import Probe
 from mahia.timing import bench
 
 dev = torch.device("cuda")
-out = os.environ.get("OUT", ".")
-T0 = time.perf_counter()
-summary = []
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-ceil = hardware.ceilings(dev, results_dir=os.path.join(out, "probe_results"))
-log(f"copy {ceil.copy_gbps:.0f} GB/s, bf16 {ceil.matmul_bf16_tflops:.0f} TFLOP/s")
+p = Probe(dev)
+log, ceil, summary = p.log, p.ceil, p.summary
 
 # ---------------------------------------------------------------- RMSNorm forward configs
 from mahia.kernels.rmsnorm import rms_norm_fwd_launch
@@ -118,7 +106,7 @@ for (M, N) in ((16384, 4096), (16384, 8192), (16384, 1024)):
         log(f"  {med * 1e3:8.1f} us  [{p20 * 1e3:.1f}-{p80 * 1e3:.1f}]  frac {nbytes / med / 1e6 / ceil.copy_gbps:.3f}  {name}")
     summary.append(f"rmsnorm {M}x{N}: best {res[0][1]} {nbytes / res[0][0] / 1e6 / ceil.copy_gbps:.3f}")
     del x, w, ref
-log(f"[{time.perf_counter() - T0:.0f} s]")
+p.lap()
 
 # ---------------------------------------------------------------- MoE grouped forward profile
 from mahia.model.moe import MoE
@@ -147,7 +135,7 @@ t = bench(lambda: moe(xm), cuda_graph=False, rep_ms=300, memory=False)
 log(f"  wall {t}")
 summary.append(f"moe fwd kernels {tot:.0f} us, wall {t.median_ms * 1e3:.0f} us")
 del moe, xm
-log(f"[{time.perf_counter() - T0:.0f} s]")
+p.lap()
 
 # ---------------------------------------------------------------- training-step profiles
 from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
@@ -179,12 +167,9 @@ for args in (("small", 1, 1024), ("small", 16, 1024), ("small", 16, 1024, "bf16"
         prof_step(*args)
     except Exception as e:
         log(f"{args}: failed {type(e).__name__}: {e}")
-    log(f"[{time.perf_counter() - T0:.0f} s]")
+    p.lap()
 try:
     prof_step("dense-350m", 8, 2048, by_module=False, steps=2)
 except Exception as e:
     log(f"dense: failed {type(e).__name__}: {e}")
-log(f"[{time.perf_counter() - T0:.0f} s]")
-log("\nSUMMARY")
-for s in summary:
-    log(" ", s)
+p.finish()

@@ -15,28 +15,18 @@ parts (default all): ``ckpt``, ``dense``, ``swiglu``.
    forward and forward + backward, device time (CUDA-graph replay).
 It prints a summary last and records nothing in data/.
 """
-import os
 import sys
 import time
 
 import torch
 
-from mahia import hardware
+from _probe import Probe
 from mahia.timing import bench
 
 dev = torch.device("cuda")
-out = os.environ.get("OUT", ".")
 parts = set(sys.argv[1:]) or {"ckpt", "dense", "swiglu"}
-T0 = time.perf_counter()
-summary = []
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-ceil = hardware.ceilings(dev, results_dir=os.path.join(out, "probe_results"))
-log(f"copy {ceil.copy_gbps:.0f} GB/s, bf16 {ceil.matmul_bf16_tflops:.0f} TFLOP/s")
+p = Probe(dev)
+log, ceil, summary = p.log, p.ceil, p.summary
 MiB = 2**20
 
 # ---------------------------------------------------------------- 1. checkpointing all blocks but the last
@@ -86,7 +76,7 @@ if "ckpt" in parts:
                     f"({n.median_ms:.1f} -> {t.median_ms:.1f} ms)")
             log(line)
             summary.append(line)
-    log(f"[{time.perf_counter() - T0:.0f} s]")
+    p.lap()
 
 # ---------------------------------------------------------------- 2. dense MFU: head dim 64 vs 128
 if "dense" in parts:
@@ -113,7 +103,7 @@ if "dense" in parts:
         summary.append(line)
         del b, xb
         torch.cuda.empty_cache()
-        log(f"[{time.perf_counter() - T0:.0f} s]")
+        p.lap()
 
 # ---------------------------------------------------------------- 3. SwiGLU launcher grid vs torch.compile
 if "swiglu" in parts:
@@ -163,9 +153,6 @@ if "swiglu" in parts:
     cur_b = next(r for r in rows if r[2] == "mahia bwd block 4096 warps 8")
     summary.append(f"swiglu bwd: current {cur_b[1] * 1e3:.1f} us, best {best_b[2]} {best_b[1] * 1e3:.1f} us; "
                    f"compile fwd+bwd {next(r for r in rows if 'fwd+bwd' in r[2])[1] * 1e3:.1f} us")
-    log(f"[{time.perf_counter() - T0:.0f} s]")
+    p.lap()
 
-log("\nSUMMARY")
-for s in summary:
-    log(" ", s)
-log(f"total {time.perf_counter() - T0:.0f} s")
+p.finish()

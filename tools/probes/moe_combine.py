@@ -19,9 +19,7 @@ out = randn(N*k, D)):
    grouped / loop speedup before and after.
 It prints a summary last; it records nothing in data/.
 """
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, if mahia is not installed
@@ -29,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, if
 import torch  # noqa: E402
 
 import mahia.kernels  # noqa: E402
-from mahia import hardware  # noqa: E402
+from _probe import Probe  # noqa: E402
 from mahia.checks import rel_error, tolerance  # noqa: E402
 from mahia.kernels.moe_combine import _config, moe_combine_bwd_launch, moe_combine_fwd_launch  # noqa: E402
 from mahia.model.moe import MoE, moe_combine_eager  # noqa: E402
@@ -38,17 +36,8 @@ from mahia.timing import bench  # noqa: E402
 # Without a GPU it runs as a smoke test of this script only (TRITON_INTERPRET=1, tiny sizes, CPU "timings").
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SMOKE = dev.type != "cuda"
-out_dir = os.environ.get("OUT", ".")
-T0 = time.perf_counter()
-summary = []
-
-
-def log(*a):
-    print(*a, flush=True)
-
-
-ceil = hardware.ceilings(dev, results_dir=os.path.join(out_dir, "probe_results"))
-log(f"{hardware.device_slug(dev)}: copy {ceil.copy_gbps:.0f} GB/s (measured), torch {torch.__version__}")
+p = Probe(dev)
+log, ceil, summary = p.log, p.ceil, p.summary
 
 # ---------------------------------------------------------------- routing of a real layer
 N, D, H, E, K = (16384, 1024, 2048, 64, 2) if not SMOKE else (64, 96, 64, 8, 2)
@@ -131,7 +120,7 @@ for what in ("fwd", "fwdbwd"):
     (e_us, _), (f_us, f_frac) = kt["eager", what], kt["fused", what]
     summary.append(f"combine {what}: eager {e_us:.1f} us, fused {f_us:.1f} us ({e_us / f_us:.2f}x), "
                    f"fused at {f_frac:.2f} of copy")
-log(f"[{time.perf_counter() - T0:.0f} s]")
+p.lap()
 
 # launcher configs: forward alone and backward alone (gate gradient on), against the default
 log("  launcher sweep (BLOCK_T, BLOCK_D, warps):")
@@ -161,7 +150,7 @@ for what, nbytes in (("fwd", bytes_fwd), ("bwd", bytes_bwd_only)):
         summary.append(f"launcher {what}: best {res[0][1]} {res[0][0] * 1e3:.1f} us "
                        f"({nbytes / res[0][0] / 1e6 / ceil.copy_gbps:.2f} of copy), default {default * 1e3:.1f} us")
 del o_req, g_req
-log(f"[{time.perf_counter() - T0:.0f} s]")
+p.lap()
 
 # ---------------------------------------------------------------- 3. the whole layer's forward
 log(f"\n3. MoE({D}, {H}, {E}, {K}) forward under no_grad, {N} tokens, {dt}; backend {moe.backend_for(x)}")
@@ -213,8 +202,4 @@ summary.append(f"layer fwd: eager combine {lt['eager', False] * 1e3:.0f} us -> f
                f"{lt['fused', False] * 1e3:.0f} us (graph {lt['eager', True] * 1e3:.0f} -> "
                f"{lt['fused', True] * 1e3:.0f} us); loop {t_loop * 1e3:.0f} us; "
                f"speedup vs loop {before:.2f}x -> {after:.2f}x")
-log(f"[{time.perf_counter() - T0:.0f} s]")
-
-log("\nSUMMARY")
-for s in summary:
-    log(" ", s)
+p.finish()
