@@ -1,20 +1,23 @@
 """mahia: make PyTorch transformer and mixture-of-experts models fast on NVIDIA GPUs.
 
-Measurement helpers (imported eagerly, they are light):
-    mahia.timing.bench, mahia.checks.compare_fn, mahia.hardware.ceilings,
-    mahia.results.Recorder, mahia.syncs.count_syncs, mahia.plotting
-Components (imported on first use):
-    mahia.layers   RMSNorm, SwiGLU, rotary embedding, attention
-    mahia.kernels  Triton kernels (RMSNorm, SwiGLU, RoPE, MoE combine, gated linear attention scan)
-    mahia.model    the MAHIA-X hybrid model and its parts
+The package is built in floors; each imports only the floors below it (CI checks this with
+import-linter, see pyproject.toml):
+
+    mahia.lessons                         what only the notebooks need (set-up, listings, explorers)
+    mahia.runner, mahia.bench, mahia.profile, mahia.__main__      command-line entry points
+    mahia.model                           the MAHIA-X hybrid model, and apply_* optimizations
+    mahia.layers                          RMSNorm, SwiGLU, rotary embedding, attention
+    mahia.ops                             one file per op: eager reference, Triton kernels, dispatch
+    mahia.measure                         timing, checks, instruments, hardware, results, plots, cost model
+
+Subpackages are imported on first use, so ``import mahia`` stays light.
 """
+
 import importlib
 
 __version__ = "0.1.0"
 
-from . import checks, hardware, syncs, timing  # noqa: E402,F401
-
-_LAZY = {"layers", "kernels", "model", "results", "plotting", "notebook", "runner", "report", "bench"}
+_LAZY = {"measure", "ops", "layers", "model", "lessons", "bench", "runner", "profile"}
 
 
 def __getattr__(name):

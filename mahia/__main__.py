@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from . import runner
+    from mahia import runner
 
     try:
         if args.cmd == "run":
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(nb.stem)
             return 0
         if args.cmd == "report":
-            from .report import build_report
-            from .results import atomic_write_text, default_results_dir, write_summary
+            from mahia.measure.report import build_report
+            from mahia.measure.results import atomic_write_text, default_results_dir, write_summary
             folders = [Path(args.folder)] if args.folder else sorted(
                 p for p in default_results_dir().iterdir() if p.is_dir())
             for f in folders:
@@ -92,9 +92,9 @@ BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
 
 def _readme(folder: Path, write: bool) -> int:
-    from .report import readme_table
-    from .results import REPO_ROOT, write_summary
-    from .runner import UsageError
+    from mahia.measure.report import readme_table
+    from mahia.measure.results import REPO_ROOT, write_summary
+    from mahia.runner import UsageError
 
     if not folder.is_dir():
         raise UsageError(f"no such results folder: {folder}")

@@ -34,7 +34,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from mahia.checks import check_int
+from mahia.measure.checks import check_int
 
 __all__ = ["StepReport", "profile_step", "module_ranges", "block_parts", "main"]
 
@@ -120,7 +120,7 @@ def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: i
     The device is taken from the first tensor found in ``args`` (CUDA: kernel times, a sync after each
     step; otherwise host times). The wall time is measured around the profiled steps, so it includes
     the profiler's own overhead (a few µs per operator): compare it with the kernel time, not with
-    :func:`mahia.timing.bench`.
+    :func:`mahia.measure.timing.bench`.
     """
     if not callable(step):
         raise TypeError(f"profile_step: step must be callable, got {type(step).__name__}")
@@ -179,7 +179,7 @@ def block_parts(model) -> dict[str, list[nn.Module]]:
 
 
 def main(argv=None) -> int:
-    from mahia.hardware import resolve_device
+    from mahia.measure.hardware import resolve_device
     from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
     from mahia.model.config import PRESETS
     from mahia.model.optimize import AMP, CHECKPOINT, COMPILE

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
 
-from .results import REPO_ROOT, default_figures_dir, default_results_dir
+from mahia.measure.results import REPO_ROOT, default_figures_dir, default_results_dir
 
 __all__ = ["UsageError", "list_notebooks", "select_notebooks", "run", "notebook_is_clean", "clean_notebook"]
 
@@ -168,8 +168,8 @@ def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = 
     parameters cell (VALUE is read as JSON or a Python literal, else kept as a string)."""
     import torch
 
-    from . import hardware
-    from .report import write_report
+    from mahia.measure import hardware
+    from mahia.measure.report import write_report
 
     if profile not in ("auto", "quick", "full"):
         raise UsageError(f"--profile must be auto, quick or full, got {profile!r}")

@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mahia.checks import check_close, compare_fn, rel_error, tolerance
+from mahia.measure.checks import check_close, compare_fn, rel_error, tolerance
 from mahia.layers import attention as A
-from mahia.layers.rope import RotaryCache, apply_rope_eager
-from mahia.syncs import count_syncs
+from mahia.layers.rope import RotaryCache
+from mahia.ops.rope import apply_rope_eager
+from mahia.measure.instruments import count_syncs
 
 
 def reference(q, k, v, causal=True, attn_mask=None):

@@ -1,7 +1,9 @@
 """mahia.bench.kernels: the byte counts and the size-matched copy that bounds a memory-bound kernel."""
 import torch
 
-from mahia import hardware, results
+from mahia.measure import hardware
+
+from mahia.measure import results
 from mahia.bench.kernels import _copy_of_same_bytes, min_bytes
 
 

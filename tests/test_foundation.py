@@ -8,10 +8,16 @@ import pandas as pd
 import pytest
 import torch
 
-from mahia import checks, hardware, results, runner
-from mahia.report import build_report
-from mahia.syncs import assert_no_syncs, count_syncs
-from mahia.timing import Timing, bench
+from mahia import runner
+
+from mahia.measure import checks
+
+from mahia.measure import hardware
+
+from mahia.measure import results
+from mahia.measure.report import build_report
+from mahia.measure.instruments import assert_no_syncs, count_syncs
+from mahia.measure.timing import Timing, bench
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,9 +4,12 @@ import math
 import pytest
 import torch
 
-from mahia.layers.mlp import SwiGLU, swiglu_eager
-from mahia.layers.norm import RMSNorm, add_rms_norm_eager, rms_norm_eager
-from mahia.layers.rope import RotaryCache, apply_rope, apply_rope_eager
+from mahia.layers.mlp import SwiGLU
+from mahia.ops.swiglu import swiglu_eager
+from mahia.layers.norm import RMSNorm
+from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
+from mahia.layers.rope import RotaryCache, apply_rope
+from mahia.ops.rope import apply_rope_eager
 
 
 # ---------------------------------------------------------------- RMSNorm

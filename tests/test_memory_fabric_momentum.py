@@ -1,7 +1,7 @@
 """GraphDiffusionMemory, DynamicNeuroFabric and the momentum memory update: before == after.
 
 Every fast path is compared with a float64 run of the reference path (outputs and gradients) at the
-tolerance of its dtype (``mahia.checks``), on odd shapes; the fast paths must make no syncing op.
+tolerance of its dtype (``mahia.measure.checks``), on odd shapes; the fast paths must make no syncing op.
 """
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mahia.checks import compare_fn, rel_error, tolerance
+from mahia.measure.checks import compare_fn, rel_error, tolerance
 from mahia.model.fabric import DynamicNeuroFabric, FabricPlan, fabric_forward, fabric_gates, fabric_plan
 from mahia.model.memory import (GraphDiffusionMemory, MemoryCache, diffusion_operator, graph_diffusion_memory,
                                 graph_diffusion_write)
 from mahia.model.momentum import MomentumMemory, momentum_update_foreach, momentum_update_loop
-from mahia.syncs import count_syncs
+from mahia.measure.instruments import count_syncs
 
 B, T, D, N, L = 3, 37, 40, 7, 5
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -627,7 +627,7 @@ def test_momentum_rejects_bad_inputs():
 # -- benchmark suite (smoke) ------------------------------------------------------------------------
 def test_hybrid_bench_quick(tmp_path):
     from mahia.bench import hybrid_parts
-    from mahia.results import Recorder
+    from mahia.measure.results import Recorder
 
     rec = Recorder("bench_hybrid", "cpu", results_dir=tmp_path)
     hybrid_parts.run(rec, None, quick=True)

@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mahia.checks import compare_fn, rel_error, tolerance
-from mahia.kernels._registry import reset_fallback_warnings, triton_available_for, triton_import_error
-from mahia.model.meta_attention import (
-    MetaAttention,
+from mahia.measure.checks import compare_fn, rel_error, tolerance
+from mahia.ops.dispatch import reset_fallback_warnings, triton_available_for, triton_import_error
+from mahia.model.meta_attention import MetaAttention
+from mahia.ops.gla_scan import (
     gated_linear_attention,
     gla_bytes,
     gla_flops,
@@ -16,7 +16,7 @@ from mahia.model.meta_attention import (
     gla_loop,
     naive_cumprod_form,
 )
-from mahia.syncs import count_syncs
+from mahia.measure.instruments import count_syncs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(triton_import_error() is not None, reason="triton is not installed")
@@ -84,7 +84,7 @@ def test_triton_float16_and_mixed_gate_dtype():
 @pytest.mark.parametrize("K,V,block_v", [(20, 40, 16), (32, 16, 16), (16, 48, 32)])
 def test_triton_launchers_value_blocks_and_padding(K, V, block_v):
     """Several value blocks (dq, dk, dg summed over partials), K and V that are not powers of two."""
-    from mahia.kernels.scan import gla_bwd_launch, gla_fwd_launch
+    from mahia.ops.gla_scan import gla_bwd_launch, gla_fwd_launch
 
     q, k, v, g = make_inputs(2, 1, 37, K, V)
     ref_in = [t.double().requires_grad_() for t in (q, k, v, g)]
@@ -103,7 +103,7 @@ def test_triton_launchers_value_blocks_and_padding(K, V, block_v):
 def test_triton_launchers_take_more_than_65535_heads():
     """B * H beyond a CUDA grid's second-axis limit (65535): the kernels use one flat axis. Notebook 07's
     largest-batch search on a tiny model reaches such batches."""
-    from mahia.kernels.scan import gla_bwd_launch, gla_fwd_launch
+    from mahia.ops.gla_scan import gla_bwd_launch, gla_fwd_launch
 
     B, H, T, K, V = 70_000, 1, 4, 16, 32
     q, k, v, g = make_inputs(B, H, T, K, V)
@@ -169,7 +169,7 @@ def test_no_host_syncs(impl):
 
 @needs_triton
 def test_opcheck_custom_ops():
-    import mahia.kernels.scan  # noqa: F401  (registers mahia::gla_fwd and mahia::gla_bwd)
+    import mahia.ops.gla_scan  # noqa: F401  (registers mahia::gla_fwd and mahia::gla_bwd)
 
     q, k, v, g = (t.requires_grad_() for t in make_inputs(1, 2, 20, 16, 16))
     torch.library.opcheck(torch.ops.mahia.gla_fwd.default, (q, k, v, g))
@@ -238,7 +238,7 @@ def test_bad_inputs_raise(call, exc, match):
 
 @needs_triton
 def test_triton_launcher_rejects_what_it_cannot_run(monkeypatch):
-    from mahia.kernels.scan import gla_bwd_launch, gla_fwd_launch
+    from mahia.ops.gla_scan import gla_bwd_launch, gla_fwd_launch
 
     q, k, v, g = make_inputs(1, 2, 8, 16, 16)
     with pytest.raises(TypeError, match="float32, bfloat16 or float16"):

@@ -9,12 +9,12 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from mahia import kernels
-from mahia.checks import check_close, rel_error, tolerance
+from mahia import ops
+from mahia.measure.checks import check_close, rel_error, tolerance
 from mahia.model import HybridConfig, HybridModel, SyntheticTokens, apply, make_decoder, make_train_step
 from mahia.model import optimize
 
-pytestmark = pytest.mark.filterwarnings("ignore:mahia.kernels.*Triton kernel not used:RuntimeWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:mahia.ops.*Triton kernel not used:RuntimeWarning")
 
 FP32 = tolerance(torch.float32)
 # For tests about the training step and its options, not the hybrid parts: the two slowest parts off.
@@ -184,8 +184,8 @@ def test_baseline_and_optimized_agree_gated_model(no_triton):
 
 def test_triton_paths_agree_with_reference():
     """Every fast path, the Triton kernels included (interpreted on a CPU), on a small input."""
-    if not kernels.triton_available_for(torch.zeros(1)):
-        pytest.skip(f"Triton kernels cannot run here: {kernels.status()['rms_norm']}")
+    if not ops.triton_available_for(torch.zeros(1)):
+        pytest.skip(f"Triton kernels cannot run here: {ops.status()['rms_norm']}")
     cfg = HybridConfig.preset("tiny", gating=False)
     base = _model(cfg.baseline())
     fast = HybridModel(cfg.optimized())

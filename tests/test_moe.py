@@ -4,15 +4,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mahia.checks import compare_fn, rel_error, tolerance
-from mahia.model.moe import BACKENDS, MoE, RouterStats, grouped_mm, grouped_mm_backend, moe_flops
-from mahia.syncs import count_syncs
+from mahia.measure.checks import compare_fn, rel_error, tolerance
+from mahia.model.moe import MoE, RouterStats, moe_flops
+from mahia.ops.grouped_mm import BACKENDS, grouped_mm, grouped_mm_backend
+from mahia.measure.instruments import count_syncs
 
-# The grouped path's SwiGLU is mahia.kernels.swiglu (tested in its own file); under the CPU interpreter
+# The grouped path's SwiGLU is mahia.ops.swiglu (tested in its own file); under the CPU interpreter
 # it costs about a second per call at these sizes, so it falls back to eager (with a warning) except in
 # the tests of the triton backend.
-pytestmark = [pytest.mark.filterwarnings("ignore:mahia.kernels.swiglu:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:mahia.kernels.moe_combine:RuntimeWarning")]
+pytestmark = [pytest.mark.filterwarnings("ignore:mahia.ops.swiglu:RuntimeWarning"),
+              pytest.mark.filterwarnings("ignore:mahia.ops.moe_combine:RuntimeWarning")]
 
 
 @pytest.fixture(autouse=True)
@@ -298,7 +299,7 @@ def test_triton_launcher_has_no_host_syncs():
     """The custom op hides its inside from the dispatch recorder, so record the launchers directly."""
     if not _runs("triton", torch.float32):
         pytest.skip("triton cannot run here")
-    from mahia.model.moe import grouped_mm_triton_launch, grouped_mm_wgrad_launch
+    from mahia.ops.grouped_mm import grouped_mm_triton_launch, grouped_mm_wgrad_launch
     a, b = torch.randn(57, 48), torch.randn(5, 48, 40)
     offs = torch.tensor([7, 7, 37, 38, 57], dtype=torch.int32)
     with count_syncs() as r:

@@ -24,6 +24,6 @@ for part in "$@"; do
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done
-slug=$($py -c "from mahia.hardware import device_slug; print(device_slug('cuda'))")
+slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
 tar czf "${OUT:-.}/$tag.tgz" data/results/$slug figures/$slug runs/$tag logs 2>/dev/null
 echo "packed ${OUT:-.}/$tag.tgz"

@@ -1,6 +1,6 @@
 """Benchmarks outside the notebooks: ``python -m mahia.bench <suite> [--quick]``.
 
-Each suite module has ``run(recorder, ceilings, *, quick)`` and records through ``mahia.results``,
+Each suite module has ``run(recorder, ceilings, *, quick)`` and records through ``mahia.measure.results``,
 so its numbers land in ``data/results/<device>/bench_<suite>.csv`` and feed ``summary.json``.
 """
 SUITES = {

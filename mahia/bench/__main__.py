@@ -6,7 +6,7 @@ import importlib
 import sys
 import time
 
-from . import SUITES
+from mahia.bench import SUITES
 
 
 def main(argv=None) -> int:
@@ -21,8 +21,8 @@ def main(argv=None) -> int:
     if bad:
         print(f"error: unknown suite(s) {bad}; choose from {sorted(SUITES)} or 'all'", file=sys.stderr)
         return 2
-    from .. import hardware
-    from ..results import Recorder, default_results_dir
+    from mahia.measure import hardware
+    from mahia.measure.results import Recorder, default_results_dir
     try:
         dev = hardware.resolve_device(args.device)
     except (RuntimeError, ValueError) as e:

@@ -21,12 +21,12 @@ import copy
 import torch
 import torch.nn as nn
 
-from ..checks import check_close, tolerance
-from ..model.fabric import DynamicNeuroFabric
-from ..model.memory import GraphDiffusionMemory
-from ..model.momentum import momentum_update_foreach, momentum_update_loop
-from ..syncs import count_syncs
-from ..timing import bench
+from mahia.measure.checks import check_close, tolerance
+from mahia.model.fabric import DynamicNeuroFabric
+from mahia.model.memory import GraphDiffusionMemory
+from mahia.model.momentum import momentum_update_foreach, momentum_update_loop
+from mahia.measure.instruments import count_syncs
+from mahia.measure.timing import bench
 
 __all__ = ["run"]
 

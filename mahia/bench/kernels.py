@@ -7,7 +7,7 @@ is timed (a wrong one raises ``CorrectnessError`` and nothing is recorded):
     F.rms_norm     PyTorch's own RMSNorm (RMSNorm only)             role "peer"
     torch.compile  Inductor's fusion of the eager reference         role "peer"  (CUDA only)
     liger          Liger-Kernel, when ``import liger_kernel`` works role "peer"  (CUDA only)
-    mahia_triton   mahia.kernels                                    role "optimized"
+    mahia_triton   mahia.ops                                    role "optimized"
 
 Liger's defaults are kept: its RMSNorm writes dx over dy, its SwiGLU backward writes da, db over the
 saved a, b, and its RoPE rotates q and k in place. The timed inputs therefore drift from step to step
@@ -47,13 +47,14 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from ..checks import compare_fn, tolerance
-from ..layers.mlp import swiglu_eager
-from ..layers.norm import rms_norm_eager
-from ..layers.rope import RotaryCache, apply_rope_eager
-from ..model.moe import moe_combine_eager
-from ..timing import bench
+from mahia import ops
+from mahia.measure.checks import compare_fn, tolerance
+from mahia.ops.swiglu import swiglu_eager
+from mahia.ops.rmsnorm import rms_norm_eager
+from mahia.layers.rope import RotaryCache
+from mahia.ops.rope import apply_rope_eager
+from mahia.ops.moe_combine import moe_combine_eager
+from mahia.measure.timing import bench
 
 __all__ = ["run", "min_bytes"]
 
@@ -113,11 +114,11 @@ def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, lige
             elif op == "rope":
                 fn, adapt = _liger_rope(liger.rope)
                 out.append(Variant("liger", fn, adapt, notes="rotates q, k in place; cos/sin (T, D)"))
-    if kernels.triton_available_for(torch.empty(0, device=dev)):
+    if ops.triton_available_for(torch.empty(0, device=dev)):
         notes = "" if dev.type == "cuda" else "TRITON_INTERPRET=1: CPU interpreter, not a performance figure"
         out.append(Variant("mahia_triton", mahia, notes=notes))
     else:
-        print(f"  mahia_triton: skipped ({kernels.status()[op]})")
+        print(f"  mahia_triton: skipped ({ops.status()[op]})")
     return out
 
 
@@ -216,7 +217,7 @@ def _randn(*shape, dev, dtype, scale=1.0, shift=0.0):
 def run(recorder, ceilings, *, quick: bool) -> None:
     """Benchmark the kernels on ``recorder.device`` and record one row per variant and size.
 
-    ``ceilings`` (mahia.hardware.Ceilings) is what ``recorder`` divides achieved GB/s by; the copy
+    ``ceilings`` (mahia.measure.hardware.Ceilings) is what ``recorder`` divides achieved GB/s by; the copy
     bandwidth is printed here for the reader.
     """
     dev = torch.device(recorder.device)
@@ -232,7 +233,7 @@ def run(recorder, ceilings, *, quick: bool) -> None:
 
     # -- RMSNorm: forward, forward + backward ----------------------------------------------------
     M, N = (16384, 4096) if full else (64, 1000)
-    rms = _variants("rms_norm", rms_norm_eager, kernels.rms_norm, dev, liger)
+    rms = _variants("rms_norm", rms_norm_eager, ops.rms_norm, dev, liger)
 
     def rms_inputs(M=M, N=N):
         # weights near 1, as after init: keeps in-place peers' iterated gradients bounded
@@ -245,7 +246,7 @@ def run(recorder, ceilings, *, quick: bool) -> None:
 
     # -- SwiGLU -----------------------------------------------------------------------------------
     M, H = (16384, 11008) if full else (64, 1000)
-    swi = _variants("swiglu", swiglu_eager, kernels.swiglu, dev, liger)
+    swi = _variants("swiglu", swiglu_eager, ops.swiglu, dev, liger)
 
     def swi_inputs():
         return _randn(M, H, dev=dev, dtype=dtype), _randn(M, H, dev=dev, dtype=dtype)
@@ -258,7 +259,7 @@ def run(recorder, ceilings, *, quick: bool) -> None:
     # -- RoPE: forward + backward -----------------------------------------------------------------
     B, T, Hq, Hkv, D = (8, 2048, 32, 8, 128) if full else (2, 16, 4, 2, 32)
     cache = RotaryCache(D, T, device=dev)
-    rope = _variants("rope", apply_rope_eager, kernels.rope, dev, liger)
+    rope = _variants("rope", apply_rope_eager, ops.rope, dev, liger)
 
     def rope_inputs():
         cos, sin = cache.get(T)
@@ -270,7 +271,7 @@ def run(recorder, ceilings, *, quick: bool) -> None:
 
     # -- MoE combine: each token's k expert rows gathered, gated and summed ------------------------
     N, k, D = (16384, 2, 1024) if full else (64, 2, 100)
-    comb = _variants("moe_combine", moe_combine_eager, kernels.moe_combine, dev, liger)
+    comb = _variants("moe_combine", moe_combine_eager, ops.moe_combine, dev, liger)
 
     def comb_inputs():
         inverse = torch.randperm(N * k, device=dev)  # where each (token, slot) sits in expert order
@@ -287,7 +288,7 @@ def run(recorder, ceilings, *, quick: bool) -> None:
     total = 2**26 if full else 2**14
     for N in sizes:
         M = total // N
-        variants = _variants("rms_norm", rms_norm_eager, kernels.rms_norm, dev, liger)
+        variants = _variants("rms_norm", rms_norm_eager, ops.rms_norm, dev, liger)
         _measure(recorder, "rmsnorm_fwd_sweep", variants, lambda M=M, N=N: rms_inputs(M, N), rms_norm_eager,
                  backward=False, grad_inputs=[0, 1], nbytes=min_bytes("rmsnorm_fwd_sweep", (M, N), dtype),
                  shape=(M, N), dtype=dtype)

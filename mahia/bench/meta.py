@@ -10,7 +10,7 @@ inputs' dtype changes only how many bytes are read and what the kernels feed the
 * ``loop`` (baseline): the recurrence step by step, a few kernel launches per step, forward and backward
   (2T steps). Slow, so timed with a small budget (one or two repetitions).
 * ``logspace`` (peer): chunked PyTorch (pairwise decays inside 16-row chunks, T/16 state steps).
-* ``triton`` (optimized): the fused chunked kernels of :mod:`mahia.kernels.scan`; skipped, and said so,
+* ``triton`` (optimized): the fused chunked kernels of :mod:`mahia.ops.gla_scan`; skipped, and said so,
   where Triton cannot run (the CPU interpreter's timings would mean nothing).
 
 Every variant's output and four gradients are checked against the float64 loop before it is timed; a
@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_close, tolerance
-from ..kernels._registry import triton_available_for, why_not
-from ..model.meta_attention import gated_linear_attention, gla_bytes, gla_flops
-from ..timing import bench
+from mahia.measure.checks import check_close, tolerance
+from mahia.ops.dispatch import triton_available_for, why_not
+from mahia.ops.gla_scan import gated_linear_attention, gla_bytes, gla_flops
+from mahia.measure.timing import bench
 
 __all__ = ["run", "EXPERIMENT"]
 

@@ -17,16 +17,16 @@ against the loop path in the same dtype before anything is timed; a wrong one ra
 is taken on bfloat16 logits: a float64 router would send a few near-tie tokens to other experts, which
 is a different function, not a rounding error. Both paths share the router code, so they route alike.
 
-A metric ``moe_syncs`` per variant counts host-device syncs in one forward (``mahia.syncs``).
+A metric ``moe_syncs`` per variant counts host-device syncs in one forward (``mahia.measure.instruments``).
 """
 from __future__ import annotations
 
 import torch
 
-from ..checks import check_close, tolerance
-from ..model.moe import MoE, moe_flops
-from ..syncs import count_syncs
-from ..timing import bench
+from mahia.measure.checks import check_close, tolerance
+from mahia.model.moe import MoE, moe_flops
+from mahia.measure.instruments import count_syncs
+from mahia.measure.timing import bench
 
 __all__ = ["run", "FULL", "QUICK"]
 

@@ -7,16 +7,15 @@
 """
 # The functional ``attention`` dispatcher stays in ``mahia.layers.attention`` (importing it here
 # would shadow the submodule of the same name).
-from .attention import (Attention, StaticKVCache, attention_bytes, attention_flops,
+from mahia.layers.attention import (Attention, StaticKVCache, attention_bytes, attention_flops,
                         available_backends, chunked_attention, manual_attention, resolve_backend,
                         rope_rows, sdpa_attention)
-from .mlp import SwiGLU, swiglu_eager
-from .norm import RMSNorm, add_rms_norm_eager, rms_norm_eager
-from .rope import RotaryCache, apply_rope, apply_rope_eager
+from mahia.layers.mlp import SwiGLU
+from mahia.layers.norm import RMSNorm
+from mahia.layers.rope import RotaryCache, apply_rope
 
 __all__ = [
     "Attention", "StaticKVCache", "attention_bytes", "attention_flops",
     "available_backends", "chunked_attention", "manual_attention", "resolve_backend", "rope_rows",
-    "sdpa_attention", "SwiGLU", "swiglu_eager", "RMSNorm", "add_rms_norm_eager", "rms_norm_eager",
-    "RotaryCache", "apply_rope", "apply_rope_eager",
+    "sdpa_attention", "SwiGLU", "RMSNorm", "RotaryCache", "apply_rope",
 ]

@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mahia.checks import check_float_dtype, check_int
-from mahia.kernels._registry import check_float_tensor, check_same_device
+from mahia.measure.checks import check_float_dtype, check_float_tensor, check_int, check_same_device
 from mahia.layers.rope import IMPLS as ROPE_IMPLS
 from mahia.layers.rope import apply_rope
 

@@ -1,4 +1,4 @@
-"""SwiGLU feed-forward: the eager activation reference and the module.
+"""SwiGLU feed-forward: the module (the activation's eager reference and kernels are in :mod:`mahia.ops.swiglu`).
 
     swiglu(a, b) = silu(a) * b = a * sigmoid(a) * b
     SwiGLU(x)    = w3( swiglu(x @ W1^T, x @ W2^T) ),  with W1 and W2 stored as one (2*hidden, dim) matrix
@@ -8,29 +8,20 @@ The activation is computed in float32 (float64 for float64 inputs) and returned 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from mahia.checks import check_int
-from mahia import kernels
-from mahia.kernels._registry import check_swiglu_inputs
+from mahia.measure.checks import check_int
+from mahia.ops.swiglu import swiglu, swiglu_eager
 
-__all__ = ["swiglu_eager", "SwiGLU"]
+__all__ = ["SwiGLU"]
 
 IMPLS = ("eager", "triton")
-
-
-def swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c = silu(a) * b, computed in float32 and returned in ``a.dtype``.  a, b: (..., H)."""
-    check_swiglu_inputs("swiglu_eager", a, b)
-    dt = torch.promote_types(a.dtype, torch.float32)
-    return (F.silu(a.to(dt)) * b.to(dt)).to(a.dtype)
 
 
 class SwiGLU(nn.Module):
     """The Llama feed-forward block: one fused up projection ``w12`` (gate and up halves), SwiGLU, ``w3``.
 
-    ``impl="triton"`` runs the activation through :func:`mahia.kernels.swiglu`; the two matrix
+    ``impl="triton"`` runs the activation through :func:`mahia.ops.swiglu`; the two matrix
     products are cuBLAS either way. The gate/up halves are strided views of the ``w12`` output (last dim
     contiguous), which the kernel reads in place, without a copy.
     """
@@ -48,7 +39,7 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)  # (..., hidden) each
-        act = kernels.swiglu if self.impl == "triton" else swiglu_eager
+        act = swiglu if self.impl == "triton" else swiglu_eager
         return self.w3(act(gate, up))  # (..., dim)
 
     def extra_repr(self) -> str:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mahia.checks import check_int
-from mahia import kernels
-from mahia.kernels._registry import check_rope_inputs
+from mahia.measure.checks import check_int
+from mahia.ops.rope import apply_rope_eager, rope
 
-__all__ = ["RotaryCache", "apply_rope_eager", "apply_rope"]
+__all__ = ["RotaryCache", "apply_rope"]
 
 IMPLS = ("eager", "triton")
 
@@ -57,25 +56,11 @@ class RotaryCache(nn.Module):
         return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, base={self.base}"
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    dt = torch.promote_types(x.dtype, torch.float32)
-    x1, x2 = x.to(dt).chunk(2, dim=-1)  # (B, T, H, D/2) each
-    cos, sin = cos.to(dt)[:, None, :], sin.to(dt)[:, None, :]  # (T, 1, D/2): broadcast over heads
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
-
-def apply_rope_eager(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); math in fp32, output in input dtype."""
-    check_rope_inputs("apply_rope_eager", q, k, cos, sin)
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
 def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
                impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`apply_rope_eager` (``impl="eager"``) or :func:`mahia.kernels.rope` (``impl="triton"``)."""
+    """:func:`apply_rope_eager` (``impl="eager"``) or :func:`mahia.ops.rope` (``impl="triton"``)."""
     if impl == "eager":
         return apply_rope_eager(q, k, cos, sin)
     if impl == "triton":
-        return kernels.rope(q, k, cos, sin)
+        return rope(q, k, cos, sin)
     raise ValueError(f"apply_rope: impl must be one of {IMPLS}, got {impl!r}")

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from mahia.checks import check_int
+from mahia.measure.checks import check_int
 
 __all__ = ["HybridConfig", "IMPL_CHOICES", "BASELINE_IMPLS", "OPTIMIZED_IMPLS", "PRESETS"]
 

@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from mahia.checks import check_int
+from mahia.measure.checks import check_int
 
 __all__ = ["SyntheticTokens"]
 

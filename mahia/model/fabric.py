@@ -51,8 +51,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mahia.checks import check_int
-from ._inputs import check_btd
+from mahia.measure.checks import check_int
+from mahia.model._inputs import check_btd
 
 __all__ = ["DynamicNeuroFabric", "FabricPlan", "fabric_gates", "fabric_forward", "fabric_plan", "IMPLS",
            "GATE_SOURCES"]

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mahia.checks import check_int
+from mahia.measure.checks import check_int
 from mahia.layers.attention import Attention, StaticKVCache, attention_flops, rope_rows
 from mahia.layers.mlp import SwiGLU
 from mahia.layers.norm import RMSNorm
@@ -51,7 +51,8 @@ from mahia.layers.rope import RotaryCache
 from mahia.model.config import HybridConfig
 from mahia.model.fabric import DynamicNeuroFabric, fabric_forward
 from mahia.model.memory import GraphDiffusionMemory, MemoryCache
-from mahia.model.meta_attention import MetaAttention, gla_flops
+from mahia.model.meta_attention import MetaAttention
+from mahia.ops.gla_scan import gla_flops
 from mahia.model.moe import MoE, RouterStats, moe_flops
 from mahia.model.optimize import CHECKPOINT, run_checkpointed
 

@@ -85,8 +85,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mahia.checks import check_float_dtype, check_int
-from ._inputs import check_btd
+from mahia.measure.checks import check_float_dtype, check_int
+from mahia.model._inputs import check_btd
 
 __all__ = ["GraphDiffusionMemory", "MemoryCache", "graph_diffusion_memory", "graph_diffusion_write",
            "diffusion_operator", "IMPLS"]

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from mahia.checks import check_int
+from mahia.measure.checks import check_int
 from mahia.model.config import OPTIMIZED_IMPLS, HybridConfig
 
 __all__ = [

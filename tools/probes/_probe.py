@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from mahia import hardware
+from mahia.measure import hardware
 
 
 class Probe:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import mahia.model.fabric as fabric_mod
 from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
 from mahia.model.moe import MoE
-from mahia.nbutil_train import matmul_precision, tail_rel_diff, train_run
+from mahia.lessons.training import matmul_precision, tail_rel_diff, train_run
 
 dev = torch.device("cuda")
 T0 = time.perf_counter()

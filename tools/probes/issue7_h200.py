@@ -16,14 +16,14 @@ import triton
 import triton.language as tl
 
 from _probe import Probe
-from mahia.timing import bench
+from mahia.measure.timing import bench
 
 dev = torch.device("cuda")
 p = Probe(dev)
 log, ceil, summary = p.log, p.ceil, p.summary
 
 # ---------------------------------------------------------------- RMSNorm forward configs
-from mahia.kernels.rmsnorm import rms_norm_fwd_launch
+from mahia.ops.rmsnorm import rms_norm_fwd_launch
 
 
 @triton.jit

@@ -21,7 +21,7 @@ import time
 import torch
 
 from _probe import Probe
-from mahia.timing import bench
+from mahia.measure.timing import bench
 
 dev = torch.device("cuda")
 parts = set(sys.argv[1:]) or {"ckpt", "dense", "swiglu"}
@@ -80,7 +80,7 @@ if "ckpt" in parts:
 
 # ---------------------------------------------------------------- 2. dense MFU: head dim 64 vs 128
 if "dense" in parts:
-    from mahia.full_stack import Stack, build, mfu, tokens_per_s
+    from mahia.lessons.full_stack import Stack, build, mfu, tokens_per_s
     from mahia.model import HybridConfig, SyntheticTokens
 
     stack = Stack(model=("all",), sync_free_logging=True, amp="bf16", compile="default")
@@ -107,8 +107,8 @@ if "dense" in parts:
 
 # ---------------------------------------------------------------- 3. SwiGLU launcher grid vs torch.compile
 if "swiglu" in parts:
-    from mahia.kernels.swiglu import swiglu_bwd_launch, swiglu_fwd_launch
-    from mahia.layers.mlp import swiglu_eager
+    from mahia.ops.swiglu import swiglu_bwd_launch, swiglu_fwd_launch
+    from mahia.ops.swiglu import swiglu_eager
 
     M, H = 16384, 11008
     a = torch.randn(M, H, device=dev, dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""GPU probe for the fused MoE combine (``mahia.kernels.moe_combine``): is it right, is it at the copy roof,
+"""GPU probe for the fused MoE combine (``mahia.ops.moe_combine``): is it right, is it at the copy roof,
 and what does it buy the MoE layer.
 
     source .whl/env.sh && python3 tools/probes/moe_combine.py      # on the lent GPU (H200), ~1 minute
@@ -9,13 +9,13 @@ canonical size (bf16, N=16384 tokens, k=2, D=1024; routing from a real MoE(1024,
 out = randn(N*k, D)):
 
 1. correctness: the fused output and both gradients (d_out, d_gates) against the float64 eager
-   reference, norm-wise relative error <= mahia.checks.tolerance(bf16);
+   reference, norm-wise relative error <= mahia.measure.checks.tolerance(bf16);
 2. device time (CUDA-graph replay) of the eager reference (gather, gate multiply, k-sum) and the fused
    kernel, forward and forward + backward: median, p20-p80, GB/s of the compulsory bytes and the
    fraction of the measured copy ceiling; then a small sweep of the launchers' (BLOCK_T, BLOCK_D, warps)
    against the default rule (``_config``);
 3. the whole MoE layer's forward under no_grad (eager and CUDA graph) with the fused combine and with
-   ``mahia.kernels.moe_combine`` monkeypatched to the eager reference, and the loop path once: the
+   ``mahia.ops.moe_combine`` monkeypatched to the eager reference, and the loop path once: the
    grouped / loop speedup before and after.
 It prints a summary last; it records nothing in data/.
 """
@@ -26,12 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, if
 
 import torch  # noqa: E402
 
-import mahia.kernels  # noqa: E402
+import mahia.ops  # noqa: E402
 from _probe import Probe  # noqa: E402
-from mahia.checks import rel_error, tolerance  # noqa: E402
-from mahia.kernels.moe_combine import _config, moe_combine_bwd_launch, moe_combine_fwd_launch  # noqa: E402
-from mahia.model.moe import MoE, moe_combine_eager  # noqa: E402
-from mahia.timing import bench  # noqa: E402
+from mahia.measure.checks import rel_error, tolerance  # noqa: E402
+from mahia.ops.moe_combine import _config, moe_combine_bwd_launch, moe_combine_fwd_launch  # noqa: E402
+from mahia.model.moe import MoE
+from mahia.ops.moe_combine import moe_combine_eager  # noqa: E402
+from mahia.measure.timing import bench  # noqa: E402
 
 # Without a GPU it runs as a smoke test of this script only (TRITON_INTERPRET=1, tiny sizes, CPU "timings").
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -59,7 +60,7 @@ log(f"combine: N={N} k={K} D={D} {dt}, gates {gates.dtype}; routing of MoE({D}, 
 tol = tolerance(dt)
 o_f = out.detach().clone().requires_grad_(True)
 g_f = gates.detach().clone().requires_grad_(True)
-y_f = mahia.kernels.moe_combine(o_f, inverse, g_f, dt)
+y_f = mahia.ops.moe_combine(o_f, inverse, g_f, dt)
 y_f.backward(dy)
 o_64 = out.detach().double().requires_grad_(True)
 g_64 = gates.detach().double().requires_grad_(True)
@@ -112,9 +113,9 @@ def row(label, t, nbytes):
 
 
 kt = {}
-for name, fn in (("eager", moe_combine_eager), ("fused", mahia.kernels.moe_combine)):
+for name, fn in (("eager", moe_combine_eager), ("fused", mahia.ops.moe_combine)):
     kt[name, "fwd"] = row(f"{name} fwd", bench(fwd(fn), cuda_graph=True, memory=False), bytes_fwd)
-for name, fn in (("eager", moe_combine_eager), ("fused", mahia.kernels.moe_combine)):
+for name, fn in (("eager", moe_combine_eager), ("fused", mahia.ops.moe_combine)):
     kt[name, "fwdbwd"] = row(f"{name} fwd+bwd", bench(fwdbwd(fn), cuda_graph=True, memory=False), bytes_fb)
 for what in ("fwd", "fwdbwd"):
     (e_us, _), (f_us, f_frac) = kt["eager", what], kt["fused", what]
@@ -176,15 +177,15 @@ with torch.no_grad():
 lt = {}
 for graph in (False, True):
     lt["fused", graph] = layer_time(moe, graph)
-fused_fn = mahia.kernels.moe_combine
-mahia.kernels.moe_combine = moe_combine_eager  # the grouped path looks it up at call time
+fused_fn = mahia.ops.moe_combine
+mahia.ops.moe_combine = moe_combine_eager  # the grouped path looks it up at call time
 try:
     with torch.no_grad():
         y_eager = moe(x)[0]
     for graph in (False, True):
         lt["eager", graph] = layer_time(moe, graph)
 finally:
-    mahia.kernels.moe_combine = fused_fn
+    mahia.ops.moe_combine = fused_fn
 loop = MoE(D, H, E, K, impl="loop", device=dev, dtype=dt)
 loop.load_state_dict(moe.state_dict())
 with torch.no_grad():

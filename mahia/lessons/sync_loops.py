@@ -1,0 +1,437 @@
+"""Two training loops that compute the same updates: one full of host-device syncs, one without.
+
+A *sync* is a point where the CPU waits for the GPU to finish everything queued so far (see
+:mod:`mahia.measure.instruments`). Without syncs the CPU runs ahead and queues kernels while the GPU works; each sync
+drains that queue: the GPU finishes and idles, the result crosses to the host, and the GPU waits again
+until the CPU has launched the next kernel. Per sync this costs roughly
+
+    drain + device-to-host copy + launch latency of the next kernel     (tens of microseconds)
+
+plus, when CPU and GPU work were overlapping, the overlap itself.
+
+The loop (for each batch x (B, F), y (B,) int64):
+
+    l_i  = cross_entropy(model(x)_i, y_i)                          per-sample loss, (B,)
+    m_i  = [l_i >= mean(l)]                                         "hard" examples
+    loss = sum_i l_i m_i / max(sum_i m_i, 1)                        mean loss over the hard examples
+    g    = grad(loss);  n = ||g||_2 over all parameters
+    g    = g * (max_norm / (n + eps))  if n > max_norm              gradient-norm clipping
+    opt.step();  record loss, running best loss and its step, batch accuracy, clipped-step count
+
+:func:`train_syncing` writes it the way it is usually written: boolean-mask indexing
+``l[l >= l.mean()]`` (the output size depends on the data: sync), ``if norm > max_norm:`` and
+``if loss < best:`` (Python reads a device value: sync), ``loss.item()`` logging and ``.cpu()`` of a
+metric every step (sync). :func:`train_sync_free` computes the same numbers with fixed-size device
+arithmetic only: the masked mean above, ``torch.where`` instead of ``if``, and pre-allocated device
+buffers for what is recorded; the caller reads them when it wants (one sync), or every ``log_every``
+steps. The masked mean keeps *all* examples above the mean, however many; ``topk`` would avoid the
+sync too, but selects a fixed number of examples: a different function.
+
+The two paths differ only in the order of the floating-point additions of the masked mean (the
+zeros of the non-hard examples take part in the reduction tree), so their parameters agree to float
+rounding, not bit for bit.
+
+Also here: :func:`launch_chain`, a loop of tiny kernels with an optional read-back, to measure what one
+sync costs on a machine; :func:`count_ops`, the number of dispatched ops (an estimate of kernel
+launches); and :func:`gpu_activity` / :func:`idle_fraction`, which read GPU kernels out of a
+``torch.profiler`` Chrome trace.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mahia.measure.checks import check_float_dtype, check_int
+
+__all__ = [
+    "ResidualMLP",
+    "make_batches",
+    "LoopResult",
+    "train_syncing",
+    "train_sync_free",
+    "launch_chain",
+    "OpCount",
+    "count_ops",
+    "GPU_CATEGORIES",
+    "gpu_activity",
+    "idle_fraction",
+]
+
+_EPS = 1e-6  # in max_norm / (norm + eps): keeps the scale finite for a zero gradient
+
+
+# ---------------------------------------------------------------------------------------------------
+# A small model and synthetic data
+# ---------------------------------------------------------------------------------------------------
+
+class ResidualMLP(nn.Module):
+    """A classifier made of pre-norm residual MLP blocks, small enough that one step is a few hundred
+    short kernels:
+
+        h = x W_in;   h = h + gelu(LayerNorm(h) W_k)  for k = 1..depth;   logits = LayerNorm(h) W_out
+    """
+
+    def __init__(self, in_features: int, width: int, depth: int, n_classes: int, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        for name, val in (("in_features", in_features), ("width", width), ("n_classes", n_classes)):
+            check_int("ResidualMLP", name, val)
+        check_int("ResidualMLP", "depth", depth, minimum=0)
+        kw = dict(device=device, dtype=dtype)
+        self.inp = nn.Linear(in_features, width, **kw)
+        self.norms = nn.ModuleList(nn.LayerNorm(width, **kw) for _ in range(depth))
+        self.fcs = nn.ModuleList(nn.Linear(width, width, **kw) for _ in range(depth))
+        self.norm_out = nn.LayerNorm(width, **kw)
+        self.out = nn.Linear(width, n_classes, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)  # (B, width)
+        for norm, fc in zip(self.norms, self.fcs):
+            h = h + F.gelu(fc(norm(h)))
+        return self.out(self.norm_out(h))  # (B, n_classes)
+
+
+def make_batches(n_steps: int, batch: int, in_features: int, n_classes: int, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+                 seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n_steps`` batches (x (batch, in_features), y (batch,) int64) of a learnable task: y is the
+    arg-max of a fixed random linear map of x. Made on the CPU from ``seed`` (so every device gets the
+    same data), then moved to ``device`` once, outside any timed region."""
+    for name, val in (("n_steps", n_steps), ("batch", batch), ("in_features", in_features),
+                      ("n_classes", n_classes)):
+        check_int("make_batches", name, val)
+    check_float_dtype("make_batches", dtype)
+    gen = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(in_features, n_classes, generator=gen)
+    x = torch.randn(n_steps, batch, in_features, generator=gen)
+    y = (x @ teacher).argmax(-1)  # (n_steps, batch)
+    return [(x[i].to(device=device, dtype=dtype), y[i].to(device)) for i in range(n_steps)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The two loops
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class LoopResult:
+    """What a training loop recorded, one entry per step.
+
+    ``losses`` (n_steps,) and ``accuracy`` (n_steps,) float32, ``best_loss`` 0-d, ``best_step`` and
+    ``n_clipped`` 0-d int64. :func:`train_syncing` returns them on the CPU; :func:`train_sync_free` on
+    the device, unread (reading them is the caller's one sync). ``log`` holds the (step, loss) pairs
+    read during the loop.
+    """
+
+    losses: torch.Tensor
+    accuracy: torch.Tensor
+    best_loss: torch.Tensor
+    best_step: torch.Tensor
+    n_clipped: torch.Tensor
+    log: list[tuple[int, float]] = field(default_factory=list)
+
+    def cpu(self) -> "LoopResult":
+        """A copy with every tensor on the CPU (one sync for a device result)."""
+        return LoopResult(self.losses.cpu(), self.accuracy.cpu(), self.best_loss.cpu(),
+                          self.best_step.cpu(), self.n_clipped.cpu(), list(self.log))
+
+
+def _check_loop_args(fn: str, model: nn.Module, opt: torch.optim.Optimizer,
+                     batches: Sequence[tuple[torch.Tensor, torch.Tensor]], max_norm: float) -> list[nn.Parameter]:
+    """The trainable parameters, after checking every argument (shapes, dtypes, devices: no syncs)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{fn}: model has no trainable parameters")
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"{fn}: opt must be a torch.optim.Optimizer, got {type(opt).__name__}")
+    owned = {id(p) for p in params}
+    if not any(id(p) in owned for g in opt.param_groups for p in g["params"]):
+        raise ValueError(f"{fn}: opt does not optimize any parameter of model")
+    if not isinstance(batches, (list, tuple)) or len(batches) == 0:
+        what = "an empty sequence" if isinstance(batches, (list, tuple)) else type(batches).__name__
+        raise ValueError(f"{fn}: batches must be a non-empty list of (x, y) pairs, got {what}")
+    dev, dt = params[0].device, params[0].dtype
+    for i, pair in enumerate(batches):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise TypeError(f"{fn}: batches[{i}] must be an (x, y) pair")
+        x, y = pair
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 2):
+            raise ValueError(f"{fn}: batches[{i}] x must be a 2-d floating tensor (batch, features), got "
+                             f"{type(x).__name__ if not isinstance(x, torch.Tensor) else (x.dtype, tuple(x.shape))}")
+        if not (isinstance(y, torch.Tensor) and y.dtype == torch.int64 and y.dim() == 1):
+            raise ValueError(f"{fn}: batches[{i}] y must be a 1-d int64 tensor of class indices, got "
+                             f"{type(y).__name__ if not isinstance(y, torch.Tensor) else (y.dtype, tuple(y.shape))}")
+        if y.shape[0] != x.shape[0] or x.shape[0] == 0:
+            raise ValueError(f"{fn}: batches[{i}] x {tuple(x.shape)} and y {tuple(y.shape)} must hold the "
+                             "same, non-zero number of examples")
+        if x.device != dev or y.device != dev:
+            raise ValueError(f"{fn}: batches[{i}] must be on the model's device {dev}, got x on {x.device}, "
+                             f"y on {y.device}")
+        if x.dtype != dt:
+            raise TypeError(f"{fn}: batches[{i}] x must have the model's dtype {dt}, got {x.dtype}")
+    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not (
+            math.isfinite(max_norm) and max_norm > 0):
+        raise ValueError(f"{fn}: max_norm must be a positive finite number, got {max_norm!r}")
+    return params
+
+
+def _grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None]
+
+
+def _grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """||g||_2 over all gradients, a 0-d device tensor (what clip_grad_norm_ computes)."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+
+
+def train_syncing(model: nn.Module, opt: torch.optim.Optimizer,
+                  batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
+                  max_norm: float = 1.0) -> LoopResult:
+    """The loop of the module docstring, written with the usual habits; 6-7 syncs per step on a GPU.
+
+    Syncs: ``x[mask]`` (nonzero, once in forward and again in its backward), ``if norm > max_norm``,
+    ``loss.item()``, ``if loss < best`` (and its ``.item()`` when it improved), ``.cpu()`` of the
+    accuracy.
+    """
+    params = _check_loop_args("train_syncing", model, opt, batches, max_norm)
+    losses, accs, log = [], [], []
+    best_loss, best_step, n_clipped = float("inf"), -1, 0
+    for step, (x, y) in enumerate(batches):
+        logits = model(x)  # (B, C)
+        per_sample = F.cross_entropy(logits, y, reduction="none")  # (B,)
+        hard = per_sample[per_sample >= per_sample.mean()]  # sync: the size of `hard` depends on the data
+        loss = hard.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = _grads(params)
+        norm = _grad_norm(grads)
+        if norm > max_norm:  # sync: Python needs the value to choose a branch
+            n_clipped += 1
+            torch._foreach_mul_(grads, max_norm / (norm + _EPS))
+        opt.step()
+        losses.append(loss.item())  # sync
+        log.append((step, losses[-1]))
+        if loss < best_loss:  # sync
+            best_loss, best_step = loss.item(), step  # sync
+        accs.append((logits.argmax(-1) == y).float().mean().cpu())  # sync: copy to the host
+    return LoopResult(torch.tensor(losses, dtype=torch.float32), torch.stack(accs),
+                      torch.tensor(best_loss, dtype=torch.float32), torch.tensor(best_step),
+                      torch.tensor(n_clipped), log)
+
+
+def train_sync_free(model: nn.Module, opt: torch.optim.Optimizer,
+                    batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
+                    max_norm: float = 1.0, log_every: int = 0) -> LoopResult:
+    """The same updates as :func:`train_syncing` with no sync inside the loop.
+
+    Masked mean instead of boolean indexing, ``torch.where`` instead of ``if``, results written into
+    pre-allocated device buffers. ``log_every=N > 0`` reads the buffered losses once every N steps
+    (and the rest at the end) into ``result.log``: N times fewer syncs than reading every step;
+    ``log_every=0`` reads nothing.
+    """
+    params = _check_loop_args("train_sync_free", model, opt, batches, max_norm)
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 0:
+        raise ValueError(f"train_sync_free: log_every must be an int >= 0 (0: never read), got {log_every!r}")
+    dev, n = batches[0][0].device, len(batches)
+    # Allocated with fill kernels, not torch.tensor(...): a host-to-device copy would sync.
+    losses = torch.zeros(n, device=dev)
+    accs = torch.zeros(n, device=dev)
+    best_loss = torch.full((), float("inf"), device=dev)
+    best_step = torch.full((), -1, dtype=torch.int64, device=dev)
+    n_clipped = torch.zeros((), dtype=torch.int64, device=dev)
+    log: list[tuple[int, float]] = []
+    read_from = 0
+    for step, (x, y) in enumerate(batches):
+        logits = model(x)  # (B, C)
+        per_sample = F.cross_entropy(logits, y, reduction="none")  # (B,)
+        hard = (per_sample >= per_sample.mean()).to(per_sample.dtype)  # (B,) 0/1: fixed size
+        loss = (per_sample * hard).sum() / hard.sum().clamp(min=1)  # mean over the hard examples
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = _grads(params)
+        norm = _grad_norm(grads)
+        clip = norm > max_norm  # a device bool, never read by Python
+        n_clipped += clip
+        torch._foreach_mul_(grads, torch.where(clip, max_norm / (norm + _EPS), 1.0))  # x1.0 is exact
+        opt.step()
+        loss = loss.detach()
+        losses[step] = loss
+        improved = loss < best_loss
+        best_loss.copy_(torch.where(improved, loss, best_loss))
+        best_step.copy_(torch.where(improved, step, best_step))
+        accs[step] = (logits.argmax(-1) == y).float().mean()
+        if log_every and ((step + 1) % log_every == 0 or step + 1 == n):
+            log.extend(zip(range(read_from, step + 1), losses[read_from:step + 1].tolist()))  # one sync
+            read_from = step + 1
+    return LoopResult(losses, accs, best_loss, best_step, n_clipped, log)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measuring what a sync costs
+# ---------------------------------------------------------------------------------------------------
+
+def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> torch.Tensor:
+    """Add 1 to ``x`` ``n_kernels`` times (one tiny kernel each); with ``read_every=k > 0`` read
+    ``x[0]`` back to the host after every k-th kernel (one sync each).
+
+    On a GPU, time(read_every=1) - time(read_every=0), divided by ``n_kernels``, is what one sync adds
+    to a stream of short kernels: drain + copy to host + launch latency of the next kernel.
+    """
+    if not isinstance(x, torch.Tensor) or x.numel() == 0:
+        raise ValueError("launch_chain: x must be a non-empty tensor")
+    for name, val, low in (("n_kernels", n_kernels, 1), ("read_every", read_every, 0)):
+        check_int("launch_chain", name, val, minimum=low)
+    flat = x.view(-1)
+    for i in range(n_kernels):
+        x.add_(1)
+        if read_every and (i + 1) % read_every == 0:
+            flat[0].item()  # sync
+    return x
+
+
+@dataclass
+class OpCount:
+    """Ops dispatched in a region: ``total`` counts every ATen op except views (which launch nothing)."""
+
+    total: int = 0
+    by_op: Counter = field(default_factory=Counter)
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self, report: OpCount):
+        super().__init__()
+        self.report = report
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # views and profiler markers (optimizers open record_function ranges) launch no kernel
+        if not func.is_view and func.namespace == "aten" and func.__name__ != "detach.default":
+            self.report.total += 1
+            self.report.by_op[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class count_ops:
+    """Context manager counting the non-view ATen ops run inside it (backward included), a proxy for
+    the number of kernel launches: most ops launch one kernel, a few launch two or none.
+
+    >>> with count_ops() as c:
+    ...     y = x @ w + b
+    >>> c.total
+    2
+    """
+
+    def __init__(self):
+        self.report = OpCount()
+        self._mode: _OpCounter | None = None
+
+    def __enter__(self) -> OpCount:
+        self._mode = _OpCounter(self.report)
+        self._mode.__enter__()
+        return self.report
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reading a torch.profiler trace
+# ---------------------------------------------------------------------------------------------------
+
+# Trace categories of work running on the GPU.
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _events(trace: dict | str | Path) -> list[dict]:
+    if isinstance(trace, (str, Path)):
+        trace = json.loads(Path(trace).read_text())
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError("gpu_activity: trace must be a Chrome trace (a dict with a 'traceEvents' list) "
+                         "or the path of one, as written by torch.profiler's export_chrome_trace")
+    return [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+
+
+def gpu_activity(trace: dict | str | Path, ranges: Iterable[str]) -> "pd.DataFrame":
+    """GPU work (kernels, copies, memsets) of a ``torch.profiler`` Chrome trace, by host range.
+
+    ``ranges`` are names of ``torch.profiler.record_function`` blocks on the host. Each GPU event is
+    assigned to the range during which its launch call (the runtime event with the same
+    ``correlation`` id) ran; events without a matching launch are assigned by their own start time.
+    Returns a DataFrame with columns range, name, cat, start_us, end_us (times relative to the first
+    GPU event of that range), sorted by range and start.
+    """
+    import pandas as pd
+
+    names = list(ranges)
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ValueError("gpu_activity: ranges must be a non-empty list of record_function names")
+    events = _events(trace)
+    spans = {}
+    for e in events:
+        if e.get("cat") == "user_annotation" and e.get("name") in names:
+            t0 = float(e["ts"])
+            spans.setdefault(e["name"], []).append((t0, t0 + float(e.get("dur", 0))))
+    missing = [n for n in names if n not in spans]
+    if missing:
+        raise ValueError(f"gpu_activity: no record_function range named {missing} in the trace "
+                         f"(found: {sorted(spans)})")
+    launch_ts = {}
+    for e in events:
+        corr = (e.get("args") or {}).get("correlation")
+        if corr is not None and e.get("cat") not in GPU_CATEGORIES:
+            launch_ts[corr] = float(e["ts"])
+
+    def owner(t: float) -> str | None:
+        for name, intervals in spans.items():
+            if any(a <= t <= b for a, b in intervals):
+                return name
+        return None
+
+    rows = []
+    for e in events:
+        if e.get("cat") not in GPU_CATEGORIES:
+            continue
+        start = float(e["ts"])
+        corr = (e.get("args") or {}).get("correlation")
+        rng = owner(launch_ts[corr]) if corr in launch_ts else owner(start)
+        if rng is not None:
+            rows.append({"range": rng, "name": e.get("name", ""), "cat": e["cat"], "start_us": start,
+                         "end_us": start + float(e.get("dur", 0))})
+    df = pd.DataFrame(rows, columns=["range", "name", "cat", "start_us", "end_us"])
+    if df.empty:
+        return df
+    first = df.groupby("range")["start_us"].transform("min")
+    df["start_us"] -= first
+    df["end_us"] -= first
+    return df.sort_values(["range", "start_us"]).reset_index(drop=True)
+
+
+def idle_fraction(intervals: Iterable[tuple[float, float]]) -> float:
+    """1 - |union of the (start, end) intervals| / (last end - first start): the share of the span
+    from the first GPU event to the last during which the GPU ran nothing."""
+    iv = sorted((float(a), float(b)) for a, b in intervals)
+    if not iv:
+        raise ValueError("idle_fraction: no intervals")
+    if any(b < a for a, b in iv):
+        raise ValueError("idle_fraction: every interval needs end >= start")
+    span = max(b for _, b in iv) - iv[0][0]
+    if span <= 0:
+        return 0.0
+    busy, cur_a, cur_b = 0.0, iv[0][0], iv[0][1]
+    for a, b in iv[1:]:
+        if a > cur_b:
+            busy += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    busy += cur_b - cur_a
+    return 1.0 - busy / span

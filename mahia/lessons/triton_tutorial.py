@@ -1,0 +1,495 @@
+"""Teaching code for notebook 03 (Triton fusion): a first RMSNorm kernel, the weight-gradient
+strategies the production backward avoids, and thin helpers around the kernel benchmarks.
+
+Not used by the model: the production kernels are :mod:`mahia.ops.rmsnorm`, ``swiglu`` and ``rope``.
+
+**v1 forward**, one program per row x of length N (float32 math)::
+
+    rstd = 1 / sqrt(sum_j x_j^2 / N + eps)
+    y_j  = x_j * rstd * w_j
+
+The program loads the whole row (``BLOCK_N`` = next power of two >= N, masked), reduces it, scales
+it and stores it: one read of x, one write of y, the fewest bytes RMSNorm can move. It uses Triton's
+default of 4 warps whatever N is; the production kernel adds several rows per program for small N,
+a warp count that grows with the tile, and an optional residual add in the same pass.
+
+**v1 backward**, one program per row, with x_hat = x * rstd and g = w * dy::
+
+    dx_j = rstd * (g_j - x_hat_j * sum_k(x_hat_k * g_k) / N)
+    dw_j = sum over rows of dy_j * x_hat_j
+
+dx is per row, but dw sums over all M rows, so programs must combine their contributions:
+
+* ``dw="atomic"``: every program adds its row's N products into one float32 dw with
+  ``tl.atomic_add``: M * N read-modify-writes on only N addresses, which the memory system serializes,
+  and a summation order that changes from run to run (dw is not bitwise reproducible);
+* ``dw="second_pass"``: the dx kernel ignores dw; a second kernel (one program per block of
+  ``DW_BLOCK_N`` columns, walking all rows) reads x and dy again: 5 passes over (M, N) instead of 3;
+* ``dw=None`` (launcher only): dx alone, to time the reduction apart.
+
+The production backward (:func:`mahia.ops.rmsnorm.rms_norm_bwd_launch`) runs a persistent grid:
+a few programs per SM, each keeps a float32 partial dw for its block of rows in registers and
+writes it once; a (programs, N) ``sum(0)`` finishes dw. Three passes, no atomics, deterministic.
+
+The helpers at the end (:func:`measure`, :func:`op_traffic`, :func:`min_bytes`, ...) wrap
+:mod:`mahia.bench.kernels` so that the notebook measures exactly what the benchmark suite measures.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import pandas as pd
+import torch
+import triton
+import triton.language as tl
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from mahia.ops.dispatch import why_not
+from mahia.ops.rmsnorm import check_rms_norm_inputs
+from mahia.ops.rmsnorm import MAX_HIDDEN
+
+__all__ = [
+    "DW_STRATEGIES",
+    "DW_BLOCK_N",
+    "KINDS",
+    "rms_norm_v1",
+    "rms_norm_v1_fwd",
+    "rms_norm_v1_bwd",
+    "dw_second_pass_programs",
+    "check_kernels",
+    "op_traffic",
+    "min_bytes",
+    "op_flops",
+    "make_inputs",
+    "liger_ops",
+    "measure",
+]
+
+DW_STRATEGIES = ("atomic", "second_pass")
+DW_BLOCK_N = 32  # columns per program of the dw second pass: N / 32 programs (128 for N = 4096)
+DW_BLOCK_M = 64  # rows per step of the dw second pass (a 64 x 32 tile, 4 warps)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _rms_norm_v1_kernel(X, W, Y, RSTD, n_cols, stride_x, stride_y, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # one program per row; int64: row * stride can pass 2**31
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)  # masked lanes are 0: they add nothing
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row, rstd)
+
+
+@triton.jit
+def _rms_norm_v1_bwd_kernel(DY, X, W, RSTD, DX, DW, n_cols, stride_dy, stride_x, stride_dx,
+                            ATOMIC_DW: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.load(RSTD + row)
+    x_hat = x * rstd
+    g = dy * w
+    dx = (g - x_hat * (tl.sum(x_hat * g, axis=0) / n_cols)) * rstd
+    tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+    if ATOMIC_DW:
+        tl.atomic_add(DW + cols, dy * x_hat, mask=mask)  # N atomics per row, all rows on the same N
+
+
+@triton.jit
+def _rms_norm_dw_kernel(DY, X, RSTD, DW, n_rows, n_cols, stride_dy, stride_x,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's columns, all rows
+    col_ok = cols < n_cols
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, n_rows, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows = rows.to(tl.int64)
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        acc += dy * x * rstd[:, None]
+    tl.store(DW + cols, tl.sum(acc, axis=0), mask=col_ok)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------------
+
+def _require_triton(fn: str, t: torch.Tensor) -> None:
+    reason = why_not(t)
+    if reason is not None:  # teaching kernels have no eager fallback: say why they cannot run
+        raise RuntimeError(f"{fn}: cannot run the Triton kernel: {reason} "
+                           "(use a CUDA tensor, or set TRITON_INTERPRET=1 before importing triton)")
+
+
+def _check_kernel_dtypes(fn: str, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16, got {t.dtype}")
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """(..., N) -> (M, N) with unit stride along N (a copy only if needed)."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.reshape(-1, t.shape[-1])
+
+
+def rms_norm_v1_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd): the v1 forward, one program per row.  x (..., N), weight (N,); rstd is x.shape[:-1] float32."""
+    fn = "rms_norm_v1"
+    check_rms_norm_inputs(fn, x, weight, eps=eps)
+    _check_kernel_dtypes(fn, x=x, weight=weight)
+    if x.shape[-1] > MAX_HIDDEN:
+        raise ValueError(f"{fn}: hidden size {x.shape[-1]} exceeds {MAX_HIDDEN} (the row is held in registers)")
+    _require_triton(fn, x)
+    x2 = _as_rows(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+    if x2.shape[0] == 0:
+        return y, rstd
+    y2 = y.view(-1, x.shape[-1])
+    _rms_norm_v1_kernel[(x2.shape[0],)](
+        x2, weight.contiguous(), y2, rstd, x2.shape[1], x2.stride(0), y2.stride(0), eps,
+        BLOCK_N=triton.next_power_of_2(x2.shape[1]),
+    )
+    return y, rstd
+
+
+def dw_second_pass_programs(n_cols: int) -> int:
+    """Grid size of the dw second pass: one program per ``DW_BLOCK_N`` columns."""
+    return triton.cdiv(n_cols, DW_BLOCK_N)
+
+
+def rms_norm_v1_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, *,
+                    dw: str | None = "atomic") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(dx, dw) of y = rms_norm(x, weight) with one program per row; ``dw`` picks how dw is summed
+    over rows: ``"atomic"`` (atomic adds from every row) or ``"second_pass"`` (a second kernel that
+    reads x and dy again). ``dw=None`` computes dx only and returns (dx, None): the time of the
+    reduction is the difference.  dy, x (..., N); rstd (x.shape[:-1]) float32 from :func:`rms_norm_v1_fwd`."""
+    fn = "rms_norm_v1 backward"
+    if dw is not None and dw not in DW_STRATEGIES:
+        raise ValueError(f"{fn}: dw must be one of {DW_STRATEGIES} or None, got {dw!r}")
+    check_rms_norm_inputs(fn, x, weight)
+    _check_kernel_dtypes(fn, dy=dy, x=x, weight=weight)
+    if dy.shape != x.shape:
+        raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
+    if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
+        raise ValueError(f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, "
+                         f"got {rstd.dtype} {tuple(rstd.shape)}")
+    _require_triton(fn, x)
+    x2, dy2 = _as_rows(x), _as_rows(dy)
+    rstd1 = rstd.reshape(-1).contiguous()
+    n_rows, n_cols = x2.shape
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dw_acc = torch.zeros(n_cols, dtype=torch.float32, device=x.device)  # atomics need a zeroed float32 target
+    if n_rows == 0:
+        return dx, (dw_acc.to(weight.dtype) if dw is not None else None)
+    dx2 = dx.view(-1, n_cols)
+    _rms_norm_v1_bwd_kernel[(n_rows,)](
+        dy2, x2, weight.contiguous(), rstd1, dx2, dw_acc, n_cols,
+        dy2.stride(0), x2.stride(0), dx2.stride(0),
+        ATOMIC_DW=dw == "atomic", BLOCK_N=triton.next_power_of_2(n_cols),
+    )
+    if dw == "second_pass":
+        _rms_norm_dw_kernel[(dw_second_pass_programs(n_cols),)](
+            dy2, x2, rstd1, dw_acc, n_rows, n_cols, dy2.stride(0), x2.stride(0),
+            BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N,
+        )
+    return dx, (dw_acc.to(weight.dtype) if dw is not None else None)
+
+
+class _RMSNormV1(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps, dw):
+        y, rstd = rms_norm_v1_fwd(x, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.dw = dw
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = rms_norm_v1_bwd(dy, x, weight, rstd, dw=ctx.dw)
+        return dx, dw, None, None
+
+
+def rms_norm_v1(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, dw: str = "atomic") -> torch.Tensor:
+    """y = x / sqrt(mean(x^2, -1) + eps) * weight with the v1 kernels (differentiable).
+
+    ``dw`` is the weight-gradient strategy of the backward (see :func:`rms_norm_v1_bwd`). No eager
+    fallback: raises RuntimeError where Triton cannot run (CPU tensor without ``TRITON_INTERPRET=1``).
+    """
+    if dw not in DW_STRATEGIES:
+        raise ValueError(f"rms_norm_v1: dw must be one of {DW_STRATEGIES}, got {dw!r}")
+    return _RMSNormV1.apply(x, weight, float(eps), dw)
+
+
+# --------------------------------------------------------------------------------------------------
+# Correctness of every kernel the notebook times, against float64
+# --------------------------------------------------------------------------------------------------
+
+def check_kernels(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *,
+                  rms_shape: Sequence[int] = (3, 37, 1000), swiglu_shape: Sequence[int] = (3, 37, 1000),
+                  rope_shape: Sequence[int] = (2, 37, 4, 2, 64), seed: int = 0) -> list[dict]:
+    """Outputs and input gradients of the Triton kernels against a float64 run of the eager reference.
+
+    Checks the v1 RMSNorm (both dw strategies), the production RMSNorm and add+RMSNorm, SwiGLU and
+    RoPE (shapes: RMSNorm/SwiGLU (..., N), RoPE (B, T, Hq, Hkv, D)). Calls the kernels directly,
+    never the public functions with their eager fallback, so a passing check means the kernel ran.
+    Raises :class:`mahia.measure.checks.CorrectnessError` on the first error over ``tolerance(dtype)``;
+    returns one dict per kernel: name, shape, dtype, max_error, tol and the per-tensor errors.
+    Run on a CPU only with ``TRITON_INTERPRET=1`` (in a subprocess: see notebook 03).
+    """
+    from mahia.measure.checks import compare_fn, tolerance
+    # the kernels themselves (mahia.ops.swiglu etc. are the public functions with a fallback)
+    from mahia.ops.rmsnorm import add_rms_norm_triton
+    from mahia.ops.rmsnorm import rms_norm_triton
+    from mahia.ops.rope import rope_triton
+    from mahia.ops.swiglu import swiglu_triton
+    from mahia.ops.swiglu import swiglu_eager
+    from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
+    from mahia.layers.rope import RotaryCache
+    from mahia.ops.rope import apply_rope_eager
+
+    if len(rope_shape) != 5:
+        raise ValueError(f"check_kernels: rope_shape must be (B, T, Hq, Hkv, D), got {tuple(rope_shape)}")
+    dev = torch.device(device)
+    _require_triton("check_kernels", torch.empty(0, device=dev))
+    tol = tolerance(dtype)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def randn(*shape, scale=1.0, shift=0.0):
+        return (torch.randn(*shape, generator=gen) * scale + shift).to(dev, dtype)
+
+    N = rms_shape[-1]
+    x, r, w = randn(*rms_shape), randn(*rms_shape), randn(N, scale=0.1, shift=1.0)
+    a, b = randn(*swiglu_shape), randn(*swiglu_shape)
+    B, T, Hq, Hkv, D = rope_shape
+    cos, sin = RotaryCache(D, T, device=dev).get(T)
+    q, k = randn(B, T, Hq, D), randn(B, T, Hkv, D)
+    cases: list[tuple[str, Callable, Callable, list, Sequence[int]]] = [
+        ("rms_norm_v1 (dw=atomic)", lambda x, w: rms_norm_v1(x, w, dw="atomic"), rms_norm_eager, [x, w], rms_shape),
+        ("rms_norm_v1 (dw=second_pass)", lambda x, w: rms_norm_v1(x, w, dw="second_pass"), rms_norm_eager,
+         [x, w], rms_shape),
+        ("rms_norm (production)", rms_norm_triton, rms_norm_eager, [x, w], rms_shape),
+        ("add_rms_norm (production)", add_rms_norm_triton, add_rms_norm_eager, [x, r, w], rms_shape),
+        ("swiglu", swiglu_triton, swiglu_eager, [a, b], swiglu_shape),
+        ("rope", rope_triton, apply_rope_eager, [q, k, cos, sin], rope_shape),
+    ]
+    rows = []
+    for name, fast, ref, inputs, shape in cases:
+        grad_inputs = [0, 1] if name == "rope" else None  # cos/sin are constants
+        cmp = compare_fn(fast, ref, inputs, tol=tol, name=name, grad_inputs=grad_inputs)
+        rows.append({"kernel": name, "shape": "x".join(map(str, shape)), "dtype": str(dtype).replace("torch.", ""),
+                     "max_error": cmp.max_error, "tol": tol, "errors": dict(cmp.errors)})
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Counting the bytes an eager function moves
+# --------------------------------------------------------------------------------------------------
+
+def _unique_bytes(t: torch.Tensor) -> int:
+    """Bytes a kernel must touch for ``t``: broadcast (stride-0) dimensions count once."""
+    n = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if stride != 0:
+            n *= size
+    return n * t.element_size()
+
+
+class _Traffic(TorchDispatchMode):
+    """Logs every aten op that moves data: bytes of its tensor inputs (read) and outputs (written)."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[dict] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        schema = func._schema
+        if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+            return out  # a view (reshape, expand, transpose, detach ...): no data moves
+        name = func.overloadpacket.__name__
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not outs:
+            return out  # e.g. promote_types: computes a dtype, touches no tensor data
+        written = 0 if name.startswith(("empty", "new_empty")) else sum(_unique_bytes(t) for t in outs)
+        self.rows.append({"op": name, "read_bytes": sum(_unique_bytes(t) for t in ins),
+                          "written_bytes": written,
+                          "out_shape": "x".join(map(str, outs[0].shape)) if outs else ""})
+        return out
+
+
+def op_traffic(fn: Callable, *inputs: torch.Tensor, backward: bool = False,
+               grad_inputs: Sequence[int] | None = None, seed: int = 0) -> pd.DataFrame:
+    """One row per aten op that ``fn(*inputs)`` runs (and its backward, if ``backward``): the op,
+    the bytes it reads (its tensor inputs) and writes (its outputs), and the output shape.
+
+    In eager PyTorch each such op is (at least) one kernel that reads its inputs from memory and
+    writes its outputs back, so ``read_bytes + written_bytes`` summed over rows is the traffic of the
+    eager version. Views move no data and are left out. For ``backward`` the inputs listed in
+    ``grad_inputs`` (default: all floating ones) require grad and random output gradients flow back;
+    building those gradients is not counted.
+    """
+    idx = set(range(len(inputs))) if grad_inputs is None else set(grad_inputs)
+    ins = [t.detach().requires_grad_(backward and i in idx and t.is_floating_point())
+           if isinstance(t, torch.Tensor) else t for i, t in enumerate(inputs)]
+    mode = _Traffic()
+    with torch.enable_grad() if backward else torch.no_grad():
+        with mode:
+            outs = fn(*ins)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        if backward:
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+            grads = [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs]
+            leaves = [t for t in ins if isinstance(t, torch.Tensor) and t.requires_grad]
+            with mode:
+                torch.autograd.grad(outs, leaves, grads)
+    return pd.DataFrame(mode.rows, columns=["op", "read_bytes", "written_bytes", "out_shape"])
+
+
+# --------------------------------------------------------------------------------------------------
+# The benchmark, as mahia.bench.kernels runs it
+# --------------------------------------------------------------------------------------------------
+
+# experiment -> (op, backward). These are the experiment names of mahia.bench.kernels and the headlines.
+KINDS: dict[str, tuple[str, bool]] = {
+    "rmsnorm_fwd": ("rms_norm", False),
+    "rmsnorm_fwdbwd": ("rms_norm", True),
+    "swiglu_fwd": ("swiglu", False),
+    "swiglu_fwdbwd": ("swiglu", True),
+    "rope_fwdbwd": ("rope", True),
+}
+
+
+def _kind(kind: str) -> tuple[str, bool]:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    return KINDS[kind]
+
+
+def _check_shape(kind: str, shape: Sequence[int]) -> tuple[int, ...]:
+    op, _ = _kind(kind)
+    want = 5 if op == "rope" else 2
+    if len(shape) != want or not all(isinstance(s, int) and s > 0 for s in shape):
+        what = "(B, T, Hq, Hkv, D)" if op == "rope" else "(M, N)"
+        raise ValueError(f"{kind}: shape must be {what} of positive ints, got {tuple(shape)}")
+    return tuple(shape)
+
+
+def min_bytes(kind: str, shape: Sequence[int], dtype: torch.dtype) -> int:
+    """The fewest bytes ``kind`` must move (each input read once, each output written once), as
+    counted by :mod:`mahia.bench.kernels`:
+
+        rmsnorm_fwd     read x, write y                                 (2 MN + N) elements
+        rmsnorm_fwdbwd  + read x, dy; write dx; read w, write dw        (5 MN + 3 N)
+        swiglu_fwd      read a, b; write c                              3 MN
+        swiglu_fwdbwd   + read dc, a, b; write da, db                   8 MN
+        rope_fwdbwd     read and write q and k, forward and backward    4 B T (Hq + Hkv) D, + 2 T D float32
+    """
+    from mahia.bench.kernels import min_bytes as bench_min_bytes
+
+    return bench_min_bytes(kind, _check_shape(kind, shape), dtype)
+
+
+def op_flops(kind: str, shape: Sequence[int]) -> int:
+    """Floating-point operations of ``kind``, counting exp, rsqrt and division as one each:
+
+        rmsnorm  forward 4 per element (square, sum, * rstd, * w); backward 9
+                 (x_hat, g, x_hat * g, sum, * mean, -, * rstd, dy * x_hat, sum over rows)
+        swiglu   forward 5 (exp, +1, divide, * a, * b); backward 11 (sigmoid 3, 1 - s, a (1 - s),
+                 1 + ..., b s, product, * dc, a s * dc counted as 2)
+        rope     3 per element of q and k each way (per pair: 4 multiplies and 2 adds)
+    """
+    shape = _check_shape(kind, shape)
+    if kind.startswith("rope"):
+        B, T, Hq, Hkv, D = shape
+        return 2 * 3 * B * T * (Hq + Hkv) * D
+    M, N = shape
+    per = {"rmsnorm_fwd": 4, "rmsnorm_fwdbwd": 13, "swiglu_fwd": 5, "swiglu_fwdbwd": 16}[kind]
+    return per * M * N
+
+
+def make_inputs(kind: str, shape: Sequence[int], device: str | torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Fresh random inputs as :mod:`mahia.bench.kernels` makes them: RMSNorm (x, w) with w near 1;
+    SwiGLU (a, b); RoPE (q, k, cos, sin) with float32 tables from ``RotaryCache``."""
+    from mahia.layers.rope import RotaryCache
+
+    op, _ = _kind(kind)
+    shape = _check_shape(kind, shape)
+    dev = torch.device(device)
+    if op == "rope":
+        B, T, Hq, Hkv, D = shape
+        cos, sin = RotaryCache(D, T, device=dev).get(T)
+        return (torch.randn(B, T, Hq, D, device=dev, dtype=dtype), torch.randn(B, T, Hkv, D, device=dev, dtype=dtype),
+                cos, sin)
+    M, N = shape
+    if op == "swiglu":
+        return torch.randn(M, N, device=dev, dtype=dtype), torch.randn(M, N, device=dev, dtype=dtype)
+    return torch.randn(M, N, device=dev, dtype=dtype), torch.randn(N, device=dev, dtype=dtype) * 0.1 + 1.0
+
+
+def _references() -> dict[str, tuple[Callable, Callable]]:
+    from mahia import ops
+    from mahia.ops.swiglu import swiglu_eager
+    from mahia.ops.rmsnorm import rms_norm_eager
+    from mahia.ops.rope import apply_rope_eager
+    return {"rms_norm": (rms_norm_eager, ops.rms_norm), "swiglu": (swiglu_eager, ops.swiglu),
+            "rope": (apply_rope_eager, ops.rope)}
+
+
+def liger_ops():
+    """Liger-Kernel's RMSNorm, SwiGLU and RoPE autograd functions for :func:`measure`, or None (with the
+    reason printed) when ``import liger_kernel`` fails."""
+    from mahia.bench import kernels as bk
+    return bk._liger_ops()
+
+
+def measure(recorder, kind: str, shape: Sequence[int], dtype: torch.dtype, *, experiment: str | None = None,
+            liger=None, skip: Sequence[str] = ()) -> pd.DataFrame:
+    """Check, then time every variant of ``kind`` at ``shape`` exactly as ``python -m mahia.bench
+    kernels`` does, and record one row per variant in ``recorder``; returns those rows.
+
+    Variants (from :mod:`mahia.bench.kernels`): eager (baseline), F.rms_norm (peer, RMSNorm only),
+    torch.compile (peer), liger (peer, CUDA, when ``liger`` is what :func:`liger_ops` returned),
+    mahia_triton (optimized, where Triton runs). On the CPU the benchmark suite leaves torch.compile
+    out; here it is added (Inductor's C++ code), unless skipped.
+    ``skip`` names variants to leave out. ``experiment`` defaults to ``kind`` (use another name for
+    sweeps). Each variant is checked against float64 first; a wrong one raises CorrectnessError.
+    """
+    from mahia.bench import kernels as bk
+
+    op, backward = _kind(kind)
+    shape = _check_shape(kind, shape)
+    dev = torch.device(recorder.device)
+    eager, fast = _references()[op]
+    unknown = set(skip) - set(bk.ROLE)
+    if unknown:
+        raise ValueError(f"measure: skip names unknown variants {sorted(unknown)}; known: {sorted(bk.ROLE)}")
+    variants = bk._variants(op, eager, fast, dev, liger)
+    if dev.type != "cuda" and "torch.compile" not in skip:
+        variants.insert(1, bk.Variant("torch.compile", torch.compile(eager, dynamic=False),
+                                      notes="CPU: Inductor's C++ code, not a GPU figure"))
+    variants = [v for v in variants if v.name not in skip]
+    before = len(recorder.rows)
+    bk._measure(recorder, experiment or kind, variants, lambda: make_inputs(kind, shape, dev, dtype), eager,
+                backward=backward, grad_inputs=[0, 1], nbytes=min_bytes(kind, shape, dtype), shape=shape,
+                dtype=dtype)
+    return pd.DataFrame(recorder.rows[before:])

@@ -1,0 +1,135 @@
+"""The run report: one row per before/after pair, generated from the records (never typed in).
+
+Written as Markdown and HTML beside the executed notebooks, and as ``report.md`` in the device's
+results folder. ``readme_table`` renders the headline metrics of a committed run for the README.
+"""
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from mahia.measure.results import GOALS, HEADLINE_KEYS, goal_status, latest, load_records, pairs, summarize
+
+__all__ = ["NotebookOutcome", "build_report", "write_report", "readme_table"]
+
+
+class NotebookOutcome(dict):
+    """name, status ('ok' | 'failed' | 'timeout' | 'skipped'), seconds, output, error, cell."""
+
+
+def _fmt(x, spec=".3g", none="—"):
+    if x is None or (isinstance(x, float) and x != x):
+        return none
+    return format(x, spec)
+
+
+def _device_line(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "no records"
+    devs = sorted(set(df["device"].dropna().astype(str)))
+    date = str(df["date"].max())[:10]
+    cpu = not any("cpu" not in str(s) for s in df["device_slug"].dropna()) if "device_slug" in df else False
+    note = " (a CPU run: timings say nothing about a GPU)" if cpu else ""
+    return f"verified on {', '.join(devs)}, {date}{note}"
+
+
+def build_report(folder: Path, outcomes: Sequence[dict] = (), *, run_id: str | None = None,
+                 title: str = "mahia run report") -> str:
+    """Markdown report for one device folder; restricted to ``run_id``'s records when given."""
+    df = load_records(folder)
+    if run_id is not None and not df.empty:
+        df = df[df["run_id"] == run_id]
+    lines = [f"# {title}", "", f"_{_device_line(df)}_", ""]
+    if outcomes:
+        lines += ["## Notebooks", "", "| notebook | status | time (s) | where it failed |", "|---|---|---|---|"]
+        for o in outcomes:
+            where = ""
+            if o.get("status") != "ok":
+                where = o.get("error", "") or ""
+                if o.get("cell") is not None:
+                    where = f"cell {o['cell']}: {where}"
+            lines.append(f"| {o['name']} | {o['status']} | {_fmt(o.get('seconds'), '.0f')} | "
+                         f"{where.replace('|', '/')[:200]} |")
+        lines.append("")
+    ps = pairs(df) if not df.empty else []
+    lines += ["## Before / after", ""]
+    if ps:
+        lines += ["| notebook | experiment | shape | dtype | before → after | speedup [20–80%] | "
+                  "fraction of limit | rel. error | verified on |", "|---|---|---|---|---|---|---|---|---|"]
+        for p in ps:
+            sig = "" if p.significant else " (not significant)"
+            frac = f"{p.frac_of_limit:.2f} of {p.limit}" if p.frac_of_limit is not None else "—"
+            lines.append(
+                f"| {p.notebook} | {p.experiment} | {p.shape or '—'} | {p.dtype or '—'} | "
+                f"{p.baseline} → {p.optimized} | {p.speedup:.2f}× [{p.low:.2f}, {p.high:.2f}]{sig} | "
+                f"{frac} | {_fmt(p.rel_err, '.1e')} | {p.device}, {p.date} |")
+    else:
+        lines.append("No before/after pairs were recorded.")
+    lines += ["", "## Headline metrics", "", "| key | value | goal | |", "|---|---|---|---|"]
+    for k, v in summarize(folder).items():
+        goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
+        lines.append(f"| `{k}` | {_fmt(v, '.4g', 'not measured')} | {goal} | {goal_status(k, v)} |")
+    return "\n".join(lines) + "\n"
+
+
+def _md_to_html(md: str, title: str) -> str:
+    """A small Markdown-table-to-HTML rendering (no extra dependency)."""
+    out, in_table = [], False
+    for line in md.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if all(set(c) <= set("-:") for c in cells):
+                continue
+            tag = "th" if not in_table else "td"
+            if not in_table:
+                out.append("<table>")
+                in_table = True
+            out.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
+            continue
+        if in_table:
+            out.append("</table>")
+            in_table = False
+        if line.startswith("# "):
+            out.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("## "):
+            out.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("_") and line.endswith("_"):
+            out.append(f"<p><em>{html.escape(line.strip('_'))}</em></p>")
+        elif line:
+            out.append(f"<p>{html.escape(line)}</p>")
+    if in_table:
+        out.append("</table>")
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}th{background:#eee}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(out)}</body></html>\n")
+
+
+def write_report(folder: Path, out_dir: Path, outcomes: Sequence[dict] = (), *,
+                 run_id: str | None = None) -> tuple[Path, Path]:
+    from mahia.measure.results import atomic_write_text, write_summary
+    write_summary(folder)
+    md = build_report(folder, outcomes, run_id=run_id)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md_path, html_path = out_dir / "report.md", out_dir / "report.html"
+    atomic_write_text(md_path, md)
+    atomic_write_text(html_path, _md_to_html(md, "mahia run report"))
+    atomic_write_text(folder / "report.md", build_report(folder))  # all records of this device
+    return md_path, html_path
+
+
+def readme_table(folder: Path) -> str:
+    """Headline metrics of a committed run as a Markdown table, with device and date."""
+    summary = json.loads((folder / "summary.json").read_text())
+    df = latest(load_records(folder))
+    lines = [f"_{_device_line(df)}; generated by `python -m mahia readme`_", "",
+             "| metric | value | goal | |", "|---|---|---|---|"]
+    for k in HEADLINE_KEYS:
+        v = summary["metrics"].get(k)
+        goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
+        lines.append(f"| `{k}` | {_fmt(v, '.4g', 'not measured yet')} | {goal} | {goal_status(k, v)} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,34 @@
+"""The model's hot ops, one file each: the eager reference, the Triton kernels, their launchers, the
+``torch.library`` custom ops (fake and autograd rules, so ``torch.compile`` traces through them) and
+the public function that picks a path.
+
+    rms_norm(x, weight, eps) -> y                        rmsnorm.py      reference: rms_norm_eager
+    add_rms_norm(x, residual, weight, eps) -> (y, h)     rmsnorm.py      reference: add_rms_norm_eager
+    swiglu(a, b) -> silu(a) * b                          swiglu.py       reference: swiglu_eager
+    rope(q, k, cos, sin) -> (q_rot, k_rot)               rope.py         reference: apply_rope_eager
+    moe_combine(out, inverse, gates, dtype) -> y         moe_combine.py  reference: moe_combine_eager
+    grouped_mm(a, b, offs, backend="auto") -> c          grouped_mm.py   three backends, one product
+    gated_linear_attention(q, k, v, g, impl=...) -> o    gla_scan.py     references: gla_loop, gla_logspace
+
+Each public function validates its inputs once and launches the Triton kernels where they can run
+(:mod:`mahia.ops.dispatch`: triton imports, ``MAHIA_DISABLE_TRITON`` is not 1, the input is on CUDA
+or ``TRITON_INTERPRET=1``); elsewhere the eager reference runs, with one warning per op. float64
+inputs always take the eager path (the kernels compute in float32). ``status()`` says which kernels
+are active.
+"""
+from __future__ import annotations
+
+from mahia.ops.dispatch import KERNELS, reset_fallback_warnings, status, triton_available_for, why_not
+from mahia.ops.gla_scan import gated_linear_attention, gla_logspace, gla_loop
+from mahia.ops.grouped_mm import grouped_mm, grouped_mm_backend
+from mahia.ops.moe_combine import moe_combine, moe_combine_eager
+from mahia.ops.rmsnorm import add_rms_norm, add_rms_norm_eager, rms_norm, rms_norm_eager
+from mahia.ops.rope import apply_rope_eager, rope
+from mahia.ops.swiglu import swiglu, swiglu_eager
+
+__all__ = [
+    "rms_norm", "add_rms_norm", "swiglu", "rope", "moe_combine", "grouped_mm", "gated_linear_attention",
+    "rms_norm_eager", "add_rms_norm_eager", "swiglu_eager", "apply_rope_eager", "moe_combine_eager",
+    "gla_loop", "gla_logspace", "grouped_mm_backend",
+    "status", "triton_available_for", "why_not", "reset_fallback_warnings", "KERNELS",
+]

@@ -1,0 +1,122 @@
+"""Which Triton kernels run, and why not: the one decision every op in :mod:`mahia.ops` asks before it launches.
+
+A kernel runs when three things hold, all read at call time (so tests can flip them with
+``monkeypatch.setenv``):
+
+1. ``import triton`` works (checked once, when this module is imported);
+2. ``MAHIA_DISABLE_TRITON`` is not set to ``1``;
+3. the input lives on a CUDA device, or ``TRITON_INTERPRET=1`` (Triton's CPU interpreter: slow, exact,
+   used by the tests).
+
+Otherwise the public functions of :mod:`mahia.ops` run the eager PyTorch reference and say so once
+per kernel per process with ``warnings.warn``; the result is the same function, only slower.
+
+Under ``torch.compile`` the decision is taken while tracing and frozen into the compiled graph, and the
+warning is skipped (Dynamo cannot trace ``warnings.warn`` without a graph break); ``status()`` still
+tells which path is active.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+__all__ = [
+    "KERNELS",
+    "DISABLE_ENV",
+    "triton_import_error",
+    "triton_available_for",
+    "use_triton",
+    "why_not",
+    "status",
+    "warn_fallback_once",
+    "reset_fallback_warnings",
+]
+
+# Every public kernel of mahia.ops, by the name status() and the warnings use.
+KERNELS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "swiglu", "rope",
+                             "gla",             # gated linear attention scan (ops/gla_scan.py)
+                             "moe_grouped_mm",  # grouped GEMM of the MoE layer (ops/grouped_mm.py)
+                             "moe_combine")     # the MoE layer's un-permute + gated sum (ops/moe_combine.py)
+DISABLE_ENV = "MAHIA_DISABLE_TRITON"
+
+from mahia.ops._triton import IMPORT_ERROR as _TRITON_IMPORT_ERROR
+
+# Kernels that already warned about falling back (once per process per kernel).
+_warned: set[str] = set()
+
+
+def triton_import_error() -> str | None:
+    """None if ``import triton`` worked, else the error it raised."""
+    return _TRITON_IMPORT_ERROR
+
+
+def _disabled_by_env() -> bool:
+    return os.environ.get(DISABLE_ENV, "") == "1"
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") == "1"
+
+
+def why_not(t: torch.Tensor | None = None) -> str | None:
+    """None when Triton kernels can run on ``t`` (or on this machine, if ``t`` is None); else the reason."""
+    if _TRITON_IMPORT_ERROR is not None:
+        return f"triton is not installed ({_TRITON_IMPORT_ERROR})"
+    if _disabled_by_env():
+        return f"disabled by {DISABLE_ENV}=1"
+    on_cuda = t.is_cuda if t is not None else torch.cuda.is_available()
+    if not (on_cuda or _interpreting()):
+        where = f"input on {t.device}" if t is not None else "no CUDA device"
+        return f"{where} and TRITON_INTERPRET is not 1"
+    return None
+
+
+def triton_available_for(t: torch.Tensor) -> bool:
+    """True when triton imports, is not disabled, and ``t`` is on CUDA (or TRITON_INTERPRET=1)."""
+    return why_not(t) is None
+
+
+def status() -> dict[str, str]:
+    """Each kernel of :mod:`mahia.ops` and whether it is active on this machine (and why not)."""
+    reason = why_not(None)
+    if reason is None:
+        state = "active (CUDA)" if torch.cuda.is_available() else "active (TRITON_INTERPRET=1, CPU interpreter)"
+    else:
+        state = f"inactive: {reason}; the eager PyTorch reference runs"
+    return {name: state for name in KERNELS}
+
+
+def use_triton(kernel: str, *tensors: torch.Tensor) -> bool:
+    """True when ``kernel``'s Triton path should run on these inputs; else False, warning once if Triton
+    is unavailable.
+
+    float64 anywhere among the inputs means reference precision, which the eager path computes exactly
+    (the kernels compute in float32); a non-tensor gets the eager path's TypeError.
+    """
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dtype == torch.float64:
+            return False
+    if not triton_available_for(tensors[0]):
+        warn_fallback_once(kernel, tensors[0])
+        return False
+    return True
+
+
+def warn_fallback_once(kernel: str, t: torch.Tensor) -> None:
+    """Warn (once per process per kernel) that ``kernel`` runs its eager reference, and why."""
+    if kernel in _warned or torch.compiler.is_compiling():
+        return
+    _warned.add(kernel)
+    warnings.warn(
+        f"mahia.ops.{kernel}: Triton kernel not used ({why_not(t)}); running the eager PyTorch "
+        "reference (same result, slower).",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def reset_fallback_warnings() -> None:
+    """Forget which kernels already warned (for tests)."""
+    _warned.clear()

@@ -1,0 +1,239 @@
+"""SwiGLU activation in Triton, forward and backward.
+
+    c  = silu(a) * b = a * s * b,        s = sigmoid(a)             (float32 math)
+    da = dc * b * s * (1 + a * (1 - s))
+    db = dc * a * s
+
+The backward recomputes s from a instead of saving it: one more exp per element is free in a kernel
+bound by memory. Byte count: forward reads a, b and writes c (3 passes); backward reads dc, a, b and
+writes da, db (5 passes).
+
+Layout: the kernel walks (rows, N) tiles in 1-D blocks of BLOCK elements along N. When every operand
+is contiguous the tensor is treated as one long row (no tail waste at the end of each row); otherwise
+each operand needs only a unit stride along N and its own row stride, so the gate/up halves of a
+fused ``w12`` projection (``u.chunk(2, -1)``) are read in place, without a copy.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from mahia.ops._triton import tl, triton
+
+from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops.dispatch import use_triton
+
+__all__ = ["swiglu", "swiglu_eager", "swiglu_triton", "check_swiglu_inputs", "swiglu_fwd", "swiglu_bwd"]
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+# Input checks and the eager reference
+
+def check_swiglu_inputs(fn: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    """a and b: same shape, dtype and device."""
+    check_float_tensor(fn, "a", a)
+    check_float_tensor(fn, "b", b)
+    if a.shape != b.shape:
+        raise ValueError(f"{fn}: a and b must have the same shape, got a {tuple(a.shape)} and b {tuple(b.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{fn}: a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
+    check_same_device(fn, a=a, b=b)
+
+
+def swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """c = silu(a) * b, computed in float32 and returned in ``a.dtype``.  a, b: (..., H)."""
+    check_swiglu_inputs("swiglu_eager", a, b)
+    dt = torch.promote_types(a.dtype, torch.float32)
+    return (F.silu(a.to(dt)) * b.to(dt)).to(a.dtype)
+
+
+
+@triton.jit
+def _swiglu_fwd_kernel(
+    A, B, C,
+    n_cols, n_col_blocks,
+    stride_a, stride_b, stride_c,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = (pid // n_col_blocks).to(tl.int64)
+    col0 = (pid % n_col_blocks).to(tl.int64) * BLOCK  # int64: one long row can pass 2**31 elements
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols - col0
+
+    a = tl.load(A + row * stride_a + col0 + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + row * stride_b + col0 + offs, mask=mask, other=0.0).to(tl.float32)
+    c = a * tl.sigmoid(a) * b
+    tl.store(C + row * stride_c + col0 + offs, c.to(C.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _swiglu_bwd_kernel(
+    DC, A, B, DA, DB,
+    n_cols, n_col_blocks,
+    stride_dc, stride_a, stride_b, stride_da, stride_db,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    row = (pid // n_col_blocks).to(tl.int64)
+    col0 = (pid % n_col_blocks).to(tl.int64) * BLOCK
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols - col0
+
+    dc = tl.load(DC + row * stride_dc + col0 + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + row * stride_a + col0 + offs, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + row * stride_b + col0 + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(a)
+    da = dc * b * s * (1.0 + a * (1.0 - s))
+    db = dc * a * s
+    tl.store(DA + row * stride_da + col0 + offs, da.to(DA.dtype.element_ty), mask=mask)
+    tl.store(DB + row * stride_db + col0 + offs, db.to(DB.dtype.element_ty), mask=mask)
+
+
+def _config(n_cols: int) -> tuple[int, int]:
+    """(BLOCK, num_warps): 2048 elements per program, 8 warps (8 per thread) for long rows.
+
+    On an H200 (bf16, 16384 x 11008, 2026-11-22, tools/probes/issue7_s3.py) a grid of BLOCK 1024-16384 x
+    4-16 warps put this choice (with 1024 x 4) at the top for both passes: forward 251.6 us (torch.compile
+    251.1), backward 420.6 us, where 4096 x 8 took 253.2 and 428.5 us; 16 or more elements per thread
+    lose up to 2.5x.
+    """
+    block = min(2048, max(128, 1 << (n_cols - 1).bit_length()))
+    return block, max(1, min(8, block // 256))
+
+
+def _as_2d(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """View same-shape operands as (rows, N) with unit stride along N.
+
+    All contiguous: one row of numel elements. Otherwise each keeps its own row stride; an operand whose
+    last dim is strided is copied to contiguous first.
+    """
+    if all(t.is_contiguous() for t in tensors):
+        return [t.view(1, -1) for t in tensors]
+    out = []
+    for t in tensors:
+        if t.stride(-1) != 1:
+            t = t.contiguous()
+        out.append(t.reshape(-1, t.shape[-1]))
+    return out
+
+
+def _check_dtypes(fn: str, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
+
+
+def swiglu_fwd_launch(a: torch.Tensor, b: torch.Tensor, *, block: int | None = None,
+                      num_warps: int | None = None) -> torch.Tensor:
+    """c = silu(a) * b with the Triton kernel; c is contiguous with a's shape."""
+    check_swiglu_inputs("swiglu", a, b)
+    _check_dtypes("swiglu", a=a, b=b)
+    c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    if c.numel() == 0:
+        return c
+    a2, b2, c2 = _as_2d(a, b, c)
+    n_rows, n_cols = a2.shape
+    cfg_block, cfg_warps = _config(n_cols)
+    block, num_warps = block or cfg_block, num_warps or cfg_warps
+    n_col_blocks = -(-n_cols // block)
+    _swiglu_fwd_kernel[(n_rows * n_col_blocks,)](
+        a2, b2, c2, n_cols, n_col_blocks, a2.stride(0), b2.stride(0), c2.stride(0),
+        BLOCK=block, num_warps=num_warps,
+    )
+    return c
+
+
+def swiglu_bwd_launch(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, block: int | None = None,
+                      num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, db) of c = silu(a) * b given dc; both contiguous with a's shape."""
+    fn = "swiglu backward"
+    check_swiglu_inputs(fn, a, b)
+    _check_dtypes(fn, dc=dc, a=a, b=b)
+    if dc.shape != a.shape:
+        raise ValueError(f"{fn}: dc must have the shape of a {tuple(a.shape)}, got {tuple(dc.shape)}")
+    da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    db = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    if da.numel() == 0:
+        return da, db
+    dc2, a2, b2, da2, db2 = _as_2d(dc, a, b, da, db)
+    n_rows, n_cols = a2.shape
+    cfg_block, cfg_warps = _config(n_cols)
+    block, num_warps = block or cfg_block, num_warps or cfg_warps
+    n_col_blocks = -(-n_cols // block)
+    _swiglu_bwd_kernel[(n_rows * n_col_blocks,)](
+        dc2, a2, b2, da2, db2, n_cols, n_col_blocks,
+        dc2.stride(0), a2.stride(0), b2.stride(0), da2.stride(0), db2.stride(0),
+        BLOCK=block, num_warps=num_warps,
+    )
+    return da, db
+
+
+# torch.library custom ops for torch.compile (the fake implementations validate while tracing).
+
+@torch.library.custom_op("mahia::swiglu_fwd", mutates_args=())
+def swiglu_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """c = silu(a) * b."""
+    return swiglu_fwd_launch(a, b)
+
+
+@swiglu_fwd.register_fake
+def _(a, b):
+    check_swiglu_inputs("swiglu", a, b)
+    return a.new_empty(a.shape)
+
+
+@torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
+def swiglu_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, db) of c = silu(a) * b."""
+    return swiglu_bwd_launch(dc, a, b)
+
+
+@swiglu_bwd.register_fake
+def _(dc, a, b):
+    return a.new_empty(a.shape), a.new_empty(a.shape)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _swiglu_backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    return swiglu_bwd(dc, a, b)
+
+
+swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
+
+
+class _SwiGLUFunction(torch.autograd.Function):
+    """Eager-mode autograd over the same launchers, without the custom-op dispatch (less host time;
+    see mahia.ops.rmsnorm)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return swiglu_fwd_launch(a, b)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b = ctx.saved_tensors
+        return swiglu_bwd_launch(dc, a, b)
+
+
+def swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """c = silu(a) * b with the Triton kernels.  a, b: (..., H), same shape and dtype."""
+    if torch.compiler.is_compiling():
+        return swiglu_fwd(a, b)
+    return _SwiGLUFunction.apply(a, b)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """c = silu(a) * b (float32 math, output in a.dtype).  a, b: (..., H).
+
+    The Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else :func:`swiglu_eager`.
+    """
+    if use_triton("swiglu", a, b):
+        return swiglu_triton(a, b)
+    return swiglu_eager(a, b)

@@ -1,0 +1,231 @@
+"""Tests of mahia.lessons.full_stack (CPU, small odd shapes)."""
+import dataclasses
+import math
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+
+from mahia.measure.checks import CorrectnessError  # noqa: E402
+from mahia.lessons.full_stack import (LADDER, Rung, Stack, StepOutputs, alone, build, check_step, climb,  # noqa: E402
+                              cosine, for_device, greedy_gap, mfu, predict_ms, profile_step, step_outputs,
+                              tokens_per_s, waterfall)
+from mahia.model import HybridConfig, SyntheticTokens  # noqa: E402
+from mahia.measure.timing import Timing  # noqa: E402
+
+# These tests are about the ladder, not the Triton kernels: run their eager references, not the (slow)
+# CPU interpreter.
+pytestmark = pytest.mark.usefixtures("eager_kernels")
+
+
+@pytest.fixture
+def eager_kernels(monkeypatch):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+
+
+def _cfg():
+    # every hybrid part on, odd sizes, a few hundred thousand FLOPs per token
+    return HybridConfig.preset("tiny", vocab_size=101, dim=40, n_heads=4, n_kv_heads=2, hidden=56, moe_hidden=28,
+                               memory_nodes=5, memory_segment=5, max_seq_len=32)
+
+
+def _batch(cfg, B=3, T=13):
+    return SyntheticTokens(cfg.vocab_size, T, seed=1).batch(B)
+
+
+# --- stacks and rungs ------------------------------------------------------------------------------
+
+def test_stack_and_rung_validate():
+    with pytest.raises(ValueError, match="unknown model optimization"):
+        Stack(model=("fastest",))
+    with pytest.raises(TypeError, match="tuple of optimization names"):
+        Stack(model="sdpa")
+    with pytest.raises(ValueError, match="amp"):
+        Stack(amp="fp8")
+    with pytest.raises(ValueError, match="compile"):
+        Rung("c", "c", "x", compile="reduce-overhead")  # needs a step marker: make_train_step's job
+    with pytest.raises(ValueError, match="name"):
+        Rung("not a name", "x", "y")
+    with pytest.raises(TypeError, match="sync_free_logging"):
+        Stack(sync_free_logging=1)
+
+
+def test_rungs_accumulate_and_stack_config_applies_them():
+    s = LADDER[1].on(LADDER[0].on(Stack()))  # sync-free, then SDPA
+    assert s == Stack(model=("sdpa",), sync_free_logging=True)
+    cfg = s.config(HybridConfig.preset("tiny").optimized())  # starts from the baseline impls
+    assert cfg.attention_impl == "sdpa" and cfg.moe_impl == "loop" and cfg.gating_impl == "branch"
+    assert Stack(amp="bf16").dtype == torch.bfloat16 and Stack().dtype == torch.float32
+    assert Stack().describe() == "baseline"
+    with pytest.raises(TypeError, match="HybridConfig"):
+        Stack().config("small")
+
+
+def test_climb_is_cumulative_and_alone_is_not():
+    steps = climb()
+    assert [n for n, _ in steps] == ["baseline"] + [r.name for r in LADDER]
+    assert steps[0][1] == Stack()
+    last = steps[-1][1]
+    assert last.sync_free_logging and last.amp == "bf16" and last.compile == "default"
+    assert set(last.config(HybridConfig.preset("tiny")).__dict__.items()) >= \
+        set(HybridConfig.preset("tiny").optimized().__dict__.items())  # every fast impl
+    solo = dict(alone())
+    assert solo["bf16"] == Stack(amp="bf16") and solo["sdpa"] == Stack(model=("sdpa",))
+    with pytest.raises(ValueError, match="unique"):
+        climb([LADDER[0], LADDER[0]])
+
+
+def test_for_device_drops_and_swaps_cuda_only_rungs():
+    kept, why = for_device(LADDER, cuda=False, compile_problem="no compiler here")
+    names = [r.name for r in kept]
+    assert "triton" not in names and "compile" not in names
+    assert "CUDA only" in why["triton"] and "no compiler here" in why["compile"]
+    parts = next(r for r in kept if r.name == "hybrid_parts")
+    assert parts.model == ("logspace_scan", "batched_memory", "masked_gating")
+    kept_gpu, why_gpu = for_device(LADDER, cuda=True)
+    assert kept_gpu == list(LADDER) and why_gpu == {}
+    with pytest.raises(TypeError, match="cuda"):
+        for_device(LADDER, cuda="yes")
+
+
+# --- building and checking -------------------------------------------------------------------------
+
+def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
+    cfg = _cfg()
+    batch = _batch(cfg)
+    rungs, _ = for_device(LADDER, cuda=False, compile_problem="cpu test")
+    ladder = climb(rungs)
+    torch.manual_seed(0)
+    base = build(cfg, ladder[0][1], device="cpu")
+    state = base.model.state_dict()
+    ref = step_outputs(base.forward, base.model, batch)
+    assert ref.grad.numel() == sum(p.numel() for p in base.model.parameters())
+    for name, stack in ladder[1:]:
+        b = build(cfg, stack, device="cpu", state=state)
+        out = step_outputs(b.forward, b.model, batch, amp=stack.amp)
+        if stack.amp is None:
+            errs = check_step(name, out, ref, 1e-5)
+            assert max(errs.values()) < 1e-5
+        else:
+            errs = check_step(name, out, ref, 2e-2, fields=("loss", "ce"), direction_fields=("logits", "grad"))
+            assert errs["cos grad"] > 0.99
+    # the same check fails when one weight is wrong
+    state_bad = {k: v.clone() for k, v in state.items()}
+    state_bad["norm.weight"] *= 1.01
+    bad = build(cfg, ladder[-1][1], device="cpu", state=state_bad)
+    out = step_outputs(bad.forward, bad.model, batch, amp=ladder[-1][1].amp)
+    with pytest.raises(CorrectnessError, match="loss|ce"):
+        check_step("bad", out, ref, 1e-5, fields=("loss", "ce"))
+
+
+def test_step_outputs_leaves_the_weights_and_grads_alone():
+    cfg = _cfg()
+    b = build(cfg, Stack(model=("sdpa", "masked_gating")), device="cpu")
+    before = [p.detach().clone() for p in b.model.parameters()]
+    step_outputs(b.forward, b.model, _batch(cfg))
+    assert all(p.grad is None for p in b.model.parameters())
+    assert all(torch.equal(p, q) for p, q in zip(b.model.parameters(), before))
+    with pytest.raises(ValueError, match="amp"):
+        step_outputs(b.forward, b.model, _batch(cfg), amp="fp16")
+    with pytest.raises(ValueError, match="batch"):
+        step_outputs(b.forward, b.model, _batch(cfg)[0])
+
+
+def test_check_step_direction_and_arguments():
+    g = torch.randn(50)
+    ref = StepOutputs(torch.tensor(1.0), torch.tensor(1.0), torch.randn(2, 3), g)
+    flipped = dataclasses.replace(ref, grad=-g)
+    errs = check_step("same", ref, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
+    assert errs["cos grad"] == pytest.approx(1.0)
+    with pytest.raises(CorrectnessError, match="points another way"):
+        check_step("flipped", flipped, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
+    with pytest.raises(CorrectnessError, match="grad"):
+        check_step("flipped", flipped, ref, 1e-6)
+    with pytest.raises(ValueError, match="fields"):
+        check_step("x", ref, ref, 1e-6, fields=("weights",))
+    with pytest.raises(ValueError, match="nothing to check"):
+        check_step("x", ref, ref, 1e-6, fields=())
+    with pytest.raises(ValueError, match="tol"):
+        check_step("x", ref, ref, 0.0)
+    with pytest.raises(TypeError, match="StepOutputs"):
+        check_step("x", {"loss": 1}, ref, 1e-6)
+
+
+def test_cosine():
+    a = torch.tensor([1.0, 2.0, 3.0])
+    assert cosine(a, 2 * a) == pytest.approx(1.0)
+    assert cosine(a, -a) == pytest.approx(-1.0)
+    assert cosine(torch.zeros(3), torch.zeros(3)) == 1.0
+    assert cosine(a, torch.tensor([1.0, float("nan"), 0.0])) == -1.0
+    with pytest.raises(ValueError, match="shape"):
+        cosine(a, a[:2])
+
+
+def test_greedy_gap():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [4.0, 3.0, 0.0]])
+    assert greedy_gap(logits, torch.tensor([1, 0])) == 0.0
+    assert greedy_gap(logits, torch.tensor([1, 1])) == pytest.approx(1.0 / 4.0)  # (4 - 3) / max|logit|
+    with pytest.raises(ValueError, match="shape"):
+        greedy_gap(logits, torch.tensor([1]))
+    with pytest.raises(TypeError, match="integer"):
+        greedy_gap(logits, torch.tensor([1.0, 0.0]))
+
+
+# --- the cost model --------------------------------------------------------------------------------
+
+def test_sync_free_logging_removes_exactly_one_sync_per_step():
+    cfg = _cfg()
+    batch = _batch(cfg, B=2, T=7)
+    naive = build(cfg, Stack(), device="cpu")
+    free = build(cfg, Stack(sync_free_logging=True), device="cpu")
+    p_naive = profile_step(lambda: naive.step(batch))
+    p_free = profile_step(lambda: free.step(batch), peak=True)
+    assert p_naive.syncs - p_free.syncs == 1
+    assert p_naive.ops > 100 and p_naive.peak_bytes is None and p_free.peak_bytes > 0
+    with pytest.raises(TypeError, match="callable"):
+        profile_step(3)
+
+
+def test_predict_ms():
+    # GPU: launches hide under longer device work; CPU: they add up; syncs add on top in both
+    assert predict_ms(1000, 0, 2.0, launch_us=5.0, sync_us=20.0, overlap=True) == pytest.approx(5.0)
+    assert predict_ms(100, 0, 2.0, launch_us=5.0, sync_us=20.0, overlap=True) == pytest.approx(2.0)
+    assert predict_ms(100, 0, 2.0, launch_us=5.0, sync_us=20.0, overlap=False) == pytest.approx(2.5)
+    assert predict_ms(100, 3, 2.0, launch_us=5.0, sync_us=20.0, overlap=True) == pytest.approx(2.06)
+    with pytest.raises(ValueError, match="syncs"):
+        predict_ms(1, -1, 0.0, launch_us=1.0, sync_us=1.0, overlap=True)
+    with pytest.raises(ValueError, match="work_ms"):
+        predict_ms(1, 0, float("nan"), launch_us=1.0, sync_us=1.0, overlap=True)
+    with pytest.raises(TypeError, match="overlap"):
+        predict_ms(1, 0, 0.0, launch_us=1.0, sync_us=1.0, overlap=1)
+
+
+def test_tokens_per_s_and_mfu():
+    t = Timing(median_ms=4.0, p20_ms=3.9, p80_ms=4.2, n=5)
+    assert tokens_per_s(1000, t) == pytest.approx(250_000.0)
+    assert tokens_per_s(1000, 4.0) == pytest.approx(250_000.0)
+    # 1 GFLOP per token at 250k tokens/s = 250 TFLOP/s: a quarter of a 1000 TFLOP/s peak
+    assert mfu(1e9, 250_000.0, 1000.0) == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="tokens"):
+        tokens_per_s(0, t)
+    with pytest.raises(ValueError, match="step time"):
+        tokens_per_s(10, 0.0)
+    with pytest.raises(ValueError, match="peak_tflops"):
+        mfu(1e9, 1.0, math.inf)
+
+
+def test_waterfall():
+    import matplotlib.pyplot as plt
+
+    ax = waterfall(["base", "+a", "+b"], [10.0, 40.0, 30.0], title="t", device_note="CPU run")
+    assert len(ax.patches) == 4  # three rungs and the total
+    texts = [t.get_text() for t in ax.texts]
+    assert "x4.00" in texts and "x0.75" in texts and any("x3.00" in t for t in texts)
+    assert ax.get_yscale() == "log"
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="labels"):
+        waterfall(["a"], [1.0, 2.0], title="t")
+    with pytest.raises(ValueError, match="positive"):
+        waterfall(["a", "b"], [1.0, 0.0], title="t")

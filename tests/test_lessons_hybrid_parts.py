@@ -1,0 +1,166 @@
+"""Tests of mahia.lessons.hybrid_parts (CPU, small odd shapes)."""
+import pytest
+import torch
+
+from mahia.measure.checks import CorrectnessError, rel_error
+from mahia.ops.gla_scan import gla_loop
+from mahia.model.moe import MoE
+from mahia.lessons.hybrid_parts import (check_moe, count_ops_and_syncs, fwd_bwd, gla_inputs, launch_costs,
+                                 launch_model_ms, moe_bytes, moe_fwd_bwd, threshold_in_gap, train_routing)
+from mahia.measure.timing import Timing
+
+# These tests are about the helpers, not the Triton kernels: the grouped MoE's SwiGLU runs its eager
+# reference instead of the (slow) CPU interpreter.
+no_triton = pytest.mark.usefixtures("eager_kernels")
+
+
+@pytest.fixture
+def eager_kernels(monkeypatch):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+
+
+def _pair(dim=20, hidden=28, experts=5, top_k=2, dtype=torch.float32):
+    torch.manual_seed(0)
+    ref = MoE(dim, hidden, experts, top_k, impl="loop", dtype=dtype)
+    fast = MoE(dim, hidden, experts, top_k, impl="grouped", backend="padded-bmm", dtype=dtype)
+    fast.load_state_dict(ref.state_dict())
+    return ref, fast
+
+
+def test_launch_model_overlap_and_syncs():
+    # launches hide under longer device work; syncs add on top
+    assert launch_model_ms(100, 0, 5.0, 20.0) == pytest.approx(0.5)
+    assert launch_model_ms(100, 0, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.0)
+    assert launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.06)
+    with pytest.raises(ValueError, match="n_syncs"):
+        launch_model_ms(1, -1, 1.0, 1.0)
+    with pytest.raises(ValueError, match="work_ms"):
+        launch_model_ms(1, 1, 1.0, 1.0, work_ms=float("nan"))
+
+
+def test_launch_costs_on_cpu():
+    calls = []
+
+    def fake_bench(fn, **kw):
+        calls.append(kw)
+        fn()
+        # the synced chain is timed second: make it 1 ms slower
+        ms = 1.0 + len(calls) - 1
+        return Timing(ms, ms, ms, 1)
+
+    c = launch_costs("cpu", n_kernels=50, bench=fake_bench)
+    assert c.launch_us == pytest.approx(1e3 / 50)
+    assert c.sync_us == pytest.approx(1e3 / 50)
+    assert all(kw == {"memory": False} for kw in calls)
+    real = launch_costs("cpu", n_kernels=20, bench=lambda fn, **kw: Timing(0.1, 0.1, 0.1, 1))
+    assert real.sync_us == 0.0 and real.launch_us > 0
+    with pytest.raises(ValueError, match="n_kernels"):
+        launch_costs("cpu", n_kernels=0)
+
+
+def test_count_ops_and_syncs_sees_both():
+    x = torch.randn(37)
+
+    def f():
+        y = (x * 2 + 1).sum()
+        return (x > 0).nonzero(), y.item()
+
+    ops, syncs = count_ops_and_syncs(f)
+    assert ops.total >= 4
+    assert syncs.count == 2  # nonzero and .item()
+    ops, syncs = count_ops_and_syncs(lambda: torch.where(x > 0, x, 0.0))
+    assert syncs.count == 0 and ops.total >= 2
+    with pytest.raises(TypeError, match="fn"):
+        count_ops_and_syncs(3)
+
+
+def test_moe_bytes():
+    # x and y: 2*N*D; weights: E*(D*2H + H*D); router: D*E
+    assert moe_bytes(7, 5, 3, 2, element_size=2) == (2 * 7 * 5 + 2 * 3 * 5 * 3 + 5 * 2) * 2
+    with pytest.raises(ValueError, match="hidden"):
+        moe_bytes(7, 5, 0, 2, element_size=2)
+
+
+@no_triton
+def test_check_moe_agrees_and_catches_a_wrong_layer():
+    ref, fast = _pair()
+    x, dy = torch.randn(2, 19, 20), torch.randn(2, 19, 20)
+    errs = check_moe(fast, ref, x, dy)
+    assert set(errs) == {"y", "aux", "dx", "dw_router", "dw13", "dw2"}
+    assert max(errs.values()) < 1e-5
+    assert ref.w13.grad is None  # the closure uses autograd.grad, .grad stays untouched
+    with torch.no_grad():
+        fast.w2[1].mul_(1.01)  # one expert wrong by 1%
+    with pytest.raises(CorrectnessError, match="grouped vs loop"):
+        check_moe(fast, ref, x, dy)
+
+
+@no_triton
+def test_moe_fwd_bwd_gradients_match_backward():
+    ref, _ = _pair(experts=3)
+    x, dy = torch.randn(11, 20), torch.randn(11, 20)
+    y, aux, dx, dwr, dw13, dw2 = moe_fwd_bwd(ref, x, dy)()
+    xl = x.clone().requires_grad_()
+    y2, aux2 = ref(xl)
+    ((y2 * dy).sum() + aux2).backward()
+    assert rel_error(dx, xl.grad) < 1e-6
+    assert rel_error(dw13, ref.w13.grad) < 1e-6
+    assert rel_error(dwr, ref.w_router.grad) < 1e-6
+    with pytest.raises(ValueError, match="dy"):
+        moe_fwd_bwd(ref, x, dy[:5])
+    with pytest.raises(TypeError, match="MoE"):
+        moe_fwd_bwd(torch.nn.Linear(3, 3), x, dy)
+
+
+@no_triton
+def test_train_routing_aux_loss_balances():
+    gen = torch.Generator().manual_seed(3)
+    dim = 24
+    u = torch.randn(dim, generator=gen)
+    x = torch.randn(301, dim, generator=gen) + 3 * u / u.norm()  # a shared direction skews the router
+    target = torch.tanh(x @ (torch.randn(dim, dim, generator=gen) / dim ** 0.5))
+    cvs = {}
+    for coef in (0.0, 1.0):
+        torch.manual_seed(0)
+        m = MoE(dim, 20, 6, 2, impl="grouped", backend="padded-bmm", aux_loss_coef=coef)
+        rows = train_routing(m, x, target, steps=25, lr=1e-2)
+        assert len(rows) == 26 and rows[0]["step"] == 0
+        cvs[coef] = (rows[0]["cv"], rows[-1]["cv"])
+    assert cvs[0.0][0] == pytest.approx(cvs[1.0][0])  # same start
+    assert cvs[1.0][1] < 0.5 * cvs[1.0][0]  # the aux loss spreads the tokens
+    assert cvs[1.0][1] < cvs[0.0][1]
+    with pytest.raises(ValueError, match="target"):
+        train_routing(m, x, target[:3], steps=1)
+    with pytest.raises(ValueError, match="steps"):
+        train_routing(m, x, target, steps=-1)
+
+
+def test_gla_inputs_and_fwd_bwd():
+    q, k, v, g, do = gla_inputs(1, 2, 13, 5, 7, dtype=torch.float64)
+    assert q.shape == k.shape == g.shape == (1, 2, 13, 5) and v.shape == do.shape == (1, 2, 13, 7)
+    assert (g <= 0).all() and q.dtype == torch.float64
+    again = gla_inputs(1, 2, 13, 5, 7, dtype=torch.float64)
+    assert torch.equal(again[3], g)  # seeded
+    fn = fwd_bwd(gla_loop, (q, k, v, g), do)
+    out, dq, dk, dv, dg = fn()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, g)]
+    (gla_loop(*leaves) * do).sum().backward()
+    for got, leaf in zip((dq, dk, dv, dg), leaves):
+        assert rel_error(got, leaf.grad) < 1e-12
+    with pytest.raises(ValueError, match="T"):
+        gla_inputs(1, 2, 0, 5, 7)
+    with pytest.raises(TypeError, match="inputs\\[1\\]"):
+        fwd_bwd(gla_loop, (q, torch.ones(3, dtype=torch.long)), do)
+    with pytest.raises(ValueError, match="grad_out"):
+        fwd_bwd(gla_loop, (q, k, v, g), do[:, :1])()
+
+
+def test_threshold_in_gap():
+    g = torch.tensor([[0.1, 0.35, 0.41], [0.62, 0.9, 0.36]])
+    # values in [0.3, 0.7]: 0.3 | 0.35 0.36 0.41 | 0.62 | 0.7 -> widest gap 0.41..0.62
+    assert threshold_in_gap(g) == pytest.approx(0.515)
+    assert threshold_in_gap(torch.tensor([0.95])) == pytest.approx(0.5)  # nothing inside: the middle
+    with pytest.raises(ValueError, match="lo < hi"):
+        threshold_in_gap(g, lo=0.7, hi=0.3)
+    with pytest.raises(TypeError, match="gates"):
+        threshold_in_gap(torch.tensor([1, 2]))

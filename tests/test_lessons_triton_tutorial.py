@@ -1,0 +1,120 @@
+"""The teaching kernels and helpers of notebook 03 (mahia.lessons.triton_tutorial), under TRITON_INTERPRET=1 on a CPU."""
+import pytest
+import torch
+
+from mahia import ops
+from mahia.measure.checks import compare_fn, tolerance
+from mahia.lessons import triton_tutorial as tu
+from mahia.ops.rmsnorm import rms_norm_bwd_launch, rms_norm_fwd_launch
+from mahia.ops.rmsnorm import rms_norm_eager
+from mahia.measure.results import Recorder
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_triton = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
+                                  reason=str(ops.status()["rms_norm"]))
+
+
+@needs_triton
+@pytest.mark.parametrize("dw", tu.DW_STRATEGIES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(3, 37, 1000), (70, 33)], ids=str)
+def test_v1_matches_reference(shape, dtype, dw):
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=DEVICE, dtype=dtype)
+    w = torch.randn(shape[-1], device=DEVICE, dtype=dtype)
+    cmp = compare_fn(lambda x, w: tu.rms_norm_v1(x, w, dw=dw), rms_norm_eager, [x, w], name=f"v1 {dw}")
+    assert set(cmp.errors) == {"out0", "grad0", "grad1"}
+
+
+@needs_triton
+def test_v1_backward_strategies_agree_with_production():
+    torch.manual_seed(1)
+    x = torch.randn(67, 130, device=DEVICE)  # rows not a multiple of DW_BLOCK_M, columns not of DW_BLOCK_N
+    w = torch.randn(130, device=DEVICE)
+    dy = torch.randn_like(x)
+    y, rstd = tu.rms_norm_v1_fwd(x, w)
+    y_ref, _, rstd_ref = rms_norm_fwd_launch(x, w, None, 1e-6)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(rstd, rstd_ref)
+    dx_ref, dw_ref = rms_norm_bwd_launch(dy, x, w, rstd_ref, None)
+    for dw in tu.DW_STRATEGIES:
+        dx, dwt = tu.rms_norm_v1_bwd(dy, x, w, rstd, dw=dw)
+        torch.testing.assert_close(dx, dx_ref)
+        torch.testing.assert_close(dwt, dw_ref, rtol=1e-5, atol=1e-4)
+    dx, no_dw = tu.rms_norm_v1_bwd(dy, x, w, rstd, dw=None)  # dx only: times the reduction apart
+    assert no_dw is None
+    torch.testing.assert_close(dx, dx_ref)
+    assert tu.dw_second_pass_programs(130) == 5
+
+
+def test_v1_bad_inputs_raise_clear_errors(monkeypatch):
+    x, w = torch.randn(4, 8, device=DEVICE), torch.ones(8, device=DEVICE)
+    with pytest.raises(ValueError, match="dw must be one of"):
+        tu.rms_norm_v1(x, w, dw="locks")
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        tu.rms_norm_v1_fwd(x, torch.ones(7, device=DEVICE))
+    with pytest.raises(TypeError, match="x must be float32, float16 or bfloat16"):
+        tu.rms_norm_v1_fwd(x.double(), w.double())
+    with pytest.raises(ValueError, match="dy must have the shape of x"):
+        tu.rms_norm_v1_bwd(x[:2], x, w, torch.ones(4, device=DEVICE))
+    with pytest.raises(ValueError, match="rstd must be float32"):
+        tu.rms_norm_v1_bwd(x, x, w, torch.ones(4, device=DEVICE, dtype=torch.float64))
+    if DEVICE == "cpu":  # no interpreter, no CUDA: the teaching kernels refuse instead of falling back
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        with pytest.raises(RuntimeError, match="TRITON_INTERPRET"):
+            tu.rms_norm_v1_fwd(x, w)
+
+
+@needs_triton
+def test_check_kernels_reports_every_kernel():
+    rows = tu.check_kernels(DEVICE, torch.float32, rms_shape=(5, 130), swiglu_shape=(5, 130),
+                            rope_shape=(1, 5, 2, 1, 16))
+    assert [r["kernel"] for r in rows] == ["rms_norm_v1 (dw=atomic)", "rms_norm_v1 (dw=second_pass)",
+                                           "rms_norm (production)", "add_rms_norm (production)", "swiglu", "rope"]
+    for r in rows:
+        assert 0 < r["max_error"] <= r["tol"] == tolerance(torch.float32)
+        assert any(k.startswith("grad") for k in r["errors"])
+
+
+def test_op_traffic_counts_eager_rms_norm_bytes():
+    M, N = 6, 50
+    x, w = torch.randn(M, N), torch.randn(N)
+    df = tu.op_traffic(rms_norm_eager, x, w)
+    # float32: pow, mean, + eps, rsqrt, * rstd, * w -- no casts; every op is one pass or an (M,) one
+    assert list(df["op"]) == ["pow", "mean", "add", "rsqrt", "mul", "mul"]
+    total = df["read_bytes"].sum() + df["written_bytes"].sum()
+    assert total == 4 * (2 * M * N + (M * N + M) + 2 * M + 2 * M + (M * N + M + M * N) + (M * N + N + M * N))
+    # bfloat16 adds three casts to float32 and back
+    assert (tu.op_traffic(rms_norm_eager, x.bfloat16(), w.bfloat16())["op"] == "_to_copy").sum() == 3
+    # the backward adds its own ops; views are not counted
+    assert len(tu.op_traffic(rms_norm_eager, x, w, backward=True)) > len(df)
+    assert tu.op_traffic(lambda t: t.view(-1).t().expand(2, -1), x).empty
+
+
+def test_min_bytes_and_flops():
+    bf16 = torch.bfloat16
+    assert tu.min_bytes("rmsnorm_fwd", (16384, 4096), bf16) == (2 * 16384 * 4096 + 4096) * 2
+    assert tu.min_bytes("swiglu_fwdbwd", (3, 7), torch.float32) == 8 * 21 * 4
+    assert tu.min_bytes("rope_fwdbwd", (8, 2048, 32, 8, 128), bf16) == 4 * 8 * 2048 * 40 * 128 * 2 + 2 * 2048 * 128 * 4
+    assert tu.op_flops("rmsnorm_fwd", (10, 20)) == 800
+    assert tu.op_flops("rope_fwdbwd", (1, 2, 3, 1, 8)) == 2 * 3 * 2 * 4 * 8
+    with pytest.raises(ValueError, match="kind must be one of"):
+        tu.min_bytes("layernorm_fwd", (2, 3), bf16)
+    with pytest.raises(ValueError, match=r"shape must be \(B, T, Hq, Hkv, D\)"):
+        tu.op_flops("rope_fwdbwd", (2, 3))
+    with pytest.raises(ValueError, match=r"shape must be \(M, N\)"):
+        tu.make_inputs("swiglu_fwd", (2, 0), "cpu", torch.float32)
+    q, k, cos, sin = tu.make_inputs("rope_fwdbwd", (1, 5, 4, 2, 16), "cpu", torch.float32)
+    assert q.shape == (1, 5, 4, 16) and k.shape == (1, 5, 2, 16) and cos.shape == sin.shape == (5, 8)
+
+
+def test_measure_records_the_benchmark_rows(tmp_path):
+    rec = Recorder("03_test", DEVICE, results_dir=tmp_path)
+    df = tu.measure(rec, "swiglu_fwdbwd", (4, 40), torch.float32, experiment="swiglu_small",
+                    skip=("torch.compile",))
+    assert set(df["experiment"]) == {"swiglu_small"}
+    assert df.iloc[0]["variant"] == "eager" and df.iloc[0]["role"] == "baseline"
+    assert (df["bytes"] == tu.min_bytes("swiglu_fwdbwd", (4, 40), torch.float32)).all()
+    assert (df["rel_err"] <= tolerance(torch.float32)).all() and (df["median_ms"] > 0).all()
+    with pytest.raises(ValueError, match="skip names unknown variants"):
+        tu.measure(rec, "swiglu_fwd", (4, 40), torch.float32, skip=("cublas",))

@@ -1,0 +1,180 @@
+"""Triton RMSNorm / add+RMSNorm against the float64 eager reference: outputs, gradients, ops, errors."""
+import warnings
+
+import pytest
+import torch
+
+from mahia import ops
+from mahia.measure.checks import compare_fn, tolerance
+from mahia.layers.norm import RMSNorm
+from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
+from helpers import graph_ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
+                                reason=str(ops.status()["rms_norm"]))
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# odd hidden sizes, leading dims, a single column, a size just past a power of two
+SHAPES = [(3, 37, 1000), (5, 130), (4, 1), (2, 4097)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_rms_norm_matches_reference(shape, dtype):
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=DEVICE, dtype=dtype)
+    w = torch.randn(shape[-1], device=DEVICE, dtype=dtype)
+    # With N = 1, dx = rstd * w * dy * eps / (x^2 + eps) is a cancellation of two terms ~1 down to ~eps:
+    # no float32 computation gets it to 1e-5, eager PyTorch included, so only the forward is compared.
+    compare_fn(ops.rms_norm, rms_norm_eager, [x, w, 1e-6], tol=tolerance(dtype), name="rms_norm",
+               grads=shape[-1] > 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:2], ids=str)
+def test_add_rms_norm_matches_reference(shape, dtype):
+    torch.manual_seed(1)
+    x = torch.randn(shape, device=DEVICE, dtype=dtype)
+    r = torch.randn(shape, device=DEVICE, dtype=dtype)
+    w = torch.randn(shape[-1], device=DEVICE, dtype=dtype)
+    # both outputs (y, h) get a random upstream gradient, so dh flows into dx
+    compare_fn(ops.add_rms_norm, add_rms_norm_eager, [x, r, w, 1e-6], name="add_rms_norm")
+
+
+def test_mixed_dtypes_and_strided_input():
+    torch.manual_seed(2)
+    # bf16 activations with an fp32 weight (the usual mixed-precision setup)
+    x = torch.randn(6, 33, 70, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(70, device=DEVICE, dtype=torch.float32)
+    cmp = compare_fn(ops.rms_norm, rms_norm_eager, [x, w, 1e-5], tol=tolerance(torch.bfloat16))
+    assert set(cmp.errors) == {"out0", "grad0", "grad1"}
+    # rows with a gap between them, and a last dim that is not contiguous (copied by the launcher)
+    base = torch.randn(20, 96, device=DEVICE)
+    for view in (base[:, :80], base.t()[:80]):
+        y = ops.rms_norm(view, w[:1].expand(view.shape[-1]).contiguous())
+        ref = rms_norm_eager(view.double(), w[:1].expand(view.shape[-1]).double())
+        assert (y.double() - ref).norm() / ref.norm() < tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("block_m,programs_per_sm", [(1, 1), (2, 3)])
+def test_backward_grid_variants(block_m, programs_per_sm):
+    """The persistent backward grid: programs looping over several row blocks, a ragged last program."""
+    from mahia.ops.rmsnorm import rms_norm_bwd_launch, rms_norm_fwd_launch
+
+    torch.manual_seed(3)
+    x = torch.randn(37, 300, device=DEVICE, dtype=torch.float64)
+    w = torch.randn(300, device=DEVICE, dtype=torch.float64)
+    dy = torch.randn_like(x)
+    dh = torch.randn_like(x)
+    x64 = x.clone().requires_grad_()
+    w64 = w.clone().requires_grad_()
+    (rms_norm_eager(x64, w64) * dy).sum().backward()
+
+    x32, w32 = x.float(), w.float()
+    _, _, rstd = rms_norm_fwd_launch(x32, w32, None, 1e-6)
+    dx, dw = rms_norm_bwd_launch(dy.float(), x32, w32, rstd, dh.float(), block_m=block_m,
+                                 programs_per_sm=programs_per_sm)
+    tol = tolerance(torch.float32)
+    assert (dx.double() - (x64.grad + dh)).norm() / (x64.grad + dh).norm() < tol
+    assert (dw.double() - w64.grad).norm() / w64.grad.norm() < tol
+
+
+def test_opcheck():
+    torch.manual_seed(4)
+    x = torch.randn(3, 5, 40, device=DEVICE, requires_grad=True)
+    r = torch.randn(3, 5, 40, device=DEVICE, requires_grad=True)
+    w = torch.randn(40, device=DEVICE, requires_grad=True)
+    torch.library.opcheck(torch.ops.mahia.rms_norm_fwd.default, (x, w, 1e-6))
+    torch.library.opcheck(torch.ops.mahia.add_rms_norm_fwd.default, (x, r, w, 1e-6))
+    _, rstd = torch.ops.mahia.rms_norm_fwd(x.detach(), w.detach(), 1e-6)
+    dy = torch.randn_like(x)
+    torch.library.opcheck(torch.ops.mahia.rms_norm_bwd.default, (dy, x.detach(), w.detach(), rstd, None))
+    torch.library.opcheck(torch.ops.mahia.rms_norm_bwd.default, (dy, x.detach(), w.detach(), rstd, dy.clone()))
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+
+    def block(x, r, w):
+        y, h = ops.add_rms_norm(x, r, w)
+        return ops.rms_norm(y * 2, w) + h
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    x = torch.randn(4, 50, device=DEVICE)
+    compare_fn(compiled, _eager_block, [x, torch.randn_like(x), torch.randn(50, device=DEVICE)],
+               name="compiled block")
+    # the compiled graph calls the custom ops (not the eager-mode autograd.Function)
+    names = graph_ops(block, x, x, torch.randn(50, device=DEVICE))
+    assert "mahia.add_rms_norm_fwd.default" in names and "mahia.rms_norm_fwd.default" in names, names
+
+
+def _eager_block(x, r, w):
+    y, h = add_rms_norm_eager(x, r, w)
+    return rms_norm_eager(y * 2, w) + h
+
+
+def test_bad_inputs_raise_clear_errors():
+    x = torch.randn(4, 8, device=DEVICE)
+    w = torch.ones(8, device=DEVICE)
+    with pytest.raises(TypeError, match="x must be a floating-point"):
+        ops.rms_norm(torch.ones(4, 8, dtype=torch.int32, device=DEVICE), w)
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        ops.rms_norm(x, torch.ones(7, device=DEVICE))
+    with pytest.raises(ValueError, match="weight must have shape"):
+        ops.rms_norm(x, torch.ones(1, 8, device=DEVICE))
+    with pytest.raises(ValueError, match="residual must have the shape"):
+        ops.add_rms_norm(x, torch.randn(4, 9, device=DEVICE), w)
+    with pytest.raises(TypeError, match="residual must have the dtype"):
+        ops.add_rms_norm(x, x.half(), w)
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        ops.rms_norm(x, w, eps=-1.0)
+    with pytest.raises(ValueError, match="same device"):
+        ops.rms_norm(x, torch.ones(8, device="meta"))
+    with pytest.raises(ValueError, match="exceeds the kernel's limit"):
+        ops.rms_norm(torch.randn(1, 65537, device=DEVICE), torch.ones(65537, device=DEVICE))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        ops.rms_norm([1.0, 2.0], w)
+
+
+def test_fallback_when_disabled(monkeypatch):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    ops.reset_fallback_warnings()
+    assert all("disabled by MAHIA_DISABLE_TRITON=1" in s for s in ops.status().values())
+    x = torch.randn(3, 40, device=DEVICE)
+    w = torch.randn(40, device=DEVICE)
+    with pytest.warns(RuntimeWarning, match="rms_norm: Triton kernel not used"):
+        y = ops.rms_norm(x, w)
+    torch.testing.assert_close(y, rms_norm_eager(x, w), rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once already: a second call is silent
+        ops.rms_norm(x, w)
+    with pytest.warns(RuntimeWarning, match="add_rms_norm"):
+        ops.add_rms_norm(x, x, w)
+    ops.reset_fallback_warnings()
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="checks the CPU path without the interpreter")
+def test_fallback_on_cpu_without_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ops.reset_fallback_warnings()
+    x = torch.randn(3, 40)
+    assert not ops.triton_available_for(x)
+    with pytest.warns(RuntimeWarning, match="TRITON_INTERPRET is not 1"):
+        y = ops.rms_norm(x, torch.ones(40))
+    torch.testing.assert_close(y, rms_norm_eager(x, torch.ones(40)))
+    ops.reset_fallback_warnings()
+
+
+def test_module_impls_agree():
+    torch.manual_seed(5)
+    eager, fast = RMSNorm(96, device=DEVICE), RMSNorm(96, impl="triton", device=DEVICE)
+    with torch.no_grad():
+        eager.weight.normal_()
+    fast.load_state_dict(eager.state_dict())
+    x, r = torch.randn(2, 9, 96, device=DEVICE), torch.randn(2, 9, 96, device=DEVICE)
+    torch.testing.assert_close(fast(x), eager(x))
+    (y1, h1), (y2, h2) = fast(x, r), eager(x, r)
+    torch.testing.assert_close(y1, y2)
+    torch.testing.assert_close(h1, h2)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        RMSNorm(8, impl="cuda")

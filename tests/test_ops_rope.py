@@ -1,0 +1,118 @@
+"""Triton RoPE (q and k in one launch) against the float64 eager reference: outputs, gradients, ops, errors."""
+import warnings
+
+import pytest
+import torch
+
+from mahia import ops
+from mahia.measure.checks import compare_fn, rel_error, tolerance
+from mahia.layers.rope import RotaryCache, apply_rope
+from mahia.ops.rope import apply_rope_eager
+from helpers import graph_ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
+                                reason=str(ops.status()["rope"]))
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _inputs(B, T, Hq, Hkv, D, dtype, offset=0, seed=0):
+    torch.manual_seed(seed)
+    q = torch.randn(B, T, Hq, D, device=DEVICE, dtype=dtype)
+    k = torch.randn(B, T, Hkv, D, device=DEVICE, dtype=dtype)
+    cos, sin = RotaryCache(D, offset + T, device=DEVICE).get(T, offset)
+    return q, k, cos, sin
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dims", [(2, 7, 6, 2, 40), (1, 5, 3, 3, 128), (3, 4, 5, 1, 2)], ids=str)
+def test_rope_matches_reference(dims, dtype):
+    q, k, cos, sin = _inputs(*dims, dtype, offset=11)
+    # cos/sin are constants (no gradient); q and k get theirs through the one backward launch
+    compare_fn(ops.rope, apply_rope_eager, [q, k, cos, sin], tol=tolerance(dtype), name="rope",
+               grad_inputs=[0, 1])
+
+
+def test_strided_q_k_from_fused_qkv():
+    """q and k as views into one (B, T, Hq + 2 Hkv, D) projection: no copy, same result."""
+    B, T, Hq, Hkv, D = 2, 6, 4, 2, 32
+    qkv = torch.randn(B, T, Hq + 2 * Hkv, D, device=DEVICE)
+    q, k = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hkv]
+    assert not q.is_contiguous()
+    cos, sin = RotaryCache(D, T, device=DEVICE).get(T)
+    qr, kr = ops.rope(q, k, cos, sin)
+    qe, ke = apply_rope_eager(q.double(), k.double(), cos, sin)
+    assert rel_error(qr, qe) <= tolerance(torch.float32)
+    assert rel_error(kr, ke) <= tolerance(torch.float32)
+    assert qr.is_contiguous() and kr.is_contiguous()
+
+
+def test_opcheck():
+    q, k, cos, sin = _inputs(2, 3, 4, 2, 16, torch.float32)
+    q.requires_grad_()
+    k.requires_grad_()
+    torch.library.opcheck(torch.ops.mahia.rope_fwd.default, (q, k, cos, sin))
+    torch.library.opcheck(torch.ops.mahia.rope_bwd.default, (q.detach(), k.detach(), cos, sin))
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+
+    def attn_prologue(q, k, cos, sin):
+        qr, kr = ops.rope(q, k, cos, sin)
+        return qr * 2, kr + 1
+
+    def eager(q, k, cos, sin):
+        qr, kr = apply_rope_eager(q, k, cos, sin)
+        return qr * 2, kr + 1
+
+    compiled = torch.compile(attn_prologue, fullgraph=True, backend="aot_eager")
+    compare_fn(compiled, eager, list(_inputs(2, 5, 4, 2, 24, torch.float32)), grad_inputs=[0, 1],
+               name="compiled rope")
+    assert "mahia.rope_fwd.default" in graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
+
+
+def test_backward_is_inverse_rotation():
+    """rope_bwd(rope_fwd(x)) == x: the backward rotates by the negated angle."""
+    q, k, cos, sin = _inputs(2, 9, 3, 1, 64, torch.float32, offset=100)
+    qr, kr = torch.ops.mahia.rope_fwd(q, k, cos, sin)
+    qb, kb = torch.ops.mahia.rope_bwd(qr, kr, cos, sin)
+    torch.testing.assert_close(qb, q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kb, k, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_inputs_raise_clear_errors():
+    q, k, cos, sin = _inputs(2, 5, 4, 2, 16, torch.float32)
+    with pytest.raises(TypeError, match="q must be a floating-point"):
+        ops.rope(q.to(torch.int32), k, cos, sin)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        ops.rope(q[0], k, cos, sin)
+    with pytest.raises(ValueError, match="k must be"):
+        ops.rope(q, k[:, :4], cos, sin)
+    with pytest.raises(TypeError, match="k must have the dtype of q"):
+        ops.rope(q, k.double(), cos, sin)
+    with pytest.raises(ValueError, match=r"cos must have shape \(T, D/2\)"):
+        ops.rope(q, k, cos[:4], sin)
+    with pytest.raises(ValueError, match="head dim D must be even"):
+        ops.rope(q[..., :15], k[..., :15], cos, sin)
+    with pytest.raises(ValueError, match="same device"):
+        ops.rope(q, k, cos.to("meta"), sin)
+    with pytest.raises(ValueError, match="must not require grad"):
+        ops.rope(q, k, cos.clone().requires_grad_(), sin)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        apply_rope(q, k, cos, sin, impl="cuda")
+
+
+def test_fallback_when_disabled(monkeypatch):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    ops.reset_fallback_warnings()
+    q, k, cos, sin = _inputs(1, 4, 2, 1, 8, torch.float32)
+    with pytest.warns(RuntimeWarning, match="rope: Triton kernel not used"):
+        qr, kr = apply_rope(q, k, cos, sin, impl="triton")
+    qe, ke = apply_rope_eager(q, k, cos, sin)
+    torch.testing.assert_close(qr, qe, rtol=0, atol=0)
+    torch.testing.assert_close(kr, ke, rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ops.rope(q, k, cos, sin)
+    ops.reset_fallback_warnings()

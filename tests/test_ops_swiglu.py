@@ -1,0 +1,108 @@
+"""Triton SwiGLU against the float64 eager reference: outputs, gradients, strided views, ops, errors."""
+import warnings
+
+import pytest
+import torch
+
+from mahia import ops
+from mahia.measure.checks import compare_fn, rel_error, tolerance
+from mahia.layers.mlp import SwiGLU
+from mahia.ops.swiglu import swiglu_eager
+from helpers import graph_ops
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
+                                reason=str(ops.status()["swiglu"]))
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(3, 37, 1000), (5, 130), (4097,)], ids=str)
+def test_swiglu_matches_reference(shape, dtype):
+    torch.manual_seed(0)
+    a = torch.randn(shape, device=DEVICE, dtype=dtype) * 3  # reach the flat tails of sigmoid
+    b = torch.randn(shape, device=DEVICE, dtype=dtype)
+    compare_fn(ops.swiglu, swiglu_eager, [a, b], tol=tolerance(dtype), name="swiglu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_strided_gate_up_halves(dtype):
+    """The halves of a fused up projection are read in place (row stride 2H, unit stride along H)."""
+    torch.manual_seed(1)
+    u = torch.randn(2, 7, 2 * 300, device=DEVICE, dtype=dtype, requires_grad=True)
+    a, b = u.chunk(2, dim=-1)
+    assert not a.is_contiguous() and a.stride(-1) == 1
+    dc = torch.randn(2, 7, 300, device=DEVICE, dtype=dtype)
+    out = ops.swiglu(a, b)
+    out.backward(dc)
+
+    u64 = u.detach().double().requires_grad_()
+    a64, b64 = u64.chunk(2, dim=-1)
+    ref = swiglu_eager(a64, b64)
+    ref.backward(dc.double())
+    assert rel_error(out, ref) <= tolerance(dtype)
+    assert rel_error(u.grad, u64.grad) <= tolerance(dtype)
+    # a last dim that is not contiguous is copied first, and still right
+    at = torch.randn(40, 9, device=DEVICE, dtype=dtype).t()
+    assert rel_error(ops.swiglu(at, at), swiglu_eager(at.double(), at.double())) <= tolerance(dtype)
+
+
+def test_opcheck():
+    torch.manual_seed(2)
+    a = torch.randn(3, 5, 70, device=DEVICE, requires_grad=True)
+    b = torch.randn(3, 5, 70, device=DEVICE, requires_grad=True)
+    torch.library.opcheck(torch.ops.mahia.swiglu_fwd.default, (a, b))
+    dc = torch.randn(3, 5, 70, device=DEVICE)
+    torch.library.opcheck(torch.ops.mahia.swiglu_bwd.default, (dc, a.detach(), b.detach()))
+
+
+def test_torch_compile_fullgraph():
+    torch._dynamo.reset()
+
+    def mlp_act(u):
+        a, b = u.chunk(2, dim=-1)
+        return ops.swiglu(a, b) * 2
+
+    def eager(u):
+        a, b = u.chunk(2, dim=-1)
+        return swiglu_eager(a, b) * 2
+
+    compiled = torch.compile(mlp_act, fullgraph=True, backend="aot_eager")
+    compare_fn(compiled, eager, [torch.randn(6, 2 * 45, device=DEVICE)], name="compiled swiglu")
+    assert "mahia.swiglu_fwd.default" in graph_ops(mlp_act, torch.randn(6, 2 * 45, device=DEVICE))
+
+
+def test_bad_inputs_raise_clear_errors():
+    a = torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(TypeError, match="a must be a floating-point"):
+        ops.swiglu(torch.ones(4, 8, dtype=torch.int64, device=DEVICE), a)
+    with pytest.raises(ValueError, match="same shape"):
+        ops.swiglu(a, torch.randn(4, 9, device=DEVICE))
+    with pytest.raises(TypeError, match="same dtype"):
+        ops.swiglu(a, a.half())
+    with pytest.raises(ValueError, match="same device"):
+        ops.swiglu(a, torch.randn(4, 8, device="meta"))
+
+
+def test_fallback_when_disabled(monkeypatch):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    ops.reset_fallback_warnings()
+    a, b = torch.randn(3, 40, device=DEVICE), torch.randn(3, 40, device=DEVICE)
+    with pytest.warns(RuntimeWarning, match="swiglu: Triton kernel not used"):
+        c = ops.swiglu(a, b)
+    torch.testing.assert_close(c, swiglu_eager(a, b), rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ops.swiglu(a, b)
+    ops.reset_fallback_warnings()
+
+
+def test_module_impls_agree():
+    torch.manual_seed(3)
+    eager = SwiGLU(48, 136, device=DEVICE)
+    fast = SwiGLU(48, 136, impl="triton", device=DEVICE)
+    fast.load_state_dict(eager.state_dict())
+    x = torch.randn(2, 5, 48, device=DEVICE)
+    torch.testing.assert_close(fast(x), eager(x))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        SwiGLU(8, 16, impl="fast")
