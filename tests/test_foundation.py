@@ -123,10 +123,13 @@ def test_device_report_and_slug():
 def test_ceilings_cached_per_run(tmp_path, monkeypatch):
     monkeypatch.setenv("MAHIA_RUN_ID", "run-a")
     hardware._CACHE.clear()
+    monkeypatch.setenv("MAHIA_COMMIT", "abc123")
     c1 = hardware.ceilings("cpu", results_dir=tmp_path, quick=True)
     assert c1.copy_gbps > 0 and c1.matmul_fp32_tflops > 0
-    saved = json.loads((tmp_path / c1.device_slug / "ceilings.json").read_text())
-    assert saved["run_id"] == "run-a"
+    # a quick measurement never lands in ceilings.json, the full profile's (the reference headline's)
+    assert not (tmp_path / c1.device_slug / "ceilings.json").exists()
+    saved = json.loads((tmp_path / c1.device_slug / "ceilings-quick.json").read_text())
+    assert saved["run_id"] == "run-a" and saved["profile"] == "quick" and saved["commit"] == "abc123"
     hardware._CACHE.clear()  # a new process of the same run reads the file instead of measuring
     assert hardware.ceilings("cpu", results_dir=tmp_path, quick=True) == c1
     with pytest.raises(ValueError, match="unknown limit"):
@@ -141,7 +144,7 @@ def _ceil(slug):
 
 def test_recorder_writes_rows_and_derives_metrics(tmp_path):
     slug = hardware.device_slug("cpu")
-    rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, ceilings=_ceil(slug))
+    rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, ceilings=_ceil(slug), profile="full")
     t_base = Timing(4.0, 3.9, 4.1, 10)
     t_opt = Timing(1.0, 0.95, 1.05, 10)
     rec.timing("moe_fwd", "loop", "baseline", t_base, shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
@@ -173,14 +176,14 @@ def test_goal_status():
 
 
 def test_latest_record_wins_and_history_is_kept(tmp_path):
-    rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, run_id="r1")
+    rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, run_id="r1", profile="quick")
     rec.timing("sync_loop", "baseline", "baseline", Timing(2.0, 2, 2, 3))
     rec.timing("sync_loop", "optimized", "optimized", Timing(1.0, 1, 1, 3))
-    rec2 = results.Recorder("99_test", "cpu", results_dir=tmp_path, run_id="r2")
+    rec2 = results.Recorder("99_test", "cpu", results_dir=tmp_path, run_id="r2", profile="quick")
     rec2.timing("sync_loop", "optimized", "optimized", Timing(0.5, 0.5, 0.5, 3))
     df = results.load_records(tmp_path / rec.slug)
     assert len(df) == 3
-    assert results.summarize(tmp_path / rec.slug)["sync_speedup"] == pytest.approx(4.0)
+    assert results.summarize(tmp_path / rec.slug, "quick")["sync_speedup"] == pytest.approx(4.0)
 
 
 def test_recorder_refuses_another_devices_folder(tmp_path):

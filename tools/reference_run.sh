@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
 # The GPU reference run, in parts that each fit a short machine lease:
 #   bash tools/reference_run.sh <tag> [tests] [bench | bench=SUITE,...] [nb=00,01,...] [param=NAME=VALUE ...]
-# NB_TIMEOUT (seconds per notebook, default 300) raises the runner's limit for a long notebook.
-# Runs in the checkout with the Python that has torch and triton (PYTHON, default python3), writes
-# records into data/results/<gpu> and figures/<gpu>, and packs them with the run's notebooks, report and
-# logs into ${OUT:-.}/<tag>.tgz, so a machine that is given back loses nothing.
-set -u
+# Each bench/nb part is one `python -m mahia reference` call: the only writer of data/results/<gpu> and
+# figures/<gpu> (full profile; refused on a CPU and on a tree with uncommitted changes under mahia/ or
+# notebooks/). A notebook or suite already recorded for this commit (data/results/<gpu>/parts/) is skipped,
+# so the same command on the next lease goes on where the last one stopped.
+#   MAHIA_COMMIT  the commit the tree is a copy of: `python -m mahia commit` prints it in the checkout. Set it
+#                 on a lent machine: it gets a copy of the working tree whose .git may be another commit's
+#                 (or none); it says -dirty when mahia/ or notebooks/ had uncommitted changes
+#   FORCE=1       run parts already recorded for this commit again (--force)
+#   ALLOW_DIRTY=1 run from a tree with uncommitted changes; the records say <sha>-dirty (--allow-dirty)
+#   NB_TIMEOUT    seconds per notebook (default 300); BENCH_TIMEOUT seconds per suite (default 400)
+# Runs in the checkout with the Python that has torch and triton (PYTHON, default python3) and packs what this
+# call wrote (records, parts, figures; executed notebooks, reports and logs) into ${OUT:-.}/<tag>.tgz, so a
+# machine that is given back loses nothing; unpacking several parts' archives in the checkout merges them.
+set -u -o pipefail
 tag=$1; shift
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-mkdir -p logs
+logs=runs/$tag/logs  # runs/ is git-ignored, here and where the archive is unpacked
+mkdir -p $logs
+stamp=$(mktemp)
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,memory.used --format=csv,noheader
-params=()
+echo "commit: $($py -m mahia commit)"
+params=(); flags=()
+[[ ${FORCE:-0} == 1 ]] && flags+=(--force)
+[[ ${ALLOW_DIRTY:-0} == 1 ]] && flags+=(--allow-dirty)
 for part in "$@"; do [[ $part == param=* ]] && params+=(-p "${part#param=}"); done
+rc=0
 for part in "$@"; do
+  name=${part//[^A-Za-z0-9]/_}; out=runs/$tag/$name
   case $part in
-    tests) timeout 300 $py -m pytest -m "not notebooks" -q -p no:cacheprovider 2>&1 | tail -15 | tee logs/$tag-pytest.log ;;
-    bench) timeout 400 $py -m mahia.bench kernels moe meta hybrid 2>&1 | tee logs/$tag-bench.log | tail -40 ;;
-    bench=*) timeout 400 $py -m mahia.bench $(tr , ' ' <<< "${part#bench=}") 2>&1 | tee logs/$tag-bench.log | tail -40 ;;
-    nb=*) $py -m mahia run --notebooks "${part#nb=}" --profile full --device cuda --timeout ${NB_TIMEOUT:-300} \
-            --out runs/$tag --no-progress "${params[@]}" 2>&1 | tail -14 ;;
+    tests) timeout 300 $py -m pytest -m "not notebooks" -q -p no:cacheprovider 2>&1 | tail -15 | tee $logs/pytest.log ;;
+    bench) $py -m mahia reference --bench all --timeout ${BENCH_TIMEOUT:-400} --out $out --no-progress \
+             "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
+    bench=*) $py -m mahia reference --bench "${part#bench=}" --timeout ${BENCH_TIMEOUT:-400} --out $out \
+               --no-progress "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
+    nb=*) $py -m mahia reference --notebooks "${part#nb=}" --timeout ${NB_TIMEOUT:-300} --out $out --no-progress \
+            "${flags[@]}" "${params[@]}" 2>&1 | tee $logs/$name.log | tail -20 || rc=1 ;;
     param=*) ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done
 slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
-tar czf "${OUT:-.}/$tag.tgz" data/results/$slug figures/$slug runs/$tag logs 2>/dev/null
+# Only the files this call wrote: another lease's parts in the same folders are not overwritten on unpacking.
+find data/results/$slug figures/$slug -type f -newer "$stamp" > "$stamp.list" 2>/dev/null
+tar czf "${OUT:-.}/$tag.tgz" -T "$stamp.list" runs/$tag 2>/dev/null
+rm -f "$stamp" "$stamp.list"
 echo "packed ${OUT:-.}/$tag.tgz"
+exit $rc

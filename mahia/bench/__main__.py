@@ -1,4 +1,10 @@
-"""``python -m mahia.bench {kernels,moe,meta,hybrid,all} [--quick] [--device D] [--results-dir R]``"""
+"""``python -m mahia.bench {kernels,moe,meta,hybrid,all} [--quick] [--device D] [--results-dir R]``
+
+Records go to ``runs/results/<device>/bench_<suite>.csv`` (git-ignored) unless ``--results-dir`` says
+otherwise; the committed reference ``data/results/<gpu>/`` is written only through
+``python -m mahia reference --bench ...``. Records carry the profile (``quick`` with ``--quick``, else
+``full``) and the commit (``MAHIA_COMMIT`` or git's).
+"""
 from __future__ import annotations
 
 import argparse
@@ -14,22 +20,28 @@ def main(argv=None) -> int:
     p.add_argument("suites", nargs="+", help=f"one or more of {sorted(SUITES)} or 'all'")
     p.add_argument("--quick", action="store_true", help="small sizes (CPU smoke run)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--results-dir", default=None)
+    p.add_argument("--results-dir", default=None, help="results root (default runs/results)")
     args = p.parse_args(argv)
     names = sorted(SUITES) if "all" in args.suites else args.suites
     bad = [n for n in names if n not in SUITES]
     if bad:
         print(f"error: unknown suite(s) {bad}; choose from {sorted(SUITES)} or 'all'", file=sys.stderr)
         return 2
-    from mahia.measure import hardware
-    from mahia.measure.results import Recorder, default_results_dir
+    from mahia.measure import files, hardware
+    from mahia.measure.results import Recorder
     try:
         dev = hardware.resolve_device(args.device)
     except (RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    root = args.results_dir or default_results_dir()
-    ceil = hardware.ceilings(dev, results_dir=root, quick=args.quick)
+    root = args.results_dir or files.default_results_dir()
+    try:
+        files.check_writable(root)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    profile = "quick" if args.quick else "full"
+    ceil = hardware.ceilings(dev, results_dir=root, quick=args.quick, profile=profile)
     print(f"{hardware.device_slug(dev)}: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
           f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s",
           flush=True)
@@ -37,7 +49,7 @@ def main(argv=None) -> int:
     rec = None
     for name in names:
         t0 = time.perf_counter()
-        rec = Recorder(f"bench_{name}", dev, results_dir=root, ceilings=ceil)
+        rec = Recorder(f"bench_{name}", dev, results_dir=root, ceilings=ceil, profile=profile)
         try:
             importlib.import_module(SUITES[name]).run(rec, ceil, quick=args.quick)
         except Exception as e:  # report and go on with the next suite
@@ -52,7 +64,7 @@ def main(argv=None) -> int:
             print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     if rec is not None:
         metrics = rec.summarize()
-        print("\nheadline metrics:")
+        print(f"\nheadline metrics ({profile} profile, {root}):")
         for k, v in metrics.items():
             if v is not None:
                 print(f"  {k}: {v:.4g}")

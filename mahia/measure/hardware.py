@@ -11,8 +11,9 @@ every later number is compared against, on this machine, in this run:
 
 Datasheet numbers are leads, not limits (e.g. an H100 SXM lists 3.35 TB/s and 989 dense bf16
 TFLOP/s); measured ceilings are what a kernel can actually reach. The measurement is made once per
-run: the runner sets ``MAHIA_RUN_ID`` and the first notebook writes ``ceilings.json`` that the
-others reuse.
+run: the runner sets ``MAHIA_RUN_ID`` and the first notebook writes ``ceilings.json`` (full profile;
+``ceilings-<profile>.json`` for any other) that the others reuse. The file carries the profile and the
+commit of the code that measured it, like every record.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from mahia.measure import files
 from mahia.measure.timing import bench
 
 __all__ = ["resolve_device", "device_slug", "device_report", "Ceilings", "ceilings", "DATASHEET"]
@@ -133,6 +135,8 @@ class Ceilings:
     matmul_fp32_tflops: float
     measured_at: str
     run_id: str | None = None
+    profile: str | None = None  # "quick" | "full" | ...; None in files written before it was recorded
+    commit: str | None = None   # the code that measured it (mahia.measure.files.run_commit)
 
     def limit(self, name: str) -> float:
         """The ceiling a record is compared against: 'copy' (GB/s) or 'matmul_bf16'/'matmul_fp32'."""
@@ -181,26 +185,30 @@ _CACHE: dict[str, Ceilings] = {}
 
 
 def ceilings(device: str | torch.device = "auto", *, results_dir: str | Path | None = None,
-             quick: bool = False, refresh: bool = False) -> Ceilings:
+             quick: bool = False, refresh: bool = False, profile: str | None = None) -> Ceilings:
     """Measured ceilings of ``device``, measured once per run.
 
-    Within a runner run (``MAHIA_RUN_ID`` set) the first caller writes ``ceilings.json`` in the
-    device's results folder and later notebooks read it back. Outside a run the measurement is
-    cached for the life of the process.
+    ``profile`` (default ``"quick"`` when ``quick`` else ``"full"``) is stamped on the result with the
+    commit, and names its file: ``ceilings.json`` for the full profile, ``ceilings-<profile>.json``
+    otherwise, so a quick run never replaces the full profile's ceilings. Within a runner run
+    (``MAHIA_RUN_ID`` set) the first caller writes that file in the device's results folder and later
+    notebooks read it back. Outside a run the measurement is cached for the life of the process.
     """
     dev = resolve_device(device)
     slug = device_slug(dev)
+    profile = profile or ("quick" if quick else "full")
     run_id = os.environ.get("MAHIA_RUN_ID")
-    key = f"{slug}:{run_id}"
+    key = f"{slug}:{run_id}:{profile}"
     if not refresh and key in _CACHE:
         return _CACHE[key]
     path = None
     if results_dir is not None:
-        path = Path(results_dir) / slug / "ceilings.json"
+        path = files.profile_file(Path(results_dir) / slug, "ceilings", profile)
+        files.check_writable(path)
         if not refresh and run_id and path.exists():
             try:
                 data = json.loads(path.read_text())
-                if data.get("run_id") == run_id:
+                if data.get("run_id") == run_id and data.get("profile") == profile:
                     c = Ceilings(**data)
                     _CACHE[key] = c
                     return c
@@ -208,12 +216,10 @@ def ceilings(device: str | torch.device = "auto", *, results_dir: str | Path | N
                 pass  # unreadable or old format: measure again
     m = _measure(dev, quick)
     c = Ceilings(device_slug=slug, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 run_id=run_id, **m)
+                 run_id=run_id, profile=profile, commit=files.run_commit(), **m)
     _CACHE[key] = c
     if path is not None:
-        from mahia.measure.results import atomic_write_text
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(c.as_dict(), indent=2) + "\n")
+        files.atomic_write_text(path, json.dumps(c.as_dict(), indent=2) + "\n")
     return c
 
 

@@ -1,11 +1,22 @@
 """Result records: one row per measurement, appended to CSV files, summarized into headline metrics.
 
-Layout, per device (``<slug>`` from ``mahia.measure.hardware.device_slug``)::
+Layout, per device (``<slug>`` from ``mahia.measure.hardware.device_slug``), under a results root:
+``runs/results`` by default (git-ignored), ``data/results`` for the committed reference (written only by
+``python -m mahia reference``; see ``mahia.measure.files``)::
 
-    data/results/<slug>/device.json     which machine this folder belongs to (checked on every write)
-    data/results/<slug>/ceilings.json   measured copy bandwidth and matmul rates (mahia.measure.hardware)
-    data/results/<slug>/<notebook>.csv  records, appended run after run (history is kept)
-    data/results/<slug>/summary.json    headline metrics derived from the newest records
+    <root>/<slug>/device.json           which machine this folder belongs to (checked on every write)
+    <root>/<slug>/ceilings.json         measured copy bandwidth and matmul rates (mahia.measure.hardware);
+                                        ceilings-<profile>.json for a profile other than full
+    <root>/<slug>/<notebook>.csv        records, appended run after run (history is kept)
+    <root>/<slug>/summary.json          headline metrics of the full profile, from its newest records;
+                                        summary-<profile>.json for each other profile
+    <root>/<slug>/parts/<part>.json     (reference only) which commit each notebook or suite last ran at
+
+Every record carries the ``profile`` that made it ("quick", "full") and the ``commit`` of the code
+(``mahia.measure.files.run_commit``). Records written before these columns existed load as profile
+"full" (commit "unknown"): they were all full-profile GPU runs; CPU ones load as profile "unknown".
+Summaries are kept per profile, so a quick run never changes the full profile's headline, and each
+metric says which commit(s) its records come from.
 
 Every write goes to a temporary file first and is then renamed over the target, so an interrupted
 run never leaves a half-written file. A folder that belongs to another device is never written.
@@ -16,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -26,12 +37,21 @@ from typing import Callable, Iterable, Sequence
 import pandas as pd
 import torch
 
+from mahia.measure import files
+from mahia.measure.files import (
+    REPO_ROOT,
+    UNKNOWN,
+    atomic_write_text,
+    default_figures_dir,
+    default_results_dir,
+)
 from mahia.measure.hardware import Ceilings, device_report, device_slug, resolve_device
 from mahia.measure.timing import Timing
 
 __all__ = [
-    "COLUMNS", "HEADLINE_KEYS", "Recorder", "atomic_write_text", "default_results_dir",
-    "default_figures_dir", "load_records", "latest", "summarize", "write_summary", "pairs",
+    "COLUMNS", "HEADLINE_KEYS", "REPO_ROOT", "Recorder", "atomic_write_text", "default_results_dir",
+    "default_figures_dir", "load_records", "latest", "profiles", "headline", "summarize", "write_summary",
+    "write_summaries", "read_summary", "pairs",
 ]
 
 COLUMNS = [
@@ -39,43 +59,9 @@ COLUMNS = [
     "median_ms", "p20_ms", "p80_ms", "n", "first_call_ms", "peak_mem_mb",
     "bytes", "flops", "gbps", "tflops", "limit", "frac_of_limit", "rel_err",
     "value", "unit", "notes", "device", "device_slug", "torch", "triton", "date", "run_id",
+    "profile", "commit",
 ]
 ROLES = ("baseline", "optimized", "peer", "reference", "metric")
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _root_default(sub: str, env: str) -> Path:
-    if os.environ.get(env):
-        return Path(os.environ[env])
-    # In a checkout, results live beside the package; an installed package writes to the cwd.
-    base = REPO_ROOT if (REPO_ROOT / "notebooks").is_dir() else Path.cwd()
-    return base / sub
-
-
-def default_results_dir() -> Path:
-    return _root_default("data/results", "MAHIA_RESULTS_DIR")
-
-
-def default_figures_dir() -> Path:
-    return _root_default("figures", "MAHIA_FIGURES_DIR")
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _shape_str(shape) -> str:
@@ -104,11 +90,15 @@ class Recorder:
     ``rec.timing(...)`` records a timed variant, ``rec.metric(...)`` a single value (a sync count,
     a loss difference). Rows are written to disk at once (atomically), so a notebook that fails
     later keeps what it measured.
+
+    ``profile``: given, else the ceilings' (``setup()`` measures them for its profile), else
+    ``MAHIA_PROFILE`` (set by the runner), else "unknown". ``commit``: given, else
+    ``mahia.measure.files.run_commit()`` (``MAHIA_COMMIT``, set by the runner, else git's).
     """
 
     def __init__(self, notebook: str, device: str | torch.device = "auto", *,
                  results_dir: str | Path | None = None, ceilings: Ceilings | None = None,
-                 run_id: str | None = None):
+                 run_id: str | None = None, profile: str | None = None, commit: str | None = None):
         if not notebook or "/" in notebook:
             raise ValueError(f"notebook must be a plain name like '03_triton_fusion', got {notebook!r}")
         self.notebook = notebook
@@ -120,6 +110,9 @@ class Recorder:
         self.path = self.folder / f"{notebook}.csv"
         self.ceilings = ceilings
         self.run_id = run_id or os.environ.get("MAHIA_RUN_ID") or uuid.uuid4().hex[:12]
+        self.profile = (profile or (ceilings.profile if ceilings is not None else None)
+                        or os.environ.get("MAHIA_PROFILE") or UNKNOWN)
+        self.commit = commit or files.run_commit()
         self.rows: list[dict] = []
 
     # -- writing --------------------------------------------------------------------------------
@@ -137,6 +130,7 @@ class Recorder:
             atomic_write_text(marker, json.dumps(mine, indent=2) + "\n")
 
     def _append(self, row: dict) -> dict:
+        files.check_writable(self.path)
         self._check_folder()
         full = {c: row.get(c) for c in COLUMNS}
         self.rows.append(full)
@@ -153,7 +147,8 @@ class Recorder:
         r = self.report
         return {"notebook": self.notebook, "device": r.get("gpu") or r.get("cpu"),
                 "device_slug": self.slug, "torch": r.get("torch"), "triton": r.get("triton"),
-                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_id": self.run_id}
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_id": self.run_id,
+                "profile": self.profile, "commit": self.commit}
 
     def timing(self, experiment: str, variant: str, role: str, timing: Timing, *, shape=None,
                dtype=None, bytes: float | None = None, flops: float | None = None,
@@ -201,13 +196,25 @@ class Recorder:
         return pd.DataFrame(self.rows, columns=COLUMNS)
 
     def summarize(self) -> dict:
-        """Re-derive the device's ``summary.json`` from all its records; returns the metrics."""
-        return write_summary(self.folder)
+        """Re-derive the summary of this recorder's profile (``summary.json`` for the full profile,
+        ``summary-<profile>.json`` otherwise) from all its records; returns the metrics."""
+        return write_summary(self.folder, self.profile)
 
 
 # -- reading and deriving ---------------------------------------------------------------------------
+_QUICK_NOTE = re.compile(r"\bquick profile\b|\bprofile[ =:]+quick\b", re.IGNORECASE)
+
+
+def _legacy_profile(row) -> str:
+    """The profile of a record written before records carried one: the committed ones are all
+    full-profile GPU runs, except where the notes say quick; a CPU one is not known."""
+    if _QUICK_NOTE.search(str(row["notes"])):
+        return "quick"
+    return UNKNOWN if str(row["device_slug"]).startswith("cpu-") else "full"
+
+
 def load_records(folder: str | Path) -> pd.DataFrame:
-    """All records of one device folder."""
+    """All records of one device folder (records without a profile or commit: see the module doc)."""
     folder = Path(folder)
     frames = [pd.read_csv(p) for p in sorted(folder.glob("*.csv"))]
     frames = [f.reindex(columns=COLUMNS) for f in frames if len(f)]
@@ -216,7 +223,19 @@ def load_records(folder: str | Path) -> pd.DataFrame:
     df = pd.concat(frames, ignore_index=True)
     for c in ("shape", "dtype", "notes", "unit"):
         df[c] = df[c].astype(object).where(df[c].notna(), "").astype(str)
+    old = df["profile"].isna() | (df["profile"].astype(str) == "")
+    df["profile"] = df["profile"].astype(object)
+    if old.any():
+        df.loc[old, "profile"] = df[old].apply(_legacy_profile, axis=1)
+    df["commit"] = df["commit"].astype(object).where(df["commit"].notna(), UNKNOWN).astype(str)
+    df["profile"] = df["profile"].astype(str)
     return df
+
+
+def profiles(df: pd.DataFrame) -> list[str]:
+    """The profiles that have records, full first."""
+    found = set(df["profile"]) if not df.empty else set()
+    return sorted(found, key=lambda p: (p != "full", p))
 
 
 def latest(df: pd.DataFrame) -> pd.DataFrame:
@@ -236,16 +255,31 @@ def _rows(df, experiment, shape=None, dtype=None):
     return sel
 
 
+# The rows a headline rule read, collected while ``headline`` evaluates it (which commit made them).
+_USED: list | None = None
+
+
+def _use(rows: pd.DataFrame) -> None:
+    if _USED is not None:
+        _USED.extend(rows.index)
+
+
+def _newest(sel: pd.DataFrame, column: str) -> float | None:
+    if not len(sel):
+        return None
+    row = sel.sort_values("date").iloc[[-1]]
+    _use(row)
+    return float(row[column].iloc[0])
+
+
 def _time(df, experiment, variant, shape=None, dtype=None):
     sel = _rows(df, experiment, shape, dtype)
-    sel = sel[(sel["variant"] == variant) & sel["median_ms"].notna()]
-    return float(sel.sort_values("date")["median_ms"].iloc[-1]) if len(sel) else None
+    return _newest(sel[(sel["variant"] == variant) & sel["median_ms"].notna()], "median_ms")
 
 
 def _field(df, experiment, variant, field, shape=None, dtype=None):
     sel = _rows(df, experiment, shape, dtype)
-    sel = sel[(sel["variant"] == variant) & sel[field].notna()]
-    return float(sel.sort_values("date")[field].iloc[-1]) if len(sel) else None
+    return _newest(sel[(sel["variant"] == variant) & sel[field].notna()], field)
 
 
 def ratio(experiment, num: str | Sequence[str], den: str, shape=None, dtype=None) -> Callable:
@@ -272,8 +306,12 @@ def field(experiment, variant, name, shape=None, dtype=None) -> Callable:
 
 def best(experiment, name, shape=None, dtype=None) -> Callable:
     def rule(df):
-        sel = _rows(df, experiment, shape, dtype)[name].dropna()
-        return float(sel.max()) if len(sel) else None
+        sel = _rows(df, experiment, shape, dtype)
+        sel = sel[sel[name].notna()]
+        if not len(sel):
+            return None
+        _use(sel.loc[[sel[name].idxmax()]])
+        return float(sel[name].max())
     return rule
 
 
@@ -338,36 +376,93 @@ def goal_status(key: str, value: float | None) -> str:
     return "met" if (value >= bound if op == ">=" else value <= bound) else "missed"
 
 
-def summarize(folder: str | Path) -> dict:
-    """Headline metrics of one device folder (None where not measured)."""
+def _ceilings_doc(folder: Path, profile: str) -> dict | None:
+    path = files.profile_file(folder, "ceilings", profile)
+    if not path.exists():
+        return None
+    c = json.loads(path.read_text())
+    return c if c.get("profile", "full") == profile else None  # files without a profile are full runs'
+
+
+def headline(folder: str | Path, profile: str = "full") -> dict:
+    """Headline metrics of one profile of a device folder, with where each comes from.
+
+    Returns ``{"metrics": {key: value or None}, "sources": {key: [commits]}, "commits": [...],
+    "newest_record": date, "newest_commit": commit, "stale": [keys]}``: ``sources`` names the commit(s)
+    of the records (or ceilings) a measured metric was derived from; ``stale`` lists the metrics made
+    by another commit than the newest record's.
+    """
+    global _USED
     folder = Path(folder)
-    df = latest(load_records(folder))
-    out: dict[str, float | None] = {k: None for k in HEADLINE_KEYS}
-    ceil = folder / "ceilings.json"
-    if ceil.exists():
-        c = json.loads(ceil.read_text())
-        out["copy_gbps"] = c.get("copy_gbps")
-        out["matmul_bf16_tflops"] = c.get("matmul_bf16_tflops")
+    records = load_records(folder)
+    records = records[records["profile"] == profile] if not records.empty else records
+    df = latest(records)
+    metrics: dict[str, float | None] = {k: None for k in HEADLINE_KEYS}
+    sources: dict[str, list[str]] = {}
+    ceil = _ceilings_doc(folder, profile)
+    if ceil is not None:
+        for k in ("copy_gbps", "matmul_bf16_tflops"):
+            metrics[k] = ceil.get(k)
+            if metrics[k] is not None:
+                sources[k] = [ceil.get("commit") or UNKNOWN]
     if not df.empty:
         for k, rule in HEADLINES.items():
-            v = rule(df)
-            out[k] = None if v is None or v != v else round(float(v), 6)
-    return out
-
-
-def write_summary(folder: str | Path) -> dict:
-    folder = Path(folder)
-    metrics = summarize(folder)
-    dev = json.loads((folder / "device.json").read_text()) if (folder / "device.json").exists() else {}
-    df = load_records(folder)
-    doc = {
-        "device": dev.get("gpu") or dev.get("cpu"),
-        "device_slug": folder.name,
-        "newest_record": None if df.empty else str(df["date"].max()),
+            _USED = []
+            try:
+                v = rule(df)
+                used = list(_USED)
+            finally:
+                _USED = None
+            metrics[k] = None if v is None or v != v else round(float(v), 6)
+            if metrics[k] is not None:
+                sources[k] = sorted(set(df.loc[used, "commit"].astype(str))) or [UNKNOWN]
+    newest = records.sort_values("date").iloc[-1] if not records.empty else None
+    newest_commit = str(newest["commit"]) if newest is not None else (
+        (ceil.get("commit") or UNKNOWN) if ceil is not None else None)
+    return {
+        "profile": profile,
+        "newest_record": None if newest is None else str(newest["date"]),
+        "newest_commit": newest_commit,
+        "commits": sorted({c for cs in sources.values() for c in cs}),
+        "stale": [k for k, cs in sources.items() if any(c != newest_commit for c in cs)],
         "metrics": metrics,
+        "sources": sources,
     }
-    atomic_write_text(folder / "summary.json", json.dumps(doc, indent=2) + "\n")
-    return metrics
+
+
+def summarize(folder: str | Path, profile: str = "full") -> dict:
+    """Headline metrics of one profile of a device folder (None where not measured)."""
+    return headline(folder, profile)["metrics"]
+
+
+def write_summary(folder: str | Path, profile: str = "full") -> dict:
+    """Write one profile's summary (``summary.json`` for full, ``summary-<profile>.json`` otherwise);
+    returns its metrics. Only that profile's file is touched."""
+    folder = Path(folder)
+    dev = json.loads((folder / "device.json").read_text()) if (folder / "device.json").exists() else {}
+    doc = {"device": dev.get("gpu") or dev.get("cpu"), "device_slug": folder.name, **headline(folder, profile)}
+    atomic_write_text(files.profile_file(folder, "summary", profile), json.dumps(doc, indent=2) + "\n")
+    return doc["metrics"]
+
+
+def write_summaries(folder: str | Path) -> dict[str, dict]:
+    """Write the summary of every profile that has records or ceilings; ``{profile: metrics}``."""
+    folder = Path(folder)
+    found = profiles(load_records(folder))
+    for path in folder.glob("ceilings*.json"):
+        p = path.stem.partition("-")[2] or "full"
+        if p not in found and _ceilings_doc(folder, p) is not None:
+            found.append(p)
+    return {p: write_summary(folder, p) for p in found}
+
+
+def read_summary(folder: str | Path, profile: str = "full") -> dict:
+    """The summary document of one profile (raises FileNotFoundError when there is none)."""
+    path = files.profile_file(folder, "summary", profile)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: {Path(folder)} has no {profile}-profile summary "
+                                "(`python -m mahia report <folder>` writes it from the records)")
+    return json.loads(path.read_text())
 
 
 @dataclass
