@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mahia.measure import hardware
+from mahia.measure.checks import check_int
 from mahia.measure.results import Recorder, default_figures_dir
 from mahia.measure.timing import Timing, bench
 
@@ -81,8 +82,17 @@ def seed_everything(seed: int) -> None:
 
 def setup(notebook: str, *, device: str = "auto", profile: str = "quick", seed: int = 0,
           results_dir: str | None = None, figures_dir: str | None = None,
-          verbose: bool = True) -> Context:
-    """Resolve the device, check the profile, seed, measure (or reuse) the ceilings, make a recorder."""
+          verbose: bool = True, cpu_threads: int | None = None, cpu_note: str | None = None) -> Context:
+    """Resolve the device, check the profile, seed, measure (or reuse) the ceilings, make a recorder.
+
+    ``cpu_threads``: on a CPU run, ``torch.set_num_threads(cpu_threads)`` once the ceilings are measured
+    (None leaves PyTorch's default). The notebooks' ops are small: splitting each over threads costs
+    more than it saves, and on a busy machine the threads wait for each other, so one thread keeps the
+    CPU timings short and steady. ``cpu_note``: what else this notebook does differently on a CPU,
+    printed with the set-up report on a CPU run. Neither changes anything on a GPU.
+    """
+    if cpu_threads is not None:
+        check_int("setup", "cpu_threads", cpu_threads)
     if profile not in PROFILES:
         raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
     dev = hardware.resolve_device(device)
@@ -99,7 +109,23 @@ def setup(notebook: str, *, device: str = "auto", profile: str = "quick", seed: 
         print(f"  {report.get('gpu') or report.get('cpu')} | torch {report['torch']} | triton {report['triton']}")
         print(f"  measured ceilings: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
               f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s")
+    _cpu_setup(ctx, cpu_threads, cpu_note, verbose)
     return ctx
+
+
+def _cpu_setup(ctx: Context, threads: int | None, note: str | None, verbose: bool) -> None:
+    """The CPU-only part of :func:`setup`: after the ceilings, so they are measured like every other run's."""
+    if ctx.is_cuda:
+        return
+    said = []
+    if threads is not None:
+        torch.set_num_threads(threads)
+        said.append(f"torch.set_num_threads({threads}) for this notebook (small ops: thread fork/join would "
+                    "dominate)")
+    if note:
+        said.append(note)
+    if verbose and said:
+        print("CPU run: " + "; ".join(said))
 
 
 def _results_root() -> Path:
