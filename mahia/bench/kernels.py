@@ -1,67 +1,297 @@
-"""Kernel benchmarks: RMSNorm, SwiGLU, RoPE and the MoE combine (``python -m mahia.bench kernels``).
+"""Kernel benchmarks: RMSNorm, add + RMSNorm, SwiGLU, RoPE and the MoE combine (``python -m mahia.bench kernels``).
 
-Variants, each checked against a float64 run of the eager reference on fresh random inputs before it
-is timed (a wrong one raises ``CorrectnessError`` and nothing is recorded):
+What is measured is what a user meets: every kernel, forward and forward + backward, over a sweep of
+shapes fixed here, in bfloat16, float16 and float32, each variant timed two ways, beside the peers a
+user could call instead.
 
-    eager          the readable reference of mahia.layers           role "baseline"
-    F.rms_norm     PyTorch's own RMSNorm (RMSNorm only)             role "peer"
-    torch.compile  Inductor's fusion of the eager reference         role "peer"  (CUDA only)
-    liger          Liger-Kernel, when ``import liger_kernel`` works role "peer"  (CUDA only)
-    mahia_triton   mahia.ops                                    role "optimized"
+Variants, each checked against a float64 run of the eager reference on fresh random inputs at every
+shape before it is timed (``compare_fn``'s check, its errors computed on the GPU: see ``_compare``); a
+wrong one is not timed, the others go on, and the suite ends with a ``CorrectnessError`` naming it:
+
+    eager          the readable reference of mahia.ops (``*_eager``)       role "baseline"
+    F.rms_norm     PyTorch's own RMSNorm (RMSNorm; add + RMSNorm: x + r    role "peer"
+                   then F.rms_norm)
+    torch.compile  Inductor's fusion of the eager reference: default mode, role "peer"  (CUDA only)
+                   static shapes, compiled afresh for every shape and dtype
+                   (``torch._dynamo.reset()`` first, so no recompile limit is hit)
+    liger          Liger-Kernel, when ``import liger_kernel`` works          role "peer"  (CUDA only)
+    mahia_triton   mahia.ops                                               role "optimized"
 
 Liger's defaults are kept: its RMSNorm writes dx over dy, its SwiGLU backward writes da, db over the
 saved a, b, and its RoPE rotates q and k in place. The timed inputs therefore drift from step to step
 (rotations keep their norm; the SwiGLU values may overflow over many steps), which does not change the
 work or the bytes of a memory-bound kernel; correctness is checked on fresh inputs first.
 
-On CUDA each variant is timed twice: by replaying a CUDA graph of the step (the device time, the
-recorded figure) and launched from Python as usual (in the record's notes). Short fwd+bwd steps are
-otherwise dominated by host overhead (autograd, dispatch, Triton's launcher), which says nothing
-about the kernels and which a real model hides by running ahead of the GPU or by graphs.
+Two timings of every step (a step: the forward, or the forward and a backward with fixed output
+gradients), in two experiments, so that every record keeps the columns of
+:mod:`mahia.measure.results` and a ratio never mixes the two:
 
-On CUDA each experiment also times a plain ``copy_`` that moves the same bytes (metric
-``copy_same_bytes``, as a fraction of the copy ceiling): the ceiling is measured on a 2 GiB copy, and at a
-few hundred MB even a copy reaches less of it, which is the honest limit for a kernel of that size.
+    <kernel>_<pass>          device time: ``bench(step, cuda_graph=True)``, a CUDA-graph replay of the step
+                             after an L2 flush: what the kernels cost the GPU, without Python, dispatch and
+                             launch overhead (on the CPU, ``--quick``: ``bench`` on the CPU)
+    <kernel>_<pass>_eager    eager time (:func:`eager_bench`): N calls of the step back to back from Python,
+                             one synchronize, per-call time = total / N, repeated for median and spread:
+                             what an eager model sees, host overhead included when the host is the slower
+                             side. No L2 flush between the calls (inputs under ~50 MB may stay in L2).
+    <kernel>_host_<pass>     host cost: eager time on a tiny tensor (4 x 64; every input that has a gradient
+                             requires it, also for the forward, as in training), i.e. Python + dispatch +
+                             autograd + launch per call
 
-Bytes are the fewest a kernel must move (each input read once, each output written once):
+``<pass>`` is ``fwd`` or ``fwdbwd``. The notes of each record start with ``timing=device``,
+``timing=eager`` (and say how it was taken); :func:`timing_mode` reads the mode off an experiment name.
+Forward records of the sweep run without autograd (inputs do not require grad).
 
-    rmsnorm_fwd      read x, write y                                  2 MN + N elements
-    rmsnorm_fwdbwd   + read x, dy; write dx; read w, write dw        5 MN + 3 N
-    swiglu_fwd       read a, b; write c                               3 n
-    swiglu_fwdbwd    + read dc, a, b; write da, db                    8 n
-    rope_fwdbwd      read q, k; write q, k, twice; + cos/sin twice    4 (|q| + |k|) + 2 T D float32
-    moe_combine_fwd  read out (N k, D), write y (N, D); gates, index  N k D + N D + 12 N k bytes
-    moe_combine_fwdbwd  + read dy, out; write d_out, d_gates          3 N k D + 2 N D + 28 N k bytes
+Bytes are the fewest a kernel must move (each input read once, each output written once); every
+record carries them, so GB/s and the fraction of the copy ceiling follow:
 
-Sizes on CUDA (bfloat16): RMSNorm 16384 x 4096, SwiGLU 16384 x 11008, RoPE B=8 T=2048 Hq=32 Hkv=8
-D=128, the MoE combine N=16384 tokens, k=2, D=1024 (notebook 08's layer), and an RMSNorm forward sweep over hidden sizes 512 .. 16384 at 2^26 elements each. ``quick``
-on the CPU uses tiny shapes and runs only eager, F.rms_norm and (under TRITON_INTERPRET=1, as a smoke
-test, not a performance figure) mahia_triton.
+    rmsnorm_fwd          read x, write y                                     2 MN + N elements
+    rmsnorm_fwdbwd       + read x, dy; write dx; read w, write dw            5 MN + 3 N
+    add_rmsnorm_fwd      read x, r; write y, h; read w                       4 MN + N
+    add_rmsnorm_fwdbwd   + read dy, dh, h; write dx (= dr); read w, write dw  8 MN + 3 N
+    swiglu_fwd           read a, b; write c                                  3 n
+    swiglu_fwdbwd        + read dc, a, b; write da, db                       8 n
+    rope_fwd             read q, k; write q, k; cos/sin once                 2 (|q| + |k|) + T D float32
+    rope_fwdbwd          the same twice                                      4 (|q| + |k|) + 2 T D float32
+    moe_combine_fwd      read out (N k, D), write y (N, D); gates, index     N k D + N D + 12 N k bytes
+    moe_combine_fwdbwd   + read dy, out; write d_out, d_gates                3 N k D + 2 N D + 28 N k bytes
+
+Size (the x axis of the plots and the thresholds of :func:`summary_keys`) is :func:`input_bytes`: the
+bytes of x (RMSNorm, add + RMSNorm), of a (SwiGLU), of q and k (RoPE), of out (MoE combine). MB = 1e6 bytes.
+
+On CUDA, for every device-time experiment at a shape of at least 8 MB, a plain ``copy_`` of the same
+bytes is timed (metric ``copy_same_bytes``, as a fraction of the copy ceiling): the ceiling is measured on
+a 2 GiB copy, and at a few MB even a copy reaches less of it, which is the honest limit at that size.
+
+The sweep (:data:`GRID`), fixed before measuring; rows are tokens (RoPE: batch x sequence):
+
+    rows          91 (a decode batch: odd, under one wave of programs), 1024, 4096, 16384
+    RMSNorm, add  hidden 1000 (not a multiple of a block: masking), 2048, 4096, 5120 (13B), 8192 (70B)
+    SwiGLU        intermediate 1000, 2048, 4096, 11008 (Llama-2 7B), 14336 (Llama-3 8B)
+    RoPE          (Hq, Hkv, D) = (12, 12, 64) GPT-2, (28, 4, 128) Qwen2 7B, (32, 8, 128) Llama-3 8B,
+                  (40, 40, 128) Llama-2 13B, (64, 8, 128) Llama-3 70B; rows as (B, T) = (1, 91), (1, 1024),
+                  (2, 2048), (8, 2048)
+    MoE combine   k = 2, D = 1000, 1024 (notebook 08), 2048, 4096, 7168 (DeepSeek-V3)
+    dtypes        bfloat16, float16, float32
+
+Headline shapes (bfloat16): RMSNorm 16384 x 4096, SwiGLU 16384 x 11008, RoPE B=8 T=2048 Hq=32 Hkv=8 D=128.
+
+Parts: the sweep runs in parts that resume (one lent GPU command lasts at most 10 minutes): ``host`` and
+``<kernel>-<dtype>`` (``rmsnorm-bf16`` .. ``moe_combine-fp32``); ``--part rmsnorm`` selects every dtype of a
+kernel, ``--part bf16`` every kernel of a dtype, ``--part list`` prints the plan with the time of each part
+on an H100 (:data:`EST_MIN_H100`: 0.45 to 1.8 min a part, ~24 min in all). A record already in the
+suite's CSV for the same commit and profile (same experiment, variant, shape, dtype) is not measured
+again (``--fresh`` measures anyway), so a command stopped at its limit is finished by running it again.
+:func:`parse_args` parses these options; until ``python -m mahia.bench`` passes them on,
+``MAHIA_BENCH_PARTS=rmsnorm-bf16,host`` selects parts, or run ``python -m mahia.bench.kernels --part
+rmsnorm-bf16 [--fresh] [mahia.bench options]``. Four commands of under 8 minutes each cover everything:
+
+    --part host,rmsnorm-bf16,add_rmsnorm-bf16,swiglu-bf16,rope-bf16          ~7.1 min
+    --part moe_combine-bf16,rmsnorm-fp16,add_rmsnorm-fp16,swiglu-fp16        ~6.4 min
+    --part rope-fp16,moe_combine-fp16,rmsnorm-fp32,add_rmsnorm-fp32          ~6.8 min
+    --part swiglu-fp32,rope-fp32,moe_combine-fp32                            ~4.0 min   (+ ~0.4 min each)
+
+Figures (:func:`plot`, at the end of a run but ``--quick``): one per kernel of the selected parts, every
+dtype recorded for this commit so far, and the host cost, in ``runs/figures/<device>/bench_kernels_*``.
+
+``--quick`` uses two tiny shapes per kernel, float32 only, no torch.compile on the CPU, no Liger, no copy
+and no figures; mahia_triton runs only under TRITON_INTERPRET=1 (the interpreter: a smoke test, not a
+performance figure). It says what it ran and what it skipped.
 """
 from __future__ import annotations
 
+import argparse
+import gc
+import math
+import os
+import statistics
+import sys
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from mahia import ops
-from mahia.measure.checks import compare_fn, tolerance
-from mahia.ops.swiglu import swiglu_eager
-from mahia.ops.rmsnorm import rms_norm_eager
 from mahia.layers.rope import RotaryCache
-from mahia.ops.rope import apply_rope_eager
+from mahia.measure.checks import Comparison, CorrectnessError, tolerance
+from mahia.measure.timing import Timing, bench, synchronize
 from mahia.ops.moe_combine import moe_combine_eager
-from mahia.measure.timing import bench
+from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
+from mahia.ops.rope import apply_rope_eager
+from mahia.ops.swiglu import swiglu_eager
 
-__all__ = ["run", "min_bytes"]
+__all__ = ["run", "min_bytes", "input_bytes", "eager_bench", "parse_args", "select_parts", "PARTS", "GRID",
+           "HEADLINE", "summary_keys", "SUMMARY_KEYS", "timing_mode", "plot", "Variant"]
 
 EPS = 1e-6
+MB = 1e6
 ROLE = {"eager": "baseline", "F.rms_norm": "peer", "torch.compile": "peer", "liger": "peer",
         "mahia_triton": "optimized"}
+KERNELS = ("rmsnorm", "add_rmsnorm", "swiglu", "rope", "moe_combine")
+PASSES = ("fwd", "fwdbwd")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+OP = {"rmsnorm": "rms_norm", "add_rmsnorm": "add_rms_norm", "swiglu": "swiglu", "rope": "rope",
+      "moe_combine": "moe_combine"}
 
+# ------------------------------------------------------------------------------------------- the sweep
+
+ROWS = (91, 1024, 4096, 16384)
+_ROPE_TOKENS = ((1, 91), (1, 1024), (2, 2048), (8, 2048))  # (B, T): B*T = ROWS
+_ROPE_HEADS = ((12, 12, 64), (28, 4, 128), (32, 8, 128), (40, 40, 128), (64, 8, 128))  # (Hq, Hkv, D)
+_HIDDEN = {"rmsnorm": (1000, 2048, 4096, 5120, 8192), "add_rmsnorm": (1000, 2048, 4096, 5120, 8192),
+           "swiglu": (1000, 2048, 4096, 11008, 14336), "moe_combine": (1000, 1024, 2048, 4096, 7168)}
+MOE_K = 2
+
+
+def _grid(kernel: str, quick: bool) -> list[tuple[int, ...]]:
+    """The sweep of ``kernel``; ``quick``: two tiny shapes (one odd-sized, one a little larger)."""
+    if quick:
+        return {"rope": [(1, 3, 3, 1, 32), (1, 8, 4, 2, 64)],
+                "moe_combine": [(5, MOE_K, 100), (16, MOE_K, 256)]}.get(kernel, [(5, 100), (16, 256)])
+    if kernel == "rope":
+        return [(B, T, Hq, Hkv, D) for B, T in _ROPE_TOKENS for Hq, Hkv, D in _ROPE_HEADS]
+    if kernel == "moe_combine":
+        return [(n, MOE_K, d) for n in ROWS for d in _HIDDEN[kernel]]
+    return [(m, n) for m in ROWS for n in _HIDDEN[kernel]]
+
+
+GRID: dict[str, list[tuple[int, ...]]] = {k: _grid(k, quick=False) for k in KERNELS}
+HEADLINE = {"rmsnorm": (16384, 4096), "swiglu": (16384, 11008), "rope": (8, 2048, 32, 8, 128)}
+HOST_SHAPE = {"rmsnorm": (4, 64), "add_rmsnorm": (4, 64), "swiglu": (4, 64), "rope": (1, 4, 2, 1, 64),
+              "moe_combine": (4, MOE_K, 64)}
+
+# Per-timing budgets (ms). Short on purpose: the sweep has ~2000 timings; medians of >= 5 samples.
+DEVICE_BUDGET = {"warmup_ms": 10.0, "rep_ms": 25.0, "max_reps": 200}
+# Eager time is host-bound at small shapes, and the H100 machine's host is noisy (20-40% between samples):
+# longer samples and more of them than for the device time.
+EAGER_BUDGET = {"warmup_ms": 10.0, "rep_ms": 50.0, "sample_ms": 4.0}
+QUICK_BUDGET = {"warmup_ms": 1.0, "rep_ms": 3.0, "max_reps": 5, "min_calls": 1, "min_samples": 3}
+COPY_MIN_BYTES = 8 * MB      # copy_same_bytes at shapes of at least this input size (CUDA)
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    kernel: str | None  # None: the host-cost rows of every kernel
+    dtype: torch.dtype | None
+
+
+PARTS: list[Part] = [Part("host", None, None)] + [
+    Part(f"{k}-{short}", k, dt) for short, dt in DTYPES.items() for k in KERNELS]
+# Wall time of each part on an H100 (minutes), printed by --part list. Measured (2026-11, torch 2.11,
+# Liger 0.8.5): host 0.45, rope-fp32 1.5, moe_combine-fp32 1.1 (this code); the bf16 parts with an eager
+# budget of 25 ms (+ ~10 s a part for today's 50 ms, included); rmsnorm-fp32 on 17 of its 20 shapes.
+# fp16 is taken as bf16 (same bytes, same kernels), add_rmsnorm-fp32 and swiglu-fp32 as their bf16 parts.
+# Each command adds ~0.4 min: imports, the ceilings of a fresh results folder, the figures.
+EST_MIN_H100: dict[str, float] = {
+    "host": 0.45,
+    **{f"{k}-{d}": m for d in ("bf16", "fp16") for k, m in
+       (("rmsnorm", 1.75), ("add_rmsnorm", 1.7), ("swiglu", 1.4), ("rope", 1.8), ("moe_combine", 1.5))},
+    "rmsnorm-fp32": 1.8, "add_rmsnorm-fp32": 1.7, "swiglu-fp32": 1.4, "rope-fp32": 1.5, "moe_combine-fp32": 1.1,
+}
+
+
+def select_parts(spec: Iterable[str] | str | None) -> list[Part]:
+    """Parts named by ``spec`` (names, kernels, dtypes as bf16/fp16/fp32, or 'all'; a string may hold
+    several, comma-separated), in the order of :data:`PARTS`. None or empty: all."""
+    if spec is None:
+        return list(PARTS)
+    tokens = [t.strip() for s in ([spec] if isinstance(spec, str) else spec) for t in str(s).split(",")]
+    tokens = [t for t in tokens if t]
+    if not tokens or "all" in tokens:
+        return list(PARTS)
+    chosen = set()
+    for t in tokens:
+        hit = {p.name for p in PARTS
+               if t == p.name or t == p.kernel or (t in DTYPES and p.dtype == DTYPES[t])}
+        if not hit:
+            raise ValueError(f"kernels: unknown part {t!r}; parts are {', '.join(p.name for p in PARTS)} "
+                             f"(or a kernel {', '.join(KERNELS)}, a dtype {', '.join(DTYPES)}, or all)")
+        chosen |= hit
+    return [p for p in PARTS if p.name in chosen]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> dict:
+    """The suite's own options, for ``python -m mahia.bench kernels ...`` to pass on to :func:`run`:
+    ``--part P`` (repeatable, or comma-separated; 'list' prints the plan and measures nothing) and
+    ``--fresh`` (measure again what this commit already recorded). Returns ``run``'s keyword arguments."""
+    p = argparse.ArgumentParser(prog="python -m mahia.bench kernels", add_help=False)
+    p.add_argument("--part", action="append", default=None,
+                   help="parts to run: " + ", ".join(q.name for q in PARTS) + "; a kernel, a dtype, all, list")
+    p.add_argument("--fresh", action="store_true", help="do not skip what this commit already recorded")
+    args = p.parse_args(list(argv or []))
+    return {"parts": args.part, "resume": not args.fresh}
+
+
+# ------------------------------------------------------------------------------------------- bytes
+
+def _es(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _base_experiment(experiment: str) -> str:
+    """'rmsnorm_fwdbwd_eager' / 'rmsnorm_host_fwdbwd' / 'rmsnorm_fwd_sweep' -> the byte-count experiment."""
+    e = experiment.replace("_host_", "_")
+    return e.removesuffix("_eager").removesuffix("_sweep")
+
+
+def timing_mode(experiment: str) -> str:
+    """'eager' for ``*_eager`` and ``*_host_*`` experiments (per-call time of back-to-back eager calls),
+    else 'device' (CUDA-graph replay on a GPU)."""
+    return "eager" if experiment.endswith("_eager") or "_host_" in experiment else "device"
+
+
+def _kernel_of(experiment: str) -> str:
+    for k in sorted(KERNELS, key=len, reverse=True):  # add_rmsnorm before rmsnorm
+        if experiment.startswith(k + "_"):
+            return k
+    raise ValueError(f"no kernel of this benchmark makes experiment {experiment!r}")
+
+
+def min_bytes(experiment: str, shape, dtype: torch.dtype) -> int:
+    """The fewest bytes of ``experiment`` (table in the module docstring); shape (M, N) for RMSNorm,
+    add + RMSNorm and SwiGLU, (B, T, Hq, Hkv, D) for RoPE, (N, k, D) for the MoE combine (float32 gates,
+    int64 index). Timing-mode suffixes (``_eager``, ``_host_``) and ``_sweep`` are ignored."""
+    exp = _base_experiment(experiment)
+    es = _es(dtype)
+    if exp.startswith("moe_combine"):
+        N, k, D = shape
+        fwd = (N * k * D + N * D) * es + N * k * (4 + 8)
+        if exp == "moe_combine_fwd":
+            return fwd
+        if exp == "moe_combine_fwdbwd":
+            return 2 * fwd + N * k * D * es + N * k * 4  # + d_out, d_gates
+    elif exp.startswith("rope"):
+        B, T, Hq, Hkv, D = shape
+        one = 2 * B * T * (Hq + Hkv) * D * es + T * D * 4  # read + write q, k; cos/sin tables float32
+        if exp == "rope_fwd":
+            return one
+        if exp == "rope_fwdbwd":
+            return 2 * one
+    else:
+        M, N = shape
+        per_element = {"rmsnorm_fwd": 2, "rmsnorm_fwdbwd": 5, "add_rmsnorm_fwd": 4, "add_rmsnorm_fwdbwd": 8,
+                       "swiglu_fwd": 3, "swiglu_fwdbwd": 8}
+        weight = {"rmsnorm_fwd": N, "rmsnorm_fwdbwd": 3 * N, "add_rmsnorm_fwd": N, "add_rmsnorm_fwdbwd": 3 * N}
+        if exp in per_element:
+            return (per_element[exp] * M * N + weight.get(exp, 0)) * es
+    raise ValueError(f"min_bytes: unknown experiment {experiment!r}")
+
+
+def input_bytes(experiment_or_kernel: str, shape, dtype: torch.dtype) -> int:
+    """The size of a shape: bytes of x (RMSNorm, add + RMSNorm), a (SwiGLU), q and k (RoPE), out (MoE)."""
+    k = experiment_or_kernel if experiment_or_kernel in KERNELS else _kernel_of(experiment_or_kernel)
+    n = math.prod(shape)
+    if k == "rope":
+        B, T, Hq, Hkv, D = shape
+        n = B * T * (Hq + Hkv) * D
+    return n * _es(dtype)
+
+
+# ------------------------------------------------------------------------------------------- peers
 
 @dataclass
 class Variant:
@@ -72,10 +302,9 @@ class Variant:
     notes: str = ""
 
 
-# ----------------------------------------------------------------------------------------- peers
-
 def _liger_ops():
-    """Liger-Kernel's autograd functions, or None when it does not import (the reason is printed)."""
+    """Liger-Kernel's autograd functions, or None when it does not import (the reason is printed).
+    ``add_rms_norm`` is None when this Liger has no fused add + RMSNorm."""
     try:
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.rope import LigerRopeFunction
@@ -83,7 +312,12 @@ def _liger_ops():
     except Exception as exc:  # not installed, or built for another torch/triton
         print(f"  liger: skipped ({type(exc).__name__}: {exc})")
         return None
-    return SimpleNamespace(rms_norm=LigerRMSNormFunction, swiglu=LigerSiLUMulFunction, rope=LigerRopeFunction)
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+    except Exception:  # older Liger
+        LigerFusedAddRMSNormFunction = None
+    return SimpleNamespace(rms_norm=LigerRMSNormFunction, swiglu=LigerSiLUMulFunction, rope=LigerRopeFunction,
+                           add_rms_norm=LigerFusedAddRMSNormFunction)
 
 
 def _liger_rope(rope_fn):
@@ -99,68 +333,300 @@ def _liger_rope(rope_fn):
     return fn, adapt
 
 
-def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, liger) -> list[Variant]:
+def _f_rms_norm(x, w):
+    return F.rms_norm(x, (x.shape[-1],), w, EPS)
+
+
+def _f_add_rms_norm(x, r, w):
+    h = x + r
+    return F.rms_norm(h, (h.shape[-1],), w, EPS), h
+
+
+def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, liger, *,
+              with_compile: bool | None = None) -> list[Variant]:
+    """The variants of ``op`` ('rms_norm', 'add_rms_norm', 'swiglu', 'rope', 'moe_combine') on ``dev``.
+    ``with_compile`` (default: on CUDA) adds torch.compile of ``eager``: build the list afresh for each shape
+    (after ``torch._dynamo.reset()``) to compile per shape."""
     out = [Variant("eager", eager)]
     if op == "rms_norm" and hasattr(F, "rms_norm"):  # torch >= 2.4
-        out.append(Variant("F.rms_norm", lambda x, w: F.rms_norm(x, (x.shape[-1],), w, EPS)))
-    if dev.type == "cuda":
-        out.append(Variant("torch.compile", torch.compile(eager, dynamic=False)))
-        if liger is not None:
-            if op == "rms_norm":
-                out.append(Variant("liger", lambda x, w: liger.rms_norm.apply(x, w, EPS),
-                                   notes="casting_mode=llama, in_place=True (defaults)"))
-            elif op == "swiglu":
-                out.append(Variant("liger", liger.swiglu.apply, notes="backward overwrites a, b (default)"))
-            elif op == "rope":
-                fn, adapt = _liger_rope(liger.rope)
-                out.append(Variant("liger", fn, adapt, notes="rotates q, k in place; cos/sin (T, D)"))
+        out.append(Variant("F.rms_norm", _f_rms_norm))
+    if op == "add_rms_norm" and hasattr(F, "rms_norm"):
+        out.append(Variant("F.rms_norm", _f_add_rms_norm, notes="h = x + r, then F.rms_norm(h)"))
+    if with_compile if with_compile is not None else dev.type == "cuda":
+        out.append(Variant("torch.compile", torch.compile(eager, dynamic=False),
+                           notes="default mode, static shapes, compiled for this shape"))
+    if dev.type == "cuda" and liger is not None:
+        if op == "rms_norm":
+            out.append(Variant("liger", lambda x, w: liger.rms_norm.apply(x, w, EPS),
+                               notes="casting_mode=llama, in_place=True (defaults)"))
+        elif op == "add_rms_norm" and getattr(liger, "add_rms_norm", None) is not None:
+            out.append(Variant("liger", lambda x, r, w: liger.add_rms_norm.apply(x, r, w, EPS),
+                               notes="LigerFusedAddRMSNormFunction, casting_mode=llama (defaults)"))
+        elif op == "swiglu":
+            out.append(Variant("liger", liger.swiglu.apply, notes="backward overwrites a, b (default)"))
+        elif op == "rope":
+            fn, adapt = _liger_rope(liger.rope)
+            out.append(Variant("liger", fn, adapt, notes="rotates q, k in place; cos/sin (T, D)"))
     if ops.triton_available_for(torch.empty(0, device=dev)):
         notes = "" if dev.type == "cuda" else "TRITON_INTERPRET=1: CPU interpreter, not a performance figure"
         out.append(Variant("mahia_triton", mahia, notes=notes))
-    else:
-        print(f"  mahia_triton: skipped ({ops.status()[op]})")
     return out
 
 
-# ------------------------------------------------------------------------------------ bytes
+# ------------------------------------------------------------------------------------------- inputs
 
-def min_bytes(experiment: str, shape, dtype: torch.dtype) -> int:
-    """The fewest bytes of ``experiment`` (table in the module docstring); shape (M, N) for RMSNorm
-    and SwiGLU, (B, T, Hq, Hkv, D) for RoPE, (N, k, D) for the MoE combine (float32 gates, int64 index)."""
-    es = torch.empty(0, dtype=dtype).element_size()
-    if experiment.startswith("moe_combine"):
-        N, k, D = shape
-        fwd = (N * k * D + N * D) * es + N * k * (4 + 8)
-        return fwd if experiment == "moe_combine_fwd" else 2 * fwd + N * k * D * es + N * k * 4  # + d_out, d_gates
-    if experiment.startswith("rope"):
+_REFERENCE = {"rmsnorm": rms_norm_eager, "add_rmsnorm": add_rms_norm_eager, "swiglu": swiglu_eager,
+              "rope": apply_rope_eager, "moe_combine": moe_combine_eager}
+_MAHIA = {"rmsnorm": ops.rms_norm, "add_rmsnorm": ops.add_rms_norm, "swiglu": ops.swiglu, "rope": ops.rope,
+          "moe_combine": ops.moe_combine}
+GRAD_INPUTS = {"rmsnorm": [0, 1], "add_rmsnorm": [0, 1, 2], "swiglu": [0, 1], "rope": [0, 1],
+               "moe_combine": [0, 2]}
+
+
+def _randn(*shape, dev, dtype, scale=1.0, shift=0.0):
+    return torch.randn(*shape, device=dev, dtype=dtype) * scale + shift
+
+
+def make_inputs(kernel: str, shape, dtype: torch.dtype, dev) -> tuple:
+    """Fresh random inputs of ``kernel`` at ``shape``: weights near 1 (as after init: keeps the in-place
+    peers' iterated gradients bounded), float32 RoPE tables and MoE gates, an int64 permutation."""
+    dev = torch.device(dev)
+    if kernel in ("rmsnorm", "add_rmsnorm"):
+        M, N = shape
+        x = _randn(M, N, dev=dev, dtype=dtype)
+        w = _randn(N, dev=dev, dtype=dtype, scale=0.1, shift=1.0)
+        return (x, w) if kernel == "rmsnorm" else (x, _randn(M, N, dev=dev, dtype=dtype), w)
+    if kernel == "swiglu":
+        M, N = shape
+        return _randn(M, N, dev=dev, dtype=dtype), _randn(M, N, dev=dev, dtype=dtype)
+    if kernel == "rope":
         B, T, Hq, Hkv, D = shape
-        return 4 * B * T * (Hq + Hkv) * D * es + 2 * T * D * 4  # cos/sin tables are float32
-    M, N = shape
-    per_element = {"rmsnorm_fwd": 2, "rmsnorm_fwd_sweep": 2, "rmsnorm_fwdbwd": 5,
-                   "swiglu_fwd": 3, "swiglu_fwdbwd": 8}[experiment]
-    weight = {"rmsnorm_fwd": N, "rmsnorm_fwd_sweep": N, "rmsnorm_fwdbwd": 3 * N}.get(experiment, 0)
-    return (per_element * M * N + weight) * es
+        cos, sin = RotaryCache(D, T, device=dev).get(T)
+        return _randn(B, T, Hq, D, dev=dev, dtype=dtype), _randn(B, T, Hkv, D, dev=dev, dtype=dtype), cos, sin
+    if kernel == "moe_combine":
+        N, k, D = shape
+        inverse = torch.randperm(N * k, device=dev)  # where each (token, slot) sits in expert order
+        gates = torch.rand(N, k, device=dev).softmax(-1)  # float32, as the router makes them
+        return _randn(N * k, D, dev=dev, dtype=dtype), inverse, gates
+    raise ValueError(f"unknown kernel {kernel!r}; known: {KERNELS}")
 
 
-# ------------------------------------------------------------------------------------ measuring
+# ------------------------------------------------------------------------------------------- timing
+
+def _pcts(xs: list[float]) -> tuple[float, float, float]:
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=10, method="inclusive")
+    return statistics.median(xs), q[1], q[7]
+
+
+def _calls(fn: Callable[[], object], n: int, dev: torch.device) -> float:
+    """ms per call of ``n`` calls back to back, then one synchronize (from an idle device)."""
+    synchronize(dev)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    synchronize(dev)
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def eager_bench(fn: Callable[[], object], *, device: torch.device | str | None = None, warmup_ms: float = 10.0,
+                rep_ms: float = 25.0, sample_ms: float = 2.0, min_calls: int = 5, max_calls: int = 2000,
+                min_samples: int = 5, max_samples: int = 200, info: dict | None = None) -> Timing:
+    """The per-call time an eager program sees: ``fn`` called N times back to back from Python, then one
+    synchronize; a sample is total / N. N is chosen so that a sample lasts ``sample_ms`` (at least
+    ``min_calls``), which amortizes the first launch and the final synchronize; samples repeat within
+    ``rep_ms`` (at least ``min_samples``) for the median and the 20-80 percentile spread.
+
+    When the device is the slower side this is the device time plus the gaps between kernels; when the
+    host is, it is the host's time per call (Python, dispatch, autograd, launches). Nothing is flushed
+    between calls: inputs small enough stay in L2, as they would for back-to-back calls on the same data.
+
+    ``info``, when given, receives ``calls`` (N) and ``samples``. (Proposed for mahia.measure.timing,
+    next to ``bench``.)
+    """
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    synchronize(dev)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(dev)
+    first = (time.perf_counter() - t0) * 1e3
+    est = max(_calls(fn, 1 if first > warmup_ms else 3, dev), 1e-4)
+    if warmup_ms > 3 * est:
+        est = max(_calls(fn, max(1, int(warmup_ms / est)), dev), 1e-4)
+    n_calls = int(min(max_calls, max(min_calls, math.ceil(sample_ms / est))))
+    n_samples = int(min(max_samples, max(min_samples, rep_ms // (n_calls * est))))
+    times = [_calls(fn, n_calls, dev) for _ in range(n_samples)]
+    if info is not None:
+        info.update(calls=n_calls, samples=n_samples)
+    med, p20, p80 = _pcts(times)
+    return Timing(med, p20, p80, n_samples, first, None, dev.type)
+
+
+# ------------------------------------------------------------------------------------------- checking
+
+def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``mahia.measure.checks.rel_error`` (||out - ref|| / ||ref|| in float64; inf for NaN/Inf in out, 0 for
+    two zero tensors), computed on the tensors' device instead of the host."""
+    if out.shape != ref.shape:
+        raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}")
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    if not bool(torch.isfinite(o).all()):
+        return float("inf")
+    denom, diff = r.norm().item(), (o - r).norm().item()
+    if denom == 0.0:
+        return 0.0 if diff == 0.0 else float("inf")
+    return diff / denom
+
+
+def _close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
+    err = _rel_error(out, ref)
+    if not err <= tol:  # also catches NaN
+        raise CorrectnessError(f"{name}: relative error {err:.3e} exceeds tolerance {tol:.1e} "
+                               f"(shape {tuple(out.shape)}, dtype {out.dtype})")
+    return err
+
+
+def _compare(fast: Callable, ref: Callable, inputs: Sequence, *, grads: bool, grad_inputs: Iterable[int],
+             tol: float, name: str) -> Comparison:
+    """``mahia.measure.checks.compare_fn`` (same reference in float64, same norm-wise errors and tolerance,
+    outputs and the gradients of one backward of sum(out_i * g_i) with the same random g_i for both
+    paths), with the errors and the g_i computed on the inputs' device. compare_fn moves every output and
+    gradient to the host in float64: on the H100 machine that took 85% of a sweep's time (8-10 s per
+    variant at 16384 x 8192), the timings 15%."""
+    idx = set(grad_inputs)
+    float_inputs = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
+    ref_dtype = torch.float32 if float_inputs[0].device.type == "mps" else torch.float64
+
+    def prep(cast):
+        out = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                y = x.detach().to(cast) if cast is not None else x.detach().clone()
+                y.requires_grad_(grads and i in idx)
+                out.append(y)
+            else:
+                out.append(x)
+        return out
+
+    fast_in, ref_in = prep(None), prep(ref_dtype)
+    fast_out, ref_out = fast(*fast_in), ref(*ref_in)
+    fast_out = tuple(fast_out) if isinstance(fast_out, (tuple, list)) else (fast_out,)
+    ref_out = tuple(ref_out) if isinstance(ref_out, (tuple, list)) else (ref_out,)
+    if len(fast_out) != len(ref_out):
+        raise CorrectnessError(f"{name}: returned {len(fast_out)} outputs, reference {len(ref_out)}")
+    errors = {f"out{i}": _close(f"{name} output {i}", o, r, tol)
+              for i, (o, r) in enumerate(zip(fast_out, ref_out, strict=True))}
+    if grads and any(isinstance(t, torch.Tensor) and t.requires_grad for t in fast_in):
+        gen = torch.Generator(device=float_inputs[0].device).manual_seed(1234)
+        pairs = [(o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device))
+                 for o, r in zip(fast_out, ref_out, strict=True) if o.requires_grad and o.is_floating_point()]
+        if pairs:
+            sum((o * g.to(o.dtype)).sum() for o, _, g in pairs).backward()
+            sum((r * g.to(r.device, r.dtype)).sum() for _, r, g in pairs).backward()
+            for i, (a, b) in enumerate(zip(fast_in, ref_in, strict=True)):
+                if isinstance(a, torch.Tensor) and a.requires_grad:
+                    if a.grad is None or b.grad is None:
+                        raise CorrectnessError(f"{name}: input {i} got no gradient "
+                                               f"(fast: {a.grad is not None}, ref: {b.grad is not None})")
+                    errors[f"grad{i}"] = _close(f"{name} gradient of input {i}", a.grad, b.grad, tol)
+    return Comparison(errors, tol)
+
+
+# ------------------------------------------------------------------------------------------- measuring
+
+def _shape_str(shape) -> str:
+    return "x".join(str(int(s)) for s in shape)
+
+
+def _dtype_str(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _key(experiment, variant, shape, dtype) -> tuple[str, str, str, str]:
+    return experiment, variant, _shape_str(shape), _dtype_str(dtype)
+
+
+def _done(recorder) -> set[tuple[str, str, str, str]]:
+    """(experiment, variant, shape, dtype) already in the recorder's CSV for its commit and profile."""
+    import pandas as pd
+
+    path = Path(recorder.path)
+    if not path.exists():
+        return set()
+    df = pd.read_csv(path, dtype={"shape": str, "dtype": str, "commit": str, "profile": str})
+    if df.empty:
+        return set()
+    commit, profile = getattr(recorder, "commit", None), getattr(recorder, "profile", None)
+    if commit is None or "commit" not in df.columns:
+        return set()
+    sel = df[df["commit"].astype(str) == str(commit)]
+    if profile is not None and "profile" in df.columns:
+        sel = sel[sel["profile"].astype(str) == str(profile)]
+    if "device_slug" in df.columns and getattr(recorder, "slug", None):
+        sel = sel[sel["device_slug"].astype(str) == str(recorder.slug)]
+    return {(str(r.experiment), str(r.variant), str(r.shape), str(r.dtype)) for r in sel.itertuples()}
+
+
+_DEVICE_NOTE = {"cuda": "timing=device (CUDA graph replay, L2 flushed)",
+                "cpu": "timing=device (CPU: bench(), host time is device time)"}
+_EAGER_NOTE = "timing=eager ({n} calls back to back, one synchronize; per-call time)"
+
 
 def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Callable, reference: Callable,
-             *, backward: bool, grad_inputs: list[int], nbytes: float, shape, dtype) -> None:
-    """Check, then time each variant: forward only, or forward + backward with fixed output grads."""
+             *, backward: bool, grad_inputs: list[int], nbytes: float, shape, dtype,
+             modes: dict[str, str] | None = None, requires_grad: bool | None = None,
+             done: set | None = None, copy: bool | None = None, budget: dict | None = None,
+             failures: list | None = None) -> None:
+    """Check (:func:`_compare`: compare_fn's check, on the device), then time each variant: forward only,
+    or forward + backward with fixed output grads.
+
+    ``modes`` maps a timing mode to the experiment it is recorded under: 'device' (``bench``, on CUDA a
+    CUDA-graph replay) and/or 'eager' (:func:`eager_bench`); default ``{"device": experiment}``.
+    ``requires_grad`` (default ``backward``) makes the ``grad_inputs`` leaves require grad, also for a
+    forward. Records whose key is in ``done`` are not measured again (nor checked, when none is left).
+    ``copy`` (default: on CUDA) times a copy of the same bytes after the device-time rows.
+    A variant that fails its check raises ``CorrectnessError``; with a ``failures`` list it is appended
+    there instead (and not timed), and the other variants go on.
+    """
+    modes = modes or {"device": experiment}
+    done = done if done is not None else set()
+    dev = torch.device(recorder.device)
+    cuda = dev.type == "cuda"
+    budget = budget or {}
+    requires_grad = backward if requires_grad is None else requires_grad
     tol = tolerance(dtype)
     for v in variants:
-        # Correct first, on fresh inputs (compare_fn upcasts them to float64 for the reference).
-        cmp = compare_fn(lambda *a: v.fn(*v.adapt(a)), reference, make_inputs(), grads=backward,
-                         grad_inputs=grad_inputs, tol=tol, name=f"{experiment} {v.name}")
+        todo = {m: e for m, e in modes.items() if _key(e, v.name, shape, dtype) not in done}
+        if not todo:
+            continue
+        # Correct first, on fresh inputs (_compare upcasts them to float64 for the reference).
+        t0 = time.perf_counter()
+        try:
+            cmp = _compare(lambda *a, v=v: v.fn(*v.adapt(a)), reference, make_inputs(), grads=backward,
+                           grad_inputs=grad_inputs, tol=tol,
+                           name=f"{experiment} {v.name} {_shape_str(shape)} {_dtype_str(dtype)}")
+        except CorrectnessError as e:
+            if failures is None:
+                raise
+            failures.append(str(e))
+            print(f"  {experiment:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
+                  f"FAILED its check, not timed: {e}", flush=True)
+            continue
+        check_s = time.perf_counter() - t0
         inputs = v.adapt(make_inputs())
+        leaves = [inputs[i] for i in grad_inputs] if requires_grad else []
+        for t in leaves:
+            t.requires_grad_(True)
         if backward:
-            leaves = [inputs[i] for i in grad_inputs]
-            for t in leaves:
-                t.requires_grad_(True)
             with torch.no_grad():
                 outs = v.fn(*inputs)
             outs = outs if isinstance(outs, tuple) else (outs,)
             grads = [torch.randn_like(o) for o in outs]
+            del outs
 
             def step(v=v, inputs=inputs, leaves=leaves, grads=grads):
                 for t in leaves:
@@ -170,26 +636,45 @@ def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Ca
         else:
             def step(v=v, inputs=inputs):
                 v.fn(*inputs)
-        notes = v.notes
-        if recorder.device.type == "cuda":
-            # Device time (graph replay) is what the kernels cost the GPU; the eager-launched time
-            # adds this host's Python/dispatch/launch overhead, which a model hides by running
-            # ahead. Both are kept: the first as the figure, the second in the notes.
-            launched = bench(step, device=recorder.device)
-            timing = bench(step, device=recorder.device, cuda_graph=True)
-            notes = "; ".join(filter(None, [f"device time (CUDA graph replay); launched from Python: "
-                                            f"{launched.median_ms:.4f} ms", v.notes]))
-        else:
-            timing = bench(step, device=recorder.device)
-        recorder.timing(experiment, v.name, ROLE[v.name], timing, shape=shape, dtype=dtype, bytes=nbytes,
-                        limit="copy", rel_err=cmp.max_error, notes=notes)
-        print(f"  {experiment:18s} {v.name:14s} {timing.median_ms:8.4f} ms  "
-              f"{nbytes / timing.median_ms / 1e6:8.1f} GB/s  rel err {cmp.max_error:.1e}  ({notes})")
-    if recorder.device.type == "cuda":
-        _copy_of_same_bytes(recorder, experiment, nbytes, shape, dtype)
+        for mode, exp in todo.items():
+            if mode == "device":
+                kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "max_reps") if k in budget}
+                note = _DEVICE_NOTE.get(dev.type, f"timing=device ({dev.type})")
+                if cuda:
+                    try:
+                        timing = bench(step, device=dev, cuda_graph=True, **kw)
+                    except RuntimeError as e:  # not capturable: time it launched, and say so
+                        timing = bench(step, device=dev, **kw)
+                        note = f"timing=device (launched: not capturable in a CUDA graph: {str(e)[:120]})"
+                else:
+                    timing = bench(step, device=dev, **kw)
+            elif mode == "eager":
+                kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "sample_ms", "min_calls", "min_samples")
+                      if k in budget}
+                info: dict = {}
+                timing = eager_bench(step, device=dev, info=info, **kw)
+                note = _EAGER_NOTE.format(n=info["calls"])
+            else:
+                raise ValueError(f"unknown timing mode {mode!r}; known: device, eager")
+            if v.name == "torch.compile":
+                note += f"; check incl. compile {check_s:.1f} s"
+            notes = "; ".join(filter(None, [note, v.notes]))
+            recorder.timing(exp, v.name, ROLE[v.name], timing, shape=shape, dtype=dtype, bytes=nbytes,
+                            limit="copy", rel_err=cmp.max_error, notes=notes)
+            done.add(_key(exp, v.name, shape, dtype))
+            print(f"  {exp:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
+                  f"{timing.median_ms:9.4f} ms {nbytes / timing.median_ms / 1e6:8.1f} GB/s  "
+                  f"err {cmp.max_error:.1e}  (check {check_s:.1f} s)", flush=True)
+        del inputs, leaves, step
+    if (cuda if copy is None else copy) and "device" in modes:
+        exp = modes["device"]
+        if _key(exp, "copy_same_bytes", shape, dtype) not in done:
+            kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "max_reps") if k in budget}
+            _copy_of_same_bytes(recorder, exp, nbytes, shape, dtype, **kw)
+            done.add(_key(exp, "copy_same_bytes", shape, dtype))
 
 
-def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype) -> None:
+def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype, **bench_kw) -> None:
     """Time a plain copy that moves ``nbytes`` (half read, half written) and record its GB/s as a
     fraction of the measured copy ceiling: the limit at *this* size. The ceiling is measured on a 2 GiB
     copy; a smaller one loses its ramp-up and its last partial wave, so a kernel that moves a few
@@ -199,96 +684,424 @@ def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype) ->
     dst = torch.empty_like(src)
     # Launched, as the ceiling is measured: captured in a CUDA graph, copy_ becomes a memcpy node that
     # the copy engines run, at about 2/3 of the SMs' rate on an H200.
-    t = bench(lambda: dst.copy_(src), device=recorder.device)
+    t = bench(lambda: dst.copy_(src), device=recorder.device, **bench_kw)
     moved = 2 * n * 4  # bytes
     gbps = moved / t.median_ms / 1e6
     frac = gbps / recorder.ceilings.copy_gbps if recorder.ceilings else float("nan")
     recorder.metric(experiment, "copy_same_bytes", frac, unit="fraction of the copy ceiling", shape=shape,
                     dtype=dtype, notes=f"torch copy_ of {moved / 1e6:.0f} MB moved, device time "
                                        f"{t.median_ms:.4f} ms: the copy limit at this size")
-    print(f"  {experiment:18s} {'copy, same MB':14s} {t.median_ms:8.4f} ms  {gbps:8.1f} GB/s  "
-          f"= {frac:.3f} of the copy ceiling")
+    print(f"  {experiment:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {'copy, same MB':13s} "
+          f"{t.median_ms:9.4f} ms {gbps:8.1f} GB/s  = {frac:.3f} of the copy ceiling", flush=True)
 
 
-def _randn(*shape, dev, dtype, scale=1.0, shift=0.0):
-    return torch.randn(*shape, device=dev, dtype=dtype) * scale + shift
+def _free(dev: torch.device) -> None:
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
-def run(recorder, ceilings, *, quick: bool) -> None:
-    """Benchmark the kernels on ``recorder.device`` and record one row per variant and size.
+def _all_done(done, experiments, names, shape, dtype) -> bool:
+    return all(_key(e, n, shape, dtype) in done for e in experiments for n in names)
 
-    ``ceilings`` (mahia.measure.hardware.Ceilings) is what ``recorder`` divides achieved GB/s by; the copy
-    bandwidth is printed here for the reader.
-    """
+
+def _run_kernel(recorder, kernel: str, dtype: torch.dtype, shapes, *, liger, done: set, budget: dict,
+                with_compile: bool, stats: dict, failures: list) -> None:
+    """Every shape of one kernel in one dtype: device and eager time of fwd and fwd+bwd, per variant."""
     dev = torch.device(recorder.device)
+    op, eager, mahia = OP[kernel], _REFERENCE[kernel], _MAHIA[kernel]
+    for shape in shapes:
+        t0 = time.perf_counter()
+        names = [v.name for v in _variants(op, eager, mahia, dev, liger, with_compile=False)]
+        names += ["torch.compile"] if with_compile else []
+        exps = [f"{kernel}_{p}{s}" for p in PASSES for s in ("", "_eager")]
+        big = input_bytes(kernel, shape, dtype) >= COPY_MIN_BYTES and dev.type == "cuda"
+        copies = [f"{kernel}_{p}" for p in PASSES] if big else []
+        if _all_done(done, exps, names, shape, dtype) and _all_done(done, copies, ["copy_same_bytes"], shape, dtype):
+            stats["skipped"] += 1
+            continue
+        if with_compile:
+            torch._dynamo.reset()  # compile per shape, and never hit Dynamo's recompile limit
+        variants = _variants(op, eager, mahia, dev, liger, with_compile=with_compile)
+        for p in PASSES:
+            exp = f"{kernel}_{p}"
+            _measure(recorder, exp, variants, lambda shape=shape: make_inputs(kernel, shape, dtype, dev), eager,
+                     backward=p == "fwdbwd", grad_inputs=GRAD_INPUTS[kernel],
+                     nbytes=min_bytes(exp, shape, dtype), shape=shape, dtype=dtype,
+                     modes={"device": exp, "eager": f"{exp}_eager"}, done=done, copy=big, budget=budget,
+                     failures=failures)
+        del variants
+        _free(dev)
+        stats["shapes"] += 1
+        print(f"  -- {kernel} {_shape_str(shape)} {_dtype_str(dtype)}: {time.perf_counter() - t0:.1f} s",
+              flush=True)
+
+
+def _run_host(recorder, dtype: torch.dtype, *, liger, done: set, budget: dict, with_compile: bool,
+              stats: dict, failures: list) -> None:
+    """Host cost: eager per-call time of every variant on a tiny tensor, inputs requiring grad."""
+    dev = torch.device(recorder.device)
+    for kernel in KERNELS:
+        shape = HOST_SHAPE[kernel]
+        if with_compile:
+            torch._dynamo.reset()
+        variants = _variants(OP[kernel], _REFERENCE[kernel], _MAHIA[kernel], dev, liger, with_compile=with_compile)
+        for p in PASSES:
+            exp = f"{kernel}_host_{p}"
+            _measure(recorder, exp, variants, lambda k=kernel, s=shape: make_inputs(k, s, dtype, dev),
+                     _REFERENCE[kernel], backward=p == "fwdbwd", grad_inputs=GRAD_INPUTS[kernel], requires_grad=True,
+                     nbytes=min_bytes(exp, shape, dtype), shape=shape, dtype=dtype, modes={"eager": exp},
+                     done=done, copy=False, budget=budget, failures=failures)
+        stats["shapes"] += 1
+    _free(dev)
+
+
+def _plan_text(parts: list[Part], quick: bool) -> str:
+    lines = []
+    for p in parts:
+        est = "" if quick else f"  (~{EST_MIN_H100.get(p.name, float('nan')):.1f} min on an H100)"
+        if p.kernel is None:
+            what = ", ".join(f"{k} {_shape_str(HOST_SHAPE[k])}" for k in KERNELS)
+            lines.append(f"  {p.name:18s} eager time of fwd and fwd+bwd (inputs require grad): {what}{est}")
+        else:
+            lines.append(f"  {p.name:18s} {len(_grid(p.kernel, quick))} shapes x (fwd, fwd+bwd) x (device, eager time)"
+                         f"{est}")
+    if not quick:
+        total = sum(EST_MIN_H100.get(p.name, 0.0) for p in parts)
+        lines.append(f"  total ~{total:.1f} min on an H100, + ~0.4 min per command (one lent GPU command: 10 min)")
+    return "\n".join(lines)
+
+
+def run(recorder, ceilings, *, quick: bool, parts: Iterable[str] | str | None = None, resume: bool = True) -> None:
+    """Benchmark the kernels on ``recorder.device`` and record two rows (device, eager time) per variant,
+    pass, shape and dtype of the selected ``parts`` (default: ``MAHIA_BENCH_PARTS``, else all).
+
+    ``resume``: skip records this commit and profile already have in the suite's CSV. ``ceilings``
+    (mahia.measure.hardware.Ceilings) is what ``recorder`` divides achieved GB/s by.
+    """
+    t_start = time.perf_counter()
+    dev = torch.device(recorder.device)
+    if os.environ.get("MAHIA_BENCH_FRESH") == "1":
+        resume = False
+    spec = parts if parts is not None else (os.environ.get("MAHIA_BENCH_PARTS") or None)
+    listing = spec is not None and "list" in [t.strip() for s in ([spec] if isinstance(spec, str) else spec)
+                                              for t in str(s).split(",")]
+    if listing:
+        spec = [t.strip() for s in ([spec] if isinstance(spec, str) else spec) for t in str(s).split(",")
+                if t.strip() not in ("list", "")] or None
+    chosen = select_parts(spec)
+    if quick:  # a smoke test: float32 only
+        chosen = [p for p in chosen if p.dtype is None or p.dtype == torch.float32]
+    if listing:
+        print("kernels: plan (nothing measured)\n" + _plan_text(chosen, quick))
+        return
     if dev.type != "cuda" and not quick:
         print("kernels: skipped: these are GPU kernels; on the CPU run with --quick (tiny shapes, smoke test)")
         return
-    full = dev.type == "cuda" and not quick
-    dtype = torch.bfloat16
     copy_gbps = getattr(ceilings, "copy_gbps", None)
     if copy_gbps:
         print(f"  measured copy bandwidth: {copy_gbps:,.0f} GB/s")
-    liger = _liger_ops() if dev.type == "cuda" else None
+    cuda = dev.type == "cuda"
+    liger = _liger_ops() if cuda else None
+    with_compile = cuda
+    budget = QUICK_BUDGET if quick else {**DEVICE_BUDGET, **EAGER_BUDGET}
+    done = _done(recorder) if resume else set()
+    skipped = []
+    if not cuda:
+        skipped.append("torch.compile (CPU: Inductor's C++ compile costs seconds per shape)")
+        skipped.append("liger (Liger-Kernel's kernels are Triton GPU kernels)")
+        skipped.append("copy_same_bytes (a GPU memory-bandwidth limit)")
+    elif liger is None:
+        skipped.append("liger (does not import)")
+    if not ops.triton_available_for(torch.empty(0, device=dev)):
+        skipped.append(f"mahia_triton ({ops.why_not(torch.empty(0, device=dev))})")
+    elif not cuda:
+        print("  mahia_triton: TRITON_INTERPRET=1, the CPU interpreter: a smoke test, not a performance figure")
+    print(f"kernels ({'quick, tiny shapes' if quick else 'full sweep'}, {dev}): parts "
+          f"{', '.join(p.name for p in chosen) or 'none'}" + (f"; {len(done)} records of commit "
+                                                              f"{recorder.commit} already there: skipped"
+                                                              if done else ""))
+    print(_plan_text(chosen, quick))
+    for s in skipped:
+        print(f"  skipped: {s}")
+    stats = {"shapes": 0, "skipped": 0}
+    failures: list[str] = []
+    for p in chosen:
+        t0 = time.perf_counter()
+        before = len(recorder.rows)
+        print(f"== part {p.name}", flush=True)
+        if p.kernel is None:
+            dtype = torch.bfloat16 if cuda else torch.float32
+            _run_host(recorder, dtype, liger=liger, done=done, budget=budget if quick else EAGER_BUDGET,
+                      with_compile=with_compile, stats=stats, failures=failures)
+        else:
+            _run_kernel(recorder, p.kernel, p.dtype, _grid(p.kernel, quick), liger=liger, done=done,
+                        budget=budget, with_compile=with_compile, stats=stats, failures=failures)
+        print(f"== part {p.name}: {len(recorder.rows) - before} records in {time.perf_counter() - t0:.0f} s",
+              flush=True)
+    print(f"kernels: {len(recorder.rows)} records, {stats['shapes']} shapes measured, {stats['skipped']} "
+          f"already recorded, {time.perf_counter() - t_start:.0f} s")
+    if quick:
+        print("  figures: not drawn in --quick (kernels.plot(records, folder) draws them from the CSV)")
+    elif recorder.rows or stats["skipped"]:
+        paths = plot_recorded(recorder, chosen)
+        if paths:
+            print(f"  figures: {', '.join(str(p) for p in paths[::2])} (+ .svg)")
+    if failures:
+        raise CorrectnessError(f"kernels: {len(failures)} variant(s) failed their check and were not timed "
+                               "(the others were measured and recorded):\n  " + "\n  ".join(failures))
 
-    # -- RMSNorm: forward, forward + backward ----------------------------------------------------
-    M, N = (16384, 4096) if full else (64, 1000)
-    rms = _variants("rms_norm", rms_norm_eager, ops.rms_norm, dev, liger)
 
-    def rms_inputs(M=M, N=N):
-        # weights near 1, as after init: keeps in-place peers' iterated gradients bounded
-        return _randn(M, N, dev=dev, dtype=dtype), _randn(N, dev=dev, dtype=dtype, scale=0.1, shift=1.0)
+# ------------------------------------------------------------------------------------------- summary
 
-    _measure(recorder, "rmsnorm_fwd", rms, rms_inputs, rms_norm_eager, backward=False, grad_inputs=[0, 1],
-             nbytes=min_bytes("rmsnorm_fwd", (M, N), dtype), shape=(M, N), dtype=dtype)
-    _measure(recorder, "rmsnorm_fwdbwd", rms, rms_inputs, rms_norm_eager, backward=True, grad_inputs=[0, 1],
-             nbytes=min_bytes("rmsnorm_fwdbwd", (M, N), dtype), shape=(M, N), dtype=dtype)
+SUMMARY_KEYS = [
+    "rmsnorm_host_fwd_vs_native", "rmsnorm_host_fwdbwd_vs_native",
+    *[f"{k}_fwdbwd_eager_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
+    *[f"{k}_fwdbwd_eager_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
+    *[f"{k}_device_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
+    "rmsnorm_fwdbwd_frac_of_copy", "rmsnorm_fwd_worst_frac_of_copy",
+]
+EAGER_WORST_MIN_BYTES = 16 * MB
+DEVICE_WORST_MIN_BYTES = 8 * MB
+COPY_FRAC_MIN_BYTES = 64 * MB
 
-    # -- SwiGLU -----------------------------------------------------------------------------------
-    M, H = (16384, 11008) if full else (64, 1000)
-    swi = _variants("swiglu", swiglu_eager, ops.swiglu, dev, liger)
 
-    def swi_inputs():
-        return _randn(M, H, dev=dev, dtype=dtype), _randn(M, H, dev=dev, dtype=dtype)
+def _newest_rows(df):
+    """Newest row per (experiment, variant, shape, dtype)."""
+    if df.empty:
+        return df
+    d = df.copy()
+    for c in ("shape", "dtype", "experiment", "variant"):
+        d[c] = d[c].astype(str)
+    if "date" in d.columns:
+        d = d.sort_values("date", kind="stable")
+    return d.groupby(["experiment", "variant", "shape", "dtype"], sort=False).tail(1)
 
-    _measure(recorder, "swiglu_fwd", swi, swi_inputs, swiglu_eager, backward=False, grad_inputs=[0, 1],
-             nbytes=min_bytes("swiglu_fwd", (M, H), dtype), shape=(M, H), dtype=dtype)
-    _measure(recorder, "swiglu_fwdbwd", swi, swi_inputs, swiglu_eager, backward=True, grad_inputs=[0, 1],
-             nbytes=min_bytes("swiglu_fwdbwd", (M, H), dtype), shape=(M, H), dtype=dtype)
 
-    # -- RoPE: forward + backward -----------------------------------------------------------------
-    B, T, Hq, Hkv, D = (8, 2048, 32, 8, 128) if full else (2, 16, 4, 2, 32)
-    cache = RotaryCache(D, T, device=dev)
-    rope = _variants("rope", apply_rope_eager, ops.rope, dev, liger)
+def _parse_shape(s: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in str(s).split("x"))
 
-    def rope_inputs():
-        cos, sin = cache.get(T)
-        return _randn(B, T, Hq, D, dev=dev, dtype=dtype), _randn(B, T, Hkv, D, dev=dev, dtype=dtype), cos, sin
 
-    _measure(recorder, "rope_fwdbwd", rope, rope_inputs, apply_rope_eager, backward=True, grad_inputs=[0, 1],
-             nbytes=min_bytes("rope_fwdbwd", (B, T, Hq, Hkv, D), dtype),
-             shape=(B, T, Hq, Hkv, D), dtype=dtype)
+def _dtype_of(name: str) -> torch.dtype | None:
+    return getattr(torch, str(name), None) if str(name) in ("bfloat16", "float16", "float32", "float64") else None
 
-    # -- MoE combine: each token's k expert rows gathered, gated and summed ------------------------
-    N, k, D = (16384, 2, 1024) if full else (64, 2, 100)
-    comb = _variants("moe_combine", moe_combine_eager, ops.moe_combine, dev, liger)
 
-    def comb_inputs():
-        inverse = torch.randperm(N * k, device=dev)  # where each (token, slot) sits in expert order
-        gates = torch.rand(N, k, device=dev).softmax(-1)  # float32, as the router makes them
-        return _randn(N * k, D, dev=dev, dtype=dtype), inverse, gates
+def _vs_best_peer(g) -> float | None:
+    """time(best peer) / time(mahia_triton) in the rows ``g`` of one experiment, shape and dtype."""
+    t = g[g["median_ms"].notna()]
+    mine = t[t["variant"] == "mahia_triton"]
+    peers = t[t["role"] == "peer"]
+    if mine.empty or peers.empty:
+        return None
+    return float(peers["median_ms"].min()) / float(mine["median_ms"].iloc[0])
 
-    for experiment, backward in (("moe_combine_fwd", False), ("moe_combine_fwdbwd", True)):
-        _measure(recorder, experiment, comb, comb_inputs, moe_combine_eager, backward=backward,
-                 grad_inputs=[0, 2], nbytes=min_bytes(experiment, (N, k, D), dtype), shape=(N, k, D),
-                 dtype=dtype)
 
-    # -- RMSNorm forward over hidden sizes ----------------------------------------------------------
-    sizes = [512, 1024, 2048, 4096, 8192, 16384] if full else [128, 1000]
-    total = 2**26 if full else 2**14
-    for N in sizes:
-        M = total // N
-        variants = _variants("rms_norm", rms_norm_eager, ops.rms_norm, dev, liger)
-        _measure(recorder, "rmsnorm_fwd_sweep", variants, lambda M=M, N=N: rms_inputs(M, N), rms_norm_eager,
-                 backward=False, grad_inputs=[0, 1], nbytes=min_bytes("rmsnorm_fwd_sweep", (M, N), dtype),
-                 shape=(M, N), dtype=dtype)
+def _frac_of_copy(g) -> float | None:
+    """mahia_triton's fraction of the copy ceiling / the same-bytes copy's: its GB/s over the copy's."""
+    mine = g[(g["variant"] == "mahia_triton") & g["frac_of_limit"].notna()]
+    cp = g[(g["variant"] == "copy_same_bytes") & g["value"].notna()]
+    if mine.empty or cp.empty or not float(cp["value"].iloc[0]) > 0:
+        return None
+    return float(mine["frac_of_limit"].iloc[0]) / float(cp["value"].iloc[0])
+
+
+def _over_shapes(df, experiments, fn, min_bytes_: float, dtypes=None) -> tuple[float | None, dict | None]:
+    """The smallest ``fn`` over (experiment, shape, dtype) groups whose input is at least ``min_bytes_``."""
+    worst, where = None, None
+    sel = df[df["experiment"].isin(experiments)]
+    for (exp, shape, dt), g in sel.groupby(["experiment", "shape", "dtype"], sort=False):
+        dtype = _dtype_of(dt)
+        if dtype is None or (dtypes is not None and dt not in dtypes):
+            continue
+        try:
+            size = input_bytes(exp, _parse_shape(shape), dtype)
+        except (ValueError, TypeError):
+            continue
+        if size < min_bytes_:
+            continue
+        v = fn(g)
+        if v is not None and not math.isnan(v) and (worst is None or v < worst):
+            worst, where = v, {"experiment": exp, "shape": shape, "dtype": dt}
+    return worst, where
+
+
+def summary_keys(records, *, where: bool = False) -> dict:
+    """The kernel benchmark's summary keys from its records (``load_records`` of a device folder, one
+    profile; the newest row per experiment, variant, shape and dtype is used). ``x_vs_y`` = time(y) /
+    time(x), y the best peer (the fastest of the role-"peer" variants at that shape and dtype); above 1
+    means mahia is faster. None where the records are missing. With ``where=True`` each value comes as
+    ``{"value", "experiment", "shape", "dtype"}`` (which shape made a worst case).
+
+    rmsnorm_host_fwd[bwd]_vs_native     time(F.rms_norm) / time(mahia_triton), eager time, tiny tensor
+                                        (rmsnorm_host_fwd[bwd], bfloat16 if recorded, else any dtype)
+    <k>_fwdbwd_eager_vs_best_peer       <k>_fwdbwd_eager at the headline shape (HEADLINE), bfloat16;
+                                        k = rmsnorm, swiglu, rope
+    <k>_fwdbwd_eager_worst_vs_best_peer the smallest such ratio over every shape with an input of at least
+                                        16 MB, all dtypes (<k>_fwdbwd_eager)
+    <k>_device_worst_vs_best_peer       the smallest ratio of device time over <k>_fwd and <k>_fwdbwd,
+                                        every shape with an input of at least 8 MB, all dtypes
+    rmsnorm_fwdbwd_frac_of_copy         mahia_triton's GB/s / the same-bytes copy's (rmsnorm_fwdbwd, device
+                                        time, 16384x4096 bfloat16): frac_of_limit / copy_same_bytes value
+    rmsnorm_fwd_worst_frac_of_copy      the smallest such fraction for rmsnorm_fwd over every shape with an
+                                        input of at least 64 MB, all dtypes
+    """
+    import pandas as pd
+
+    df = _newest_rows(pd.DataFrame(records)) if len(records) else pd.DataFrame(
+        columns=["experiment", "variant", "role", "shape", "dtype", "median_ms", "frac_of_limit", "value"])
+    out: dict = {}
+
+    def put(key, value, loc=None):
+        value = None if value is None or math.isnan(value) else float(value)
+        out[key] = {"value": value, **(loc or {})} if where else value
+
+    def at(experiment, shape, dtype):
+        return df[(df["experiment"] == experiment) & (df["shape"] == shape) & (df["dtype"] == dtype)]
+
+    for p in PASSES:
+        exp = f"rmsnorm_host_{p}"
+        sel = df[df["experiment"] == exp]
+        value, loc = None, None
+        if not sel.empty:
+            dts = ["bfloat16"] if (sel["dtype"] == "bfloat16").any() else sorted(set(sel["dtype"]))
+            for (shape, dt), g in sel[sel["dtype"].isin(dts)].groupby(["shape", "dtype"], sort=False):
+                t = g[g["median_ms"].notna()].set_index("variant")["median_ms"]
+                if "F.rms_norm" in t.index and "mahia_triton" in t.index:
+                    value, loc = float(t["F.rms_norm"]) / float(t["mahia_triton"]), {
+                        "experiment": exp, "shape": shape, "dtype": dt}
+                    break
+        put(f"rmsnorm_host_{p}_vs_native", value, loc)
+    for k in ("rmsnorm", "swiglu", "rope"):
+        exp, shape = f"{k}_fwdbwd_eager", _shape_str(HEADLINE[k])
+        put(f"{k}_fwdbwd_eager_vs_best_peer", _vs_best_peer(at(exp, shape, "bfloat16")),
+            {"experiment": exp, "shape": shape, "dtype": "bfloat16"})
+    for k in ("rmsnorm", "swiglu", "rope"):
+        put(f"{k}_fwdbwd_eager_worst_vs_best_peer",
+            *_over_shapes(df, [f"{k}_fwdbwd_eager"], _vs_best_peer, EAGER_WORST_MIN_BYTES))
+    for k in ("rmsnorm", "swiglu", "rope"):
+        put(f"{k}_device_worst_vs_best_peer",
+            *_over_shapes(df, [f"{k}_fwd", f"{k}_fwdbwd"], _vs_best_peer, DEVICE_WORST_MIN_BYTES))
+    shape = _shape_str(HEADLINE["rmsnorm"])
+    put("rmsnorm_fwdbwd_frac_of_copy", _frac_of_copy(at("rmsnorm_fwdbwd", shape, "bfloat16")),
+        {"experiment": "rmsnorm_fwdbwd", "shape": shape, "dtype": "bfloat16"})
+    put("rmsnorm_fwd_worst_frac_of_copy", *_over_shapes(df, ["rmsnorm_fwd"], _frac_of_copy, COPY_FRAC_MIN_BYTES))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- plots
+
+def plot(records, folder: str | Path, *, prefix: str = "bench_kernels", kernels: Iterable[str] | None = None,
+         host: bool = True) -> list[Path]:
+    """One figure per kernel: rows = dtypes, columns = (fwd, fwd+bwd) x (device, eager time); each panel
+    the fraction of the copy ceiling (GB/s on the fewest bytes when no ceiling was known) against the
+    input size, a line per variant, and the same-bytes copy as a dashed black line. Plus one figure of
+    the host cost (eager per-call time on the tiny tensor). Saved as ``<folder>/<prefix>_<kernel>.png``
+    and ``.svg``; returns the paths. ``kernels`` (default all) and ``host`` choose the figures."""
+    import pandas as pd
+
+    from mahia.measure import plotting
+    plt = plotting.plt
+
+    df = _newest_rows(pd.DataFrame(records))
+    paths: list[Path] = []
+    if df.empty:
+        return paths
+    colors = {"eager": plotting.ROLE_COLORS["baseline"], "mahia_triton": plotting.ROLE_COLORS["optimized"],
+              "F.rms_norm": "#4c72b0", "torch.compile": "#8172b2", "liger": "#dd8452"}
+    for kernel in [k for k in KERNELS if kernels is None or k in set(kernels)]:
+        sub = df[df["experiment"].isin([f"{kernel}_{p}{s}" for p in PASSES for s in ("", "_eager")])]
+        if sub.empty:
+            continue
+        dts = [d for d in ("bfloat16", "float16", "float32") if (sub["dtype"] == d).any()]
+        use_frac = sub["frac_of_limit"].notna().any()
+        fig, axes = plt.subplots(len(dts), 4, figsize=(18, 3.6 * len(dts) + 0.8), squeeze=False, sharex=True)
+        for i, dt in enumerate(dts):
+            dtype = _dtype_of(dt)
+            for j, (p, s) in enumerate((("fwd", ""), ("fwd", "_eager"), ("fwdbwd", ""), ("fwdbwd", "_eager"))):
+                ax = axes[i, j]
+                exp = f"{kernel}_{p}{s}"
+                g = sub[(sub["experiment"] == exp) & (sub["dtype"] == dt)].copy()
+                if g.empty:
+                    ax.set_visible(False)
+                    continue
+                g["size_mb"] = [input_bytes(kernel, _parse_shape(sh), dtype) / MB for sh in g["shape"]]
+                g = g.sort_values("size_mb")
+                for name, gv in g[g["median_ms"].notna()].groupby("variant", sort=False):
+                    y = gv["frac_of_limit"] if use_frac else gv["gbps"]
+                    ax.plot(gv["size_mb"], y, marker="o", ms=3, lw=1, label=name, color=colors.get(name))
+                cp = sub[(sub["experiment"] == f"{kernel}_{p}") & (sub["dtype"] == dt)
+                         & (sub["variant"] == "copy_same_bytes")].copy()
+                if use_frac and not cp.empty:
+                    cp["size_mb"] = [input_bytes(kernel, _parse_shape(sh), dtype) / MB for sh in cp["shape"]]
+                    cp = cp.sort_values("size_mb")
+                    ax.plot(cp["size_mb"], cp["value"], color="black", ls="--", lw=1, label="copy, same bytes")
+                ax.set_xscale("log")
+                ax.set_title(f"{kernel} {p} {dt}: {'eager' if s else 'device'} time", fontsize=10)
+                if j == 0:
+                    ax.set_ylabel("fraction of copy ceiling" if use_frac else "GB/s (fewest bytes)")
+                if i == len(dts) - 1:
+                    ax.set_xlabel("input size (MB)")
+                ax.legend(fontsize=7)
+        fig.suptitle(f"{kernel}: device time (CUDA graph replay) and eager time (back-to-back calls) "
+                     f"per variant; {df['device'].iloc[0] if 'device' in df.columns else ''}", fontsize=11)
+        paths += plotting.save(fig, f"{prefix}_{kernel}", folder)
+        plt.close(fig)
+    host_rows = df[df["experiment"].str.contains("_host_") & df["median_ms"].notna()]
+    if host and not host_rows.empty:
+        host = host_rows
+        exps = list(dict.fromkeys(host["experiment"]))
+        fig, axes = plt.subplots(len(exps), 1, figsize=(7, 1.6 + 1.5 * len(exps)), squeeze=False)
+        for ax, exp in zip(axes[:, 0], exps, strict=True):
+            g = host[host["experiment"] == exp].copy()
+            g["us"] = g["median_ms"] * 1e3
+            plotting.bars(g.rename(columns={"us": "µs per call"}), value="µs per call", ax=ax,
+                          title=f"{exp} {g['shape'].iloc[0]} {g['dtype'].iloc[0]}")
+        fig.suptitle("host cost: eager per-call time on a tiny tensor (inputs require grad)", fontsize=10)
+        paths += plotting.save(fig, f"{prefix}_host", folder)
+        plt.close(fig)
+    return paths
+
+
+def plot_recorded(recorder, parts: Sequence[Part] | None = None) -> list[Path]:
+    """:func:`plot` of this commit's and profile's records in the recorder's CSV, into the figures folder
+    (``mahia.measure.files.default_figures_dir() / <device slug>``): the figures of ``parts``' kernels
+    (default all), each with every dtype recorded so far."""
+    import pandas as pd
+
+    from mahia.measure import files
+
+    path = Path(recorder.path)
+    if not path.exists():
+        return []
+    df = pd.read_csv(path, dtype={"shape": str, "dtype": str, "commit": str, "profile": str})
+    for col, want in (("commit", getattr(recorder, "commit", None)), ("profile", getattr(recorder, "profile", None))):
+        if want is not None and col in df.columns:
+            df = df[df[col].astype(str) == str(want)]
+    folder = files.default_figures_dir() / recorder.slug
+    files.check_writable(folder)
+    if parts is None:
+        return plot(df, folder)
+    return plot(df, folder, kernels={p.kernel for p in parts if p.kernel}, host=any(p.kernel is None for p in parts))
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mahia.bench.kernels [--part P ...] [--fresh] [--quick] [--device D] [--results-dir R]``:
+    this suite alone, with its own options (passed to :func:`run` through ``MAHIA_BENCH_PARTS`` and
+    ``MAHIA_BENCH_FRESH`` until ``python -m mahia.bench`` forwards them)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m mahia.bench.kernels", add_help=False)
+    p.add_argument("--part", action="append", default=None)
+    p.add_argument("--fresh", action="store_true")
+    own, rest = p.parse_known_args(argv)
+    if own.part:
+        os.environ["MAHIA_BENCH_PARTS"] = ",".join(own.part)
+    if own.fresh:
+        os.environ["MAHIA_BENCH_FRESH"] = "1"
+    from mahia.bench.__main__ import main as bench_main
+    return bench_main(["kernels", *rest])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
