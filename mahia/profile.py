@@ -181,8 +181,8 @@ def block_parts(model) -> dict[str, list[nn.Module]]:
 def main(argv=None) -> int:
     from mahia.measure.hardware import resolve_device
     from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
-    from mahia.model.config import PRESETS
-    from mahia.model.optimize import AMP, CHECKPOINT, COMPILE
+    from mahia.model.config import CHECKPOINT_POLICIES, PRESETS
+    from mahia.model.optimize import AMP, COMPILE
 
     p = argparse.ArgumentParser(prog="python -m mahia.profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--amp", default=None, choices=[a for a in AMP if a])
-    p.add_argument("--checkpoint", default=None, choices=[c for c in CHECKPOINT if c])
+    p.add_argument("--checkpoint", default=None, choices=[c for c in CHECKPOINT_POLICIES if c])
     p.add_argument("--compile", default=None, choices=[c for c in COMPILE if c])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--rows", type=int, default=15)

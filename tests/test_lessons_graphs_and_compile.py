@@ -1,91 +1,19 @@
-"""The op/byte model, compile bookkeeping, CUDA-graph wrapper and bucketing helpers of notebooks 04 and 05."""
+"""The step prediction, compile bookkeeping, CUDA-graph wrapper and bucketing helpers of notebooks 04 and 05.
+
+The op traces themselves (trace_ops, re-exported here) are tested in test_measure_instruments.py."""
 import math
 
 import pytest
 import torch
 
+from mahia.lessons.graphs_and_compile import (BucketedGraphs, CompileCounter, GraphedStep, break_even_steps,
+                                              clip_by_norm, clip_by_norm_logged, generated_kernels, library_calls,
+                                              next_bucket, pad_to, predict_step, timed_call, trace_ops, try_compile)
+from mahia.measure import instruments
 from mahia.measure.checks import check_close, tolerance
-from mahia.lessons.graphs_and_compile import (BucketedGraphs, CompileCounter, GraphedStep, OpTrace, break_even_steps,
-                                 clip_by_norm, clip_by_norm_logged, generated_kernels, library_calls, next_bucket,
-                                 pad_to, predict_step, timed_call, trace_ops, try_compile)
+from mahia.measure.instruments import OpTrace
 
 N, K, M = 37, 19, 11
-
-
-def test_trace_counts_kernels_bytes_and_flops_of_a_chain():
-    x, w = torch.randn(N, K), torch.randn(K, M)
-    tr = trace_ops(lambda x, w: (x * 2 + 1).relu() @ w, x, w)
-    assert [o.name for o in tr.ops] == ["mul", "add", "relu", "mm"]
-    assert [o.kind for o in tr.ops] == ["pointwise"] * 3 + ["matmul"]
-    nx, nw, ny = 4 * N * K, 4 * K * M, 4 * N * M
-    assert tr.kernels == 4
-    assert tr.flops == 2 * N * K * M
-    assert tr.pointwise_bytes == 3 * 2 * nx            # each pass reads and writes x-sized data
-    assert tr.bytes == 3 * 2 * nx + nx + nw + ny
-    fused = tr.fused()
-    assert (fused.regions, fused.kernels) == (1, 2)
-    assert fused.pointwise_bytes == 2 * nx              # read x once, write relu(...) once for the mm
-
-
-def test_fusion_stops_at_a_matmul_between_two_uses():
-    # h feeds a matmul and, after it, the residual add: two regions, h written once and read twice.
-    x, a, w = torch.randn(N, K), torch.randn(N, K), torch.randn(K, K)
-
-    def block(x, a, w):
-        h = x + a
-        return h + h @ w
-
-    tr = trace_ops(block, x, a, w)
-    assert [o.level for o in tr.ops if o.kind != "free"] == [0, 0, 1]
-    fused = tr.fused()
-    assert fused.regions == 2 and fused.kernels == 3
-    nx = 4 * N * K
-    assert fused.pointwise_bytes == (2 * nx + nx) + (2 * nx + nx)  # = eager: nothing to fuse here
-    assert fused.pointwise_bytes == tr.pointwise_bytes
-
-
-def test_views_free_ops_and_outputs():
-    x = torch.randn(N, 2 * K)
-
-    def f(x):
-        a, b = x.chunk(2, dim=-1)        # views: no kernel
-        y = torch.sigmoid(a) * b         # fusable with its producer? a, b come from the input: one region
-        return y, y * 3                  # y is returned, so the region writes it and y * 3
-
-    tr = trace_ops(f, x)
-    assert tr.by_kind()["free"]["ops"] >= 1 and tr.kernels == 3
-    fused = tr.fused()
-    assert fused.regions == 1
-    nx, ny = 4 * N * 2 * K, 4 * N * K
-    assert fused.pointwise_bytes == nx + 2 * ny          # x read once (both halves), two outputs written
-
-
-def test_in_place_writes_count_and_backward_is_traced():
-    x = torch.randn(N, K, requires_grad=True)
-    buf = torch.zeros(N, K)
-
-    def f(x):
-        buf.add_(x.detach())                             # an in-place write must reach memory
-        y = (x * x).sum()
-        y.backward()
-        return y
-
-    tr = trace_ops(f, x)
-    add = [o for o in tr.ops if o.name == "add_"][0]
-    assert add.mutates and add.kind == "pointwise"
-    assert len(tr.ops) > 4  # forward + backward ops
-    assert any(o.name == "add_" for o in tr.ops)
-    assert tr.fused().pointwise_bytes > 0
-
-
-def test_trace_counts_attention_flops():
-    q = torch.randn(2, 3, 17, 8)
-    tr = trace_ops(lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), q)
-    mm = [o for o in tr.ops if o.kind == "matmul"]
-    if mm:  # the CPU build dispatches to a fused SDPA op: one matmul-kind kernel
-        assert mm[0].flops == 2 * 2 * 3 * 17 * 17 * 16 // 2
-    else:  # the math path: bmm ops
-        assert tr.flops > 0
 
 
 def test_predict_step_is_max_or_sum_of_host_and_device():
@@ -111,9 +39,9 @@ def test_predict_step_is_max_or_sum_of_host_and_device():
     assert isinstance(tr, OpTrace)
 
 
-def test_trace_rejects_non_callable():
-    with pytest.raises(TypeError, match="fn must be callable"):
-        trace_ops(3)
+def test_trace_ops_is_the_measure_instrument():
+    # notebooks 04, 05 and 10 import trace_ops from here; it is tested in test_measure_instruments.py
+    assert trace_ops is instruments.trace_ops
 
 
 def test_clip_by_norm_matches_the_logged_version(capsys):

@@ -32,6 +32,8 @@ def test_launch_model_overlap_and_syncs():
     assert launch_model_ms(100, 0, 5.0, 20.0) == pytest.approx(0.5)
     assert launch_model_ms(100, 0, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.0)
     assert launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.06)
+    # on a CPU the same cores dispatch and compute: launches and work add up
+    assert launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0, overlap=False) == pytest.approx(2.56)
     with pytest.raises(ValueError, match="n_syncs"):
         launch_model_ms(1, -1, 1.0, 1.0)
     with pytest.raises(ValueError, match="work_ms"):

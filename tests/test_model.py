@@ -11,8 +11,19 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from mahia import ops
 from mahia.measure.checks import check_close, rel_error, tolerance
-from mahia.model import HybridConfig, HybridModel, SyntheticTokens, apply, make_decoder, make_train_step
+from mahia.model import (
+    HybridConfig,
+    HybridModel,
+    SyntheticTokens,
+    apply,
+    apply_checkpointing,
+    apply_compile,
+    make_decoder,
+    make_train_step,
+)
 from mahia.model import optimize
+from mahia.model.hybrid import Block
+from mahia.model.optimize import CheckpointedBlock
 
 pytestmark = pytest.mark.filterwarnings("ignore:mahia.ops.*Triton kernel not used:RuntimeWarning")
 
@@ -233,17 +244,99 @@ def _grads(model, idx, targets):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("gating", [False, True], ids=["blocks", "gated"])
 @pytest.mark.parametrize("mode", ["full", "selective"])
-def test_checkpointing_gives_the_same_gradients(no_triton, mode):
-    model = _model(HybridConfig.preset("tiny", gating=False).optimized())
+def test_checkpointing_gives_the_same_gradients(no_triton, mode, gating):
+    model = _model(HybridConfig.preset("tiny", gating=gating).optimized())
     idx, targets = _tokens(2, 11)
     ref = _grads(model, idx, targets)
-    model.set_checkpointing(mode)
+    apply_checkpointing(model, mode)
     got = _grads(model, idx, targets)
+    assert set(got) == set(ref)  # same parameter names: the blocks stay where they were
     for name in ref:
         check_close(f"{mode} grad {name}", got[name], ref[name], FP32)
-    with pytest.raises(ValueError, match="mode must be one of"):
-        model.set_checkpointing("some")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        apply_checkpointing(model, "some")
+
+
+@pytest.fixture
+def checkpoint_calls(monkeypatch):
+    """Counts the calls of torch.utils.checkpoint.checkpoint (run_checkpointed's only way to checkpoint)."""
+    from torch.utils import checkpoint as ckpt
+
+    calls = []
+    original = ckpt.checkpoint
+
+    def counted(fn, *args, **kwargs):
+        calls.append(fn)
+        return original(fn, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "checkpoint", counted)
+    return calls
+
+
+@pytest.mark.parametrize("gating", [False, True], ids=["blocks", "gated"])
+def test_apply_checkpointing_is_replaced_and_removed_in_place(no_triton, checkpoint_calls, gating):
+    model = _model(HybridConfig.preset("tiny", gating=gating).optimized())
+    idx, targets = _tokens(2, 9)
+    keys = list(model.state_dict())
+    blocks = list(model.blocks)
+    L = model.cfg.n_layers
+
+    def calls_of_one_forward(grad=True):
+        checkpoint_calls.clear()
+        with torch.set_grad_enabled(grad):
+            model(idx, targets)
+        return len(checkpoint_calls)
+
+    apply_checkpointing(model, "full")
+    assert all(type(b) is CheckpointedBlock and b.checkpoint_policy == "full" for b in model.blocks)
+    assert list(model.blocks) == blocks and list(model.state_dict()) == keys  # the same modules, in place
+    assert calls_of_one_forward() == L  # one checkpointed call per block (every gate is on by default)
+    apply_checkpointing(model, "selective")  # replaces the policy, does not wrap twice
+    assert all(b.checkpoint_policy == "selective" for b in model.blocks)
+    assert calls_of_one_forward() == L
+    # Only in training with grad enabled: eval and no_grad (decoding) run the plain blocks.
+    assert calls_of_one_forward(grad=False) == 0
+    model.eval()
+    assert calls_of_one_forward() == 0
+    model.train()
+    apply_checkpointing(model, None)
+    assert all(type(b) is Block and "checkpoint_policy" not in vars(b) for b in model.blocks)
+    assert list(model.blocks) == blocks and list(model.state_dict()) == keys
+    assert calls_of_one_forward() == 0
+
+
+def test_checkpointed_model_decodes_and_loads_weights(no_triton):
+    model = _model(HybridConfig.preset("tiny").optimized())
+    plain = _model(HybridConfig.preset("tiny").optimized(), seed=1)
+    apply_checkpointing(model, "full")
+    plain.load_state_dict(model.state_dict())  # the same keys as a model never checkpointed
+    prompt = _tokens(2, 4)[0]
+    assert model.training  # generate switches to eval under no_grad: the plain blocks decode
+    assert torch.equal(make_decoder(model).generate(prompt, 3), make_decoder(plain).generate(prompt, 3))
+
+
+def test_apply_checkpointing_rejects_models_without_blocks():
+    with pytest.raises(TypeError, match="blocks"):
+        apply_checkpointing(torch.nn.Linear(2, 2), "full")
+    model = torch.nn.Module()
+    model.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    with pytest.raises(TypeError, match="Block modules"):
+        apply_checkpointing(model, "full")
+
+
+def test_make_train_step_applies_and_removes_checkpointing(no_triton, checkpoint_calls):
+    model = _model(HybridConfig.preset("tiny", **LIGHT))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = make_train_step(model, opt, checkpoint="selective")
+    assert all(type(b) is CheckpointedBlock and b.checkpoint_policy == "selective" for b in model.blocks)
+    step(_tokens(2, 8))
+    assert len(checkpoint_calls) == model.cfg.n_layers
+    make_train_step(model, opt)  # checkpoint=None: the step runs the plain blocks
+    assert all(type(b) is Block for b in model.blocks)
+    with pytest.raises(TypeError, match="blocks"):
+        make_train_step(torch.nn.Linear(2, 2), opt, checkpoint="full")
 
 
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
@@ -263,6 +356,16 @@ def test_compile_falls_back_to_eager_with_a_warning(no_triton, monkeypatch):
     with pytest.warns(RuntimeWarning, match="no compiler here"):
         step = make_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), compile="default")
     assert torch.isfinite(step(_tokens(2, 8)))
+
+
+def test_apply_compile_without_a_mode_is_the_model(no_triton, monkeypatch):
+    model = _model(HybridConfig.preset("tiny", **LIGHT))
+    assert apply_compile(model, None) is model
+    with pytest.raises(ValueError, match="mode must be one of"):
+        apply_compile(model, "fast")
+    monkeypatch.setattr(optimize, "compile_problem", lambda device: "no compiler here (test)")
+    with pytest.warns(RuntimeWarning, match="no compiler here"):
+        assert apply_compile(model, "default") is model
 
 
 def test_make_train_step_rejects_bad_options():

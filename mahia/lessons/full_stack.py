@@ -17,8 +17,8 @@ notebooks (launches and syncs: 01, 05, 09; bytes over bandwidth and FLOPs over t
     t = n_ops * t_launch + t_work + n_syncs * t_sync          on a CPU (the same cores dispatch and compute)
 
 with ``n_ops`` and ``n_syncs`` counted on one step (:func:`profile_step`) and ``t_work`` the device time
-of the kernels (matmul FLOPs / matmul rate + bytes / bandwidth). Throughput and model FLOPs
-utilization::
+of the kernels (per kernel the larger of matmul FLOPs / matmul rate and bytes / bandwidth): the cost
+model of :mod:`mahia.measure.cost` (:func:`predict_ms`). Throughput and model FLOPs utilization::
 
     tokens/s = B T / t_step,        MFU = flops_per_token * tokens/s / peak matmul rate
 
@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mahia.measure.checks import CorrectnessError, check_close, check_int, rel_error
+from mahia.measure.cost import Machine, step_time
+from mahia.measure.instruments import LiveTensorMemory, count_ops, count_syncs
 from mahia.measure.timing import Timing
 
 __all__ = [
@@ -388,9 +390,9 @@ def greedy_gap(logits: torch.Tensor, tokens: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class StepProfile:
-    """One call of a step: ATen ops dispatched (views excluded; about one kernel launch each), host
-    syncs (counted as on a GPU; see :mod:`mahia.measure.instruments`) and, where asked, the peak bytes of live tensors
-    it allocated (:class:`mahia.lessons.training.LiveTensorMemory`)."""
+    """One call of a step: ops that launch a kernel (:func:`mahia.measure.instruments.count_ops`), host
+    syncs (counted as on a GPU; see :mod:`mahia.measure.instruments`) and, where asked, the peak bytes of
+    live tensors it allocated (:class:`mahia.measure.instruments.LiveTensorMemory`)."""
 
     ops: int
     syncs: int
@@ -400,10 +402,6 @@ class StepProfile:
 def profile_step(fn: Callable[[], object], *, peak: bool = False) -> StepProfile:
     """Run ``fn()`` once under the op and sync counters (and the live-memory tracker with ``peak``).
     Eager code only: a compiled region's kernels do not pass through the dispatcher."""
-    from mahia.lessons.training import LiveTensorMemory
-    from mahia.lessons.sync_loops import count_ops
-    from mahia.measure.instruments import count_syncs
-
     if not callable(fn):
         raise TypeError(f"profile_step: fn must be callable, got {type(fn).__name__}")
     mem = LiveTensorMemory() if peak else None
@@ -418,17 +416,17 @@ def profile_step(fn: Callable[[], object], *, peak: bool = False) -> StepProfile
 
 def predict_ms(ops: float, syncs: float, work_ms: float, *, launch_us: float, sync_us: float,
                overlap: bool) -> float:
-    """Predicted step time in ms (module docstring): ``max`` of launch and device time when the host
-    runs ahead of the device (``overlap``, a GPU), their sum otherwise (a CPU); each sync adds ``t_sync``."""
+    """Predicted step time in ms (module docstring; :func:`mahia.measure.cost.step_time`): ``max`` of launch
+    and device time when the host runs ahead of the device (``overlap``, a GPU), their sum otherwise (a
+    CPU); each sync adds ``t_sync``."""
     for name, v in (("ops", ops), ("syncs", syncs), ("work_ms", work_ms), ("launch_us", launch_us),
                     ("sync_us", sync_us)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
             raise ValueError(f"predict_ms: {name} must be a finite number >= 0, got {v!r}")
     if not isinstance(overlap, bool):
         raise TypeError(f"predict_ms: overlap must be a bool, got {overlap!r}")
-    launch_ms = ops * launch_us * 1e-3
-    busy = max(launch_ms, work_ms) if overlap else launch_ms + work_ms
-    return busy + syncs * sync_us * 1e-3
+    machine = Machine(launch_us=launch_us, sync_us=sync_us, overlap=overlap)
+    return step_time(machine, launches=ops, work_ms=work_ms, syncs=syncs).ms
 
 
 def tokens_per_s(tokens: int, timing: Timing | float) -> float:

@@ -1,39 +1,27 @@
 """Helpers of notebooks 04 (torch.compile) and 05 (CUDA graphs): a kernel/byte model of a step, compile
 bookkeeping, a hand-written CUDA-graph wrapper and shape bucketing.
 
-**What a step costs (the model both notebooks predict with).** :func:`trace_ops` runs a function once
-and records every ATen op it dispatches, forward and backward alike:
-
-* ``matmul`` ops (``mm``, ``bmm``, ``addmm``, SDPA kernels, ``_grouped_mm``): ``2 m k n`` FLOPs each
-  (attention ``2 B H T S (D + Dv)``, halved when causal); library kernels that no compiler fuses into;
-* ``opaque`` ops (custom ``torch.library`` kernels, sorts, ``topk``, ``nonzero``): one kernel each,
-  not fusable either;
-* ``pointwise`` ops (everything else that launches a kernel: elementwise math, reductions, casts,
-  copies, gathers): memory-bound, and what a compiler fuses;
-* ``free`` ops (views, ``empty``, ``detach``, ``.item()``): no kernel.
-
-Eager PyTorch launches one kernel per non-free op and each pointwise op reads its inputs from memory
-and writes its output back. An ideal fusing compiler merges pointwise ops connected by a data edge
-into one kernel (a *region*) unless a matmul or opaque op lies between them on some path (their
-*level*, the number of non-fusable ops on the longest path from the inputs, differs). A region reads
-each outside tensor once and writes only what leaves it (used by a non-member, returned, or written
-in place). :meth:`OpTrace.fused` counts those bytes and kernels: an estimate of what a good fusing
-compiler reaches (it may do better where the level rule is cautious, worse where it declines to fuse).
-
-A step then takes, with ``t_launch`` the host cost of one launch and ``t_floor`` the shortest kernel::
+**What a step costs (the model both notebooks predict with).** :func:`trace_ops` (from
+:mod:`mahia.measure.instruments`, where its kinds of ops and the fusion estimate are explained) runs a
+function once and records every op it dispatches, forward and backward alike: matmuls with their FLOPs,
+opaque kernels, fusable pointwise ops and free ops, with the bytes each reads and writes;
+:meth:`~mahia.measure.instruments.OpTrace.fused` estimates what an ideal fusing compiler would launch and
+move. :func:`predict_step` prices such a trace with the cost model of :mod:`mahia.measure.cost`, with
+``t_launch`` the host cost of one launch and ``t_floor`` the shortest kernel::
 
     GPU time   = sum over kernels of max(t_floor, FLOPs / peak, bytes / bandwidth)
     CPU time   = kernels x t_launch          (one launch when the step replays a CUDA graph)
     step       = max(CPU, GPU)    on a GPU (the host queues work ahead: the slower side sets the pace)
                = CPU + GPU        on a CPU (the same cores dispatch and compute)
 
-(:func:`predict_step`). Launch-bound steps (CPU > GPU) gain from fewer launches (fusion, graphs);
-bandwidth-bound ones from fewer bytes (fusion); matmul-bound ones from neither.
+Launch-bound steps (CPU > GPU) gain from fewer launches (fusion, graphs); bandwidth-bound ones from fewer
+bytes (fusion); matmul-bound ones from neither.
 
-**CUDA graphs.** :class:`GraphedStep` captures an inference step once (static input buffers, warm-up on
-a side stream, capture) and replays it after copying new inputs into the static buffers: one launch
-instead of one per kernel. :class:`BucketedGraphs` serves variable sizes with one graph per bucket,
-padding each input up to the next bucket and slicing the outputs back.
+**CUDA graphs.** :class:`GraphedStep` captures an inference step once (static input buffers, then
+:func:`mahia.measure.timing.capture_graph`: warm-up on a side stream, capture) and replays it after copying
+new inputs into the static buffers: one launch instead of one per kernel. :class:`BucketedGraphs` serves
+variable sizes with one graph per bucket, padding each input up to the next bucket and slicing the outputs
+back.
 """
 from __future__ import annotations
 
@@ -43,14 +31,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from mahia.measure.checks import check_int
+from mahia.measure.cost import Machine, step_time, work_ms
+from mahia.measure.instruments import OpTrace, trace_ops
+from mahia.measure.timing import capture_graph
 
 __all__ = [
-    "MATMUL_OPS", "OPAQUE_ATEN_OPS", "FREE_OPS",
-    "OpRecord", "FusedEstimate", "OpTrace", "trace_ops", "StepPrediction", "predict_step",
+    "trace_ops",  # re-exported from mahia.measure.instruments: notebooks 04, 05 and 10 import it from here
+    "StepPrediction", "predict_step",
     "CompileCounter", "timed_call", "CUDAGRAPH_MODES", "CompileAttempt", "try_compile", "generated_kernels",
     "library_calls",
     "break_even_steps", "clip_by_norm_logged", "clip_by_norm",
@@ -58,300 +48,13 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------------
-# Tracing the ops of a step
+# Predicting a step
 # ---------------------------------------------------------------------------------------------------
-
-# Library kernels a compiler calls but does not fuse into (ATen names without the overload).
-MATMUL_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "convolution",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_flash_attention_forward", "_efficient_attention_forward",
-})
-# ATen ops that launch a kernel a compiler keeps as is (data-dependent sizes, sorting).
-OPAQUE_ATEN_OPS = frozenset({
-    "sort", "argsort", "topk", "nonzero", "unique", "_unique", "_unique2", "unique_consecutive",
-    "masked_select", "multinomial", "randperm", "bincount",
-})
-# ATen ops that launch nothing: views are in the schema (``is_view``); these are not, but alias or allocate.
-FREE_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
-    "lift_fresh", "lift_fresh_copy", "_unsafe_view", "set_", "resize_", "_local_scalar_dense",
-    "is_nonzero", "equal", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "record_stream",
-})
-
-
-def _distinct_bytes(t: torch.Tensor) -> int:
-    """Bytes of the distinct elements a tensor (view) covers: broadcast (stride-0) dims count once."""
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if stride != 0:
-            n *= size
-    return n * t.element_size() if t.numel() else 0
-
-
-def _matmul_flops(name: str, args: dict[str, Any]) -> int:
-    """FLOPs of one matmul-like op from its arguments (by schema name); 0 where unknown."""
-    def shape(key):
-        t = args.get(key)
-        return tuple(t.shape) if isinstance(t, torch.Tensor) else None
-
-    if name in ("mm", "addmm"):
-        a, b = shape("mat1" if name == "addmm" else "self"), shape("mat2")
-        return 2 * a[0] * a[1] * b[1] if a and b else 0
-    if name in ("bmm", "baddbmm"):
-        a, b = shape("batch1" if name == "baddbmm" else "self"), shape("batch2" if name == "baddbmm" else "mat2")
-        return 2 * a[0] * a[1] * a[2] * b[2] if a and b else 0
-    if name == "_grouped_mm":
-        a, b = shape("self"), shape("mat2")
-        if a and b and len(a) == 2 and len(b) == 3:  # (M, K) x (G, K, N) by groups of rows
-            return 2 * a[0] * a[1] * b[2]
-        return 0
-    if "attention" in name:
-        q, k, v = shape("query"), shape("key"), shape("value")
-        if not (q and k and v):
-            return 0
-        # SDPA takes (B, H, T, D); the _flash/_efficient_attention_forward ops take (B, T, H, D).
-        if name.startswith("_scaled_dot_product"):
-            (B, H, T, D), S, Dv = q, k[-2], v[-1]
-        else:
-            (B, T, H, D), S, Dv = q, k[1], v[-1]
-        flops = 2 * B * H * T * S * (D + Dv)
-        return flops // 2 if args.get("is_causal") and T == S else flops
-    return 0
-
-
-@dataclass(frozen=True)
-class OpRecord:
-    """One dispatched op. ``reads``: (tensor id, bytes, view) per distinct input, where ``view`` =
-    (storage offset, shape, strides) tells two views of one tensor apart; ``writes``: (tensor id, bytes).
-    Views share the id of the tensor they alias."""
-
-    name: str
-    kind: str  # "matmul" | "opaque" | "pointwise" | "free"
-    reads: tuple[tuple[int, int, tuple], ...]
-    writes: tuple[tuple[int, int], ...]
-    flops: int
-    level: int
-    mutates: bool
-
-    @property
-    def read_bytes(self) -> int:
-        return sum(r[1] for r in self.reads)
-
-    @property
-    def write_bytes(self) -> int:
-        return sum(b for _, b in self.writes)
-
-    @property
-    def bytes(self) -> int:
-        return self.read_bytes + self.write_bytes
-
-
-@dataclass(frozen=True)
-class FusedEstimate:
-    """What an ideal fusing compiler would launch and move (see the module docstring)."""
-
-    regions: int            # fused pointwise kernels
-    kernels: int            # regions + matmul + opaque kernels
-    pointwise_bytes: int    # bytes the fused regions move
-    bytes: int              # all bytes: regions + matmul + opaque ops
-    region_bytes: tuple[int, ...] = field(repr=False, default=())
-
-
-@dataclass
-class OpTrace:
-    """The ops of one call of a function (:func:`trace_ops`)."""
-
-    ops: list[OpRecord]
-    outputs: frozenset[int]  # ids of the tensors the function returned
-    sizes: dict[int, int] = field(default_factory=dict, repr=False)  # tensor id -> bytes of the whole tensor
-
-    def of_kind(self, kind: str) -> list[OpRecord]:
-        return [o for o in self.ops if o.kind == kind]
-
-    @property
-    def kernels(self) -> int:
-        """Kernels eager PyTorch launches: one per op that is not free."""
-        return sum(o.kind != "free" for o in self.ops)
-
-    @property
-    def flops(self) -> int:
-        return sum(o.flops for o in self.ops)
-
-    @property
-    def bytes(self) -> int:
-        """Bytes all kernels read and write in eager mode."""
-        return sum(o.bytes for o in self.ops if o.kind != "free")
-
-    @property
-    def pointwise_bytes(self) -> int:
-        return sum(o.bytes for o in self.of_kind("pointwise"))
-
-    def by_kind(self) -> dict[str, dict[str, int]]:
-        """{kind: {"ops", "bytes", "flops"}} for a table."""
-        out: dict[str, dict[str, int]] = {}
-        for o in self.ops:
-            d = out.setdefault(o.kind, {"ops": 0, "bytes": 0, "flops": 0})
-            d["ops"] += 1
-            d["bytes"] += o.bytes if o.kind != "free" else 0
-            d["flops"] += o.flops
-        return out
-
-    def fused(self) -> FusedEstimate:
-        """Merge connected pointwise ops of equal level into regions; count their kernels and bytes."""
-        pw = [i for i, o in enumerate(self.ops) if o.kind == "pointwise"]
-        parent = {i: i for i in pw}
-
-        def find(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        producer: dict[int, int] = {}  # tensor id -> index of the pointwise op that wrote it last
-        for i in pw:
-            o = self.ops[i]
-            for tid, *_ in o.reads:
-                j = producer.get(tid)
-                if j is not None and self.ops[j].level == o.level:
-                    parent[find(i)] = find(j)
-            for tid, _ in o.writes:  # every write is a fresh id, so a producer is never overwritten
-                producer[tid] = i
-
-        region_of = {i: find(i) for i in pw}
-        # Which regions (or -1: a non-pointwise op, or the caller) read each tensor id.
-        readers: dict[int, set[int]] = {}
-        for i, o in enumerate(self.ops):
-            if o.kind == "free":
-                continue
-            r = region_of.get(i, -1)
-            for tid, *_ in o.reads:
-                readers.setdefault(tid, set()).add(r)
-        for tid in self.outputs:
-            readers.setdefault(tid, set()).add(-1)
-
-        reads: dict[int, dict[int, dict]] = {}  # region -> tensor id -> view -> bytes
-        writes: dict[int, dict[int, int]] = {}  # region -> tensor id -> bytes written
-        written_in: dict[int, dict[int, int]] = {}
-        for i in pw:
-            o, r = self.ops[i], region_of[i]
-            inside = written_in.setdefault(r, {})
-            for tid, b, view in o.reads:
-                if tid not in inside:  # produced outside the region: each distinct view read once
-                    reads.setdefault(r, {}).setdefault(tid, {})[view] = b
-            for tid, b in o.writes:
-                inside[tid] = b
-                if o.mutates or any(x != r for x in readers.get(tid, ())):
-                    writes.setdefault(r, {})[tid] = b
-        roots = sorted(set(region_of.values()))
-
-        def read_bytes(r: int) -> int:  # distinct views of a tensor, at most the whole tensor
-            return sum(min(sum(views.values()), self.sizes.get(tid, math.inf))
-                       for tid, views in reads.get(r, {}).items())
-
-        region_bytes = tuple(int(read_bytes(r)) + sum(writes.get(r, {}).values()) for r in roots)
-        other = [o for o in self.ops if o.kind in ("matmul", "opaque")]
-        pointwise_bytes = sum(region_bytes)
-        return FusedEstimate(regions=len(roots), kernels=len(roots) + len(other),
-                             pointwise_bytes=pointwise_bytes, bytes=pointwise_bytes + sum(o.bytes for o in other),
-                             region_bytes=region_bytes)
-
-
-class _Tracer(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[OpRecord] = []
-        self._tid: dict[int, int] = {}      # id(tensor object) -> tensor id (aliases share one)
-        self._level: dict[int, int] = {}    # tensor id -> level
-        self.sizes: dict[int, int] = {}     # tensor id -> bytes of the whole tensor
-        self._keep: list[torch.Tensor] = []  # keeps traced tensors alive, so Python ids are not reused
-        self._next = 0
-
-    def tid(self, t: torch.Tensor) -> int:
-        key = id(t)
-        if key not in self._tid:
-            self._tid[key] = self._new_id(t)
-        return self._tid[key]
-
-    def _new_id(self, t: torch.Tensor) -> int:
-        self._keep.append(t)
-        self._next += 1
-        self.sizes[self._next] = _distinct_bytes(t)
-        return self._next
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func._schema.name.split("::")[-1]
-        schema_args = func._schema.arguments
-        named = {a.name: v for a, v in zip(schema_args, args)} | dict(kwargs)
-        mutated = {a.name for a in schema_args if a.alias_info is not None and a.alias_info.is_write}
-        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-
-        if func.is_view or name in FREE_OPS or not outs:
-            kind = "free"  # a view, an allocation, or no tensor out (promote_types, .item())
-        elif func.namespace != "aten":
-            kind = "opaque"  # a custom kernel (torch.library op): one launch, not fusable
-        elif name in MATMUL_OPS:
-            kind = "matmul"
-        elif name in OPAQUE_ATEN_OPS:
-            kind = "opaque"
-        else:
-            kind = "pointwise"
-
-        seen: set[int] = set()
-        reads = []
-        for t in ins:
-            tid = self.tid(t)
-            view = (t.storage_offset(), tuple(t.shape), tuple(t.stride()))
-            if (tid, view) not in seen:
-                seen.add((tid, view))
-                reads.append((tid, _distinct_bytes(t), view))
-        level = max((self._level.get(r[0], 0) for r in reads), default=0)
-        out_level = level + (kind in ("matmul", "opaque"))
-
-        writes = []
-        for t in outs:
-            if kind == "free":
-                # an alias (view) of the first input keeps its id; an allocation gets a fresh one
-                self._tid[id(t)] = self.tid(ins[0]) if ins and (func.is_view or name in ("detach", "alias",
-                                                                                        "_unsafe_view")) \
-                    else self._new_id(t)
-                self._keep.append(t)
-                continue
-            new = self._new_id(t)  # a new version, also for an in-place op's output
-            self._tid[id(t)] = new
-            self._level[new] = out_level
-            writes.append((new, _distinct_bytes(t)))
-        if kind == "free":
-            reads = []
-        flops = _matmul_flops(name, named) if kind == "matmul" else 0
-        self.ops.append(OpRecord(name, kind, tuple(reads), tuple(writes), int(flops), level, bool(mutated)))
-        return out
-
-
-def trace_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpTrace:
-    """Run ``fn(*args, **kwargs)`` once and record its ops (backward too, if ``fn`` calls it).
-
-    The tensors it creates are kept alive until the trace is built, so trace small shapes or
-    expect one extra step's worth of memory.
-    """
-    if not callable(fn):
-        raise TypeError(f"trace_ops: fn must be callable, got {type(fn).__name__}")
-    tracer = _Tracer()
-    with tracer:
-        result = fn(*args, **kwargs)
-    out_ids = frozenset(tracer._tid[id(t)] for t in tree_flatten(result)[0]
-                        if isinstance(t, torch.Tensor) and id(t) in tracer._tid)
-    trace = OpTrace(tracer.ops, out_ids, dict(tracer.sizes))
-    tracer._keep.clear()
-    return trace
-
 
 @dataclass(frozen=True)
 class StepPrediction:
+    """A step predicted by :func:`predict_step` (times in ms)."""
+
     cpu_ms: float     # host time to launch the kernels
     gpu_ms: float     # device time of the kernels
     ms: float         # the step: max (GPU, overlapping) or sum (CPU)
@@ -376,23 +79,18 @@ def predict_step(trace: OpTrace, *, launch_us: float, bandwidth_gbps: float, mat
             raise ValueError(f"predict_step: {name} must be a positive number, got {v!r}")
     if not isinstance(trace, OpTrace):
         raise TypeError(f"predict_step: trace must be an OpTrace (from trace_ops), got {type(trace).__name__}")
-    bw, peak, floor = bandwidth_gbps * 1e9, matmul_tflops * 1e12, floor_us * 1e-6
-
-    def kernel_s(flops: float, nbytes: float) -> float:
-        return max(floor, flops / peak, nbytes / bw)
-
-    heavy = [o for o in trace.ops if o.kind in ("matmul", "opaque")]
-    gpu = sum(kernel_s(o.flops, o.bytes) for o in heavy)
+    machine = Machine(launch_us=launch_us, bandwidth_gbps=bandwidth_gbps, matmul_tflops=matmul_tflops,
+                      floor_us=floor_us, overlap=overlap)
+    kernels_fb = [(o.flops, o.bytes) for o in trace.ops if o.kind in ("matmul", "opaque")]
     if fused:
         est = trace.fused()
-        gpu += sum(kernel_s(0, b) for b in est.region_bytes)
+        kernels_fb += [(0, b) for b in est.region_bytes]
         kernels, nbytes = est.kernels, est.bytes
     else:
-        gpu += sum(kernel_s(0, o.bytes) for o in trace.of_kind("pointwise"))
+        kernels_fb += [(0, o.bytes) for o in trace.of_kind("pointwise")]
         kernels, nbytes = trace.kernels, trace.bytes
-    cpu = (1 if graphed else kernels) * launch_us * 1e-6
-    step = max(cpu, gpu) if overlap else cpu + gpu
-    return StepPrediction(cpu * 1e3, gpu * 1e3, step * 1e3, kernels, nbytes)
+    t = step_time(machine, launches=1 if graphed else kernels, work_ms=work_ms(kernels_fb, machine))
+    return StepPrediction(t.launch_ms, t.work_ms, t.ms, kernels, nbytes)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -584,7 +282,8 @@ class GraphedStep:
 
     Capture: copy the example inputs into static buffers the graph owns, run ``fn`` ``warmup`` times on a
     side stream (lazy initialisation, cuBLAS workspaces, autotuning and allocator growth happen there,
-    outside the capture), then record one call into the graph. Each later call::
+    outside the capture), then record one call into the graph (:func:`mahia.measure.timing.capture_graph`;
+    ``pool`` is its memory pool). Each later call::
 
         static_inputs[i].copy_(inputs[i])      # the graph reads these addresses
         graph.replay()                         # every kernel of fn, one launch
@@ -605,15 +304,9 @@ class GraphedStep:
         check_int("GraphedStep", "warmup", warmup)
         self.fn = fn
         self.static_inputs = tuple(t.detach().clone() for t in example_inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(warmup):
-                fn(*self.static_inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(self.graph, pool=pool):
-            self.static_outputs = fn(*self.static_inputs)
+        with torch.no_grad():  # warm-up on a side stream, then one call recorded (mahia.measure.timing)
+            self.graph, self.static_outputs = capture_graph(lambda: fn(*self.static_inputs), warmup=warmup,
+                                                            pool=pool)
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.static_inputs):

@@ -2,16 +2,16 @@
 
 None of this is a model component; it is what the two notebooks need around the components:
 
-* ``launch_costs`` and ``launch_model_ms``: the cost model both notebooks predict with. A step of
-  small kernels costs about
+* ``launch_costs`` and ``launch_model_ms``: the cost model both notebooks predict with
+  (:mod:`mahia.measure.cost`). A step of small kernels costs about
 
-      t = max(n_ops * t_launch, t_work) + n_syncs * t_sync
+      t = max(n_ops * t_launch, t_work) + n_syncs * t_sync        (GPU; on a CPU the sum: overlap=False)
 
   where ``t_launch`` is what the host needs to issue one kernel, ``t_work`` the device time of the
   arithmetic, and ``t_sync`` what one host-device synchronization adds (drain the queue, copy the value
-  back, launch again). Launches overlap with device work (hence the max); a sync does not.
-* ``count_ops_and_syncs``: the ``n_ops`` (ATen ops dispatched, a proxy for kernel launches) and
-  ``n_syncs`` of one call.
+  back, launch again). On a GPU launches overlap with device work (hence the max); a sync does not.
+* ``count_ops_and_syncs``: the ``n_ops`` (ops that launch a kernel, :func:`mahia.measure.instruments.count_ops`)
+  and ``n_syncs`` of one call.
 * ``moe_bytes``, ``moe_fwd_bwd``, ``check_moe``, ``train_routing``: the MoE layer's compulsory memory
   traffic, a forward + backward closure returning every gradient, a check of one implementation
   against another, and a short training run that records how evenly the router spreads the tokens.
@@ -28,9 +28,10 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from mahia.lessons.sync_loops import launch_chain
 from mahia.measure.checks import check_close, check_float_dtype, check_int, tolerance
-from mahia.lessons.sync_loops import OpCount, count_ops, launch_chain
-from mahia.measure.instruments import SyncReport, count_syncs
+from mahia.measure.cost import Machine, step_time
+from mahia.measure.instruments import OpCount, SyncReport, count_ops, count_syncs
 from mahia.measure.timing import Timing, bench as _bench
 
 __all__ = [
@@ -87,21 +88,25 @@ def launch_costs(device: torch.device | str, *, n_kernels: int = 200,
 
 
 def launch_model_ms(n_ops: float, n_syncs: float, launch_us: float, sync_us: float,
-                    work_ms: float = 0.0) -> float:
-    """Predicted time in ms: max(n_ops * t_launch, work_ms) + n_syncs * t_sync.
+                    work_ms: float = 0.0, *, overlap: bool = True) -> float:
+    """Predicted time in ms: max(n_ops * t_launch, work_ms) + n_syncs * t_sync
+    (:func:`mahia.measure.cost.step_time`).
 
-    The host issues ``n_ops`` kernels while the device runs ``work_ms`` of arithmetic, so the two
-    overlap and the slower one sets the pace; each sync drains the queue and adds ``t_sync``.
+    On a GPU the host issues ``n_ops`` kernels while the device runs ``work_ms`` of arithmetic, so the
+    two overlap and the slower one sets the pace; each sync drains the queue and adds ``t_sync``. On a
+    CPU (``overlap=False``) the same cores dispatch and compute: n_ops * t_launch + work_ms + n_syncs * t_sync.
     """
     for name, v in (("n_ops", n_ops), ("n_syncs", n_syncs), ("launch_us", launch_us), ("sync_us", sync_us),
                     ("work_ms", work_ms)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
             raise ValueError(f"launch_model_ms: {name} must be a number >= 0, got {v!r}")
-    return max(n_ops * launch_us * 1e-3, work_ms) + n_syncs * sync_us * 1e-3
+    machine = Machine(launch_us=launch_us, sync_us=sync_us, overlap=overlap)
+    return step_time(machine, launches=n_ops, work_ms=work_ms, syncs=n_syncs).ms
 
 
 def count_ops_and_syncs(fn: Callable[[], object]) -> tuple[OpCount, SyncReport]:
-    """Run ``fn()`` once; return the ATen ops it dispatched (views excluded) and its host syncs."""
+    """Run ``fn()`` once; return the ops it dispatched that launch a kernel (views, allocations and
+    ``.item()`` excluded) and its host syncs."""
     if not callable(fn):
         raise TypeError(f"count_ops_and_syncs: fn must be callable, got {type(fn).__name__}")
     with count_syncs(keep_stack=False) as syncs, count_ops() as ops:

@@ -32,15 +32,14 @@ zeros of the non-hard examples take part in the reduction tree), so their parame
 rounding, not bit for bit.
 
 Also here: :func:`launch_chain`, a loop of tiny kernels with an optional read-back, to measure what one
-sync costs on a machine; :func:`count_ops`, the number of dispatched ops (an estimate of kernel
-launches); and :func:`gpu_activity` / :func:`idle_fraction`, which read GPU kernels out of a
-``torch.profiler`` Chrome trace.
+sync costs on a machine; :func:`gpu_activity` / :func:`idle_fraction`, which read GPU kernels out of a
+``torch.profiler`` Chrome trace; and, re-exported for notebook 01, :func:`mahia.measure.instruments.count_ops`,
+the number of ops that launch a kernel.
 """
 from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -48,9 +47,9 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mahia.measure.checks import check_float_dtype, check_int
+from mahia.measure.instruments import count_ops
 
 __all__ = [
     "ResidualMLP",
@@ -59,8 +58,7 @@ __all__ = [
     "train_syncing",
     "train_sync_free",
     "launch_chain",
-    "OpCount",
-    "count_ops",
+    "count_ops",  # re-exported from mahia.measure.instruments: notebook 01 imports it from here
     "GPU_CATEGORIES",
     "gpu_activity",
     "idle_fraction",
@@ -297,50 +295,6 @@ def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> tor
         if read_every and (i + 1) % read_every == 0:
             flat[0].item()  # sync
     return x
-
-
-@dataclass
-class OpCount:
-    """Ops dispatched in a region: ``total`` counts every ATen op except views (which launch nothing)."""
-
-    total: int = 0
-    by_op: Counter = field(default_factory=Counter)
-
-
-class _OpCounter(TorchDispatchMode):
-    def __init__(self, report: OpCount):
-        super().__init__()
-        self.report = report
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # views and profiler markers (optimizers open record_function ranges) launch no kernel
-        if not func.is_view and func.namespace == "aten" and func.__name__ != "detach.default":
-            self.report.total += 1
-            self.report.by_op[func.__name__.split(".")[0]] += 1
-        return func(*args, **(kwargs or {}))
-
-
-class count_ops:
-    """Context manager counting the non-view ATen ops run inside it (backward included), a proxy for
-    the number of kernel launches: most ops launch one kernel, a few launch two or none.
-
-    >>> with count_ops() as c:
-    ...     y = x @ w + b
-    >>> c.total
-    2
-    """
-
-    def __init__(self):
-        self.report = OpCount()
-        self._mode: _OpCounter | None = None
-
-    def __enter__(self) -> OpCount:
-        self._mode = _OpCounter(self.report)
-        self._mode.__enter__()
-        return self.report
-
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
 
 
 # ---------------------------------------------------------------------------------------------------

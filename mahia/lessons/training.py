@@ -9,11 +9,13 @@ What a training step costs besides time, measured or modelled:
   :func:`lost_in_cast` counts the values a cast to a narrow dtype flushes to zero or to infinity;
   :func:`running_sum` adds numbers one by one with the accumulator rounded to a dtype.
 * memory, modelled: :func:`block_activation_table` itemizes, per block and part, the bytes per token
-  autograd keeps (the itemized form of :meth:`mahia.model.HybridModel.activation_bytes_per_token`);
-  :func:`step_peak_estimate` is the peak of a step that model predicts, per checkpointing policy.
+  autograd keeps (:meth:`mahia.model.HybridModel.activation_bytes_per_token` with ``itemized=True``, with
+  what each part keeps spelled out); :func:`step_peak_estimate` is the peak of a step that model predicts,
+  per checkpointing policy (the arithmetic of :mod:`mahia.measure.cost`).
 * memory, measured: :func:`saved_tensor_bytes` sums the tensors autograd keeps, per module;
   :func:`peak_bytes` is the peak a call adds, from the CUDA allocator or, on any device, from
-  :class:`LiveTensorMemory` (:func:`with_peak` puts it into a ``Timing`` measured on the CPU);
+  :class:`mahia.measure.instruments.LiveTensorMemory` (:func:`with_peak` puts it into a ``Timing``
+  measured on the CPU);
   :func:`fits` tries a call and reports whether it ran out of GPU memory, and :func:`largest_fitting`
   searches the largest batch that fits with a few such calls.
 """
@@ -23,15 +25,14 @@ import contextlib
 import dataclasses
 import gc
 import math
-import weakref
 from typing import Callable, Iterator
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from mahia.measure.checks import check_int
+from mahia.measure.cost import training_peak_bytes
+from mahia.measure.instruments import LiveTensorMemory
 from mahia.measure.timing import Timing
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
     "saved_tensor_bytes",
     "block_activation_table",
     "step_peak_estimate",
-    "LiveTensorMemory",
     "peak_bytes",
     "with_peak",
     "fits",
@@ -246,130 +246,66 @@ def saved_tensor_bytes(fn: Callable[[], object], *, modules: dict[str, nn.Module
     return out
 
 
+# What each part of a block keeps for backward (the bytes are the model's: activation_bytes_per_token).
+_KEPT_TENSORS = {
+    "attention": "norm in/out, q, k, v, output, {core}",
+    "meta-attention": "q, k, g, v, output, gain input",
+    "graph memory": "k, v, q, read output, write/read weights; per segment: state, diffused state, read keys "
+                    "and values",
+    "MoE": "norm in/out; x{k}: input, up, act, output; router",
+    "SwiGLU": "norm in/out, up (2F), activation (F)",
+    "head": "final norm in/out, log-softmax (fp32)",
+}
+
+
 def block_activation_table(model: nn.Module, seq_len: int, dtype: torch.dtype = torch.float32) -> list[dict]:
     """The activation model of a :class:`~mahia.model.HybridModel`, itemized: one row per part of every
-    block (and one for the LM head) with the tensors it keeps for backward and their bytes per token.
+    block (and one for the LM head) with the tensors it keeps for backward and their bytes per token,
+    ``{"block", "part", "bytes_per_token", "tensors"}``.
 
-    With s = bytes per element of ``dtype``, D = dim, Dkv = kv heads x head dim, Hq query heads, F = hidden,
-    k of E experts of width Fe, Hm meta heads of key/value width K/V, N memory nodes, V = vocab:
-
-        attention   (4 D + 2 Dkv) s + 4 Hq         norm in/out, q, k, v, output; sdpa's float32 log-sum-exp
-                    (manual/chunked: + Hq T (4 [+ s]) for the float32 probabilities [and their cast])
-        meta        (3 Hm K + 2 Hm V + D) s        q, k, g, v, output, the gain's input
-        memory      (4 D + 2 N) s + 4 N D s / S    write k, v; read q, output; write and read weights;
-                                                   per segment of S tokens its state, diffused state,
-                                                   read keys and values
-        SwiGLU      (2 D + 3 F) s                  norm in/out, up projection (2F), activation (F)
-        MoE         2 D s + k (2 D + 3 Fe) s + 4 E norm in/out; per assignment input, up, act, output; router
-        head        2 D s + 4 V                    final norm in/out, float32 log-softmax
-
-    The rows sum to ``model.activation_bytes_per_token(seq_len, dtype)[0]`` (no checkpointing).
+    The bytes are the model's own table (``model.activation_bytes_per_token(seq_len, dtype,
+    itemized=True)``, formulas in :meth:`~mahia.model.HybridModel.memory_estimate`), without
+    checkpointing: the rows sum to ``model.activation_bytes_per_token(seq_len, dtype)[0]``.
     """
-    for attr in ("cfg", "blocks"):
+    for attr in ("cfg", "blocks", "activation_bytes_per_token"):
         if not hasattr(model, attr):
             raise TypeError(f"block_activation_table: model must be a HybridModel (needs .{attr}), "
                             f"got {type(model).__name__}")
     check_int("block_activation_table", "seq_len", seq_len)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"block_activation_table: dtype must be a floating torch.dtype, got {dtype!r}")
-    cfg, T = model.cfg, seq_len
-    D, Dkv, Hq = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
-    s = torch.empty((), dtype=dtype).element_size()
-    rows = []
-    for i, block in enumerate(model.blocks):
-        if cfg.attention_impl == "sdpa":
-            core, core_name = 4 * Hq, "log-sum-exp (fp32)"
-        else:
-            core, core_name = Hq * T * (4 + (s if s < 4 else 0)), "probabilities T x T (fp32)"
-        rows.append({"block": i, "part": "attention", "bytes_per_token": (4 * D + 2 * Dkv) * s + core,
-                     "tensors": f"norm in/out, q, k, v, output, {core_name}"})
-        if block.meta is not None:
-            m = block.meta
-            rows.append({"block": i, "part": "meta-attention", "tensors": "q, k, g, v, output, gain input",
-                         "bytes_per_token": (3 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s})
-        if block.memory is not None:
-            N, S = block.memory.n_nodes, min(getattr(cfg, "memory_segment", None) or T, T)
-            rows.append({"block": i, "part": "graph memory",
-                         "tensors": "k, v, q, read output, write/read weights; per segment: state, diffused "
-                                    "state, read keys and values",
-                         "bytes_per_token": (4 * D + 2 * N) * s + 4 * N * D * s / S})
-        if block.is_moe:
-            k, Fe, E = cfg.top_k, cfg.moe_hidden, cfg.n_experts
-            rows.append({"block": i, "part": "MoE", "tensors": f"norm in/out; x{k}: input, up, act, output; router",
-                         "bytes_per_token": 2 * D * s + k * (2 * D + 3 * Fe) * s + 4 * E})
-        else:
-            rows.append({"block": i, "part": "SwiGLU", "tensors": "norm in/out, up (2F), activation (F)",
-                         "bytes_per_token": (2 * D + 3 * cfg.hidden) * s})
-    rows.append({"block": None, "part": "head", "tensors": "final norm in/out, log-softmax (fp32)",
-                 "bytes_per_token": 2 * D * s + 4 * cfg.vocab_size})
-    return rows
+    cfg = model.cfg
+    core = "log-sum-exp (fp32)" if cfg.attention_impl == "sdpa" else "probabilities T x T (fp32)"
+    return [{"block": r["block"], "part": r["part"], "bytes_per_token": r["full"],
+             "tensors": _KEPT_TENSORS[r["part"]].format(core=core, k=cfg.top_k)}
+            for r in model.activation_bytes_per_token(seq_len, dtype, itemized=True)]
 
 
 def step_peak_estimate(model: nn.Module, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *,
                        checkpoint: str | None = None) -> int:
     """Predicted peak bytes of one training step on top of the weights and the optimizer state:
 
-        peak = activations kept for backward + recomputed activations of one block + gradients
+        peak = activations kept for backward + what one block recomputes + gradients
 
-    from :meth:`~mahia.model.HybridModel.memory_estimate`. For ``"selective"`` the recomputed part is only
-    what selective checkpointing does not keep, (activations_none - activations_selective) / n_layers on
-    average per block: ``memory_estimate`` charges a whole block's activations there, as for ``"full"``,
-    although the saved matmul outputs are not recomputed.
+    (:func:`mahia.measure.cost.training_peak_bytes`) from :meth:`~mahia.model.HybridModel.memory_estimate`.
+    What one block recomputes: nothing without checkpointing, its whole activations with ``"full"``, and
+    with ``"selective"`` only what selective checkpointing does not keep (norms, activations; the saved
+    matmul outputs are not recomputed), the largest over the blocks
+    (:func:`mahia.measure.cost.activation_bytes`).
     """
     if not hasattr(model, "memory_estimate") or not hasattr(model, "cfg"):
         raise TypeError(f"step_peak_estimate: model must be a HybridModel (needs memory_estimate), "
                         f"got {type(model).__name__}")
     est = model.memory_estimate(batch, seq_len, dtype, checkpoint=checkpoint)
-    recompute = est["recompute"]
-    if checkpoint == "selective":
-        none = model.memory_estimate(batch, seq_len, dtype)["activations"]
-        recompute = (none - est["activations"]) / model.cfg.n_layers
-    return int(est["activations"] + recompute + est["gradients"])
-
-
-class LiveTensorMemory(TorchDispatchMode):
-    """Bytes of tensor storage created inside the mode and still alive: ``current`` and its maximum ``peak``.
-
-    Every op's outputs are checked; a storage not seen before is counted (at its full size) and a weak
-    reference subtracts it again when it is freed. This is what ``torch.cuda.max_memory_allocated`` minus
-    the memory at entry reports, without the allocator's rounding and caching, and it works on any
-    device (the CPU has no allocator statistics). Storages that existed before entry are not counted;
-    in-place ops and views add nothing. Eager mode only (not under ``torch.compile``).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.current = 0
-        self.peak = 0
-        self._alive: dict[int, weakref.ref] = {}
-
-    def _track(self, t: torch.Tensor) -> None:
-        st = t.untyped_storage()
-        ptr, n = st.data_ptr(), st.nbytes()
-        if n == 0 or ptr in self._alive:
-            return
-
-        def freed(_, ptr=ptr, n=n):
-            self.current -= n
-            self._alive.pop(ptr, None)
-
-        self._alive[ptr] = weakref.ref(st, freed)
-        self.current += n
-        self.peak = max(self.peak, self.current)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                self._track(t)
-        return out
+    return training_peak_bytes(activations=est["activations"], recompute=est["recompute"],
+                               gradients=est["gradients"])
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
     """Peak bytes that ``fn()`` allocates on top of what was allocated before it.
 
     On CUDA: ``torch.cuda.max_memory_allocated - memory_allocated`` at entry (the allocator's view). Elsewhere:
-    :class:`LiveTensorMemory` (the live tensors' view, without allocator rounding).
+    :class:`mahia.measure.instruments.LiveTensorMemory` (the live tensors' view, without allocator rounding).
     """
     if not callable(fn):
         raise TypeError(f"peak_bytes: fn must be callable, got {type(fn).__name__}")

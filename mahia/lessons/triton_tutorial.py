@@ -42,9 +42,8 @@ import pandas as pd
 import torch
 import triton
 import triton.language as tl
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from mahia.measure.instruments import ByteTraffic
 from mahia.ops.dispatch import why_not
 from mahia.ops.rmsnorm import check_rms_norm_inputs
 from mahia.ops.rmsnorm import MAX_HIDDEN
@@ -303,54 +302,22 @@ def check_kernels(device: str | torch.device = "cpu", dtype: torch.dtype = torch
 # Counting the bytes an eager function moves
 # --------------------------------------------------------------------------------------------------
 
-def _unique_bytes(t: torch.Tensor) -> int:
-    """Bytes a kernel must touch for ``t``: broadcast (stride-0) dimensions count once."""
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if stride != 0:
-            n *= size
-    return n * t.element_size()
-
-
-class _Traffic(TorchDispatchMode):
-    """Logs every aten op that moves data: bytes of its tensor inputs (read) and outputs (written)."""
-
-    def __init__(self):
-        super().__init__()
-        self.rows: list[dict] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        schema = func._schema
-        if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
-            return out  # a view (reshape, expand, transpose, detach ...): no data moves
-        name = func.overloadpacket.__name__
-        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if not outs:
-            return out  # e.g. promote_types: computes a dtype, touches no tensor data
-        written = 0 if name.startswith(("empty", "new_empty")) else sum(_unique_bytes(t) for t in outs)
-        self.rows.append({"op": name, "read_bytes": sum(_unique_bytes(t) for t in ins),
-                          "written_bytes": written,
-                          "out_shape": "x".join(map(str, outs[0].shape)) if outs else ""})
-        return out
-
-
 def op_traffic(fn: Callable, *inputs: torch.Tensor, backward: bool = False,
                grad_inputs: Sequence[int] | None = None, seed: int = 0) -> pd.DataFrame:
-    """One row per aten op that ``fn(*inputs)`` runs (and its backward, if ``backward``): the op,
-    the bytes it reads (its tensor inputs) and writes (its outputs), and the output shape.
+    """One row per op that ``fn(*inputs)`` runs (and its backward, if ``backward``) and that launches a
+    kernel: the op, the bytes it reads (its tensor inputs) and writes (its outputs), and the output shape.
 
     In eager PyTorch each such op is (at least) one kernel that reads its inputs from memory and
     writes its outputs back, so ``read_bytes + written_bytes`` summed over rows is the traffic of the
-    eager version. Views move no data and are left out. For ``backward`` the inputs listed in
+    eager version. Views (and allocations, ``.item()``) move no data and are left out: the rows are
+    those of :class:`mahia.measure.instruments.ByteTraffic`. For ``backward`` the inputs listed in
     ``grad_inputs`` (default: all floating ones) require grad and random output gradients flow back;
     building those gradients is not counted.
     """
     idx = set(range(len(inputs))) if grad_inputs is None else set(grad_inputs)
     ins = [t.detach().requires_grad_(backward and i in idx and t.is_floating_point())
            if isinstance(t, torch.Tensor) else t for i, t in enumerate(inputs)]
-    mode = _Traffic()
+    mode = ByteTraffic()
     with torch.enable_grad() if backward else torch.no_grad():
         with mode:
             outs = fn(*ins)

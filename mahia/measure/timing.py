@@ -14,6 +14,9 @@ happen there and would otherwise pollute the median. Peak device memory over one
 reported on CUDA (``None`` on the CPU, where PyTorch tracks no allocator peak).
 
 Statistics: median with the 20th and 80th percentiles of the per-repetition times.
+
+``capture_graph`` is the one CUDA-graph capture of the package (``bench(cuda_graph=True)``, the lessons'
+``GraphedStep`` and the model's graphed decoder use it).
 """
 from __future__ import annotations
 
@@ -21,11 +24,13 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["Timing", "bench", "synchronize", "naive_host_time"]
+from mahia.measure.checks import check_int
+
+__all__ = ["Timing", "bench", "synchronize", "naive_host_time", "capture_graph"]
 
 
 @dataclass(frozen=True)
@@ -176,7 +181,12 @@ def bench(
             torch.cuda.synchronize(dev)
             peak = torch.cuda.max_memory_allocated(dev) - base
         if cuda_graph:
-            fn = _capture(fn)
+            try:
+                graph, _ = capture_graph(fn)
+            except Exception as e:
+                raise RuntimeError(f"bench(cuda_graph=True): the function cannot be captured in a CUDA graph "
+                                   f"({type(e).__name__}: {e}); time it with cuda_graph=False") from e
+            fn = graph.replay
         times = _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
     else:
         times = _cpu_times(fn, warmup_ms, rep_ms, max_reps)
@@ -184,19 +194,40 @@ def bench(
     return Timing(med, p20, p80, len(times), first, peak, dev.type)
 
 
-def _capture(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture ``fn`` in a CUDA graph (after a warm-up on a side stream); return its replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):  # warm-up: lazy initialization and allocator growth happen here
+def capture_graph(fn: Callable[[], Any], *, warmup: int = 3, pool=None) -> tuple[Any, Any]:
+    """Capture the zero-argument ``fn`` in a CUDA graph; return ``(graph, outputs)``.
+
+    ``fn`` first runs ``warmup`` times on a side stream (lazy initialization, cuBLAS workspaces,
+    autotuning and allocator growth happen there, outside the capture; the side stream keeps those calls
+    off the stream the capture then records), then once inside ``torch.cuda.graph(graph, pool=pool)``.
+    ``outputs`` is what that captured call returned: tensors in the graph's memory, which every
+    ``graph.replay()`` overwrites in place (copy what must outlive the next replay). The captured call's
+    kernels ran only as recorded: ``outputs`` holds their result once ``graph.replay()`` has run.
+    ``fn`` runs under the caller's grad mode (wrap the call in ``torch.no_grad()`` for inference).
+
+    Memory pool: ``pool=None`` gives the graph a private pool, kept as long as the graph lives; its
+    intermediates and outputs are never handed to other tensors. ``pool=other.pool()`` (or
+    ``torch.cuda.graph_pool_handle()``) shares one pool between graphs, which saves memory when they are
+    replayed one after the other in the order they were captured, but a replay may then overwrite the
+    outputs of another graph of the pool.
+
+    What cannot be captured: anything that needs the host mid-call (``.item()``, ``print(tensor)``,
+    ``nonzero``, a data-dependent Python branch) and CPU tensors. Python values are frozen at capture.
+    A capture that fails raises, and may leave CUDA's random generator unusable for the rest of the
+    process ("Offset increment outside graph capture"): check what you capture before, not by failing.
+    """
+    if not callable(fn):
+        raise TypeError(f"capture_graph: fn must be callable, got {type(fn).__name__}")
+    check_int("capture_graph", "warmup", warmup, minimum=0)
+    if not torch.cuda.is_available():
+        raise RuntimeError("capture_graph: CUDA graphs need a CUDA device, and CUDA is not available here")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
             fn()
-    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception as e:
-        raise RuntimeError(f"bench(cuda_graph=True): the function cannot be captured in a CUDA graph "
-                           f"({type(e).__name__}: {e}); time it with cuda_graph=False") from e
-    return graph.replay
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    return graph, outputs

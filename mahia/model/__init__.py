@@ -22,6 +22,8 @@ _EXPORTS = {
     "SyntheticTokens": "data",
     "OPTIMIZATIONS": "optimize",
     "apply": "optimize",
+    "apply_checkpointing": "optimize",
+    "apply_compile": "optimize",
     "make_train_step": "optimize",
     "make_decoder": "optimize",
     "Decoder": "optimize",

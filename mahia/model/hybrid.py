@@ -48,13 +48,12 @@ from mahia.layers.attention import Attention, StaticKVCache, attention_flops, ro
 from mahia.layers.mlp import SwiGLU
 from mahia.layers.norm import RMSNorm
 from mahia.layers.rope import RotaryCache
-from mahia.model.config import HybridConfig
+from mahia.model.config import CHECKPOINT_POLICIES, HybridConfig
 from mahia.model.fabric import DynamicNeuroFabric, fabric_forward
 from mahia.model.memory import GraphDiffusionMemory, MemoryCache
 from mahia.model.meta_attention import MetaAttention
 from mahia.ops.gla_scan import gla_flops
 from mahia.model.moe import MoE, RouterStats, moe_flops
-from mahia.model.optimize import CHECKPOINT, run_checkpointed
 
 __all__ = ["Block", "HybridModel"]
 
@@ -169,7 +168,6 @@ class HybridModel(nn.Module):
         self.fabric = (DynamicNeuroFabric(cfg.dim, cfg.n_layers, threshold=cfg.gate_threshold,
                                           impl=cfg.gating_impl, gate_source="first") if cfg.gating else None)
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
-        self._checkpoint: str | None = None
         self.kv_caches: list[StaticKVCache] | None = None
         self.meta_states: list[torch.Tensor | None] | None = None
         self.memory_caches: list[MemoryCache | None] | None = None
@@ -204,13 +202,6 @@ class HybridModel(nn.Module):
         False only if a sequence-level part was switched to its bidirectional mode afterwards."""
         return not self._non_causal_parts()
 
-    def set_checkpointing(self, mode: str | None) -> None:
-        """Activation checkpointing of every block in training: None, "full" or "selective" (see
-        :func:`mahia.model.optimize.run_checkpointed`)."""
-        if mode not in CHECKPOINT:
-            raise ValueError(f"HybridModel.set_checkpointing: mode must be one of {CHECKPOINT}, got {mode!r}")
-        self._checkpoint = mode
-
     # ------------------------------------------------------------------------------------------------
     def _check_idx(self, fn: str, idx: torch.Tensor) -> None:
         if not isinstance(idx, torch.Tensor):
@@ -237,11 +228,10 @@ class HybridModel(nn.Module):
         B, T = idx.shape
         cos, sin = self.rope.get(T)  # (T, head_dim/2) each
         x = self.tok_emb(idx)  # (B, T, D)
-        ckpt = self._checkpoint if self.training and torch.is_grad_enabled() else None
         auxes: list[torch.Tensor] = []
         if self.fabric is None:
             for block in self.blocks:
-                x, aux = run_checkpointed(block, x, cos, sin, mode=ckpt)
+                x, aux = block(x, cos, sin)
                 if aux is not None:
                     auxes.append(aux)
         else:
@@ -250,7 +240,7 @@ class HybridModel(nn.Module):
             # MoE aux loss, so that it covers the same tokens as the branch fabric's per-sample calls.
             active = (gates > self.fabric.threshold).to(x.dtype) if self.fabric.impl == "masked" else None
             stats: list[list[RouterStats]] = [[] for _ in self.blocks]
-            layers = [self._gated(block, cos, sin, ckpt, stats[l], None if active is None else active[:, l])
+            layers = [self._gated(block, cos, sin, stats[l], None if active is None else active[:, l])
                       for l, block in enumerate(self.blocks)]
             x = self.fabric(x, layers, gates=gates)
             auxes += [block.mlp.aux_loss_from(RouterStats.pool(st)) for block, st in zip(self.blocks, stats) if st]
@@ -263,7 +253,7 @@ class HybridModel(nn.Module):
         return logits, loss
 
     @staticmethod
-    def _gated(block: Block, cos, sin, ckpt, stats: list, active: torch.Tensor | None):
+    def _gated(block: Block, cos, sin, stats: list, active: torch.Tensor | None):
         """Block as the fabric wants it: a residual delta ``x -> x' - x``; its MoE statistics go to ``stats``.
 
         The fabric's branch path calls it once per sample that runs the block (a one-sample slice,
@@ -274,8 +264,7 @@ class HybridModel(nn.Module):
 
         def f(x: torch.Tensor) -> torch.Tensor:
             weight = None if active is None else active[:, None].expand(x.shape[0], x.shape[1])  # (B, T)
-            fn = functools.partial(block.delta, token_weight=weight, return_stats=True)
-            delta, _, st = run_checkpointed(fn, x, cos, sin, mode=ckpt)
+            delta, _, st = block.delta(x, cos, sin, token_weight=weight, return_stats=True)
             if st is not None:
                 stats.append(st)
             return delta
@@ -441,49 +430,51 @@ class HybridModel(nn.Module):
         return 3 * total if training else total
 
     def activation_bytes_per_token(self, seq_len: int, dtype: torch.dtype = torch.float32, *,
-                                   checkpoint: str | None = None) -> tuple[float, float]:
-        """(bytes kept for backward at the end of the forward pass, bytes of one block recomputed during
-        backward), per token; the model is in :meth:`memory_estimate`."""
-        if checkpoint not in CHECKPOINT:
-            raise ValueError(f"memory_estimate: checkpoint must be one of {CHECKPOINT}, got {checkpoint!r}")
+                                   checkpoint: str | None = None,
+                                   itemized: bool = False) -> tuple[float, float] | list[dict]:
+        """(bytes kept for backward at the end of the forward pass, bytes alive again while one block is
+        recomputed during backward), per token; the model is in :meth:`memory_estimate`, the checkpointing
+        arithmetic in :func:`mahia.measure.cost.activation_bytes`. ``itemized=True`` returns the table
+        instead: one row per part of every block, and one for the head, ``{"block": index or None, "part",
+        "full": bytes per token kept without checkpointing, "selective": kept with selective checkpointing}``."""
+        if checkpoint not in CHECKPOINT_POLICIES:
+            raise ValueError(f"memory_estimate: checkpoint must be one of {CHECKPOINT_POLICIES}, got {checkpoint!r}")
         cfg, T = self.cfg, seq_len
         D, Dkv, Hq = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
         s = torch.empty((), dtype=dtype).element_size()
         probs_bytes = 4 + (s if s < 4 else 0)  # float32 softmax, plus its cast to the input dtype
-
-        def block_bytes(block: Block) -> tuple[float, float]:
-            """(bytes saved without checkpointing, bytes saved with selective checkpointing)."""
+        rows = []  # (full: saved without checkpointing, selective: saved with selective checkpointing)
+        for i, block in enumerate(self.blocks):
             core = 4 * Hq if cfg.attention_impl == "sdpa" else Hq * T * probs_bytes
-            full = (4 * D + 2 * Dkv) * s + core  # norm in/out, q k v, attention out
-            sel = (3 * D + 2 * Dkv) * s + core  # block input, q k v, attention out, out-proj out
+            rows.append({"block": i, "part": "attention",
+                         "full": (4 * D + 2 * Dkv) * s + core,  # norm in/out, q k v, attention out
+                         # block input, q k v, attention out, out-proj out
+                         "selective": (3 * D + 2 * Dkv) * s + core})
             if block.meta is not None:
                 m = block.meta
-                full += (3 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s
-                sel += (2 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s
+                rows.append({"block": i, "part": "meta-attention",
+                             "full": (3 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s,
+                             "selective": (2 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s})
             if block.memory is not None:
                 N, S = block.memory.n_nodes, min(cfg.memory_segment or T, T)
                 mem = (4 * D + 2 * N) * s + 4 * N * D * s / S
-                full += mem
-                sel += mem
+                rows.append({"block": i, "part": "graph memory", "full": mem, "selective": mem})
             if block.is_moe:
                 k, Fe, E = cfg.top_k, cfg.moe_hidden, cfg.n_experts
-                full += 2 * D * s + k * (2 * D + 3 * Fe) * s + 4 * E
-                sel += k * (2 * D + 2 * Fe) * s + 4 * E
+                rows.append({"block": i, "part": "MoE", "full": 2 * D * s + k * (2 * D + 3 * Fe) * s + 4 * E,
+                             "selective": k * (2 * D + 2 * Fe) * s + 4 * E})
             else:
-                full += (2 * D + 3 * cfg.hidden) * s
-                sel += (2 * cfg.hidden + D) * s
-            return full, sel
-
-        per_block = [block_bytes(b) for b in self.blocks]
-        if checkpoint is None:
-            blocks = sum(f for f, _ in per_block)
-        elif checkpoint == "full":  # only the block inputs
-            blocks = len(per_block) * D * s
-        else:
-            blocks = sum(sel for _, sel in per_block)
+                rows.append({"block": i, "part": "SwiGLU", "full": (2 * D + 3 * cfg.hidden) * s,
+                             "selective": (2 * cfg.hidden + D) * s})
         head = 2 * D * s + 4 * cfg.vocab_size  # final norm input and output, float32 log-softmax
-        recompute = 0.0 if checkpoint is None else max(f for f, _ in per_block)
-        return blocks + head, recompute
+        rows.append({"block": None, "part": "head", "full": head, "selective": head})
+        if itemized:
+            return rows
+        from mahia.measure.cost import activation_bytes
+
+        per_block = [tuple(sum(r[k] for r in rows if r["block"] == i) for k in ("full", "selective"))
+                     for i in range(len(self.blocks))]
+        return activation_bytes(per_block, block_input=D * s, head=head, checkpoint=checkpoint)
 
     def memory_estimate(self, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *,
                         checkpoint: str | None = None) -> dict[str, int]:

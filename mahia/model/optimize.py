@@ -7,9 +7,16 @@ Two kinds:
 
       cfg = apply(HybridConfig.preset("small"), "sdpa", "grouped_moe")
 
-* **runtime optimizations** change how the model is run, not what it computes:
+* **runtime optimizations** change how the model is run, not what it computes. They are applied to a
+  built model from outside, as torchtitan's ``apply_*`` functions do, so the model itself stays a plain
+  PyTorch module that knows none of them::
+
+      apply_checkpointing(model, "selective")    # in place: the blocks recompute activations in backward
+      forward = apply_compile(model, "default")  # a compiled callable, used instead of the model
+      decoder = make_decoder(model, cuda_graphs=True)  # static KV cache, a decode step as a CUDA graph
+
   :func:`make_train_step` (mixed precision, activation checkpointing, ``torch.compile``, sync-free loss
-  logging) and :func:`make_decoder` (static KV cache, optionally one decode step captured in a CUDA graph).
+  logging) applies the first two through :func:`apply_checkpointing` and :func:`apply_compile`.
 """
 from __future__ import annotations
 
@@ -23,11 +30,15 @@ import torch
 from torch import nn
 
 from mahia.measure.checks import check_int
-from mahia.model.config import OPTIMIZED_IMPLS, HybridConfig
+from mahia.model.config import CHECKPOINT_POLICIES, OPTIMIZED_IMPLS, HybridConfig
+from mahia.model.hybrid import Block
 
 __all__ = [
     "OPTIMIZATIONS",
     "apply",
+    "apply_checkpointing",
+    "apply_compile",
+    "CheckpointedBlock",
     "make_train_step",
     "make_decoder",
     "Decoder",
@@ -52,7 +63,6 @@ OPTIMIZATIONS: dict[str, dict[str, Any]] = {
 }
 
 AMP = (None, "bf16", "fp16")
-CHECKPOINT = (None, "full", "selective")
 COMPILE = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -94,8 +104,9 @@ def selective_checkpoint_policy(ctx, op, *args, **kwargs):
 _SAVE_OPS = _save_ops()
 
 
-def run_checkpointed(fn: Callable, *args: Any, mode: str | None) -> Any:
-    """``fn(*args)``, with its activations recomputed in backward per ``mode`` (None, "full", "selective").
+def run_checkpointed(fn: Callable, *args: Any, mode: str | None, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, with its activations recomputed in backward per ``mode`` (None, "full",
+    "selective").
 
     "full" keeps only the inputs and reruns ``fn`` in backward; "selective" keeps the outputs of matrix
     products and attention and reruns only the cheap pointwise ops (norms, activations, rotary) between
@@ -103,18 +114,69 @@ def run_checkpointed(fn: Callable, *args: Any, mode: str | None) -> Any:
     "selective" falls back to "full" with a warning.
     """
     if mode is None:
-        return fn(*args)
+        return fn(*args, **kwargs)
     from torch.utils import checkpoint as ckpt
 
     if mode == "selective":
         if hasattr(ckpt, "create_selective_checkpoint_contexts"):
             context_fn = functools.partial(ckpt.create_selective_checkpoint_contexts, selective_checkpoint_policy)
-            return ckpt.checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn)
+            return ckpt.checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
         warnings.warn("selective checkpointing needs torch >= 2.4; using full checkpointing", RuntimeWarning,
                       stacklevel=2)
     elif mode != "full":
-        raise ValueError(f"run_checkpointed: mode must be one of {CHECKPOINT}, got {mode!r}")
-    return ckpt.checkpoint(fn, *args, use_reentrant=False)
+        raise ValueError(f"run_checkpointed: mode must be one of {CHECKPOINT_POLICIES}, got {mode!r}")
+    return ckpt.checkpoint(fn, *args, use_reentrant=False, **kwargs)
+
+
+class CheckpointedBlock(Block):
+    """A :class:`~mahia.model.hybrid.Block` whose ``forward`` and ``delta`` (the gated fabric's call)
+    run through :func:`run_checkpointed` with ``checkpoint_policy``, while the block trains with grad
+    enabled; in eval mode or under ``torch.no_grad()`` (decoding) they run as the Block's.
+
+    :func:`apply_checkpointing` makes a model's blocks this class in place, as
+    ``torch.nn.utils.parametrize`` does with the modules it parametrizes: each block stays the same
+    object, with the same parameters, ``state_dict`` keys and module names, so optimizers, saved weights
+    and per-module tools work unchanged. Only the two methods below differ.
+    """
+
+    checkpoint_policy: str = "full"
+
+    def _run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        if self.training and torch.is_grad_enabled():
+            return run_checkpointed(fn, *args, mode=self.checkpoint_policy, **kwargs)
+        return fn(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any):
+        return self._run(super().forward, *args, **kwargs)
+
+    def delta(self, *args: Any, **kwargs: Any):
+        return self._run(super().delta, *args, **kwargs)
+
+
+def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
+    """Activation checkpointing of every block of ``model`` (``model.blocks``, as in
+    :class:`~mahia.model.HybridModel`), in place: ``policy`` None, ``"full"`` or ``"selective"``.
+
+    Each block becomes a :class:`CheckpointedBlock` (``policy`` None turns it back into a plain Block), so
+    calling it again replaces the policy and ``apply_checkpointing(model, None)`` removes it. Blocks are
+    checkpointed only in training with grad enabled; the head and the embedding never are.
+    """
+    if policy not in CHECKPOINT_POLICIES:
+        raise ValueError(f"apply_checkpointing: policy must be one of {CHECKPOINT_POLICIES}, got {policy!r}")
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"apply_checkpointing: model must be an nn.Module with blocks (an nn.ModuleList of "
+                        f"Block), as HybridModel has; {type(model).__name__} has none")
+    wrong = [type(b).__name__ for b in blocks if type(b) not in (Block, CheckpointedBlock)]
+    if wrong:
+        raise TypeError(f"apply_checkpointing: the blocks must be Block modules, got {sorted(set(wrong))}")
+    for block in blocks:
+        if policy is None:
+            block.__class__ = Block
+            block.__dict__.pop("checkpoint_policy", None)
+        else:
+            block.__class__ = CheckpointedBlock
+            block.checkpoint_policy = policy
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -144,14 +206,27 @@ def compile_problem(device: torch.device | str) -> str | None:
     return None
 
 
-def _compiled(model: nn.Module, mode: str, device: torch.device) -> Callable:
-    """``torch.compile(model, mode=mode)``, or ``model`` itself (with a warning) where compile cannot run."""
+def apply_compile(model: nn.Module, mode: str | None) -> Callable:
+    """``torch.compile(model, mode=mode)`` as a callable to use instead of ``model``; ``model`` itself
+    for ``mode`` None, or (with a warning) where compile cannot run here (see :func:`compile_problem`),
+    or from the first call on that fails to compile.
+
+    Unlike :func:`apply_checkpointing` it leaves ``model`` as it is: the eager module stays usable (for
+    evaluation, decoding, ``state_dict``) next to the compiled forward, which shares its parameters.
+    Apply checkpointing first, so that the compiled graph includes it.
+    """
     from torch import _dynamo
 
-    problem = compile_problem(device)
+    if mode not in COMPILE:
+        raise ValueError(f"apply_compile: mode must be one of {COMPILE}, got {mode!r}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"apply_compile: model must be an nn.Module, got {type(model).__name__}")
+    if mode is None:
+        return model
+    problem = compile_problem(next(model.parameters()).device)
     if problem is not None:
-        warnings.warn(f"make_train_step: compile={mode!r} skipped, running eager: {problem}", RuntimeWarning,
-                      stacklevel=3)
+        warnings.warn(f"apply_compile: compile={mode!r} skipped, running eager: {problem}", RuntimeWarning,
+                      stacklevel=2)
         return model
     compiled = torch.compile(model, mode=mode)
     state = {"fn": compiled}
@@ -163,7 +238,7 @@ def _compiled(model: nn.Module, mode: str, device: torch.device) -> Callable:
             # A missing toolchain surfaces only at the first call; a broken model raises something else.
             if state["fn"] is model:
                 raise
-            warnings.warn(f"make_train_step: compile={mode!r} failed, running eager from now on: {exc}",
+            warnings.warn(f"apply_compile: compile={mode!r} failed, running eager from now on: {exc}",
                           RuntimeWarning, stacklevel=2)
             state["fn"] = model
             return model(*args, **kwargs)
@@ -191,11 +266,12 @@ def make_train_step(
     * ``amp``: None (the parameters' dtype), ``"bf16"`` or ``"fp16"`` autocast. fp16 scales the loss with
       a ``torch.amp.GradScaler``; note that ``GradScaler.step`` reads ``found_inf`` on the host (one sync
       per step) unless the optimizer handles scaling itself (e.g. ``AdamW(fused=True)``).
-    * ``checkpoint``: None, ``"full"`` or ``"selective"`` activation checkpointing of every block (the model
-      must have ``set_checkpointing(mode)``, as :class:`~mahia.model.HybridModel` does; this sets it).
-    * ``compile``: None or a ``torch.compile`` mode for the model's forward (its backward is compiled too).
-      Where compile cannot run (no C++ compiler on CPU, a Python that Dynamo does not support), it warns
-      and runs eager.
+    * ``checkpoint``: None, ``"full"`` or ``"selective"`` activation checkpointing of every block, applied
+      to the model in place by :func:`apply_checkpointing` (the model must have ``blocks``, as
+      :class:`~mahia.model.HybridModel` does; None removes an earlier policy from such a model).
+    * ``compile``: None or a ``torch.compile`` mode for the model's forward (its backward is compiled too),
+      by :func:`apply_compile`. Where compile cannot run (no C++ compiler on CPU, a Python that Dynamo
+      does not support), it warns and runs eager.
     * ``sync_free_logging``: the loss of every step is appended to ``step.history``; True stores the
       detached device tensor (turn them into numbers once, at the end: ``torch.stack(step.history)``),
       False calls ``loss.item()`` every step, which waits for the GPU to finish (the common slow habit).
@@ -208,23 +284,20 @@ def make_train_step(
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"make_train_step: optimizer must be a torch.optim.Optimizer, "
                         f"got {type(optimizer).__name__}")
-    options = (("amp", amp, AMP), ("checkpoint", checkpoint, CHECKPOINT), ("compile", compile, COMPILE))
+    options = (("amp", amp, AMP), ("checkpoint", checkpoint, CHECKPOINT_POLICIES), ("compile", compile, COMPILE))
     for name, value, valid in options:
         if value not in valid:
             raise ValueError(f"make_train_step: {name} must be one of {valid}, got {value!r}")
     if not isinstance(sync_free_logging, bool):
         raise TypeError(f"make_train_step: sync_free_logging must be a bool, got {sync_free_logging!r}")
 
-    if hasattr(model, "set_checkpointing"):
-        model.set_checkpointing(checkpoint)
-    elif checkpoint is not None:
-        raise TypeError(f"make_train_step: checkpoint={checkpoint!r} needs a model with set_checkpointing(mode); "
-                        f"{type(model).__name__} has none")
+    if checkpoint is not None or hasattr(model, "blocks"):  # a model without blocks has nothing to remove
+        apply_checkpointing(model, checkpoint)
+    forward = apply_compile(model, compile)
 
     device = next(model.parameters()).device
     amp_dtype = {None: None, "bf16": torch.bfloat16, "fp16": torch.float16}[amp]
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
-    forward = _compiled(model, compile, device) if compile is not None else model
 
     # CUDA-graph modes reuse their output buffers on every replay: mark each step as a new one.
     mark_step = (compile in ("reduce-overhead", "max-autotune") and forward is not model
@@ -298,17 +371,11 @@ class Decoder:
         self.model.reset_cache()
 
     def _capture(self) -> None:
-        model = self.model
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):  # warm-up: lazy inits, autotuning and allocator growth happen outside capture
-                model.decode_step(self._idx, self._pos)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._logits = model.decode_step(self._idx, self._pos)  # (B, 1, V), overwritten by each replay
-        self._graph = graph
+        from mahia.measure.timing import capture_graph
+
+        # 3 warm-up calls on a side stream (lazy inits, autotuning, allocator growth), then one captured call;
+        # its logits (B, 1, V) live in the graph's private pool and are overwritten by each replay.
+        self._graph, self._logits = capture_graph(lambda: self.model.decode_step(self._idx, self._pos), warmup=3)
 
     def _step(self, token: torch.Tensor, pos: int) -> torch.Tensor:
         """Logits (B, V) after feeding ``token`` (B, 1) at position ``pos``."""
