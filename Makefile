@@ -1,6 +1,7 @@
 # Two commands do all the set-up (see README):
 #   make run    execute every notebook headlessly and write results, figures and a report
-#   make test   unit tests (Triton kernels under the interpreter on a CPU) + every notebook, quick profile
+#   make test   lint (ruff, import floors) + unit tests (Triton kernels under the interpreter on a CPU) +
+#               the kernel fuzz suite + every notebook, quick profile
 # Both create .venv on first use and reuse it afterwards; it is rebuilt only when pyproject.toml changes.
 # To use an environment you already have (conda, a GPU image), pass PYTHON=python and nothing is installed.
 VENV    ?= .venv
@@ -15,13 +16,23 @@ else
   READY := $(VENV)/.installed
 endif
 
-.PHONY: run test test-fast env lab clean-venv
+.PHONY: run test test-fast lint format env lab clean-venv
 
 run: $(READY)
 	$(PY) -m mahia run $(ARGS)
 
-test: $(READY)
+test: lint
 	$(PY) -m pytest $(ARGS)
+
+# Style and structure: ruff (lint and format) and the import floors (import-linter, pyproject.toml).
+lint: $(READY)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+
+format: $(READY)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 # Unit tests only (no notebook execution): the quick loop while developing.
 test-fast: $(READY)
@@ -37,7 +48,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 lab: $(READY)
-	$(PY) -m pip install --quiet -e ".[lab]" && $(PY) -m jupyter lab notebooks
+	$(PY) -m pip install --quiet -e ".[lab]" && $(PY) -m jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
 
 clean-venv:
 	rm -rf $(VENV)

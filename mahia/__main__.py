@@ -12,6 +12,7 @@
 
 Bad input gets one clear line on stderr and exit code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,36 +26,67 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute notebooks headlessly")
     r.add_argument("--profile", default="auto", help="quick | full | auto (full on a GPU, quick on a CPU)")
     r.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    r.add_argument("--notebooks", "-n", default=None,
-                   help="comma-separated numbers or names (e.g. 00,03 or 03_triton_fusion); default all")
-    r.add_argument("--out", default=None, help="folder for executed notebooks and the report "
-                                               "(default: a new runs/<date>-<time>-<device>-<profile>/)")
+    r.add_argument(
+        "--notebooks",
+        "-n",
+        default=None,
+        help="comma-separated numbers or names (e.g. 00,03 or 03_triton_fusion); default all",
+    )
+    r.add_argument(
+        "--out",
+        default=None,
+        help="folder for executed notebooks and the report (default: a new runs/<date>-<time>-<device>-<profile>/)",
+    )
     r.add_argument("--timeout", type=float, default=1800, help="seconds allowed per notebook")
     r.add_argument("--results-dir", default=None, help="results root (default runs/results)")
     r.add_argument("--figures-dir", default=None, help="figures root (default runs/figures)")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
-                   help="set a notebook parameter, e.g. -p batch=8 -p \"modes=['default']\" (repeatable)")
+    r.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a notebook parameter, e.g. -p batch=8 -p \"modes=['default']\" (repeatable)",
+    )
     f = sub.add_parser("reference", help="write the committed reference (GPU, clean tree, full profile)")
-    f.add_argument("--notebooks", "-n", default=None,
-                   help="notebooks to run (numbers or names, or all); with neither this nor --bench: everything")
+    f.add_argument(
+        "--notebooks",
+        "-n",
+        default=None,
+        help="notebooks to run (numbers or names, or all); with neither this nor --bench: everything",
+    )
     f.add_argument("--bench", default=None, help="benchmark suites to run: all or e.g. kernels,moe")
     f.add_argument("--device", default="cuda", help="cuda[:N] (a CPU run is never the reference)")
     f.add_argument("--timeout", type=float, default=1800, help="seconds allowed per notebook or suite")
-    f.add_argument("--out", default=None, help="folder for executed notebooks, logs and the run's report "
-                                               "(default: a new runs/<date>-<time>-<device>-reference/)")
+    f.add_argument(
+        "--out",
+        default=None,
+        help="folder for executed notebooks, logs and the run's report "
+        "(default: a new runs/<date>-<time>-<device>-reference/)",
+    )
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--force", action="store_true", help="run parts already recorded for this commit again")
-    f.add_argument("--allow-dirty", action="store_true",
-                   help="run although mahia/ or notebooks/ have uncommitted changes (the records say -dirty)")
+    f.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run although mahia/ or notebooks/ have uncommitted changes (the records say -dirty)",
+    )
     f.add_argument("--no-progress", action="store_true", help="no progress bar")
-    f.add_argument("--param", "-p", action="append", default=[], metavar="NAME=VALUE",
-                   help="set a notebook parameter (recorded in parts/<notebook>.json), repeatable")
+    f.add_argument(
+        "--param",
+        "-p",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a notebook parameter (recorded in parts/<notebook>.json), repeatable",
+    )
     sub.add_parser("list", help="list the notebooks")
     rep = sub.add_parser("report", help="rebuild the summaries and report.md from the records")
-    rep.add_argument("folder", nargs="?", default=None,
-                     help="device folder (default: every folder of the reference, data/results)")
+    rep.add_argument(
+        "folder", nargs="?", default=None, help="device folder (default: every folder of the reference, data/results)"
+    )
     rd = sub.add_parser("readme", help="headline table of the committed reference (full profile)")
     rd.add_argument("folder", help="device folder, e.g. data/results/nvidia-h200")
     sub.add_parser("commit", help="print the commit records get here")
@@ -70,17 +102,34 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.cmd == "run":
-            return runner.run(profile=args.profile, device=args.device, notebooks=args.notebooks,
-                              out=args.out, timeout=args.timeout, results_dir=args.results_dir,
-                              figures_dir=args.figures_dir, seed=args.seed,
-                              progress=not args.no_progress, params=args.param)
+            return runner.run(
+                profile=args.profile,
+                device=args.device,
+                notebooks=args.notebooks,
+                out=args.out,
+                timeout=args.timeout,
+                results_dir=args.results_dir,
+                figures_dir=args.figures_dir,
+                seed=args.seed,
+                progress=not args.no_progress,
+                params=args.param,
+            )
         if args.cmd == "reference":
-            return runner.reference(notebooks=args.notebooks, bench=args.bench, device=args.device,
-                                    timeout=args.timeout, out=args.out, seed=args.seed, force=args.force,
-                                    allow_dirty=args.allow_dirty, progress=not args.no_progress,
-                                    params=args.param)
+            return runner.reference(
+                notebooks=args.notebooks,
+                bench=args.bench,
+                device=args.device,
+                timeout=args.timeout,
+                out=args.out,
+                seed=args.seed,
+                force=args.force,
+                allow_dirty=args.allow_dirty,
+                progress=not args.no_progress,
+                params=args.param,
+            )
         if args.cmd == "commit":
             from mahia.measure.files import run_commit
+
             print(run_commit())
             return 0
         if args.cmd == "list":
@@ -95,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             dirty = [nb for nb in runner.list_notebooks() if not runner.notebook_is_clean(nb)]
             if args.check:
                 for nb in dirty:
-                    print(f"{nb}: committed with outputs; run `python -m mahia clean-notebooks`",
-                          file=sys.stderr)
+                    print(f"{nb}: committed with outputs; run `python -m mahia clean-notebooks`", file=sys.stderr)
                 return 1 if dirty else 0
             for nb in dirty:
                 runner.clean_notebook(nb)
@@ -133,8 +181,10 @@ def _report(folder: Path | None) -> int:
         for p in written:
             doc = headline(f, p)
             not_head = [k for k in doc["sources"] if any(c != head for c in doc["sources"][k])]
-            print(f"  {p} profile: commit {', '.join(doc['commits']) or 'none'}; newest record "
-                  f"{str(doc['newest_record'] or '')[:19]} by {doc['newest_commit']}; HEAD is {head}")
+            print(
+                f"  {p} profile: commit {', '.join(doc['commits']) or 'none'}; newest record "
+                f"{str(doc['newest_record'] or '')[:19]} by {doc['newest_commit']}; HEAD is {head}"
+            )
             for k in doc["stale"]:
                 print(f"    stale: {k} ({commit_marks(doc, k)})")
             if not_head:
@@ -155,8 +205,10 @@ def _readme(folder: Path, write: bool) -> int:
         raise UsageError(f"no such results folder: {folder}")
     df = load_records(folder)
     if df.empty or not (df["profile"] == "full").any():
-        raise UsageError(f"{folder} has no full-profile records: the README shows the reference "
-                         "(`python -m mahia reference` on a GPU)")
+        raise UsageError(
+            f"{folder} has no full-profile records: the README shows the reference "
+            "(`python -m mahia reference` on a GPU)"
+        )
     write_summary(folder, "full")
     table = readme_table(folder)
     if not write:

@@ -22,14 +22,15 @@ length, the same options as :func:`~mahia.model.make_train_step`) and prints the
 
     python -m mahia.profile --preset small --batch 16 --seq-len 1024 --amp bf16 --checkpoint full
 """
+
 from __future__ import annotations
 
 import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -58,8 +59,10 @@ class StepReport:
     def __str__(self) -> str:
         lines = [f"{self.device}: {self.wall_ms:.3f} ms per step"]
         if self.kernel_ms is not None:
-            lines[0] += (f", kernels {self.kernel_ms:.3f} ms ({self.kernels} launches): device busy "
-                         f"{self.busy:.0%} -> {'device' if self.busy > 0.8 else 'host'}-bound")
+            lines[0] += (
+                f", kernels {self.kernel_ms:.3f} ms ({self.kernels} launches): device busy "
+                f"{self.busy:.0%} -> {'device' if self.busy > 0.8 else 'host'}-bound"
+            )
         what = "device" if self.kernel_ms is not None else "host"
         lines.append(f"  top operators by self {what} time (ms per step, calls per step):")
         lines += [f"    {r['ms']:9.3f}  {r['calls']:7.1f}  {r['name'][:90]}" for r in self.top]
@@ -113,8 +116,14 @@ def _total_time(evt, on_device: bool) -> float:
     return getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
 
 
-def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: int = 15,
-                 modules: Mapping[str, nn.Module | Sequence[nn.Module]] | None = None) -> StepReport:
+def profile_step(
+    step: Callable,
+    *args,
+    steps: int = 3,
+    warmup: int = 2,
+    rows: int = 15,
+    modules: Mapping[str, nn.Module | Sequence[nn.Module]] | None = None,
+) -> StepReport:
     """Profile ``step(*args)``: ``warmup`` calls, then ``steps`` profiled calls (see the module docstring).
 
     The device is taken from the first tensor found in ``args`` (CUDA: kernel times, a sync after each
@@ -143,8 +152,11 @@ def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: i
     CPU = torch.autograd.DeviceType.CPU
     # Ranges (record_function, the module ranges, the optimizer's) also appear on the device timeline as
     # "user annotations" spanning their kernels: leave them out, or their kernels count twice.
-    host_ops = [e for e in prof.events() if e.device_type == CPU and not getattr(e, "is_user_annotation", False)
-                and not e.name.startswith("module:")]
+    host_ops = [
+        e
+        for e in prof.events()
+        if e.device_type == CPU and not getattr(e, "is_user_annotation", False) and not e.name.startswith("module:")
+    ]
     kernel_ms = kernels = None
     if cuda:
         kern = [e for e in prof.events() if e.device_type != CPU and not getattr(e, "is_user_annotation", False)]
@@ -162,7 +174,7 @@ def profile_step(step: Callable, *args, steps: int = 3, warmup: int = 2, rows: i
     mods: dict[str, float] = {}
     for e in prof.events():
         if e.device_type == CPU and e.name.startswith("module:"):
-            key = e.name[len("module:"):]
+            key = e.name[len("module:") :]
             mods[key] = mods.get(key, 0.0) + _total_time(e, cuda) / 1e3 / steps
     mods = {k: mods[k] for k in (modules or {}) if k in mods}
     return StepReport(str(dev), wall_ms, kernel_ms, kernels, top, mods)
@@ -186,8 +198,12 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m mahia.profile", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    p.add_argument("--impl", default="optimized", choices=("optimized", "baseline"),
-                   help="every layer on its fast path, or on its reference path")
+    p.add_argument(
+        "--impl",
+        default="optimized",
+        choices=("optimized", "baseline"),
+        help="every layer on its fast path, or on its reference path",
+    )
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--amp", default=None, choices=[a for a in AMP if a])
@@ -206,8 +222,10 @@ def main(argv=None) -> int:
             if getattr(a, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
         if a.by_module and a.checkpoint:
-            raise ValueError("--by-module cannot time modules under --checkpoint (the recompute may stop early, "
-                             "before a module's forward ends)")
+            raise ValueError(
+                "--by-module cannot time modules under --checkpoint (the recompute may stop early, "
+                "before a module's forward ends)"
+            )
         if a.seq_len > cfg.max_seq_len:
             raise ValueError(f"--seq-len {a.seq_len} exceeds the preset's max_seq_len {cfg.max_seq_len}")
     except (RuntimeError, ValueError) as e:
@@ -219,10 +237,11 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     step = make_train_step(model, opt, amp=a.amp, checkpoint=a.checkpoint, compile=a.compile)
     batch = SyntheticTokens(cfg.vocab_size, a.seq_len, seed=0).batch(a.batch, dev)
-    print(f"preset {a.preset} ({a.impl}), batch {a.batch} x {a.seq_len}, amp={a.amp}, checkpoint={a.checkpoint}, "
-          f"compile={a.compile}")
-    report = profile_step(step, batch, steps=a.steps, rows=a.rows,
-                          modules=block_parts(model) if a.by_module else None)
+    print(
+        f"preset {a.preset} ({a.impl}), batch {a.batch} x {a.seq_len}, amp={a.amp}, checkpoint={a.checkpoint}, "
+        f"compile={a.compile}"
+    )
+    report = profile_step(step, batch, steps=a.steps, rows=a.rows, modules=block_parts(model) if a.by_module else None)
     print(report)
     return 0
 

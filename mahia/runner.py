@@ -14,6 +14,7 @@ commit (``parts/<part>.json`` in the results folder) is skipped unless ``force``
 suite of one run gets the commit the run started from (``MAHIA_COMMIT``) and its profile
 (``MAHIA_PROFILE``), which the records carry.
 """
+
 from __future__ import annotations
 
 import ast
@@ -26,16 +27,26 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Sequence
 
 from mahia.measure import files
 from mahia.measure.files import REPO_ROOT
 
-__all__ = ["UsageError", "list_notebooks", "select_notebooks", "run", "reference", "reference_commit",
-           "recorded_parts", "new_run_dir", "notebook_is_clean", "clean_notebook"]
+__all__ = [
+    "UsageError",
+    "list_notebooks",
+    "select_notebooks",
+    "run",
+    "reference",
+    "reference_commit",
+    "recorded_parts",
+    "new_run_dir",
+    "notebook_is_clean",
+    "clean_notebook",
+]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 NAME_RE = re.compile(r"^\d\d_[a-z0-9_]+\.ipynb$")
@@ -103,8 +114,7 @@ def _load(path: Path) -> dict:
 def notebook_is_clean(path: Path) -> bool:
     """True when no code cell has outputs or an execution count."""
     nb = _load(path)
-    return not any(c.get("outputs") or c.get("execution_count")
-                   for c in nb["cells"] if c["cell_type"] == "code")
+    return not any(c.get("outputs") or c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code")
 
 
 def clean_notebook(path: Path) -> bool:
@@ -133,8 +143,13 @@ def declared_parameters(path: Path) -> set[str]:
                 tree = ast.parse("".join(c["source"]))
             except SyntaxError:
                 continue
-            names |= {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                      for t in node.targets if isinstance(t, ast.Name)}
+            names |= {
+                t.id
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Assign)
+                for t in node.targets
+                if isinstance(t, ast.Name)
+            }
     return names
 
 
@@ -188,6 +203,7 @@ def new_run_dir(stem: str, base: Path | None = None) -> Path:
 @dataclass
 class _Session:
     """What every notebook and suite of one run shares."""
+
     dev: object
     slug: str
     profile: str
@@ -201,8 +217,19 @@ class _Session:
     seed: int
 
 
-def _session(dev, prof: str, *, out: str | None, res_root: Path, fig_root: Path, timeout: float, seed: int,
-             label: str, commit: str | None = None, reference: bool = False) -> _Session:
+def _session(
+    dev,
+    prof: str,
+    *,
+    out: str | None,
+    res_root: Path,
+    fig_root: Path,
+    timeout: float,
+    seed: int,
+    label: str,
+    commit: str | None = None,
+    reference: bool = False,
+) -> _Session:
     from mahia.measure import hardware
 
     slug = hardware.device_slug(dev)
@@ -213,10 +240,17 @@ def _session(dev, prof: str, *, out: str | None, res_root: Path, fig_root: Path,
         out_dir.mkdir(parents=True, exist_ok=True)
     else:
         out_dir = new_run_dir(f"{datetime.now():%Y-%m-%d-%H%M%S}-{slug}-{label}")
-    env = dict(os.environ, MAHIA_RUN_ID=run_id, MAHIA_COMMIT=commit, MAHIA_PROFILE=prof, MAHIA_HEADLESS="1",
-               MAHIA_RESULTS_DIR=str(res_root), MAHIA_FIGURES_DIR=str(fig_root),
-               MPLBACKEND="module://matplotlib_inline.backend_inline",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        MAHIA_RUN_ID=run_id,
+        MAHIA_COMMIT=commit,
+        MAHIA_PROFILE=prof,
+        MAHIA_HEADLESS="1",
+        MAHIA_RESULTS_DIR=str(res_root),
+        MAHIA_FIGURES_DIR=str(fig_root),
+        MPLBACKEND="module://matplotlib_inline.backend_inline",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
     # A notebook runs what a user's session would: the test suite's Triton interpreter (set by
     # tests/conftest.py on CPU machines) must not leak into the kernels the runner starts.
     env.pop("TRITON_INTERPRET", None)
@@ -228,8 +262,7 @@ def _session(dev, prof: str, *, out: str | None, res_root: Path, fig_root: Path,
 def _spawn(cmd: list[str], log: Path, env: dict, timeout: float, cwd: Path | None = None) -> int | None:
     """Run ``cmd`` in its own process group, output to ``log``; the exit code, None when it timed out."""
     with open(log, "w") as logf:
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -241,13 +274,38 @@ def _run_notebook(sess: _Session, nb: Path, mine: dict) -> dict:
     out_nb, log = sess.out_dir / nb.name, sess.out_dir / f"{nb.stem}.log"
     outcome = {"name": nb.stem, "output": str(out_nb)}
     if not _has_parameters_cell(nb):
-        outcome.update(status="failed", seconds=0.0, cell=None,
-                       error="no cell tagged 'parameters' (see CONTRIBUTING.md)")
+        outcome.update(
+            status="failed", seconds=0.0, cell=None, error="no cell tagged 'parameters' (see CONTRIBUTING.md)"
+        )
         return outcome
-    cmd = [sys.executable, "-m", "papermill", str(nb), str(out_nb), "-k", "python3",
-           "--cwd", str(nb.parent), "--log-output", "--no-progress-bar",
-           "-p", "device", str(sess.dev), "-p", "profile", sess.profile, "-p", "seed", str(sess.seed),
-           "-p", "interactive", "False", "-p", "results_dir", str(sess.res_root)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "papermill",
+        str(nb),
+        str(out_nb),
+        "-k",
+        "python3",
+        "--cwd",
+        str(nb.parent),
+        "--log-output",
+        "--no-progress-bar",
+        "-p",
+        "device",
+        str(sess.dev),
+        "-p",
+        "profile",
+        sess.profile,
+        "-p",
+        "seed",
+        str(sess.seed),
+        "-p",
+        "interactive",
+        "False",
+        "-p",
+        "results_dir",
+        str(sess.res_root),
+    ]
     if mine:
         cmd += ["-y", json.dumps(mine)]  # JSON is YAML: lists and tuples keep their type
     t0 = time.perf_counter()
@@ -257,8 +315,9 @@ def _run_notebook(sess: _Session, nb: Path, mine: dict) -> dict:
         outcome.update(status="ok", seconds=secs)
     elif rc is None:
         cell, _ = _failure(out_nb)
-        outcome.update(status="timeout", seconds=secs, cell=cell,
-                       error=f"stopped after the {sess.timeout:.0f} s limit (--timeout)")
+        outcome.update(
+            status="timeout", seconds=secs, cell=cell, error=f"stopped after the {sess.timeout:.0f} s limit (--timeout)"
+        )
     else:
         cell, err = _failure(out_nb)
         outcome.update(status="failed", seconds=secs, cell=cell, error=err)
@@ -269,8 +328,16 @@ def _run_notebook(sess: _Session, nb: Path, mine: dict) -> dict:
 def _run_bench(sess: _Session, suite: str) -> dict:
     """One benchmark suite (``python -m mahia.bench SUITE``) as a part of the run."""
     name, log = f"bench_{suite}", sess.out_dir / f"bench_{suite}.log"
-    cmd = [sys.executable, "-m", "mahia.bench", suite, "--device", str(sess.dev),
-           "--results-dir", str(sess.res_root)] + (["--quick"] if sess.profile == "quick" else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "mahia.bench",
+        suite,
+        "--device",
+        str(sess.dev),
+        "--results-dir",
+        str(sess.res_root),
+    ] + (["--quick"] if sess.profile == "quick" else [])
     t0 = time.perf_counter()
     rc = _spawn(cmd, log, sess.env, sess.timeout, cwd=REPO_ROOT)
     secs = time.perf_counter() - t0
@@ -285,12 +352,17 @@ def _run_bench(sess: _Session, suite: str) -> dict:
     return outcome
 
 
-def _run_parts(sess: _Session, parts: list[tuple[str, Callable[[], dict]]], progress: bool,
-               on_ok: Callable[[dict], None] | None = None) -> list[dict]:
+def _run_parts(
+    sess: _Session,
+    parts: list[tuple[str, Callable[[], dict]]],
+    progress: bool,
+    on_ok: Callable[[dict], None] | None = None,
+) -> list[dict]:
     outcomes = []
     bar = None
     if progress:
         from tqdm.auto import tqdm
+
         bar = tqdm(total=len(parts), unit="part", file=sys.stderr)
     for name, part in parts:
         if bar is not None:
@@ -320,8 +392,11 @@ def _finish(sess: _Session, outcomes: list[dict]) -> int:
     (sess.out_dir / "outcomes.json").write_text(json.dumps(outcomes, indent=2) + "\n")
     failed = [o for o in outcomes if o["status"] not in ("ok", "skipped")]
     if failed:
-        print(f"{len(failed)} of {len(outcomes)} part(s) did not finish: "
-              + ", ".join(f"{o['name']} ({o['status']})" for o in failed), file=sys.stderr)
+        print(
+            f"{len(failed)} of {len(outcomes)} part(s) did not finish: "
+            + ", ".join(f"{o['name']} ({o['status']})" for o in failed),
+            file=sys.stderr,
+        )
         return 1
     print(f"all {len(outcomes)} part(s) done (commit {sess.commit}, profile {sess.profile})")
     return 0
@@ -334,8 +409,9 @@ def _check_params(chosen: list[Path], extra: dict) -> dict[Path, set[str]]:
     unknown = sorted(set(extra) - set().union(*declared.values()))
     if unknown:
         valid = sorted(set().union(*declared.values()) - set(RESERVED))
-        raise UsageError(f"--param {', '.join(unknown)}: no selected notebook has such a parameter; "
-                         f"theirs: {', '.join(valid)}")
+        raise UsageError(
+            f"--param {', '.join(unknown)}: no selected notebook has such a parameter; theirs: {', '.join(valid)}"
+        )
     return declared
 
 
@@ -348,16 +424,26 @@ def _need_papermill() -> None:
 
 def _device(device: str):
     from mahia.measure import hardware
+
     try:
         return hardware.resolve_device(device)
     except (RuntimeError, ValueError) as e:
         raise UsageError(str(e)) from None
 
 
-def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = None,
-        out: str | None = None, timeout: float = 1800, results_dir: str | None = None,
-        figures_dir: str | None = None, seed: int = 0, progress: bool = True,
-        params: Sequence[str] = ()) -> int:
+def run(
+    *,
+    profile: str = "auto",
+    device: str = "auto",
+    notebooks: str | None = None,
+    out: str | None = None,
+    timeout: float = 1800,
+    results_dir: str | None = None,
+    figures_dir: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    params: Sequence[str] = (),
+) -> int:
     """Execute notebooks; returns the exit code (0 all ok, 1 some failed).
 
     Records and figures go to ``runs/results`` and ``runs/figures`` unless ``results_dir`` /
@@ -379,15 +465,21 @@ def run(*, profile: str = "auto", device: str = "auto", notebooks: str | None = 
     fig_root = Path(figures_dir).resolve() if figures_dir else files.default_figures_dir()
     for flag, d in (("--results-dir", res_root), ("--figures-dir", fig_root)):
         if files.is_reference(d):
-            raise UsageError(f"{flag} {d} is the committed reference: only `python -m mahia reference` "
-                             "writes it (a GPU, a clean tree, the full profile)")
+            raise UsageError(
+                f"{flag} {d} is the committed reference: only `python -m mahia reference` "
+                "writes it (a GPU, a clean tree, the full profile)"
+            )
 
-    sess = _session(dev, prof, out=out, res_root=res_root, fig_root=fig_root, timeout=timeout, seed=seed,
-                    label=prof)
-    print(f"mahia run {sess.run_id}: {len(chosen)} notebook(s), device={dev}, profile={prof}, "
-          f"commit {sess.commit} -> {sess.out_dir}", flush=True)
-    parts = [(nb.stem, lambda nb=nb: _run_notebook(sess, nb, {k: v for k, v in extra.items() if k in declared[nb]}))
-             for nb in chosen]
+    sess = _session(dev, prof, out=out, res_root=res_root, fig_root=fig_root, timeout=timeout, seed=seed, label=prof)
+    print(
+        f"mahia run {sess.run_id}: {len(chosen)} notebook(s), device={dev}, profile={prof}, "
+        f"commit {sess.commit} -> {sess.out_dir}",
+        flush=True,
+    )
+    parts = [
+        (nb.stem, lambda nb=nb: _run_notebook(sess, nb, {k: v for k, v in extra.items() if k in declared[nb]}))
+        for nb in chosen
+    ]
     return _finish(sess, _run_parts(sess, parts, progress))
 
 
@@ -404,21 +496,27 @@ def reference_commit(allow_dirty: bool = False) -> str:
         if git not in (files.UNKNOWN, given):
             print(f"commit {given} from MAHIA_COMMIT (git here says {git})", file=sys.stderr)
     elif git == files.UNKNOWN:
-        raise UsageError("cannot tell which commit this code is (no git checkout here): set MAHIA_COMMIT to "
-                         "the commit this tree is a copy of (`python -m mahia commit` prints it where git is)")
+        raise UsageError(
+            "cannot tell which commit this code is (no git checkout here): set MAHIA_COMMIT to "
+            "the commit this tree is a copy of (`python -m mahia commit` prints it where git is)"
+        )
     else:
         commit = git
     if commit.endswith("-dirty") and not allow_dirty:
-        raise UsageError(f"the working tree has uncommitted changes under mahia/ or notebooks/ ({commit}): the "
-                         "reference must say which code made it; commit first (or pass --allow-dirty)")
+        raise UsageError(
+            f"the working tree has uncommitted changes under mahia/ or notebooks/ ({commit}): the "
+            "reference must say which code made it; commit first (or pass --allow-dirty)"
+        )
     return commit
 
 
 def _check_gpu(dev) -> None:
     if dev is None or dev.type != "cuda":
         where = "no CUDA GPU is available here" if dev is None else f"this run is on {dev}"
-        raise UsageError(f"the reference is a GPU run and {where} (a CPU run is never the reference); "
-                         "`python -m mahia run` makes a run of your own")
+        raise UsageError(
+            f"the reference is a GPU run and {where} (a CPU run is never the reference); "
+            "`python -m mahia run` makes a run of your own"
+        )
 
 
 def _part_file(folder: Path, name: str) -> Path:
@@ -440,6 +538,7 @@ def recorded_parts(folder: Path, commit: str) -> dict[str, dict]:
 
 def _bench_suites(spec: str | None) -> list[str]:
     from mahia.bench import SUITES
+
     if spec in (None, "", "none"):
         return []
     names = sorted(SUITES) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
@@ -449,9 +548,19 @@ def _bench_suites(spec: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def reference(*, notebooks: str | None = None, bench: str | None = None, device: str = "cuda",
-              timeout: float = 1800, seed: int = 0, progress: bool = True, params: Sequence[str] = (),
-              force: bool = False, allow_dirty: bool = False, out: str | None = None) -> int:
+def reference(
+    *,
+    notebooks: str | None = None,
+    bench: str | None = None,
+    device: str = "cuda",
+    timeout: float = 1800,
+    seed: int = 0,
+    progress: bool = True,
+    params: Sequence[str] = (),
+    force: bool = False,
+    allow_dirty: bool = False,
+    out: str | None = None,
+) -> int:
     """Write the committed reference ``data/results/<gpu>/`` and ``figures/<gpu>/``: the benchmark
     suites (``bench``: 'all' or 'kernels,moe') then the notebooks (``notebooks``: as for ``run``), full
     profile, on a GPU, from a clean tree. Neither given: every suite and every notebook. A part already
@@ -479,30 +588,57 @@ def reference(*, notebooks: str | None = None, bench: str | None = None, device:
     if chosen:
         _need_papermill()
     res_root, fig_root = files.reference_results_dir(), files.reference_figures_dir()
-    sess = _session(dev, "full", out=out, res_root=res_root, fig_root=fig_root, timeout=timeout, seed=seed,
-                    label="reference", commit=commit, reference=True)
+    sess = _session(
+        dev,
+        "full",
+        out=out,
+        res_root=res_root,
+        fig_root=fig_root,
+        timeout=timeout,
+        seed=seed,
+        label="reference",
+        commit=commit,
+        reference=True,
+    )
     folder = res_root / sess.slug
     done = recorded_parts(folder, commit)
     parts, skipped = [], []
-    for name, part in ([(f"bench_{s}", lambda s=s: _run_bench(sess, s)) for s in suites]
-                       + [(nb.stem, lambda nb=nb: _run_notebook(
-                           sess, nb, {k: v for k, v in extra.items() if k in declared[nb]})) for nb in chosen]):
+    for name, part in [(f"bench_{s}", lambda s=s: _run_bench(sess, s)) for s in suites] + [
+        (nb.stem, lambda nb=nb: _run_notebook(sess, nb, {k: v for k, v in extra.items() if k in declared[nb]}))
+        for nb in chosen
+    ]:
         if name in done and not force:
-            skipped.append({"name": name, "status": "skipped", "seconds": 0.0, "cell": None,
-                            "error": f"recorded for {commit} on {done[name].get('finished', '?')[:10]} "
-                                     "(--force runs it again)"})
+            skipped.append(
+                {
+                    "name": name,
+                    "status": "skipped",
+                    "seconds": 0.0,
+                    "cell": None,
+                    "error": f"recorded for {commit} on {done[name].get('finished', '?')[:10]} (--force runs it again)",
+                }
+            )
         else:
             parts.append((name, part))
-    print(f"mahia reference {sess.run_id}: {len(parts)} part(s) to run, {len(skipped)} already recorded for "
-          f"commit {commit}; device={dev} -> {folder}, {fig_root / sess.slug}; log {sess.out_dir}", flush=True)
+    print(
+        f"mahia reference {sess.run_id}: {len(parts)} part(s) to run, {len(skipped)} already recorded for "
+        f"commit {commit}; device={dev} -> {folder}, {fig_root / sess.slug}; log {sess.out_dir}",
+        flush=True,
+    )
     for o in skipped:
         print(f"  {o['name']}: skipped, {o['error']}")
     mine = {nb.stem: {k: v for k, v in extra.items() if k in declared[nb]} for nb in chosen}
 
     def mark(outcome: dict) -> None:
-        doc = {"part": outcome["name"], "status": "ok", "commit": commit, "profile": "full",
-               "run_id": sess.run_id, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "seconds": round(outcome["seconds"], 1), "params": mine.get(outcome["name"], {})}
+        doc = {
+            "part": outcome["name"],
+            "status": "ok",
+            "commit": commit,
+            "profile": "full",
+            "run_id": sess.run_id,
+            "finished": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "seconds": round(outcome["seconds"], 1),
+            "params": mine.get(outcome["name"], {}),
+        }
         files.atomic_write_text(_part_file(folder, outcome["name"]), json.dumps(doc, indent=2) + "\n")
 
     outcomes = _run_parts(sess, parts, progress, on_ok=mark) if parts else []

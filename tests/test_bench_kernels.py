@@ -1,5 +1,6 @@
 """mahia.bench.kernels: byte counts, the sweep and its parts, eager timing, the quick run (which resumes),
 the summary keys on synthetic records, and the figures."""
+
 import math
 import os
 
@@ -14,16 +15,19 @@ from mahia.measure.timing import Timing
 
 
 def _ceilings():
-    return hardware.Ceilings(hardware.device_slug("cpu"), copy_gbps=10.0, matmul_bf16_tflops=1.0,
-                             matmul_fp32_tflops=1.0, measured_at="now")
+    return hardware.Ceilings(
+        hardware.device_slug("cpu"), copy_gbps=10.0, matmul_bf16_tflops=1.0, matmul_fp32_tflops=1.0, measured_at="now"
+    )
 
 
 def _recorder(tmp_path, commit="c0ffee"):
-    return results.Recorder("bench_kernels", "cpu", results_dir=tmp_path, ceilings=_ceilings(),
-                            profile="quick", commit=commit)
+    return results.Recorder(
+        "bench_kernels", "cpu", results_dir=tmp_path, ceilings=_ceilings(), profile="quick", commit=commit
+    )
 
 
 # -- bytes -----------------------------------------------------------------------------------------
+
 
 def test_copy_of_same_bytes_records_the_limit_at_that_size(tmp_path):
     rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, ceilings=_ceilings())
@@ -39,8 +43,8 @@ def test_copy_of_same_bytes_records_the_limit_at_that_size(tmp_path):
 def test_moe_combine_byte_counts():
     """N=4 tokens, k=2, D=8 in bf16, gates float32, index int64, counted tensor by tensor."""
     out, y, gates, index = 4 * 2 * 8 * 2, 4 * 8 * 2, 4 * 2 * 4, 4 * 2 * 8
-    fwd = out + y + gates + index                           # read out, gates, index; write y
-    bwd = y + out + out + gates + index + gates             # read dy, out, gates, index; write d_out, d_gates
+    fwd = out + y + gates + index  # read out, gates, index; write y
+    bwd = y + out + out + gates + index + gates  # read dy, out, gates, index; write d_out, d_gates
     assert min_bytes("moe_combine_fwd", (4, 2, 8), torch.bfloat16) == fwd
     assert min_bytes("moe_combine_fwdbwd", (4, 2, 8), torch.bfloat16) == fwd + bwd
 
@@ -49,7 +53,7 @@ def test_norm_swiglu_rope_byte_counts_tensor_by_tensor():
     M, N, es = 3, 10, 2  # bf16
     x = M * N * es
     w = N * es
-    assert min_bytes("rmsnorm_fwd", (M, N), torch.bfloat16) == x + x + w                      # x, y, w
+    assert min_bytes("rmsnorm_fwd", (M, N), torch.bfloat16) == x + x + w  # x, y, w
     assert min_bytes("rmsnorm_fwdbwd", (M, N), torch.bfloat16) == (2 * x + w) + (3 * x + 2 * w)  # x dy dx w dw
     # add + RMSNorm: read x, r, w; write y, h | read dy, dh, h, w; write dx (= dr), dw
     assert min_bytes("add_rmsnorm_fwd", (M, N), torch.bfloat16) == 4 * x + w
@@ -85,6 +89,7 @@ def test_input_bytes_is_the_size_of_x_a_q_and_k_or_out():
 
 # -- the sweep and its parts -----------------------------------------------------------------------
 
+
 def test_grid_covers_rows_hidden_sizes_and_headlines():
     for k in bk.KERNELS:
         shapes = bk.GRID[k]
@@ -109,26 +114,42 @@ def test_parts_are_selected_by_name_kernel_or_dtype():
     with pytest.raises(ValueError, match="unknown part 'rmsnrom'"):
         bk.select_parts("rmsnrom")
     assert bk.parse_args(["--part", "rope-bf16", "--part", "host,swiglu"]) == {
-        "parts": ["rope-bf16", "host,swiglu"], "resume": True}
+        "parts": ["rope-bf16", "host,swiglu"],
+        "resume": True,
+    }
     assert bk.parse_args(["--fresh"]) == {"parts": None, "resume": False}
 
 
 # -- checking ----------------------------------------------------------------------------------------
 
+
 def test_compare_on_the_device_agrees_with_compare_fn():
     from mahia.measure.checks import compare_fn
 
     x, r, w = bk.make_inputs("add_rmsnorm", (7, 100), torch.float32, "cpu")
-    ours = bk._compare(bk.add_rms_norm_eager, bk.add_rms_norm_eager, [x, r, w], grads=True,
-                       grad_inputs=[0, 1, 2], tol=1e-5, name="t")
-    theirs = compare_fn(bk.add_rms_norm_eager, bk.add_rms_norm_eager, [x, r, w], grads=True,
-                        grad_inputs=[0, 1, 2], tol=1e-5, name="t")
+    ours = bk._compare(
+        bk.add_rms_norm_eager, bk.add_rms_norm_eager, [x, r, w], grads=True, grad_inputs=[0, 1, 2], tol=1e-5, name="t"
+    )
+    theirs = compare_fn(
+        bk.add_rms_norm_eager, bk.add_rms_norm_eager, [x, r, w], grads=True, grad_inputs=[0, 1, 2], tol=1e-5, name="t"
+    )
     assert set(ours.errors) == set(theirs.errors) == {"out0", "out1", "grad0", "grad1", "grad2"}
     assert max(ours.errors.values()) < 1e-6 and ours.tol == theirs.tol
     q, k, cos, sin = bk.make_inputs("rope", (1, 3, 2, 1, 8), torch.bfloat16, "cpu")
-    assert bk._compare(bk.apply_rope_eager, bk.apply_rope_eager, [q, k, cos, sin], grads=False, grad_inputs=[0, 1],
-                       tol=2e-2, name="t").max_error < 1e-2
+    assert (
+        bk._compare(
+            bk.apply_rope_eager,
+            bk.apply_rope_eager,
+            [q, k, cos, sin],
+            grads=False,
+            grad_inputs=[0, 1],
+            tol=2e-2,
+            name="t",
+        ).max_error
+        < 1e-2
+    )
     with pytest.raises(bk.CorrectnessError, match="gradient of input 1"):  # dw off by 1%
+
         class Wrong(torch.autograd.Function):
             @staticmethod
             def forward(ctx, x, w):
@@ -150,6 +171,7 @@ def test_compare_on_the_device_agrees_with_compare_fn():
 
 # -- eager timing ----------------------------------------------------------------------------------
 
+
 def test_eager_bench_times_back_to_back_calls():
     calls = []
 
@@ -166,6 +188,7 @@ def test_eager_bench_times_back_to_back_calls():
 
 
 # -- the quick run -----------------------------------------------------------------------------------
+
 
 def test_quick_run_records_device_and_eager_time_and_resumes(tmp_path, capsys):
     rec = _recorder(tmp_path)
@@ -209,10 +232,19 @@ def test_quick_run_lists_the_plan_without_measuring(tmp_path, capsys):
 
 # -- summary keys -------------------------------------------------------------------------------------
 
+
 def _row(exp, variant, shape, dtype, ms=None, role=None, frac=None, value=None, date="2026-01-01"):
-    return {"experiment": exp, "variant": variant, "role": role or bk.ROLE.get(variant, "metric"),
-            "shape": "x".join(map(str, shape)), "dtype": dtype, "median_ms": ms, "frac_of_limit": frac,
-            "value": value, "date": date}
+    return {
+        "experiment": exp,
+        "variant": variant,
+        "role": role or bk.ROLE.get(variant, "metric"),
+        "shape": "x".join(map(str, shape)),
+        "dtype": dtype,
+        "median_ms": ms,
+        "frac_of_limit": frac,
+        "value": value,
+        "date": date,
+    }
 
 
 def _peers(exp, shape, dtype, mahia, peers: dict, eager=10.0, frac=None):
@@ -262,14 +294,19 @@ def test_summary_keys_on_synthetic_records():
     keys = bk.summary_keys(df)
     assert set(keys) == set(bk.SUMMARY_KEYS)
     expect = {
-        "rmsnorm_host_fwd_vs_native": 1.5, "rmsnorm_host_fwdbwd_vs_native": 1.5,
-        "rmsnorm_fwdbwd_eager_vs_best_peer": 1.5, "swiglu_fwdbwd_eager_vs_best_peer": 1.5,
+        "rmsnorm_host_fwd_vs_native": 1.5,
+        "rmsnorm_host_fwdbwd_vs_native": 1.5,
+        "rmsnorm_fwdbwd_eager_vs_best_peer": 1.5,
+        "swiglu_fwdbwd_eager_vs_best_peer": 1.5,
         "rope_fwdbwd_eager_vs_best_peer": 0.5,
         "rmsnorm_fwdbwd_eager_worst_vs_best_peer": 1.2,
-        "swiglu_fwdbwd_eager_worst_vs_best_peer": 1.5, "rope_fwdbwd_eager_worst_vs_best_peer": 0.5,
-        "rmsnorm_device_worst_vs_best_peer": 0.9, "swiglu_device_worst_vs_best_peer": 0.95,
+        "swiglu_fwdbwd_eager_worst_vs_best_peer": 1.5,
+        "rope_fwdbwd_eager_worst_vs_best_peer": 0.5,
+        "rmsnorm_device_worst_vs_best_peer": 0.9,
+        "swiglu_device_worst_vs_best_peer": 0.95,
         "rope_device_worst_vs_best_peer": None,
-        "rmsnorm_fwdbwd_frac_of_copy": 0.8, "rmsnorm_fwd_worst_frac_of_copy": 0.75,
+        "rmsnorm_fwdbwd_frac_of_copy": 0.8,
+        "rmsnorm_fwd_worst_frac_of_copy": 0.75,
     }
     for k, v in expect.items():
         if v is None:
@@ -278,19 +315,26 @@ def test_summary_keys_on_synthetic_records():
             assert keys[k] == pytest.approx(v), (k, keys[k])
     detail = bk.summary_keys(df, where=True)
     assert detail["rmsnorm_device_worst_vs_best_peer"] == {
-        "value": pytest.approx(0.9), "experiment": "rmsnorm_fwd", "shape": "4096x1000", "dtype": bf}
+        "value": pytest.approx(0.9),
+        "experiment": "rmsnorm_fwd",
+        "shape": "4096x1000",
+        "dtype": bf,
+    }
     assert detail["rmsnorm_fwd_worst_frac_of_copy"]["shape"] == "16384x4096"
     empty = bk.summary_keys(pd.DataFrame(columns=df.columns))
     assert all(v is None for v in empty.values()) and set(empty) == set(bk.SUMMARY_KEYS)
 
 
 def test_summary_key_without_mahia_or_peer_is_none():
-    rows = [_row("rmsnorm_fwdbwd_eager", "eager", (16384, 4096), "bfloat16", 5.0),
-            _row("rmsnorm_fwdbwd_eager", "F.rms_norm", (16384, 4096), "bfloat16", 1.0)]
+    rows = [
+        _row("rmsnorm_fwdbwd_eager", "eager", (16384, 4096), "bfloat16", 5.0),
+        _row("rmsnorm_fwdbwd_eager", "F.rms_norm", (16384, 4096), "bfloat16", 1.0),
+    ]
     assert bk.summary_keys(pd.DataFrame(rows))["rmsnorm_fwdbwd_eager_vs_best_peer"] is None
 
 
 # -- figures ------------------------------------------------------------------------------------------
+
 
 def test_plot_draws_a_figure_per_kernel_and_the_host_cost(tmp_path):
     rows = []
@@ -305,8 +349,12 @@ def test_plot_draws_a_figure_per_kernel_and_the_host_cost(tmp_path):
     rows += _peers("rmsnorm_host_fwd", (4, 64), "bfloat16", 0.02, {"F.rms_norm": 0.03})
     paths = bk.plot(pd.DataFrame(rows), tmp_path)
     names = sorted(p.name for p in paths)
-    assert names == ["bench_kernels_host.png", "bench_kernels_host.svg", "bench_kernels_rmsnorm.png",
-                     "bench_kernels_rmsnorm.svg"]
+    assert names == [
+        "bench_kernels_host.png",
+        "bench_kernels_host.svg",
+        "bench_kernels_rmsnorm.png",
+        "bench_kernels_rmsnorm.svg",
+    ]
     assert all(p.stat().st_size > 0 for p in paths)
     assert math.isclose(bk.input_bytes("rmsnorm", (91, 1000), torch.bfloat16), 182000)
 
@@ -319,15 +367,31 @@ def test_a_wrong_variant_is_not_timed_and_the_others_go_on(tmp_path, capsys):
     def make():
         return bk.make_inputs("rmsnorm", (5, 100), torch.float32, "cpu")
 
-    kw = {"backward": False, "grad_inputs": [0, 1], "nbytes": 1000, "shape": (5, 100), "dtype": torch.float32,
-          "budget": bk.QUICK_BUDGET}
+    kw = {
+        "backward": False,
+        "grad_inputs": [0, 1],
+        "nbytes": 1000,
+        "shape": (5, 100),
+        "dtype": torch.float32,
+        "budget": bk.QUICK_BUDGET,
+    }
     with pytest.raises(bk.CorrectnessError):
         bk._measure(rec, "rmsnorm_fwd", [bad, good], make, bk.rms_norm_eager, **kw)
     assert rec.rows == []  # nothing timed before the failure
     failures = []
-    bk._measure(rec, "rmsnorm_fwd", [bad, good], make, bk.rms_norm_eager, failures=failures,
-                modes={"device": "rmsnorm_fwd", "eager": "rmsnorm_fwd_eager"}, **kw)
+    bk._measure(
+        rec,
+        "rmsnorm_fwd",
+        [bad, good],
+        make,
+        bk.rms_norm_eager,
+        failures=failures,
+        modes={"device": "rmsnorm_fwd", "eager": "rmsnorm_fwd_eager"},
+        **kw,
+    )
     assert len(failures) == 1 and "F.rms_norm" in failures[0]
-    assert [(r["experiment"], r["variant"]) for r in rec.rows] == [("rmsnorm_fwd", "eager"),
-                                                                  ("rmsnorm_fwd_eager", "eager")]
+    assert [(r["experiment"], r["variant"]) for r in rec.rows] == [
+        ("rmsnorm_fwd", "eager"),
+        ("rmsnorm_fwd_eager", "eager"),
+    ]
     assert "FAILED its check, not timed" in capsys.readouterr().out

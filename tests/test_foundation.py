@@ -1,4 +1,5 @@
 """Measurement helpers, results contract, report and runner command line."""
+
 import json
 import subprocess
 import sys
@@ -9,14 +10,9 @@ import pytest
 import torch
 
 from mahia import runner
-
-from mahia.measure import checks
-
-from mahia.measure import hardware
-
-from mahia.measure import results
-from mahia.measure.report import build_report
+from mahia.measure import checks, hardware, results
 from mahia.measure.instruments import assert_no_syncs, count_syncs
+from mahia.measure.report import build_report
 from mahia.measure.timing import Timing, bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,11 +79,11 @@ def test_tolerance_per_dtype():
 def test_count_syncs_sees_the_usual_suspects():
     x = torch.randn(100)
     with count_syncs() as r:
-        x.sum().item()           # 1
-        if x.max() > 0:          # 2
+        x.sum().item()  # 1
+        if x.max() > 0:  # 2
             pass
-        x[x > 0]                 # 3 boolean-mask index
-        torch.nonzero(x > 1)     # 4
+        x[x > 0]  # 3 boolean-mask index
+        torch.nonzero(x > 1)  # 4
     assert r.count == 4, str(r)
     assert r.ops["aten.nonzero"] == 1 and r.ops["boolean-mask index"] == 1
     assert any("test_foundation.py" in w for w in r.where)
@@ -138,8 +134,9 @@ def test_ceilings_cached_per_run(tmp_path, monkeypatch):
 
 # -- results -----------------------------------------------------------------------------------------
 def _ceil(slug):
-    return hardware.Ceilings(slug, copy_gbps=100.0, matmul_bf16_tflops=10.0, matmul_fp32_tflops=1.0,
-                             measured_at="2026-01-01T00:00:00+00:00")
+    return hardware.Ceilings(
+        slug, copy_gbps=100.0, matmul_bf16_tflops=10.0, matmul_fp32_tflops=1.0, measured_at="2026-01-01T00:00:00+00:00"
+    )
 
 
 def test_recorder_writes_rows_and_derives_metrics(tmp_path):
@@ -148,11 +145,13 @@ def test_recorder_writes_rows_and_derives_metrics(tmp_path):
     t_base = Timing(4.0, 3.9, 4.1, 10)
     t_opt = Timing(1.0, 0.95, 1.05, 10)
     rec.timing("moe_fwd", "loop", "baseline", t_base, shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
-    row = rec.timing("moe_fwd", "grouped", "optimized", t_opt, shape=results.MOE, dtype=torch.bfloat16,
-                     flops=2e9, rel_err=1e-3)
+    row = rec.timing(
+        "moe_fwd", "grouped", "optimized", t_opt, shape=results.MOE, dtype=torch.bfloat16, flops=2e9, rel_err=1e-3
+    )
     # a sweep point at another shape never becomes the headline
-    rec.timing("moe_fwd", "grouped", "optimized", Timing(0.1, 0.1, 0.1, 3), shape=(16, 8),
-               dtype=torch.bfloat16, flops=2e9)
+    rec.timing(
+        "moe_fwd", "grouped", "optimized", Timing(0.1, 0.1, 0.1, 3), shape=(16, 8), dtype=torch.bfloat16, flops=2e9
+    )
     assert row["tflops"] == pytest.approx(2.0) and row["limit"] == "matmul_bf16"
     assert row["frac_of_limit"] == pytest.approx(0.2)
     rec.metric("sync_count", "baseline", 7, unit="syncs")
@@ -225,19 +224,21 @@ def test_pairs_mark_overlapping_spread_not_significant(tmp_path):
 
 # -- runner and command line ---------------------------------------------------------------------------
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "mahia", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    return subprocess.run([sys.executable, "-m", "mahia", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["run", "--profile", "fast"], "--profile must be"),
-    (["run", "--device", "tpu"], "device must be"),
-    (["run", "--notebooks", "no_such_notebook"], "matches nothing"),
-    (["run", "--timeout", "0"], "--timeout must be positive"),
-    (["run", "--param", "no-equals-sign"], "--param expects NAME=VALUE"),
-    (["run", "--param", "device=cuda"], "use the runner's own --device"),
-    (["run", "--notebooks", "00", "--param", "batchsize=8"], "no selected notebook has such a parameter"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--profile", "fast"], "--profile must be"),
+        (["run", "--device", "tpu"], "device must be"),
+        (["run", "--notebooks", "no_such_notebook"], "matches nothing"),
+        (["run", "--timeout", "0"], "--timeout must be positive"),
+        (["run", "--param", "no-equals-sign"], "--param expects NAME=VALUE"),
+        (["run", "--param", "device=cuda"], "use the runner's own --device"),
+        (["run", "--notebooks", "00", "--param", "batchsize=8"], "no selected notebook has such a parameter"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     r = _cli(*args)
     assert r.returncode == 2, r.stderr
@@ -253,7 +254,12 @@ def test_cli_cuda_without_gpu_exits_2():
 
 def test_parse_params_types():
     assert runner.parse_params(["batch=8", "lr=1e-3", "name=small", "modes=('a', 'b')", "flag=true"]) == {
-        "batch": 8, "lr": 1e-3, "name": "small", "modes": ["a", "b"], "flag": True}
+        "batch": 8,
+        "lr": 1e-3,
+        "name": "small",
+        "modes": ["a", "b"],
+        "flag": True,
+    }
 
 
 def test_select_notebooks_by_number_and_name():
@@ -265,13 +271,15 @@ def test_select_notebooks_by_number_and_name():
 
 def test_failing_notebook_is_reported_with_its_cell_and_the_run_goes_on(tmp_path, monkeypatch):
     import nbformat
+
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
 
     def make(name, body, declares="extra = None"):
         nb = nbformat.v4.new_notebook()
-        p = nbformat.v4.new_code_cell("device = 'auto'\nprofile = 'quick'\nseed = 0\n"
-                                      f"interactive = True\nresults_dir = None\n{declares}")
+        p = nbformat.v4.new_code_cell(
+            f"device = 'auto'\nprofile = 'quick'\nseed = 0\ninteractive = True\nresults_dir = None\n{declares}"
+        )
         p.metadata["tags"] = ["parameters"]
         nb.cells = [p, nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(body)]
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -281,13 +289,26 @@ def test_failing_notebook_is_reported_with_its_cell_and_the_run_goes_on(tmp_path
     make("02_fine.ipynb", "assert profile == 'quick' and interactive is False and extra == [1, 2]")
     # A notebook that does not declare a -p name is run without it (not handed a stray variable).
     make("03_other.ipynb", "assert 'extra' not in globals() and other == 3", declares="other = 3")
-    assert runner.declared_parameters(nbdir / "03_other.ipynb") == {"device", "profile", "seed", "interactive",
-                                                                   "results_dir", "other"}
+    assert runner.declared_parameters(nbdir / "03_other.ipynb") == {
+        "device",
+        "profile",
+        "seed",
+        "interactive",
+        "results_dir",
+        "other",
+    }
     monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbdir)
     monkeypatch.setattr(runner, "list_notebooks", lambda folder=nbdir: sorted(nbdir.glob("*.ipynb")))
     monkeypatch.setattr(runner, "select_notebooks", lambda spec, folder=nbdir: sorted(nbdir.glob("*.ipynb")))
-    rc = runner.run(device="cpu", out=str(tmp_path / "out"), results_dir=str(tmp_path / "res"),
-                    figures_dir=str(tmp_path / "fig"), progress=False, timeout=300, params=["extra=[1, 2]"])
+    rc = runner.run(
+        device="cpu",
+        out=str(tmp_path / "out"),
+        results_dir=str(tmp_path / "res"),
+        figures_dir=str(tmp_path / "fig"),
+        progress=False,
+        timeout=300,
+        params=["extra=[1, 2]"],
+    )
     assert rc == 1
     outcomes = {o["name"]: o for o in json.loads((tmp_path / "out" / "outcomes.json").read_text())}
     assert outcomes["01_breaks"]["status"] == "failed"

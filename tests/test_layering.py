@@ -4,6 +4,7 @@ The floor order itself (lessons, entry points, model, layers, ops, measure) is i
 in pyproject.toml, checked by ``make lint`` (part of ``make test``); these tests check what that
 contract does not: circles between the modules of one floor, and private names crossing packages.
 """
+
 import ast
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def find_cycles(adjacency: dict[str, set[str]]) -> list[list[str]]:
         path.append(node)
         for nxt in sorted(adjacency.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append(path[path.index(nxt):] + [nxt])
+                cycles.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path)
         path.pop()
@@ -64,16 +65,21 @@ def private_imports(source: str, module: str) -> list[str]:
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if (parts[0] == "mahia" and _package_of(alias.name) != here
-                        and any(p.startswith("_") and not p.startswith("__") for p in parts)):
+                if (
+                    parts[0] == "mahia"
+                    and _package_of(alias.name) != here
+                    and any(p.startswith("_") and not p.startswith("__") for p in parts)
+                ):
                     found.append(f"import {alias.name}")
     return found
 
 
 def test_private_import_checker_catches_both_forms():
     src = "from mahia.ops.rmsnorm import _fwd_config\nimport mahia.ops._triton\nfrom mahia.ops import rms_norm\n"
-    assert private_imports(src, "mahia.layers.norm") == ["from mahia.ops.rmsnorm import _fwd_config",
-                                                        "import mahia.ops._triton"]
+    assert private_imports(src, "mahia.layers.norm") == [
+        "from mahia.ops.rmsnorm import _fwd_config",
+        "import mahia.ops._triton",
+    ]
     assert private_imports(src, "mahia.ops.swiglu") == []  # inside its own package: allowed
 
 

@@ -1,18 +1,19 @@
 """The eager reference layers (RMSNorm, SwiGLU, RoPE) against independent formulas and properties."""
+
 import math
 
 import pytest
 import torch
 
 from mahia.layers.mlp import SwiGLU
-from mahia.ops.swiglu import swiglu_eager
 from mahia.layers.norm import RMSNorm
-from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
 from mahia.layers.rope import RotaryCache, apply_rope
+from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
 from mahia.ops.rope import apply_rope_eager
-
+from mahia.ops.swiglu import swiglu_eager
 
 # ---------------------------------------------------------------- RMSNorm
+
 
 def test_rms_norm_eager_formula():
     torch.manual_seed(0)
@@ -22,7 +23,7 @@ def test_rms_norm_eager_formula():
     expected = torch.empty_like(x)
     for idx in torch.cartesian_prod(torch.arange(3), torch.arange(5)):  # row by row, spelled out
         row = x[idx[0], idx[1]]
-        expected[idx[0], idx[1]] = row / math.sqrt(float((row ** 2).sum()) / 17 + eps) * w
+        expected[idx[0], idx[1]] = row / math.sqrt(float((row**2).sum()) / 17 + eps) * w
     torch.testing.assert_close(rms_norm_eager(x, w, eps), expected)
 
 
@@ -61,6 +62,7 @@ def test_eager_references_reject_bad_inputs():
 
 # ---------------------------------------------------------------- SwiGLU
 
+
 def test_swiglu_eager_formula():
     a = torch.linspace(-8, 8, 101, dtype=torch.float64)
     b = torch.randn(101, dtype=torch.float64)
@@ -80,6 +82,7 @@ def test_swiglu_module_structure():
 
 
 # ---------------------------------------------------------------- RoPE
+
 
 def test_rotary_cache_tables_and_slicing():
     cache = RotaryCache(8, 32, base=100.0)
@@ -106,7 +109,7 @@ def test_apply_rope_eager_is_complex_rotation():
     qr, kr = apply_rope_eager(q, k, cos, sin)
     angle = torch.atan2(sin.double(), cos.double())[:, None, :]  # (T, 1, D/2)
     for x, xr in ((q, qr), (k, kr)):
-        z = torch.complex(x[..., : D // 2], x[..., D // 2:]) * torch.polar(torch.ones_like(angle), angle)
+        z = torch.complex(x[..., : D // 2], x[..., D // 2 :]) * torch.polar(torch.ones_like(angle), angle)
         torch.testing.assert_close(xr, torch.cat((z.real, z.imag), dim=-1))
 
 

@@ -1,4 +1,5 @@
 """Tests of mahia.lessons.full_stack (CPU, small odd shapes)."""
+
 import dataclasses
 import math
 
@@ -8,12 +9,28 @@ import torch
 
 matplotlib.use("Agg")
 
+from mahia.lessons.full_stack import (  # noqa: E402
+    LADDER,
+    Rung,
+    Stack,
+    StepOutputs,
+    alone,
+    build,
+    check_step,
+    climb,
+    cosine,
+    for_device,
+    greedy_gap,
+    mfu,
+    predict_ms,
+    profile_step,
+    step_outputs,
+    tokens_per_s,
+    waterfall,
+)
 from mahia.measure.checks import CorrectnessError  # noqa: E402
-from mahia.lessons.full_stack import (LADDER, Rung, Stack, StepOutputs, alone, build, check_step, climb,  # noqa: E402
-                              cosine, for_device, greedy_gap, mfu, predict_ms, profile_step, step_outputs,
-                              tokens_per_s, waterfall)
-from mahia.model import HybridConfig, SyntheticTokens  # noqa: E402
 from mahia.measure.timing import Timing  # noqa: E402
+from mahia.model import HybridConfig, SyntheticTokens  # noqa: E402
 
 # These tests are about the ladder, not the Triton kernels: run their eager references, not the (slow)
 # CPU interpreter.
@@ -27,8 +44,18 @@ def eager_kernels(monkeypatch):
 
 def _cfg():
     # every hybrid part on, odd sizes, a few hundred thousand FLOPs per token
-    return HybridConfig.preset("tiny", vocab_size=101, dim=40, n_heads=4, n_kv_heads=2, hidden=56, moe_hidden=28,
-                               memory_nodes=5, memory_segment=5, max_seq_len=32)
+    return HybridConfig.preset(
+        "tiny",
+        vocab_size=101,
+        dim=40,
+        n_heads=4,
+        n_kv_heads=2,
+        hidden=56,
+        moe_hidden=28,
+        memory_nodes=5,
+        memory_segment=5,
+        max_seq_len=32,
+    )
 
 
 def _batch(cfg, B=3, T=13):
@@ -36,6 +63,7 @@ def _batch(cfg, B=3, T=13):
 
 
 # --- stacks and rungs ------------------------------------------------------------------------------
+
 
 def test_stack_and_rung_validate():
     with pytest.raises(ValueError, match="unknown model optimization"):
@@ -69,8 +97,9 @@ def test_climb_is_cumulative_and_alone_is_not():
     assert steps[0][1] == Stack()
     last = steps[-1][1]
     assert last.sync_free_logging and last.amp == "bf16" and last.compile == "default"
-    assert set(last.config(HybridConfig.preset("tiny")).__dict__.items()) >= \
-        set(HybridConfig.preset("tiny").optimized().__dict__.items())  # every fast impl
+    assert set(last.config(HybridConfig.preset("tiny")).__dict__.items()) >= set(
+        HybridConfig.preset("tiny").optimized().__dict__.items()
+    )  # every fast impl
     solo = dict(alone())
     assert solo["bf16"] == Stack(amp="bf16") and solo["sdpa"] == Stack(model=("sdpa",))
     with pytest.raises(ValueError, match="unique"):
@@ -91,6 +120,7 @@ def test_for_device_drops_and_swaps_cuda_only_rungs():
 
 
 # --- building and checking -------------------------------------------------------------------------
+
 
 def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
     cfg = _cfg()
@@ -174,6 +204,7 @@ def test_greedy_gap():
 
 
 # --- the cost model --------------------------------------------------------------------------------
+
 
 def test_sync_free_logging_removes_exactly_one_sync_per_step():
     cfg = _cfg()

@@ -1,14 +1,28 @@
 """The step prediction, compile bookkeeping, CUDA-graph wrapper and bucketing helpers of notebooks 04 and 05.
 
 The op traces themselves (trace_ops, re-exported here) are tested in test_measure_instruments.py."""
+
 import math
 
 import pytest
 import torch
 
-from mahia.lessons.graphs_and_compile import (BucketedGraphs, CompileCounter, GraphedStep, break_even_steps,
-                                              clip_by_norm, clip_by_norm_logged, generated_kernels, library_calls,
-                                              next_bucket, pad_to, predict_step, timed_call, trace_ops, try_compile)
+from mahia.lessons.graphs_and_compile import (
+    BucketedGraphs,
+    CompileCounter,
+    GraphedStep,
+    break_even_steps,
+    clip_by_norm,
+    clip_by_norm_logged,
+    generated_kernels,
+    library_calls,
+    next_bucket,
+    pad_to,
+    predict_step,
+    timed_call,
+    trace_ops,
+    try_compile,
+)
 from mahia.measure import instruments
 from mahia.measure.checks import check_close, tolerance
 from mahia.measure.instruments import OpTrace
@@ -25,8 +39,7 @@ def test_predict_step_is_max_or_sum_of_host_and_device():
     assert p.ms == max(p.cpu_ms, p.gpu_ms) and p.launch_bound
     f = predict_step(tr, launch_us=10.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0, fused=True)
     assert f.kernels == 2 and math.isclose(f.cpu_ms, 0.02)
-    g = predict_step(tr, launch_us=10.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0,
-                     graphed=True)
+    g = predict_step(tr, launch_us=10.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0, graphed=True)
     assert math.isclose(g.cpu_ms, 0.01) and g.ms == max(g.cpu_ms, p.gpu_ms)  # one launch, same kernels
     c = predict_step(tr, launch_us=10.0, bandwidth_gbps=1.0, matmul_tflops=1e-3, overlap=False)
     assert math.isclose(c.ms, c.cpu_ms + c.gpu_ms)
@@ -184,7 +197,9 @@ def test_generated_kernels_and_library_calls_read_inductor_output():
     assert "@triton.jit" in kernels["triton_poi_fused_add_mul_0"]
     assert kernels["cpp_fused_silu_1"].strip().startswith('extern "C"')
     assert library_calls(SAMPLE_OUTPUT_CODE) == {
-        "extern_kernels.mm": 2, "torch.ops.aten._scaled_dot_product_flash_attention": 1}
+        "extern_kernels.mm": 2,
+        "torch.ops.aten._scaled_dot_product_flash_attention": 1,
+    }
     with pytest.raises(TypeError, match="code must be a str"):
         generated_kernels(None)
 

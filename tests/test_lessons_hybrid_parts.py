@@ -1,13 +1,24 @@
 """Tests of mahia.lessons.hybrid_parts (CPU, small odd shapes)."""
+
 import pytest
 import torch
 
+from mahia.lessons.hybrid_parts import (
+    check_moe,
+    count_ops_and_syncs,
+    fwd_bwd,
+    gla_inputs,
+    launch_costs,
+    launch_model_ms,
+    moe_bytes,
+    moe_fwd_bwd,
+    threshold_in_gap,
+    train_routing,
+)
 from mahia.measure.checks import CorrectnessError, rel_error
-from mahia.ops.gla_scan import gla_loop
-from mahia.model.moe import MoE
-from mahia.lessons.hybrid_parts import (check_moe, count_ops_and_syncs, fwd_bwd, gla_inputs, launch_costs,
-                                 launch_model_ms, moe_bytes, moe_fwd_bwd, threshold_in_gap, train_routing)
 from mahia.measure.timing import Timing
+from mahia.model.moe import MoE
+from mahia.ops.gla_scan import gla_loop
 
 # These tests are about the helpers, not the Triton kernels: the grouped MoE's SwiGLU runs its eager
 # reference instead of the (slow) CPU interpreter.
@@ -120,7 +131,7 @@ def test_train_routing_aux_loss_balances():
     dim = 24
     u = torch.randn(dim, generator=gen)
     x = torch.randn(301, dim, generator=gen) + 3 * u / u.norm()  # a shared direction skews the router
-    target = torch.tanh(x @ (torch.randn(dim, dim, generator=gen) / dim ** 0.5))
+    target = torch.tanh(x @ (torch.randn(dim, dim, generator=gen) / dim**0.5))
     cvs = {}
     for coef in (0.0, 1.0):
         torch.manual_seed(0)

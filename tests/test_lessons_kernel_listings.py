@@ -1,4 +1,5 @@
 """mahia.lessons.kernel_listings: every listed object resolves, and the configurations are the kernels' own."""
+
 import inspect
 
 import pytest

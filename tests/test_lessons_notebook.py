@@ -1,4 +1,5 @@
 """mahia.lessons.notebook.setup: the CPU set-up every notebook asks for in one call (cpu_threads, cpu_note)."""
+
 import pytest
 import torch
 
@@ -23,8 +24,14 @@ def fake_ceilings(monkeypatch):
 
 def test_cpu_threads_set_after_the_ceilings_and_said(fake_ceilings, tmp_path, capsys):
     before = torch.get_num_threads()
-    ctx = notebook.setup("nb", device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path),
-                         cpu_threads=1, cpu_note="liger skipped")
+    ctx = notebook.setup(
+        "nb",
+        device="cpu",
+        results_dir=str(tmp_path),
+        figures_dir=str(tmp_path),
+        cpu_threads=1,
+        cpu_note="liger skipped",
+    )
     assert torch.get_num_threads() == 1 and fake_ceilings == [before]  # ceilings measured as in any run
     out = capsys.readouterr().out
     assert "CPU run: torch.set_num_threads(1) for this notebook" in out and out.rstrip().endswith("; liger skipped")

@@ -1,4 +1,5 @@
 """mahia.lessons.plot_labels.spread_labels: clustered labels are moved apart, lone ones stay."""
+
 import math
 
 import matplotlib
@@ -24,7 +25,7 @@ def test_clustered_labels_no_longer_overlap_and_point_back():
     placed = spread_labels(ax, gap=0.075)
     assert len(ax.texts) == 4
     for i, (x1, y1) in enumerate(placed):
-        for x2, y2 in placed[i + 1:]:
+        for x2, y2 in placed[i + 1 :]:
             assert not (abs(x1 - x2) < 0.35 and abs(y1 - y2) < 0.075)
     by_text = {a.get_text(): a for a in ax.texts}
     assert by_text["b"].arrow_patch is None  # the highest stays where it was

@@ -1,4 +1,5 @@
 """mahia.lessons.prose: every branch of every sentence the notebooks choose by a measured number."""
+
 import math
 from pathlib import Path
 
@@ -13,6 +14,7 @@ def test_every_public_function_is_tested_here():
 
 
 # --- shared --------------------------------------------------------------------------------------------
+
 
 def test_spread_note():
     assert "not significant" in prose.spread_note(0.9, 1.2)
@@ -31,22 +33,27 @@ def test_bound_name():
 
 # --- 01 ------------------------------------------------------------------------------------------------
 
+
 def test_extra_ops_clause():
     assert "extra kernels" in prose.extra_ops_clause(10, 12)
     assert prose.extra_ops_clause(12, 12) == ""
 
 
-@pytest.mark.parametrize("speedup, cuda, expect", [
-    (1.0, False, "*CPU run:*"),
-    (1.5, True, "larger than the fixed cost"),
-    (0.5, True, "The measured gain is smaller"),
-    (1.05, True, "within 10%"),
-])
+@pytest.mark.parametrize(
+    "speedup, cuda, expect",
+    [
+        (1.0, False, "*CPU run:*"),
+        (1.5, True, "larger than the fixed cost"),
+        (0.5, True, "The measured gain is smaller"),
+        (1.05, True, "within 10%"),
+    ],
+)
 def test_sync_gain_verdict(speedup, cuda, expect):
     assert expect in prose.sync_gain_verdict(speedup, 1.0, cuda=cuda)
 
 
 # --- 02 ------------------------------------------------------------------------------------------------
+
 
 def test_attention_gain_trend():
     assert prose.attention_gain_trend(2.0, 5.0).startswith("grows with T")
@@ -66,10 +73,12 @@ def test_decode_bound_clause():
 
 # --- 03 ------------------------------------------------------------------------------------------------
 
+
 def test_second_pass_note():
     kw = {"programs": 128, "block_n": 32, "sms": 132, "rows": 16384}
-    assert "only 128 programs, one per 32 columns, for 132 SMs, each walking all 16,384 rows" in \
-        prose.second_pass_note(2.0, 1.5, **kw)
+    assert "only 128 programs, one per 32 columns, for 132 SMs, each walking all 16,384 rows" in prose.second_pass_note(
+        2.0, 1.5, **kw
+    )
     assert prose.second_pass_note(1.6, 1.5, **kw) == ""
 
 
@@ -78,7 +87,8 @@ def test_eager_efficiency_note():
     assert "least efficient on rope_fwdbwd, 0.41" in weak and "4 of which" in weak and "2.50×" in weak
     assert "of which" not in prose.eager_efficiency_note("x", 0.41, n_ops=30, tiny_ops=0, gain_ratio=2.5)
     assert prose.eager_efficiency_note("x", 0.9, n_ops=30, tiny_ops=4, gain_ratio=1.0).startswith(
-        "Eager's ops stream close")
+        "Eager's ops stream close"
+    )
 
 
 def test_no_gain_note():
@@ -90,6 +100,7 @@ def test_no_gain_note():
 
 # --- 04 ------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("ratio, expect", [(0.5, "gains less"), (1.5, "gains more"), (1.0, "within 25%")])
 def test_compile_gain_verdict(ratio, expect):
     assert expect in prose.compile_gain_verdict(ratio)
@@ -97,8 +108,10 @@ def test_compile_gain_verdict(ratio, expect):
 
 # --- 05 ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("speedup, expect", [(1.0, "Less than predicted"), (3.0, "More than predicted"),
-                                             (2.0, "within 25%")])
+
+@pytest.mark.parametrize(
+    "speedup, expect", [(1.0, "Less than predicted"), (3.0, "More than predicted"), (2.0, "within 25%")]
+)
 def test_graph_gain_verdict(speedup, expect):
     assert expect in prose.graph_gain_verdict(speedup, 2.0)
 
@@ -110,28 +123,35 @@ def test_padding_cost_note():
 
 # --- 06 ------------------------------------------------------------------------------------------------
 
+
 def test_fp16_sum_overflow_note():
     assert prose.fp16_sum_overflow_note(500_000.0, 65504.0, 1e-3) == ""
-    assert "(500,000) does not fit under 65,504: error inf" in prose.fp16_sum_overflow_note(500_000.0, 65504.0, math.inf)
+    assert "(500,000) does not fit under 65,504: error inf" in prose.fp16_sum_overflow_note(
+        500_000.0, 65504.0, math.inf
+    )
     assert "error nan" in prose.fp16_sum_overflow_note(500_000.0, 65504.0, math.nan)
 
 
-@pytest.mark.parametrize("speedup, expect", [(2.0, "larger than that"), (1.0, "smaller even than that"),
-                                             (1.5, "within 10%")])
+@pytest.mark.parametrize(
+    "speedup, expect", [(2.0, "larger than that"), (1.0, "smaller even than that"), (1.5, "within 10%")]
+)
 def test_amp_gain_verdict(speedup, expect):
     assert expect in prose.amp_gain_verdict(speedup, 1.5)
 
 
 # --- 07 ------------------------------------------------------------------------------------------------
 
+
 def test_checkpoint_notes():
-    both = prose.checkpoint_notes(selective_overhead=0.4, full_overhead=0.3, full_saving=0.4,
-                                  predicted_full_saving=0.6)
+    both = prose.checkpoint_notes(selective_overhead=0.4, full_overhead=0.3, full_saving=0.4, predicted_full_saving=0.6)
     assert "Selective costs *more* time" in both and "saves less than predicted" in both
-    assert prose.checkpoint_notes(selective_overhead=0.1, full_overhead=0.3, full_saving=0.58,
-                                  predicted_full_saving=0.6) == ""
-    only_saving = prose.checkpoint_notes(selective_overhead=0.1, full_overhead=0.3, full_saving=0.4,
-                                         predicted_full_saving=0.6)
+    assert (
+        prose.checkpoint_notes(selective_overhead=0.1, full_overhead=0.3, full_saving=0.58, predicted_full_saving=0.6)
+        == ""
+    )
+    only_saving = prose.checkpoint_notes(
+        selective_overhead=0.1, full_overhead=0.3, full_saving=0.4, predicted_full_saving=0.6
+    )
     assert only_saving.startswith("Full checkpointing saves less")
 
 
@@ -147,6 +167,7 @@ def test_memory_model_overshoot_note():
 
 # --- 08 ------------------------------------------------------------------------------------------------
 
+
 def test_disturbed_ceiling_note():
     assert prose.disturbed_ceiling_note(10.0, 20.0) == ""
     assert "(1.5×)" in prose.disturbed_ceiling_note(30.0, 20.0)
@@ -157,27 +178,32 @@ def test_aux_loss_cost_clause():
     assert prose.aux_loss_cost_clause(1.0, 1.3).startswith("at some cost")
 
 
-@pytest.mark.parametrize("loop, grouped, work, launch, expect", [
-    (1.0, 1.0, 1.0, 1.0, ["Both paths are within 25% of the model."]),
-    (2.0, 1.0, 1.0, 1.0, ["the loop took 2.0× its prediction", "`t_launch` was measured on"]),
-    (0.5, 1.0, 1.0, 1.0, ["the loop took only 0.50× its prediction"]),
-    (1.0, 2.0, 1.0, 1.0, ["the grouped path took 2.0× its prediction"]),
-    (1.0, 0.5, 2.0, 1.0, ["the grouped path took only 0.50×", "ceiling measured at setup is too low"]),
-    (1.0, 0.5, 1.0, 2.0, ["the launch estimate overcounts"]),
-    (2.0, 2.0, 1.0, 1.0, ["Where the model misses: the loop took 2.0×", "; the grouped path took 2.0×"]),
-])
+@pytest.mark.parametrize(
+    "loop, grouped, work, launch, expect",
+    [
+        (1.0, 1.0, 1.0, 1.0, ["Both paths are within 25% of the model."]),
+        (2.0, 1.0, 1.0, 1.0, ["the loop took 2.0× its prediction", "`t_launch` was measured on"]),
+        (0.5, 1.0, 1.0, 1.0, ["the loop took only 0.50× its prediction"]),
+        (1.0, 2.0, 1.0, 1.0, ["the grouped path took 2.0× its prediction"]),
+        (1.0, 0.5, 2.0, 1.0, ["the grouped path took only 0.50×", "ceiling measured at setup is too low"]),
+        (1.0, 0.5, 1.0, 2.0, ["the launch estimate overcounts"]),
+        (2.0, 2.0, 1.0, 1.0, ["Where the model misses: the loop took 2.0×", "; the grouped path took 2.0×"]),
+    ],
+)
 def test_moe_model_misses(loop, grouped, work, launch, expect):
     text = prose.moe_model_misses(loop, grouped, grouped_work_ms=work, grouped_launch_ms=launch)
     assert all(e in text for e in expect)
 
 
 def test_topk_gain_clause():
-    assert "still syncs 8 times, but each expert's matmuls get 4× longer" in prose.topk_gain_clause(5.0, 3.0, 4.0,
-                                                                                                    syncs=8)
+    assert "still syncs 8 times, but each expert's matmuls get 4× longer" in prose.topk_gain_clause(
+        5.0, 3.0, 4.0, syncs=8
+    )
     assert "does not shrink here" in prose.topk_gain_clause(3.0, 5.0, 4.0, syncs=8)
 
 
 # --- 09 ------------------------------------------------------------------------------------------------
+
 
 def test_first_failure_phrase():
     assert prose.first_failure_phrase(1024, 4096) == "from T = 1024 on"
@@ -206,17 +232,22 @@ def test_big_weights_clause():
 
 # --- 10 ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("below, bound, amp_changed, compiled, cuda, expect", [
-    ("launches", "device work", False, False, True, "from being bound by launches to being bound by device work"),
-    ("launches", "launches", True, False, True, "bytes only."),
-    ("launches", "launches", True, False, False, "slower than its float32 ones."),
-    ("launches", "launches", False, True, True, "ideal compiler's"),
-    ("device work", "device work", False, False, True, "The model calls it device-bound"),
-    ("launches", "launches", False, False, True, "The model counts ops"),
-])
+
+@pytest.mark.parametrize(
+    "below, bound, amp_changed, compiled, cuda, expect",
+    [
+        ("launches", "device work", False, False, True, "from being bound by launches to being bound by device work"),
+        ("launches", "launches", True, False, True, "bytes only."),
+        ("launches", "launches", True, False, False, "slower than its float32 ones."),
+        ("launches", "launches", False, True, True, "ideal compiler's"),
+        ("device work", "device work", False, False, True, "The model calls it device-bound"),
+        ("launches", "launches", False, False, True, "The model counts ops"),
+    ],
+)
 def test_misjudged_rung_reason(below, bound, amp_changed, compiled, cuda, expect):
-    assert expect in prose.misjudged_rung_reason(bound_below=below, bound=bound, ratio_below=3.0,
-                                                 amp_changed=amp_changed, compiled=compiled, cuda=cuda)
+    assert expect in prose.misjudged_rung_reason(
+        bound_below=below, bound=bound, ratio_below=3.0, amp_changed=amp_changed, compiled=compiled, cuda=cuda
+    )
 
 
 def test_in_context_reason():

@@ -1,14 +1,23 @@
 """The syncing and the sync-free training loop compute the same updates; only one of them syncs."""
+
 import copy
 import json
 
 import pytest
 import torch
 
-from mahia.measure.checks import check_close, tolerance
-from mahia.lessons.sync_loops import (ResidualMLP, count_ops, gpu_activity, idle_fraction, launch_chain,
-                              make_batches, train_sync_free, train_syncing)
+from mahia.lessons.sync_loops import (
+    ResidualMLP,
+    count_ops,
+    gpu_activity,
+    idle_fraction,
+    launch_chain,
+    make_batches,
+    train_sync_free,
+    train_syncing,
+)
 from mahia.measure import instruments
+from mahia.measure.checks import check_close, tolerance
 from mahia.measure.instruments import count_syncs
 
 IN, WIDTH, DEPTH, CLASSES, BATCH = 19, 37, 2, 5, 29

@@ -1,4 +1,5 @@
 """mahia.lessons.training: loss-curve, precision and memory helpers of notebooks 06 and 07."""
+
 from __future__ import annotations
 
 import math
@@ -7,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from mahia.model import HybridConfig, HybridModel, SyntheticTokens, apply_checkpointing, make_train_step
 from mahia.lessons.training import (
     block_activation_table,
     fits,
@@ -24,6 +24,7 @@ from mahia.lessons.training import (
     with_peak,
 )
 from mahia.measure.timing import Timing
+from mahia.model import HybridConfig, HybridModel, SyntheticTokens, apply_checkpointing, make_train_step
 
 pytestmark = pytest.mark.filterwarnings("ignore:mahia.ops.*Triton kernel not used:RuntimeWarning")
 
@@ -36,6 +37,7 @@ def no_triton(monkeypatch):
 # ---------------------------------------------------------------------------------------------------
 # Loss curves
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_train_run_returns_the_losses_of_a_real_model(no_triton):
     torch.manual_seed(0)
@@ -78,6 +80,7 @@ def test_curve_comparisons():
 # ---------------------------------------------------------------------------------------------------
 # Precision
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_matmul_precision_sets_and_restores_the_flags():
     before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
@@ -126,12 +129,14 @@ def test_running_sum_stalls_in_bf16():
 # Memory
 # ---------------------------------------------------------------------------------------------------
 
+
 def test_saved_tensor_bytes_counts_what_autograd_keeps():
     torch.manual_seed(0)
     lin, act = nn.Linear(13, 29), nn.ReLU()
     x = torch.randn(7, 13, requires_grad=True)
-    got = saved_tensor_bytes(lambda: act(lin(x)).sum(), modules={"lin": lin, "act": act},
-                             exclude=list(lin.parameters()))
+    got = saved_tensor_bytes(
+        lambda: act(lin(x)).sum(), modules={"lin": lin, "act": act}, exclude=list(lin.parameters())
+    )
     # linear keeps its input (7x13), relu its output (7x29); the weight is excluded.
     assert got == {"lin": 7 * 13 * 4, "act": 7 * 29 * 4, "total": 7 * 42 * 4}
     with pytest.raises(TypeError, match="must be an nn.Module"):
@@ -143,10 +148,16 @@ def _meta_model(cfg: HybridConfig) -> HybridModel:
         return HybridModel(cfg)
 
 
-@pytest.mark.parametrize("preset, overrides", [
-    ("tiny", {}), ("tiny", {"attention_impl": "sdpa"}), ("small", {}), ("dense-350m", {"attention_impl": "sdpa"}),
-    ("moe", {"attention_impl": "chunked"}),
-])
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("tiny", {}),
+        ("tiny", {"attention_impl": "sdpa"}),
+        ("small", {}),
+        ("dense-350m", {"attention_impl": "sdpa"}),
+        ("moe", {"attention_impl": "chunked"}),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_block_table_itemizes_the_models_activation_estimate(preset, overrides, dtype):
     model = _meta_model(HybridConfig.preset(preset, **overrides))
@@ -184,8 +195,7 @@ def test_step_peak_estimate(preset):
 def test_block_table_against_measured_saved_tensors(no_triton):
     """The model counts what fused kernels keep; the eager norms and RoPE keep a little more."""
     torch.manual_seed(0)
-    cfg = HybridConfig(vocab_size=211, dim=48, n_layers=3, n_heads=4, hidden=80, max_seq_len=64,
-                       attention_impl="sdpa")
+    cfg = HybridConfig(vocab_size=211, dim=48, n_layers=3, n_heads=4, hidden=80, max_seq_len=64, attention_impl="sdpa")
     model = HybridModel(cfg)
     B, T = 3, 37
     idx = torch.randint(0, cfg.vocab_size, (B, T))
@@ -252,6 +262,7 @@ def test_largest_fitting_brackets_the_limit_in_few_probes():
         def f(n):
             calls.append(n)
             return n <= limit
+
         return f
 
     # Prediction a little low: fits, grows past the limit, then bisects.

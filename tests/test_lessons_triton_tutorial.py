@@ -1,17 +1,18 @@
 """The teaching kernels and helpers of notebook 03 (mahia.lessons.triton_tutorial), under TRITON_INTERPRET=1 on a CPU."""
+
 import pytest
 import torch
 
 from mahia import ops
-from mahia.measure.checks import compare_fn, tolerance
 from mahia.lessons import triton_tutorial as tu
-from mahia.ops.rmsnorm import rms_norm_bwd_launch, rms_norm_fwd_launch
-from mahia.ops.rmsnorm import rms_norm_eager
+from mahia.measure.checks import compare_fn, tolerance
 from mahia.measure.results import Recorder
+from mahia.ops.rmsnorm import rms_norm_bwd_launch, rms_norm_eager, rms_norm_fwd_launch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_triton = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
-                                  reason=str(ops.status()["rms_norm"]))
+needs_triton = pytest.mark.skipif(
+    not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["rms_norm"])
+)
 
 
 @needs_triton
@@ -67,10 +68,17 @@ def test_v1_bad_inputs_raise_clear_errors(monkeypatch):
 
 @needs_triton
 def test_check_kernels_reports_every_kernel():
-    rows = tu.check_kernels(DEVICE, torch.float32, rms_shape=(5, 130), swiglu_shape=(5, 130),
-                            rope_shape=(1, 5, 2, 1, 16))
-    assert [r["kernel"] for r in rows] == ["rms_norm_v1 (dw=atomic)", "rms_norm_v1 (dw=second_pass)",
-                                           "rms_norm (production)", "add_rms_norm (production)", "swiglu", "rope"]
+    rows = tu.check_kernels(
+        DEVICE, torch.float32, rms_shape=(5, 130), swiglu_shape=(5, 130), rope_shape=(1, 5, 2, 1, 16)
+    )
+    assert [r["kernel"] for r in rows] == [
+        "rms_norm_v1 (dw=atomic)",
+        "rms_norm_v1 (dw=second_pass)",
+        "rms_norm (production)",
+        "add_rms_norm (production)",
+        "swiglu",
+        "rope",
+    ]
     for r in rows:
         assert 0 < r["max_error"] <= r["tol"] == tolerance(torch.float32)
         assert any(k.startswith("grad") for k in r["errors"])
@@ -110,8 +118,7 @@ def test_min_bytes_and_flops():
 
 def test_measure_records_the_benchmark_rows(tmp_path):
     rec = Recorder("03_test", DEVICE, results_dir=tmp_path)
-    df = tu.measure(rec, "swiglu_fwdbwd", (4, 40), torch.float32, experiment="swiglu_small",
-                    skip=("torch.compile",))
+    df = tu.measure(rec, "swiglu_fwdbwd", (4, 40), torch.float32, experiment="swiglu_small", skip=("torch.compile",))
     assert set(df["experiment"]) == {"swiglu_small"}
     assert df.iloc[0]["variant"] == "eager" and df.iloc[0]["role"] == "baseline"
     assert (df["bytes"] == tu.min_bytes("swiglu_fwdbwd", (4, 40), torch.float32)).all()

@@ -1,16 +1,26 @@
 """mahia.measure.cost: step time from launches, syncs, FLOPs and bytes; peak memory from byte counts."""
+
 import math
 
 import pytest
 
-from mahia.measure.cost import (CHECKPOINT_POLICIES, Machine, StepTime, activation_bytes, kernel_ms, step_time,
-                                training_peak_bytes, work_ms)
+from mahia.measure.cost import (
+    CHECKPOINT_POLICIES,
+    Machine,
+    StepTime,
+    activation_bytes,
+    kernel_ms,
+    step_time,
+    training_peak_bytes,
+    work_ms,
+)
 
 GPU = Machine(launch_us=5.0, sync_us=20.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0)
 CPU = Machine(launch_us=5.0, sync_us=20.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0, overlap=False)
 
 
 # --- the machine -----------------------------------------------------------------------------------
+
 
 def test_machine_defaults_make_unused_resources_free_and_validate():
     m = Machine()
@@ -33,12 +43,13 @@ def test_machine_defaults_make_unused_resources_free_and_validate():
 
 # --- device time -----------------------------------------------------------------------------------
 
+
 def test_kernel_time_is_the_largest_of_floor_flops_and_bytes():
     # 100 TFLOP/s = 1e11 FLOP per ms; 1000 GB/s = 1e9 bytes per ms
-    assert kernel_ms(0, 0, GPU) == pytest.approx(2e-3)           # the floor
-    assert kernel_ms(1e11, 1e6, GPU) == pytest.approx(1.0)       # matmul-bound
-    assert kernel_ms(1e6, 3e9, GPU) == pytest.approx(3.0)        # bandwidth-bound
-    assert kernel_ms(1e11, 3e9, GPU) == pytest.approx(3.0)       # the slower of the two, not their sum
+    assert kernel_ms(0, 0, GPU) == pytest.approx(2e-3)  # the floor
+    assert kernel_ms(1e11, 1e6, GPU) == pytest.approx(1.0)  # matmul-bound
+    assert kernel_ms(1e6, 3e9, GPU) == pytest.approx(3.0)  # bandwidth-bound
+    assert kernel_ms(1e11, 3e9, GPU) == pytest.approx(3.0)  # the slower of the two, not their sum
     with pytest.raises(ValueError, match="nbytes"):
         kernel_ms(0, -1, GPU)
     with pytest.raises(TypeError, match="Machine"):
@@ -58,8 +69,9 @@ def test_work_is_the_sum_over_kernels():
 
 # --- step time -------------------------------------------------------------------------------------
 
+
 def test_step_is_max_on_a_gpu_and_sum_on_a_cpu_and_syncs_add():
-    launch_bound = step_time(GPU, launches=1000, work_ms=2.0)     # 5 ms of launches against 2 ms of work
+    launch_bound = step_time(GPU, launches=1000, work_ms=2.0)  # 5 ms of launches against 2 ms of work
     assert isinstance(launch_bound, StepTime)
     assert launch_bound.launch_ms == pytest.approx(5.0) and launch_bound.ms == pytest.approx(5.0)
     assert launch_bound.launch_bound and launch_bound.bound_by == "launches"

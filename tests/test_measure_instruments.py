@@ -1,11 +1,20 @@
 """mahia.measure.instruments: which ops launch a kernel, op counts, live memory, op traces and byte traffic
 (sync counting is tested in test_foundation.py and with every sync-free path)."""
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mahia.measure.instruments import (NO_KERNEL_OPS, ByteTraffic, LiveTensorMemory, OpTrace, count_ops,
-                                       count_syncs, launches_kernel, trace_ops)
+from mahia.measure.instruments import (
+    NO_KERNEL_OPS,
+    ByteTraffic,
+    LiveTensorMemory,
+    OpTrace,
+    count_ops,
+    count_syncs,
+    launches_kernel,
+    trace_ops,
+)
 
 N, K, M = 37, 19, 11
 
@@ -36,16 +45,17 @@ class _Launches(TorchDispatchMode):
 
 # --- which ops launch a kernel ---------------------------------------------------------------------
 
+
 def test_launches_kernel_excludes_views_allocations_and_reads():
     x = torch.randn(4, 6)
     params = [torch.randn(3), torch.randn(5)]
     with _Launches() as mode:
-        y = x.view(6, 4).t()                      # views
-        e = torch.empty(3)                        # an allocation
-        z = (y * 2).sum()                         # two kernels
-        z.item()                                  # a read to the host: a copy and a sync, no kernel
-        torch._foreach_mul_(params, 2.0)          # in place, returns nothing, writes the list: a kernel
-        w = _twice(x)                             # a custom op: one kernel as far as the dispatcher sees
+        y = x.view(6, 4).t()  # views
+        e = torch.empty(3)  # an allocation
+        z = (y * 2).sum()  # two kernels
+        z.item()  # a read to the host: a copy and a sync, no kernel
+        torch._foreach_mul_(params, 2.0)  # in place, returns nothing, writes the list: a kernel
+        w = _twice(x)  # a custom op: one kernel as far as the dispatcher sees
         with torch.profiler.record_function("range"):  # a profiler marker: nothing
             pass
     launched = [name for name, k in mode.seen if k]
@@ -136,6 +146,7 @@ def test_live_tensor_memory_tracks_allocations_and_frees():
 
 # --- op traces -------------------------------------------------------------------------------------
 
+
 def test_trace_counts_kernels_bytes_and_flops_of_a_chain():
     x, w = torch.randn(N, K), torch.randn(K, M)
     tr = trace_ops(lambda x, w: (x * 2 + 1).relu() @ w, x, w)
@@ -144,11 +155,11 @@ def test_trace_counts_kernels_bytes_and_flops_of_a_chain():
     nx, nw, ny = 4 * N * K, 4 * K * M, 4 * N * M
     assert tr.kernels == 4
     assert tr.flops == 2 * N * K * M
-    assert tr.pointwise_bytes == 3 * 2 * nx            # each pass reads and writes x-sized data
+    assert tr.pointwise_bytes == 3 * 2 * nx  # each pass reads and writes x-sized data
     assert tr.bytes == 3 * 2 * nx + nx + nw + ny
     fused = tr.fused()
     assert (fused.regions, fused.kernels) == (1, 2)
-    assert fused.pointwise_bytes == 2 * nx              # read x once, write relu(...) once for the mm
+    assert fused.pointwise_bytes == 2 * nx  # read x once, write relu(...) once for the mm
 
 
 def test_fusion_stops_at_a_matmul_between_two_uses():
@@ -172,16 +183,16 @@ def test_views_free_ops_and_outputs():
     x = torch.randn(N, 2 * K)
 
     def f(x):
-        a, b = x.chunk(2, dim=-1)        # views: no kernel
-        y = torch.sigmoid(a) * b         # fusable with its producer? a, b come from the input: one region
-        return y, y * 3                  # y is returned, so the region writes it and y * 3
+        a, b = x.chunk(2, dim=-1)  # views: no kernel
+        y = torch.sigmoid(a) * b  # fusable with its producer? a, b come from the input: one region
+        return y, y * 3  # y is returned, so the region writes it and y * 3
 
     tr = trace_ops(f, x)
     assert tr.by_kind()["free"]["ops"] >= 1 and tr.kernels == 3
     fused = tr.fused()
     assert fused.regions == 1
     nx, ny = 4 * N * 2 * K, 4 * N * K
-    assert fused.pointwise_bytes == nx + 2 * ny          # x read once (both halves), two outputs written
+    assert fused.pointwise_bytes == nx + 2 * ny  # x read once (both halves), two outputs written
 
 
 def test_in_place_writes_count_and_backward_is_traced():
@@ -189,7 +200,7 @@ def test_in_place_writes_count_and_backward_is_traced():
     buf = torch.zeros(N, K)
 
     def f(x):
-        buf.add_(x.detach())                             # an in-place write must reach memory
+        buf.add_(x.detach())  # an in-place write must reach memory
         y = (x * x).sum()
         y.backward()
         return y
@@ -215,8 +226,6 @@ def test_trace_counts_attention_flops():
 def test_trace_rejects_non_callable():
     with pytest.raises(TypeError, match="fn must be callable"):
         trace_ops(3)
-
-
 
 
 def test_trace_records_in_place_ops_that_return_nothing():
@@ -252,18 +261,18 @@ def test_trace_sees_a_fused_optimizer_step_as_one_opaque_kernel():
 
 # --- byte traffic ----------------------------------------------------------------------------------
 
+
 def test_byte_traffic_counts_reads_and_writes_of_kernel_launching_ops():
     x, w = torch.randn(M, N), torch.randn(N)
     params = [torch.randn(K), torch.randn(K)]
     with ByteTraffic() as traffic:
-        y = x * w                              # reads x and w (broadcast: N once), writes y
-        y.view(-1).t()                         # a view: no row
-        torch.empty(100)                       # an allocation: no row
-        torch._foreach_mul_(params, 3.0)       # writes its list in place
-        y.expand(2, M, N).sum()                # a broadcast input counts its distinct elements once
+        y = x * w  # reads x and w (broadcast: N once), writes y
+        y.view(-1).t()  # a view: no row
+        torch.empty(100)  # an allocation: no row
+        torch._foreach_mul_(params, 3.0)  # writes its list in place
+        y.expand(2, M, N).sum()  # a broadcast input counts its distinct elements once
     rows = traffic.rows
     assert [r["op"] for r in rows] == ["mul", "_foreach_mul_", "sum"]
-    assert rows[0] == {"op": "mul", "read_bytes": 4 * (M * N + N), "written_bytes": 4 * M * N,
-                       "out_shape": f"{M}x{N}"}
+    assert rows[0] == {"op": "mul", "read_bytes": 4 * (M * N + N), "written_bytes": 4 * M * N, "out_shape": f"{M}x{N}"}
     assert rows[1]["read_bytes"] == rows[1]["written_bytes"] == 2 * 4 * K
     assert rows[2]["read_bytes"] == 4 * M * N and rows[2]["written_bytes"] == 4

@@ -1,4 +1,5 @@
 """mahia.measure.timing.capture_graph, the one CUDA-graph capture (argument checks run on a CPU)."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -58,9 +59,16 @@ def test_bench_cuda_graph_times_replays_and_names_what_cannot_be_captured():
     assert t.median_ms > 0
     # A failed capture can leave CUDA's random generator in capture mode for the rest of the process:
     # fail one in a process of its own.
-    code = ("import torch; from mahia.measure.timing import bench; x = torch.randn(8, device='cuda')\n"
-            "try:\n    bench(lambda: x.sum().item(), cuda_graph=True, rep_ms=5, warmup_ms=1)\n"
-            "except RuntimeError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import torch; from mahia.measure.timing import bench; x = torch.randn(8, device='cuda')\n"
+        "try:\n    bench(lambda: x.sum().item(), cuda_graph=True, rep_ms=5, warmup_ms=1)\n"
+        "except RuntimeError as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert "cannot be captured in a CUDA graph" in out.stdout, out.stdout + out.stderr

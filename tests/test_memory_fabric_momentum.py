@@ -3,6 +3,7 @@
 Every fast path is compared with a float64 run of the reference path (outputs and gradients) at the
 tolerance of its dtype (``mahia.measure.checks``), on odd shapes; the fast paths must make no syncing op.
 """
+
 from __future__ import annotations
 
 import copy
@@ -15,11 +16,16 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mahia.measure.checks import compare_fn, rel_error, tolerance
-from mahia.model.fabric import DynamicNeuroFabric, FabricPlan, fabric_forward, fabric_gates, fabric_plan
-from mahia.model.memory import (GraphDiffusionMemory, MemoryCache, diffusion_operator, graph_diffusion_memory,
-                                graph_diffusion_write)
-from mahia.model.momentum import MomentumMemory, momentum_update_foreach, momentum_update_loop
 from mahia.measure.instruments import count_syncs
+from mahia.model.fabric import DynamicNeuroFabric, FabricPlan, fabric_forward, fabric_gates, fabric_plan
+from mahia.model.memory import (
+    GraphDiffusionMemory,
+    MemoryCache,
+    diffusion_operator,
+    graph_diffusion_memory,
+    graph_diffusion_write,
+)
+from mahia.model.momentum import MomentumMemory, momentum_update_foreach, momentum_update_loop
 
 B, T, D, N, L = 3, 37, 40, 7, 5
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
@@ -48,7 +54,7 @@ def _memory_inputs(seed=0, adj_std=3.0, dtype=torch.float64):
     x = torch.randn(B, T, D, generator=g, dtype=torch.float64)
     memory = torch.randn(N, D, generator=g, dtype=torch.float64)
     adj = torch.randn(N, N, generator=g, dtype=torch.float64) * adj_std
-    weights = [torch.randn(D, D, generator=g, dtype=torch.float64) / D ** 0.5 for _ in range(7)]
+    weights = [torch.randn(D, D, generator=g, dtype=torch.float64) / D**0.5 for _ in range(7)]
     return [t.to(dtype) for t in (x, memory, adj, *weights)]
 
 
@@ -73,8 +79,13 @@ def test_memory_batched_equals_loop_across_steps(steps, alpha):
     inputs = _memory_inputs(seed=steps, adj_std=3.0, dtype=torch.float32)
     # With k=0 or alpha=0 the graph is not used, so the adjacency gets no gradient in either path.
     grad_inputs = [i for i in range(len(inputs)) if i != 2 or (steps and alpha)]
-    compare_fn(_memory_fn("batched", steps, alpha), _memory_fn("loop", steps, alpha), inputs,
-               grad_inputs=grad_inputs, name=f"memory batched k={steps} alpha={alpha}")
+    compare_fn(
+        _memory_fn("batched", steps, alpha),
+        _memory_fn("loop", steps, alpha),
+        inputs,
+        grad_inputs=grad_inputs,
+        name=f"memory batched k={steps} alpha={alpha}",
+    )
 
 
 def test_memory_batched_as_accurate_as_loop_when_oversmoothed():
@@ -82,8 +93,10 @@ def test_memory_batched_as_accurate_as_loop_when_oversmoothed():
     # nearly uniform and its projections' gradients are ill-conditioned (~1e-3 relative error in
     # float32 for BOTH paths). Then the fast path must simply be no worse than the reference path.
     inputs = _memory_inputs(seed=5, adj_std=1.0, dtype=torch.float32)
-    errs = {impl: compare_fn(_memory_fn(impl, 5, 1.0), _memory_fn("loop", 5, 1.0), inputs, tol=1.0).max_error
-            for impl in ("loop", "batched")}
+    errs = {
+        impl: compare_fn(_memory_fn(impl, 5, 1.0), _memory_fn("loop", 5, 1.0), inputs, tol=1.0).max_error
+        for impl in ("loop", "batched")
+    }
     assert errs["loop"] > tolerance(torch.float32)  # the regime is what this test is about
     assert errs["batched"] <= 2 * errs["loop"]
 
@@ -134,8 +147,11 @@ def test_memory_no_syncs_and_batched_launches_do_not_grow_with_nodes():
     def n_ops(impl, n_nodes):
         g = _gen(2)
         x = torch.randn(2, 5, 8, generator=g)
-        params = [torch.randn(n_nodes, 8, generator=g), torch.randn(n_nodes, n_nodes, generator=g),
-                  *[torch.randn(8, 8, generator=g) for _ in range(7)]]
+        params = [
+            torch.randn(n_nodes, 8, generator=g),
+            torch.randn(n_nodes, n_nodes, generator=g),
+            *[torch.randn(8, 8, generator=g) for _ in range(7)],
+        ]
         with _OpCounter() as c:
             graph_diffusion_memory(x, *params, steps=4, alpha=0.5, impl=impl)
         return c.n
@@ -151,9 +167,12 @@ SEG = 5  # T = 37: seven whole segments and a short last one of 2 tokens
 
 def _causal_fn(impl, causal=True, segment=SEG):
     """graph_diffusion_memory with the initial state as the last input (so compare_fn differentiates it)."""
+
     def fn(*inputs):
-        return graph_diffusion_memory(*inputs[:-1], steps=3, alpha=0.5, impl=impl, causal=causal,
-                                      segment=segment, state=inputs[-1])
+        return graph_diffusion_memory(
+            *inputs[:-1], steps=3, alpha=0.5, impl=impl, causal=causal, segment=segment, state=inputs[-1]
+        )
+
     return fn
 
 
@@ -169,8 +188,9 @@ def test_memory_segments_match_float64_reference(causal):
     rounding of the shared write/diffuse/read code is covered above; here the loop reference's own
     bfloat16 error (~2e-2 on the read-query gradient, summed over 8 segments) sits at the tolerance."""
     inputs = _with_state(_memory_inputs(dtype=torch.float32))
-    cmp = compare_fn(_causal_fn("batched", causal), _causal_fn("loop", causal), inputs,
-                     name=f"memory batched causal={causal}")
+    cmp = compare_fn(
+        _causal_fn("batched", causal), _causal_fn("loop", causal), inputs, name=f"memory batched causal={causal}"
+    )
     assert len(cmp.errors) == 1 + len(inputs)
 
 
@@ -183,10 +203,10 @@ def test_memory_causal_mode_sees_no_future(impl, segment):
     x = inputs[0]
     for t in (0, 4, 5, 11, 35):
         x2 = x.clone()
-        x2[:, t + 1:] += torch.randn(x2[:, t + 1:].shape, generator=_gen(t), dtype=x.dtype)
+        x2[:, t + 1 :] += torch.randn(x2[:, t + 1 :].shape, generator=_gen(t), dtype=x.dtype)
         out, out2 = (_causal_fn(impl, True, segment)(xx, *inputs[1:], None) for xx in (x, x2))
         assert rel_error(out2[:, : t + 1], out[:, : t + 1]) < 1e-13, t
-        assert rel_error(out2[:, t + 1:], out[:, t + 1:]) > 1e-3, t
+        assert rel_error(out2[:, t + 1 :], out[:, t + 1 :]) > 1e-3, t
     x2 = x.clone()
     x2[:, -1] += 1.0  # bidirectional: the last token changes the first output
     leaky = [_causal_fn(impl, False, None)(xx, *inputs[1:], None)[:, 0] for xx in (x, x2)]
@@ -213,9 +233,16 @@ def test_memory_state_carries_across_calls(impl):
     whole.segment = None  # causal, one segment: out = read(x, P^k state), the state never changes
     assert rel_error(whole(x[:, :4], state), whole(x, state)[:, :4]) < 1e-13
     assert rel_error(whole(x, state), whole(x, state + 1.0)) > 1e-3  # the state is read
-    assert rel_error(whole.write(x, state) - state, graph_diffusion_write(
-        x, mem.memory, *(mem.proj[k].weight for k in ("write_q", "write_k", "write_v")), impl=impl)
-        - mem.memory) < 1e-13  # W(x) does not depend on the state
+    assert (
+        rel_error(
+            whole.write(x, state) - state,
+            graph_diffusion_write(
+                x, mem.memory, *(mem.proj[k].weight for k in ("write_q", "write_k", "write_v")), impl=impl
+            )
+            - mem.memory,
+        )
+        < 1e-13
+    )  # W(x) does not depend on the state
 
 
 @pytest.mark.parametrize("impl", ["loop", "batched"])
@@ -234,7 +261,7 @@ def test_memory_decode_matches_forward(impl, segment):
         pos = torch.zeros((), dtype=torch.long)
         parts = [mem.decode(x[:, :7], cache, pos)]  # 7 tokens: one whole segment and part of the next
         for t in range(7, 17):
-            parts.append(mem.decode(x[:, t:t + 1], cache, pos.fill_(t)))
+            parts.append(mem.decode(x[:, t : t + 1], cache, pos.fill_(t)))
         parts.append(mem.decode(x[:, 17:], cache, pos.fill_(17)))  # 6 tokens across a boundary
         assert rel_error(torch.cat(parts, dim=1), ref) < tolerance(torch.float32)
         mem.reset_cache(cache)  # a new sequence starts from the learned nodes again
@@ -245,9 +272,17 @@ def test_memory_decode_matches_forward(impl, segment):
 
 
 def test_memory_rejects_bad_config_and_inputs():
-    bad = [(dict(steps=-1), "steps"), (dict(steps=1.5), "steps"), (dict(steps=True), "steps"),
-           (dict(alpha=-0.1), "alpha"), (dict(alpha=1.5), "alpha"), (dict(alpha="0.5"), "alpha"),
-           (dict(impl="fast"), "impl"), (dict(n_nodes=0), "n_nodes"), (dict(dim=0), "dim")]
+    bad = [
+        (dict(steps=-1), "steps"),
+        (dict(steps=1.5), "steps"),
+        (dict(steps=True), "steps"),
+        (dict(alpha=-0.1), "alpha"),
+        (dict(alpha=1.5), "alpha"),
+        (dict(alpha="0.5"), "alpha"),
+        (dict(impl="fast"), "impl"),
+        (dict(n_nodes=0), "n_nodes"),
+        (dict(dim=0), "dim"),
+    ]
     for kwargs, match in bad:
         args = {"dim": D, "n_nodes": N, **kwargs}
         with pytest.raises(ValueError, match=match):
@@ -296,11 +331,10 @@ def test_memory_rejects_bad_config_and_inputs():
 def _fabric_inputs(seed=0, dtype=torch.float64):
     """x, gate weight, gate bias and L layer weights; a per-sample offset makes the gates differ."""
     g = _gen(seed)
-    x = torch.randn(B, T, D, generator=g, dtype=torch.float64) + torch.randn(B, 1, D, generator=g,
-                                                                              dtype=torch.float64)
-    gate_w = torch.randn(L, D, generator=g, dtype=torch.float64) / D ** 0.5
+    x = torch.randn(B, T, D, generator=g, dtype=torch.float64) + torch.randn(B, 1, D, generator=g, dtype=torch.float64)
+    gate_w = torch.randn(L, D, generator=g, dtype=torch.float64) / D**0.5
     gate_b = torch.randn(L, generator=g, dtype=torch.float64) * 0.5
-    layer_ws = [torch.randn(D, D, generator=g, dtype=torch.float64) / D ** 0.5 for _ in range(L)]
+    layer_ws = [torch.randn(D, D, generator=g, dtype=torch.float64) / D**0.5 for _ in range(L)]
     return [t.to(dtype) for t in (x, gate_w, gate_b, *layer_ws)]
 
 
@@ -308,6 +342,7 @@ def _fabric_fn(impl, threshold, plan=None):
     def fn(x, gate_w, gate_b, *layer_ws):
         layers = [functools.partial(lambda h, w: torch.tanh(F.linear(h, w)), w=w) for w in layer_ws]
         return fabric_forward(x, gate_w, gate_b, layers, threshold=threshold, impl=impl, plan=plan)
+
     return fn
 
 
@@ -341,9 +376,10 @@ def test_fabric_matches_float64_reference(dtype, which):
     grad_inputs = [0, 1, 2] + [3 + l for l in range(L) if used[l]]
     inputs = _fabric_inputs(dtype=dtype)
     ref = _fabric_fn("branch", threshold)
-    errs = {impl: compare_fn(_fabric_fn(impl, threshold), ref, inputs, grad_inputs=grad_inputs,
-                             tol=1.0).errors
-            for impl in ("branch", "masked")}
+    errs = {
+        impl: compare_fn(_fabric_fn(impl, threshold), ref, inputs, grad_inputs=grad_inputs, tol=1.0).errors
+        for impl in ("branch", "masked")
+    }
     tol = tolerance(dtype)
     for key, err in errs["masked"].items():
         if key in ("grad1", "grad2") and dtype == torch.bfloat16:
@@ -410,6 +446,7 @@ def test_fabric_plan_skips_layers_off_for_the_whole_batch():
     def layer(h, l):
         calls[l] += 1
         return torch.tanh(h @ ws[l])
+
     layers = [functools.partial(layer, l=l) for l in range(L)]
     ref = fabric_forward(x, gw, gb, layers, threshold=0.5, impl="masked")
     calls[:] = [0] * L
@@ -443,7 +480,7 @@ def test_fabric_first_token_gates_are_causal(impl):
     x, gw, gb, *ws = _fabric_inputs()
     g = fabric_gates(x, gw, gb, source="first")
     assert rel_error(g, torch.sigmoid(F.linear(x[:, 0], gw, gb))) < 1e-15
-    threshold = float(g.flatten().sort().values[g.numel() // 2 - 1: g.numel() // 2 + 1].mean())  # half on
+    threshold = float(g.flatten().sort().values[g.numel() // 2 - 1 : g.numel() // 2 + 1].mean())  # half on
     layers = [functools.partial(lambda h, w: torch.tanh(F.linear(h, w)), w=w) for w in ws]  # per token
 
     def run(xx, source):
@@ -451,7 +488,7 @@ def test_fabric_first_token_gates_are_causal(impl):
 
     for t in (0, 9):
         x2 = x.clone()
-        x2[:, t + 1:] += 3.0
+        x2[:, t + 1 :] += 3.0
         assert torch.equal(run(x2, "first")[:, : t + 1], run(x, "first")[:, : t + 1])
         assert not torch.equal(run(x2, "mean")[:, : t + 1], run(x, "mean")[:, : t + 1])
 
@@ -518,8 +555,11 @@ def _hyper(kind: str, seed: int = 0):
         return 0.9, 0.05, 0.01
     if kind == "0-dim":
         return torch.tensor(0.9), torch.tensor(0.05), torch.tensor(0.01)
-    return (torch.rand(len(SHAPES), generator=g), torch.rand(len(SHAPES), generator=g) * 0.1,
-            torch.rand(len(SHAPES), generator=g) * 0.1)
+    return (
+        torch.rand(len(SHAPES), generator=g),
+        torch.rand(len(SHAPES), generator=g) * 0.1,
+        torch.rand(len(SHAPES), generator=g) * 0.1,
+    )
 
 
 def _state(dtype, seed=0):
@@ -573,8 +613,7 @@ def test_momentum_syncs():
 def test_momentum_memory_module():
     torch.manual_seed(0)
     shapes = [(D, D), (D, 13), (13,)]
-    mems = {impl: MomentumMemory(shapes, eta=0.8, theta=0.1, alpha=0.02, impl=impl)
-            for impl in ("loop", "foreach")}
+    mems = {impl: MomentumMemory(shapes, eta=0.8, theta=0.1, alpha=0.02, impl=impl) for impl in ("loop", "foreach")}
     mems["foreach"].load_state_dict(mems["loop"].state_dict())
     assert {f"mom_{i}" for i in range(3)} <= set(mems["loop"].state_dict())
     x = torch.randn(B, D)
@@ -633,8 +672,13 @@ def test_hybrid_bench_quick(tmp_path):
     hybrid_parts.run(rec, None, quick=True)
     df = rec.frame()
     got = set(zip(df["experiment"], df["variant"], df["role"]))
-    assert got == {("graph_memory_fwd", "loop", "baseline"), ("graph_memory_fwd", "batched", "optimized"),
-                   ("fabric_fwd", "branch", "baseline"), ("fabric_fwd", "masked", "optimized"),
-                   ("momentum_update", "loop", "baseline"), ("momentum_update", "foreach", "optimized")}
+    assert got == {
+        ("graph_memory_fwd", "loop", "baseline"),
+        ("graph_memory_fwd", "batched", "optimized"),
+        ("fabric_fwd", "branch", "baseline"),
+        ("fabric_fwd", "masked", "optimized"),
+        ("momentum_update", "loop", "baseline"),
+        ("momentum_update", "foreach", "optimized"),
+    }
     assert (df["rel_err"] <= tolerance(torch.float32)).all()
     assert (df["median_ms"] > 0).all()

@@ -1,4 +1,5 @@
 """The MAHIA-X hybrid model: config, presets, reference vs fast paths, training, decoding, counting."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,8 @@ from mahia.model import (
     apply_compile,
     make_decoder,
     make_train_step,
+    optimize,
 )
-from mahia.model import optimize
 from mahia.model.hybrid import Block
 from mahia.model.optimize import CheckpointedBlock
 
@@ -67,13 +68,20 @@ def _diverse_gates(model: HybridModel, idx: torch.Tensor) -> torch.Tensor:
 # Config
 # ---------------------------------------------------------------------------------------------------
 
+
 def test_presets_build_and_switch_impls():
     for name in ("tiny", "small", "dense-350m", "moe", "hybrid"):
         cfg = HybridConfig.preset(name)
         assert cfg.baseline().attention_impl == "manual" and cfg.baseline().gating_impl == "branch"
         fast = cfg.optimized()
-        assert (fast.attention_impl, fast.kernels, fast.moe_impl, fast.meta_impl, fast.memory_impl,
-                fast.gating_impl) == ("sdpa", "triton", "grouped", "triton", "batched", "masked")
+        assert (
+            fast.attention_impl,
+            fast.kernels,
+            fast.moe_impl,
+            fast.meta_impl,
+            fast.memory_impl,
+            fast.gating_impl,
+        ) == ("sdpa", "triton", "grouped", "triton", "batched", "masked")
         # Only the implementation fields change.
         assert fast.replace(**{k: getattr(cfg, k) for k in optimize.OPTIMIZATIONS["all"]}) == cfg
     tiny = HybridConfig.preset("tiny")
@@ -83,18 +91,21 @@ def test_presets_build_and_switch_impls():
     assert HybridConfig.preset("tiny", n_layers=3).n_layers == 3
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(dim=66, n_heads=4), "divisible by n_heads"),
-    (dict(n_heads=4, n_kv_heads=3), "divisible by n_kv_heads"),
-    (dict(moe=True, n_experts=2, top_k=3), "top_k"),
-    (dict(attention_impl="flashy"), "('manual', 'sdpa', 'chunked')"),
-    (dict(moe_impl="fast"), "('loop', 'grouped')"),
-    (dict(attention_backend="flash"), "needs attention_impl='sdpa'"),
-    (dict(dim=0), "dim must be a positive int"),
-    (dict(memory_alpha=1.5), "memory_alpha"),
-    (dict(memory_segment=0), "memory_segment must be a positive int"),
-    (dict(dim=60, n_heads=4), "must be even"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(dim=66, n_heads=4), "divisible by n_heads"),
+        (dict(n_heads=4, n_kv_heads=3), "divisible by n_kv_heads"),
+        (dict(moe=True, n_experts=2, top_k=3), "top_k"),
+        (dict(attention_impl="flashy"), "('manual', 'sdpa', 'chunked')"),
+        (dict(moe_impl="fast"), "('loop', 'grouped')"),
+        (dict(attention_backend="flash"), "needs attention_impl='sdpa'"),
+        (dict(dim=0), "dim must be a positive int"),
+        (dict(memory_alpha=1.5), "memory_alpha"),
+        (dict(memory_segment=0), "memory_segment must be a positive int"),
+        (dict(dim=60, n_heads=4), "must be even"),
+    ],
+)
 def test_bad_configs_raise_clearly(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         HybridConfig(**kwargs)
@@ -127,6 +138,7 @@ def test_apply_switches_one_decision_per_name():
 # ---------------------------------------------------------------------------------------------------
 # Model: shapes, reference vs fast paths
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_forward_shapes_and_gradients(no_triton):
     model = _model(HybridConfig.preset("tiny"))
@@ -224,6 +236,7 @@ def test_attention_impls_agree(no_triton, impl):
 # ---------------------------------------------------------------------------------------------------
 # Training
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_tiny_model_learns_the_synthetic_stream(no_triton):
     data = SyntheticTokens(256, 32, seed=0)
@@ -371,9 +384,12 @@ def test_apply_compile_without_a_mode_is_the_model(no_triton, monkeypatch):
 def test_make_train_step_rejects_bad_options():
     model = _model(HybridConfig.preset("tiny", **LIGHT))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for kwargs, message in ((dict(amp="fp8"), "amp must be one of"), (dict(checkpoint="half"), "checkpoint"),
-                            (dict(compile="fast"), "compile must be one of"),
-                            (dict(sync_free_logging=1), "must be a bool")):
+    for kwargs, message in (
+        (dict(amp="fp8"), "amp must be one of"),
+        (dict(checkpoint="half"), "checkpoint"),
+        (dict(compile="fast"), "compile must be one of"),
+        (dict(sync_free_logging=1), "must be a bool"),
+    ):
         with pytest.raises((ValueError, TypeError), match=message):
             make_train_step(model, opt, **kwargs)
     with pytest.raises(TypeError, match="optimizer"):
@@ -384,12 +400,17 @@ def test_make_train_step_rejects_bad_options():
 # Host syncs
 # ---------------------------------------------------------------------------------------------------
 
+
 class SyncDetector(TorchDispatchMode):
     """Records the aten ops that make the host wait for the device (reading a value, or a shape that
     depends on the data). ``ignore`` holds storages whose reads are host-side by design."""
 
-    OPS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
-           torch.ops.aten.masked_select.default, torch.ops.aten._unique2.default}
+    OPS = {
+        torch.ops.aten._local_scalar_dense.default,
+        torch.ops.aten.nonzero.default,
+        torch.ops.aten.masked_select.default,
+        torch.ops.aten._unique2.default,
+    }
 
     def __init__(self, ignore=()):
         super().__init__()
@@ -402,7 +423,8 @@ class SyncDetector(TorchDispatchMode):
             if not (isinstance(first, torch.Tensor) and first.untyped_storage().data_ptr() in self.ignore):
                 self.syncs.append(str(func))
         if func is torch.ops.aten.index.Tensor and any(
-                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+        ):
             self.syncs.append("aten.index with a boolean mask")
         return func(*args, **(kwargs or {}))
 
@@ -441,6 +463,7 @@ def test_sync_free_logging_switch(no_triton):
 # Decoding
 # ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("which", ["baseline", "optimized"])
 def test_decode_steps_match_the_full_forward(no_triton, which):
     """Every hybrid part on (memory segments of 4 tokens, gates that skip some blocks for some samples):
@@ -457,7 +480,7 @@ def test_decode_steps_match_the_full_forward(no_triton, which):
         pos = torch.zeros((), dtype=torch.long)
         parts = [model.decode_step(idx[:, :5], pos)]  # prefill 5 tokens
         for t in range(5, 13):
-            parts.append(model.decode_step(idx[:, t:t + 1], pos.fill_(t)))
+            parts.append(model.decode_step(idx[:, t : t + 1], pos.fill_(t)))
     check_close("decoded logits", torch.cat(parts, dim=1), full, FP32)
     if which == "optimized":  # a CUDA-graph-capturable step: no host sync (memory and gates included)
         with SyncDetector() as detector, torch.no_grad():
@@ -483,10 +506,10 @@ def test_model_sees_no_future_tokens(no_triton, which):
         ref, _ = model(idx)
         for t in (0, 3, 9):  # memory segments are [0, 4), [4, 8), [8, 12), [12, 13)
             other = idx.clone()
-            other[:, t + 1:] = torch.randint(0, 256, other[:, t + 1:].shape, generator=g)
+            other[:, t + 1 :] = torch.randint(0, 256, other[:, t + 1 :].shape, generator=g)
             logits, _ = model(other)
             check_close(f"logits at positions <= {t}", logits[:, : t + 1], ref[:, : t + 1], FP32)
-            assert rel_error(logits[:, t + 1:], ref[:, t + 1:]) > 0.1, t
+            assert rel_error(logits[:, t + 1 :], ref[:, t + 1 :]) > 0.1, t
 
 
 def test_decode_refuses_a_bidirectional_part(no_triton):
@@ -525,6 +548,7 @@ def test_decoder_generates_the_greedy_continuation(no_triton):
 # Counting
 # ---------------------------------------------------------------------------------------------------
 
+
 def test_dense_350m_parameter_count_and_flops():
     cfg = HybridConfig.preset("dense-350m")
     with torch.device("meta"):
@@ -532,26 +556,30 @@ def test_dense_350m_parameter_count_and_flops():
     n = model.param_count()
     assert 300e6 <= n <= 400e6, n
     # 12 D^2 per block + V D (tied) + norms
-    assert n == cfg.n_layers * (4 * cfg.dim ** 2 + 3 * cfg.dim * cfg.hidden + 2 * cfg.dim) + \
-        cfg.vocab_size * cfg.dim + cfg.dim
+    assert (
+        n
+        == cfg.n_layers * (4 * cfg.dim**2 + 3 * cfg.dim * cfg.hidden + 2 * cfg.dim) + cfg.vocab_size * cfg.dim + cfg.dim
+    )
     ratio = model.flops_per_token(256) / (6 * n)
     assert 0.95 < ratio < 1.3, ratio  # 6N plus attention; the embedding lookup costs no FLOPs
     assert model.flops_per_token(256, training=False) * 3 == model.flops_per_token(256)
     assert model.flops_per_token(4096) > model.flops_per_token(256, causal=True)
 
 
-@pytest.mark.parametrize("kwargs, exact", [
-    (dict(), True),
-    (dict(moe=True, n_experts=4, moe_hidden=48, moe_every=2), True),
-    (dict(gating=True, gating_impl="masked"), True),
-    (dict(meta_attention=True, meta_impl="loop"), False),
-    (dict(graph_memory=True, memory_nodes=8, memory_impl="batched"), False),
-    (dict(graph_memory=True, memory_nodes=8, memory_segment=8, memory_impl="batched"), False),
-])
+@pytest.mark.parametrize(
+    "kwargs, exact",
+    [
+        (dict(), True),
+        (dict(moe=True, n_experts=4, moe_hidden=48, moe_every=2), True),
+        (dict(gating=True, gating_impl="masked"), True),
+        (dict(meta_attention=True, meta_impl="loop"), False),
+        (dict(graph_memory=True, memory_nodes=8, memory_impl="batched"), False),
+        (dict(graph_memory=True, memory_nodes=8, memory_segment=8, memory_impl="batched"), False),
+    ],
+)
 def test_flops_match_the_flop_counter(no_triton, kwargs, exact):
     """The formula against what torch counts for one forward (manual attention: all T x T scores)."""
-    cfg = HybridConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96,
-                       max_seq_len=64, **kwargs)
+    cfg = HybridConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, max_seq_len=64, **kwargs)
     model = _model(cfg)
     B, T = 3, 37
     with FlopCounterMode(display=False) as counter, torch.no_grad():
@@ -580,8 +608,7 @@ def _saved_bytes(model: HybridModel, idx: torch.Tensor) -> int:
 
 @pytest.mark.parametrize("impl", ["manual", "sdpa"])
 def test_memory_estimate_is_sane(no_triton, impl):
-    cfg = HybridConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, hidden=96, max_seq_len=64,
-                       attention_impl=impl)
+    cfg = HybridConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, hidden=96, max_seq_len=64, attention_impl=impl)
     model = _model(cfg)
     B, T = 4, 64
     est = model.memory_estimate(B, T)
@@ -604,6 +631,7 @@ def test_memory_estimate_is_sane(no_triton, impl):
 # Synthetic data
 # ---------------------------------------------------------------------------------------------------
 
+
 def test_synthetic_tokens_are_the_described_markov_chain():
     data = SyntheticTokens(97, 33, seed=3, copy_prob=0.6)
     idx, targets = data.batch(512)
@@ -616,8 +644,10 @@ def test_synthetic_tokens_are_the_described_markov_chain():
     assert abs(nll - data.entropy()) < 0.02 * data.entropy(), (nll, data.entropy())
     assert 0 < data.entropy() < data.unigram_entropy() < data.uniform_entropy()
     # Same seed, same stream; another seed, another source.
-    assert torch.equal(SyntheticTokens(97, 33, seed=3, copy_prob=0.6).batch(4)[0],
-                       SyntheticTokens(97, 33, seed=3, copy_prob=0.6).batch(4)[0])
+    assert torch.equal(
+        SyntheticTokens(97, 33, seed=3, copy_prob=0.6).batch(4)[0],
+        SyntheticTokens(97, 33, seed=3, copy_prob=0.6).batch(4)[0],
+    )
     assert not torch.equal(SyntheticTokens(97, 33, seed=4).succ, data.succ)
 
 

@@ -9,6 +9,7 @@
 
 Each checker is also run on a bad example, so that every rule can fail.
 """
+
 from __future__ import annotations
 
 import ast
@@ -33,14 +34,14 @@ def _parse(src: str) -> ast.AST:
 
 
 def long_cells(nb: dict, limit: int = MAX_CELL_LINES) -> list[str]:
-    return [f"cell {i}: {len(src.splitlines())} lines" for i, src in _code_cells(nb)
-            if len(src.splitlines()) > limit]
+    return [f"cell {i}: {len(src.splitlines())} lines" for i, src in _code_cells(nb) if len(src.splitlines()) > limit]
 
 
 def _is_environ(node: ast.AST) -> bool:
     """``os.environ`` or a bare ``environ``."""
-    return ((isinstance(node, ast.Attribute) and node.attr == "environ") or
-            (isinstance(node, ast.Name) and node.id == "environ"))
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
 
 
 def _mahia_str(node: ast.AST | None) -> bool:
@@ -107,8 +108,11 @@ def private_names(nb: dict) -> list[str]:
 
 
 def dirty_cells(nb: dict) -> list[str]:
-    return [f"cell {i}" for i, c in enumerate(nb["cells"])
-            if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
+    return [
+        f"cell {i}"
+        for i, c in enumerate(nb["cells"])
+        if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count") is not None)
+    ]
 
 
 def first_code_cell_tagged(nb: dict) -> bool:
@@ -120,9 +124,11 @@ def first_code_cell_tagged(nb: dict) -> bool:
 # The checkers can fail
 # ---------------------------------------------------------------------------------------------------
 
+
 def _nb(*sources: str, outputs=None, count=None, tags=("parameters",)) -> dict:
-    cells = [{"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s}
-             for s in sources]
+    cells = [
+        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s} for s in sources
+    ]
     cells[0]["metadata"] = {"tags": list(tags)} if tags else {}
     cells[-1]["outputs"] = outputs or []
     cells[-1]["execution_count"] = count
@@ -135,21 +141,27 @@ def test_long_cell_checker_fails_on_41_lines_and_passes_40():
 
 
 def test_env_checker_fails_on_every_way_of_setting_a_mahia_variable():
-    bad = _nb('import os\nos.environ["MAHIA_DISABLE_TRITON"] = "1"',
-              'os.environ.setdefault("MAHIA_DISABLE_TRITON", "1")',
-              'os.environ.update({"MAHIA_X": "1"})\nos.environ.update(MAHIA_Y="1")',
-              'os.putenv("MAHIA_Z", "1")\ndel os.environ["MAHIA_W"]')
+    bad = _nb(
+        'import os\nos.environ["MAHIA_DISABLE_TRITON"] = "1"',
+        'os.environ.setdefault("MAHIA_DISABLE_TRITON", "1")',
+        'os.environ.update({"MAHIA_X": "1"})\nos.environ.update(MAHIA_Y="1")',
+        'os.putenv("MAHIA_Z", "1")\ndel os.environ["MAHIA_W"]',
+    )
     assert len(mahia_env_writes(bad)) == 6
-    fine = _nb('import os\nos.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/x"',
-               'env = {**os.environ, "TRITON_INTERPRET": "1"}\nv = os.environ.get("MAHIA_HEADLESS")')
+    fine = _nb(
+        'import os\nos.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/x"',
+        'env = {**os.environ, "TRITON_INTERPRET": "1"}\nv = os.environ.get("MAHIA_HEADLESS")',
+    )
     assert mahia_env_writes(fine) == []
 
 
 def test_private_name_checker_fails_on_imports_and_attributes():
-    bad = _nb("from mahia.ops.rmsnorm import _fwd_config, rms_norm_eager",
-              "import mahia.ops._triton\nfrom mahia.ops._triton import IMPORT_ERROR",
-              "from mahia.lessons import triton_tutorial as tu\nshow(tu._rms_norm_v1_kernel.fn)",
-              "from mahia.model.moe import MoE\nshow(MoE._forward_loop)\nimport mahia\nmahia.ops._x")
+    bad = _nb(
+        "from mahia.ops.rmsnorm import _fwd_config, rms_norm_eager",
+        "import mahia.ops._triton\nfrom mahia.ops._triton import IMPORT_ERROR",
+        "from mahia.lessons import triton_tutorial as tu\nshow(tu._rms_norm_v1_kernel.fn)",
+        "from mahia.model.moe import MoE\nshow(MoE._forward_loop)\nimport mahia\nmahia.ops._x",
+    )
     assert sorted(private_names(bad)) == [
         "cell 0: from mahia.ops.rmsnorm import _fwd_config",
         "cell 1: from mahia.ops._triton import ...",
@@ -158,8 +170,10 @@ def test_private_name_checker_fails_on_imports_and_attributes():
         "cell 3, line 2: MoE._forward_loop",
         "cell 3, line 4: mahia.ops._x",
     ]
-    fine = _nb("import torch\nfrom mahia.ops import rms_norm\ntorch._dynamo.reset()\n"
-               "_local = 1\nprint(type(rms_norm).__name__, rms_norm.__doc__)")
+    fine = _nb(
+        "import torch\nfrom mahia.ops import rms_norm\ntorch._dynamo.reset()\n"
+        "_local = 1\nprint(type(rms_norm).__name__, rms_norm.__doc__)"
+    )
     assert private_names(fine) == []
 
 
@@ -174,6 +188,7 @@ def test_clean_checker_fails_on_outputs_counts_and_a_missing_tag():
 # ---------------------------------------------------------------------------------------------------
 # The notebooks keep them
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_there_are_notebooks():
     assert len(NOTEBOOKS) >= 11

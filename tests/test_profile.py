@@ -1,4 +1,5 @@
 """mahia.profile: where a step's time goes (host times on the CPU here; kernel times need CUDA)."""
+
 import pytest
 import torch
 from torch import nn
@@ -41,8 +42,7 @@ def test_module_ranges_remove_their_hooks():
     assert not net[0]._forward_hooks and not net[0]._forward_pre_hooks  # nothing left behind
 
 
-@pytest.mark.parametrize("kw, match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"),
-                                       ({"rows": True}, "rows")])
+@pytest.mark.parametrize("kw, match", [({"steps": 0}, "steps"), ({"warmup": -1}, "warmup"), ({"rows": True}, "rows")])
 def test_profile_step_rejects_bad_counts(kw, match):
     with pytest.raises(ValueError, match=match):
         profile_step(lambda: None, **kw)
@@ -51,8 +51,26 @@ def test_profile_step_rejects_bad_counts(kw, match):
 
 
 def test_command_line(capsys):
-    assert main(["--preset", "tiny", "--batch", "1", "--seq-len", "16", "--steps", "1", "--rows", "3",
-                 "--device", "cpu", "--by-module"]) == 0
+    assert (
+        main(
+            [
+                "--preset",
+                "tiny",
+                "--batch",
+                "1",
+                "--seq-len",
+                "16",
+                "--steps",
+                "1",
+                "--rows",
+                "3",
+                "--device",
+                "cpu",
+                "--by-module",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "preset tiny (optimized)" in out and "ms per step" in out and "attn" in out
     assert main(["--preset", "tiny", "--seq-len", "4096", "--device", "cpu"]) == 2
@@ -66,6 +84,7 @@ def test_command_line_refuses_module_times_under_checkpointing(capsys):
 
 def test_block_parts_name_each_part_of_every_block():
     from mahia.model import HybridConfig, HybridModel
+
     model = HybridModel(HybridConfig.preset("tiny"))
     parts = block_parts(model)
     assert len(parts["attn"]) == len(model.blocks) and parts["attn"][0] is model.blocks[0].attn

@@ -7,6 +7,7 @@
 * only ``python -m mahia reference`` writes those: on a GPU, from a clean tree, in parts that resume;
 * every runner run gets a folder of its own.
 """
+
 import io
 import json
 import os
@@ -32,19 +33,38 @@ needs_git = pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
 
 
 def _git(cwd, *args):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
-                          capture_output=True, text=True, check=True, timeout=60).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
 
 
 def _clean_env(monkeypatch):
-    for k in ("MAHIA_COMMIT", "MAHIA_PROFILE", "MAHIA_RUN_ID", "MAHIA_RESULTS_DIR", "MAHIA_FIGURES_DIR",
-              files.REFERENCE_ENV):
+    for k in (
+        "MAHIA_COMMIT",
+        "MAHIA_PROFILE",
+        "MAHIA_RUN_ID",
+        "MAHIA_RESULTS_DIR",
+        "MAHIA_FIGURES_DIR",
+        files.REFERENCE_ENV,
+    ):
         monkeypatch.delenv(k, raising=False)
 
 
 def _ceil(slug, profile):
-    return hardware.Ceilings(slug, copy_gbps=100.0, matmul_bf16_tflops=10.0, matmul_fp32_tflops=1.0,
-                             measured_at="2026-01-01T00:00:00+00:00", profile=profile, commit="c0")
+    return hardware.Ceilings(
+        slug,
+        copy_gbps=100.0,
+        matmul_bf16_tflops=10.0,
+        matmul_fp32_tflops=1.0,
+        measured_at="2026-01-01T00:00:00+00:00",
+        profile=profile,
+        commit="c0",
+    )
 
 
 def _set_dates(path: Path, date: str):
@@ -103,8 +123,8 @@ def test_describe_commit_says_dirty_only_for_tracked_changes_under_mahia_or_note
     _git(repo, "commit", "-q", "-m", "one")
     sha = _git(repo, "rev-parse", "--short=12", "HEAD").strip()
     assert files.describe_commit(repo) == sha
-    (repo / "mahia" / "new.py").write_text("")        # untracked: not part of the commit's code
-    (repo / "README.md").write_text("changed\n")       # tracked, but outside mahia/ and notebooks/
+    (repo / "mahia" / "new.py").write_text("")  # untracked: not part of the commit's code
+    (repo / "README.md").write_text("changed\n")  # tracked, but outside mahia/ and notebooks/
     assert files.describe_commit(repo) == sha
     (repo / "notebooks" / "00_a.ipynb").write_text('{"cells": []}\n')
     assert files.describe_commit(repo) == f"{sha}-dirty"
@@ -138,15 +158,41 @@ def test_old_records_keep_their_rows_when_new_ones_are_appended(tmp_path, monkey
     folder = tmp_path / slug
     folder.mkdir()
     old_cols = [c for c in results.COLUMNS if c not in ("profile", "commit")]
-    old = pd.DataFrame([{"notebook": "99_test", "experiment": "sync_count", "variant": "baseline",
-                         "role": "metric", "value": 5.0, "device_slug": "nvidia-h200", "notes": "",
-                         "date": "2026-01-01T00:00:00+00:00"},
-                        {"notebook": "99_test", "experiment": "sync_count", "variant": "optimized",
-                         "role": "metric", "value": 1.0, "device_slug": "nvidia-h200",
-                         "notes": "a quick profile smoke run", "date": "2026-01-01T00:00:00+00:00"},
-                        {"notebook": "99_test", "experiment": "sync_loop", "variant": "x", "role": "metric",
-                         "value": 1.0, "device_slug": slug, "notes": "", "date": "2026-01-01T00:00:00+00:00"}],
-                       columns=old_cols)
+    old = pd.DataFrame(
+        [
+            {
+                "notebook": "99_test",
+                "experiment": "sync_count",
+                "variant": "baseline",
+                "role": "metric",
+                "value": 5.0,
+                "device_slug": "nvidia-h200",
+                "notes": "",
+                "date": "2026-01-01T00:00:00+00:00",
+            },
+            {
+                "notebook": "99_test",
+                "experiment": "sync_count",
+                "variant": "optimized",
+                "role": "metric",
+                "value": 1.0,
+                "device_slug": "nvidia-h200",
+                "notes": "a quick profile smoke run",
+                "date": "2026-01-01T00:00:00+00:00",
+            },
+            {
+                "notebook": "99_test",
+                "experiment": "sync_loop",
+                "variant": "x",
+                "role": "metric",
+                "value": 1.0,
+                "device_slug": slug,
+                "notes": "",
+                "date": "2026-01-01T00:00:00+00:00",
+            },
+        ],
+        columns=old_cols,
+    )
     (folder / "99_test.csv").write_text(old.to_csv(index=False))
     df = results.load_records(folder)
     assert list(df["profile"]) == ["full", "quick", "unknown"]  # notes say quick; a CPU record: not known
@@ -154,8 +200,9 @@ def test_old_records_keep_their_rows_when_new_ones_are_appended(tmp_path, monkey
     rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, profile="quick", commit="abc123")
     rec.metric("sync_count", "baseline", 3)
     on_disk = pd.read_csv(folder / "99_test.csv")
-    pd.testing.assert_frame_equal(on_disk.iloc[:3][old_cols], pd.read_csv(io.StringIO(old.to_csv(index=False))),
-                                  check_dtype=False)
+    pd.testing.assert_frame_equal(
+        on_disk.iloc[:3][old_cols], pd.read_csv(io.StringIO(old.to_csv(index=False))), check_dtype=False
+    )
     assert list(results.load_records(folder)["profile"]) == ["full", "quick", "unknown", "quick"]
 
 
@@ -255,11 +302,13 @@ def test_a_cpu_session_leaves_nothing_to_commit(tmp_path):
         "ctx = setup('99_trace', device='cpu', profile='quick', verbose=False)\n"
         "ctx.recorder.metric('sync_count', 'baseline', 7); ctx.recorder.summarize()\n"
         "fig, ax = plt.subplots(); ax.plot([1, 2]); ctx.save(fig, 'plot')\n"
-        "print(mahia.__file__); print(ctx.recorder.path); print(ctx.figures)\n")
+        "print(mahia.__file__); print(ctx.recorder.path); print(ctx.figures)\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAHIA_")}
     env.update(PYTHONPATH=str(repo), HOME=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True,
-                         check=False, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=repo, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     where, csv, figs = (Path(x) for x in out.stdout.split("\n")[-4:-1])
     assert where.is_relative_to(repo)  # the copy's package ran, so its paths are the copy's
@@ -284,6 +333,7 @@ def test_nothing_but_the_reference_command_writes_the_reference(tmp_path, monkey
         with pytest.raises(runner.UsageError, match="committed reference"):
             runner.run(device="cpu", notebooks="00", progress=False, **kw)
     from mahia.bench.__main__ import main as bench
+
     assert bench(["kernels", "--quick", "--device", "cpu", "--results-dir", str(ref)]) == 2
     assert "committed reference" in capsys.readouterr().err
     assert not ref.exists()
@@ -297,8 +347,15 @@ def test_reference_refuses_on_a_cpu():
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     env = dict(os.environ, MAHIA_COMMIT="abc123")  # where git is missing (an installed copy)
-    r = subprocess.run([sys.executable, "-m", "mahia", "reference", "--allow-dirty", "-n", "00"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120, env=env, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "mahia", "reference", "--allow-dirty", "-n", "00"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=env,
+        check=False,
+    )
     assert r.returncode == 2, r.stderr
     last = r.stderr.strip().splitlines()[-1]  # (a line before it says git disagrees with MAHIA_COMMIT)
     assert last.startswith("error: ") and "never the reference" in last
@@ -334,6 +391,7 @@ def test_reference_refuses_a_dirty_tree_and_an_unknown_commit(monkeypatch):
 
 def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
     import nbformat
+
     _clean_env(monkeypatch)
     ref, figs = tmp_path / "data" / "results", tmp_path / "figures"
     monkeypatch.setattr(files, "reference_results_dir", lambda: ref)
@@ -343,21 +401,29 @@ def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
     nb = nbformat.v4.new_notebook()
-    p = nbformat.v4.new_code_cell("device = 'auto'\nprofile = 'quick'\nseed = 0\ninteractive = True\n"
-                                  "results_dir = None\nbatch = 1")
+    p = nbformat.v4.new_code_cell(
+        "device = 'auto'\nprofile = 'quick'\nseed = 0\ninteractive = True\nresults_dir = None\nbatch = 1"
+    )
     p.metadata["tags"] = ["parameters"]
-    nb.cells = [p, nbformat.v4.new_code_cell(
-        "assert profile == 'full' and batch == 2\n"
-        "from mahia.measure.results import Recorder\n"
-        "Recorder('01_rec', device, results_dir=results_dir).metric('sync_count', 'baseline', 7)")]
+    nb.cells = [
+        p,
+        nbformat.v4.new_code_cell(
+            "assert profile == 'full' and batch == 2\n"
+            "from mahia.measure.results import Recorder\n"
+            "Recorder('01_rec', device, results_dir=results_dir).metric('sync_count', 'baseline', 7)"
+        ),
+    ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, nbdir / "01_rec.ipynb")
     broken = nbformat.v4.new_notebook()
     broken.cells = [nbformat.v4.new_code_cell("x = 1")]  # no parameters cell: fails at once
     nbformat.write(broken, nbdir / "02_broken.ipynb")
     nbs = sorted(nbdir.glob("*.ipynb"))
-    monkeypatch.setattr(runner, "select_notebooks",
-                        lambda spec, folder=nbdir: nbs if spec == "all" else [n for n in nbs if n.stem[:2] == spec])
+    monkeypatch.setattr(
+        runner,
+        "select_notebooks",
+        lambda spec, folder=nbdir: nbs if spec == "all" else [n for n in nbs if n.stem[:2] == spec],
+    )
     slug = hardware.device_slug("cpu")
     csv, parts = ref / slug / "01_rec.csv", ref / slug / "parts"
 
@@ -388,6 +454,7 @@ def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
 # -- each run its own folder ------------------------------------------------------------------------------------
 def test_each_run_gets_its_own_folder(tmp_path, monkeypatch):
     import nbformat
+
     _clean_env(monkeypatch)
     a, b = runner.new_run_dir("same", tmp_path), runner.new_run_dir("same", tmp_path)
     assert a != b and a.is_dir() and b.is_dir()
@@ -402,8 +469,7 @@ def test_each_run_gets_its_own_folder(tmp_path, monkeypatch):
         assert runner.run(device="cpu", profile="quick", progress=False) == 1
     folders = sorted(p for p in (tmp_path / "runs").iterdir() if p.name != "results")
     assert len(folders) == 2 and all((f / "outcomes.json").exists() for f in folders)
-    assert all(f.name.endswith(f"{hardware.device_slug('cpu')}-quick") or f.name.endswith("-quick-2")
-               for f in folders)
+    assert all(f.name.endswith(f"{hardware.device_slug('cpu')}-quick") or f.name.endswith("-quick-2") for f in folders)
 
 
 def test_commit_command_prints_the_commit(monkeypatch, capsys):

@@ -8,6 +8,7 @@ otherwise; the committed reference ``data/results/<gpu>/`` is written only throu
 ``python -m mahia reference --bench ...``. Records carry the profile (``quick`` with ``--quick``, else
 ``full``) and the commit (``MAHIA_COMMIT`` or git's).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m mahia.bench",
         epilog="examples:\n  python -m mahia.bench kernels --part list\n"
-               "  python -m mahia.bench kernels --device cuda --part rmsnorm-bf16,host\n"
-               "  python -m mahia.bench moe meta --quick --device cpu",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  python -m mahia.bench kernels --device cuda --part rmsnorm-bf16,host\n"
+        "  python -m mahia.bench moe meta --quick --device cpu",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("suites", nargs="+", help=f"one or more of {sorted(SUITES)} or 'all'")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run (default: off; the CPU needs it)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: auto)")
@@ -40,8 +42,11 @@ def main(argv=None) -> int:
     if extra:
         takers = [n for n, m in modules.items() if hasattr(m, "parse_args")]
         if len(takers) != 1 or len(names) != 1:
-            print(f"error: unrecognized arguments {extra} (only a single suite that has options of its own, "
-                  f"e.g. kernels, takes more arguments)", file=sys.stderr)
+            print(
+                f"error: unrecognized arguments {extra} (only a single suite that has options of its own, "
+                f"e.g. kernels, takes more arguments)",
+                file=sys.stderr,
+            )
             return 2
         try:
             suite_kw = modules[takers[0]].parse_args(extra)
@@ -49,6 +54,7 @@ def main(argv=None) -> int:
             return 2 if e.code else 0
     from mahia.measure import files, hardware
     from mahia.measure.results import Recorder
+
     try:
         dev = hardware.resolve_device(args.device)
     except (RuntimeError, ValueError) as e:
@@ -62,9 +68,11 @@ def main(argv=None) -> int:
         return 2
     profile = "quick" if args.quick else "full"
     ceil = hardware.ceilings(dev, results_dir=root, quick=args.quick, profile=profile)
-    print(f"{hardware.device_slug(dev)}: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
-          f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s",
-          flush=True)
+    print(
+        f"{hardware.device_slug(dev)}: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
+        f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s",
+        flush=True,
+    )
     rc = 0
     rec = None
     for name in names:
@@ -74,6 +82,7 @@ def main(argv=None) -> int:
             modules[name].run(rec, ceil, quick=args.quick, **suite_kw)
         except Exception as e:  # report and go on with the next suite
             import traceback
+
             traceback.print_exc()
             print(f"suite {name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             rc = 1

@@ -14,6 +14,7 @@ N=64 nodes, k=4 steps, L=8 layers, 24 memory layers of 1024 x 1024 (bfloat16 for
 memory weights for the update); ``quick`` or the CPU use tiny sizes, and the CPU computes in float32.
 The first two are timed as inference forwards (under ``no_grad``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,11 +23,11 @@ import torch
 import torch.nn as nn
 
 from mahia.measure.checks import check_close, tolerance
+from mahia.measure.instruments import count_syncs
+from mahia.measure.timing import bench
 from mahia.model.fabric import DynamicNeuroFabric
 from mahia.model.memory import GraphDiffusionMemory
 from mahia.model.momentum import momentum_update_foreach, momentum_update_loop
-from mahia.measure.instruments import count_syncs
-from mahia.measure.timing import bench
 
 __all__ = ["run"]
 
@@ -46,8 +47,11 @@ def _syncs(fn) -> int:
 def _threshold_in_gap(g: torch.Tensor, lo: float = 0.3, hi: float = 0.7) -> float:
     """Midpoint of the widest gap between gate values in [lo, hi]: a threshold no gate sits near, so
     the bfloat16 path and its float64 reference switch the same (sample, layer) pairs on."""
-    vals = torch.cat([torch.tensor([lo, hi], dtype=torch.float64),
-                      g.detach().double().flatten().cpu().clamp(lo, hi)]).sort().values  # one sync
+    vals = (
+        torch.cat([torch.tensor([lo, hi], dtype=torch.float64), g.detach().double().flatten().cpu().clamp(lo, hi)])
+        .sort()
+        .values
+    )  # one sync
     i = int((vals[1:] - vals[:-1]).argmax())
     return float(vals[i] + vals[i + 1]) / 2
 
@@ -64,15 +68,17 @@ def _graph_memory(recorder, s, dev, dtype) -> None:
     x = x64.to(dtype)
     with torch.no_grad():
         want = ref(x64)
-        errs = {impl: check_close(f"graph memory {impl}", m(x), want, tolerance(dtype))
-                for impl, m in mods.items()}
+        errs = {impl: check_close(f"graph memory {impl}", m(x), want, tolerance(dtype)) for impl, m in mods.items()}
 
     # FLOPs of the function (the batched path's count; P^k's N x N products are negligible).
-    flops = (4 * 2 * B * T * D * D          # write k, v; read q; output projection
-             + 2 * N * D * D + 2 * 2 * B * N * D * D  # write q of the nodes; read k, v of the nodes
-             + 2 * 2 * B * N * T * D       # write scores and weighted sum
-             + 2 * B * N * N * D           # apply P^k
-             + 2 * 2 * B * T * N * D)      # read scores and weighted sum
+    flops = (
+        4 * 2 * B * T * D * D  # write k, v; read q; output projection
+        + 2 * N * D * D
+        + 2 * 2 * B * N * D * D  # write q of the nodes; read k, v of the nodes
+        + 2 * 2 * B * N * T * D  # write scores and weighted sum
+        + 2 * B * N * N * D  # apply P^k
+        + 2 * 2 * B * T * N * D
+    )  # read scores and weighted sum
     limit = "matmul_bf16" if dtype in (torch.bfloat16, torch.float16) else "matmul_fp32"
     for impl, role in (("loop", "baseline"), ("batched", "optimized")):
         m = mods[impl]
@@ -80,11 +86,21 @@ def _graph_memory(recorder, s, dev, dtype) -> None:
         def fn(m=m):
             with torch.no_grad():
                 m(x)
+
         n_sync = _syncs(fn)
         t = bench(fn, device=dev)
-        recorder.timing("graph_memory_fwd", impl, role, t, shape=f"{B}x{T}x{D},N={N},k={k}", dtype=dtype,
-                        flops=flops, limit=limit, rel_err=errs[impl],
-                        notes=f"forward under no_grad; {n_sync} sync(s) per call")
+        recorder.timing(
+            "graph_memory_fwd",
+            impl,
+            role,
+            t,
+            shape=f"{B}x{T}x{D},N={N},k={k}",
+            dtype=dtype,
+            flops=flops,
+            limit=limit,
+            rel_err=errs[impl],
+            notes=f"forward under no_grad; {n_sync} sync(s) per call",
+        )
 
 
 def _fabric(recorder, s, dev, dtype) -> None:
@@ -95,8 +111,7 @@ def _fabric(recorder, s, dev, dtype) -> None:
     with torch.no_grad():
         fab64.gate.bias.copy_(torch.linspace(-1.0, 1.0, L))  # layers from mostly off to mostly on
     # A per-sample offset gives each sample its own token mean, so gates differ between samples.
-    x64 = torch.randn(B, T, D, device=dev, dtype=torch.float64) + torch.randn(B, 1, D, device=dev,
-                                                                                dtype=torch.float64)
+    x64 = torch.randn(B, T, D, device=dev, dtype=torch.float64) + torch.randn(B, 1, D, device=dev, dtype=torch.float64)
     layers = copy.deepcopy(layers64).to(dtype)
     fabs = {impl: copy.deepcopy(fab64).to(dtype) for impl in ("branch", "masked")}
     fabs["masked"].impl = "masked"
@@ -109,8 +124,7 @@ def _fabric(recorder, s, dev, dtype) -> None:
         active = (g > threshold).float().mean().item()
         all_off = (g <= threshold).all(dim=0).sum().item()
         want = fab64(x64, layers64)
-        errs = {impl: check_close(f"fabric {impl}", f(x, layers), want, tolerance(dtype))
-                for impl, f in fabs.items()}
+        errs = {impl: check_close(f"fabric {impl}", f(x, layers), want, tolerance(dtype)) for impl, f in fabs.items()}
 
     useful = 2 * B * T * D * D * active * L  # FLOPs of the (sample, layer) pairs that are on
     limit = "matmul_bf16" if dtype in (torch.bfloat16, torch.float16) else "matmul_fp32"
@@ -120,20 +134,30 @@ def _fabric(recorder, s, dev, dtype) -> None:
         def fn(f=f):
             with torch.no_grad():
                 f(x, layers)
+
         n_sync = _syncs(fn)
         t = bench(fn, device=dev)
-        recorder.timing("fabric_fwd", impl, role, t, shape=f"{B}x{T}x{D},L={L}", dtype=dtype,
-                        flops=useful, limit=limit, rel_err=errs[impl],
-                        notes=f"threshold {threshold:.3f}: {active:.0%} of (sample, layer) pairs on, "
-                              f"{int(all_off)} layer(s) off for every sample; flops count the pairs that "
-                              f"are on (masked also computes the others); {n_sync} sync(s) per call")
+        recorder.timing(
+            "fabric_fwd",
+            impl,
+            role,
+            t,
+            shape=f"{B}x{T}x{D},L={L}",
+            dtype=dtype,
+            flops=useful,
+            limit=limit,
+            rel_err=errs[impl],
+            notes=f"threshold {threshold:.3f}: {active:.0%} of (sample, layer) pairs on, "
+            f"{int(all_off)} layer(s) off for every sample; flops count the pairs that "
+            f"are on (masked also computes the others); {n_sync} sync(s) per call",
+        )
 
 
 def _momentum(recorder, s, dev) -> None:
     n, d = s["mem_layers"], s["mem_dim"]
     dtype = torch.float32  # memory weights and their momenta are kept in float32
     torch.manual_seed(0)
-    w0 = [torch.randn(d, d, device=dev, dtype=torch.float64) / d ** 0.5 for _ in range(n)]
+    w0 = [torch.randn(d, d, device=dev, dtype=torch.float64) / d**0.5 for _ in range(n)]
     m0 = [torch.randn(d, d, device=dev, dtype=torch.float64) * 1e-2 for _ in range(n)]
     g0 = [torch.randn(d, d, device=dev, dtype=torch.float64) for _ in range(n)]
     # Data-dependent hyper-parameters: 0-dim tensors on the device, as a gate network would emit.
@@ -148,23 +172,36 @@ def _momentum(recorder, s, dev) -> None:
         update(w, m, grads, *hyper)
         errs[impl] = max(
             check_close(f"momentum {impl} weights", torch.stack(w), torch.stack(ref_w), tolerance(dtype)),
-            check_close(f"momentum {impl} momenta", torch.stack(m), torch.stack(ref_m), tolerance(dtype)))
+            check_close(f"momentum {impl} momenta", torch.stack(m), torch.stack(ref_m), tolerance(dtype)),
+        )
         state[impl] = (w, m)
 
     # Minimum traffic: read w, m, g and write w, m once (the foreach path makes more passes).
     n_bytes = 5 * n * d * d * torch.finfo(dtype).bits // 8
-    for impl, update, role in (("loop", momentum_update_loop, "baseline"),
-                               ("foreach", momentum_update_foreach, "optimized")):
+    for impl, update, role in (
+        ("loop", momentum_update_loop, "baseline"),
+        ("foreach", momentum_update_foreach, "optimized"),
+    ):
         w, m = state[impl]
 
         def fn(update=update, w=w, m=m):
             update(w, m, grads, *hyper)
+
         n_sync = _syncs(fn)
         t = bench(fn, device=dev)
-        recorder.timing("momentum_update", impl, role, t, shape=f"{n}x{d}x{d}", dtype=dtype,
-                        bytes=n_bytes, limit="copy", rel_err=errs[impl],
-                        notes=f"eta/theta/alpha as 0-dim device tensors; bytes = one read of w, m, g and one "
-                              f"write of w, m; {n_sync} sync(s) per call")
+        recorder.timing(
+            "momentum_update",
+            impl,
+            role,
+            t,
+            shape=f"{n}x{d}x{d}",
+            dtype=dtype,
+            bytes=n_bytes,
+            limit="copy",
+            rel_err=errs[impl],
+            notes=f"eta/theta/alpha as 0-dim device tensors; bytes = one read of w, m, g and one "
+            f"write of w, m; {n_sync} sync(s) per call",
+        )
 
 
 def run(recorder, ceilings, *, quick: bool) -> None:

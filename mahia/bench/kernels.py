@@ -97,6 +97,7 @@ dtype recorded for this commit so far, and the host cost, in ``runs/figures/<dev
 and no figures; mahia_triton runs only under TRITON_INTERPRET=1 (the interpreter: a smoke test, not a
 performance figure). It says what it ran and what it skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,10 +107,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -123,34 +124,63 @@ from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
 from mahia.ops.rope import apply_rope_eager
 from mahia.ops.swiglu import swiglu_eager
 
-__all__ = ["run", "min_bytes", "input_bytes", "eager_bench", "parse_args", "select_parts", "PARTS", "GRID",
-           "HEADLINE", "summary_keys", "SUMMARY_KEYS", "timing_mode", "plot", "Variant"]
+__all__ = [
+    "run",
+    "min_bytes",
+    "input_bytes",
+    "eager_bench",
+    "parse_args",
+    "select_parts",
+    "PARTS",
+    "GRID",
+    "HEADLINE",
+    "summary_keys",
+    "SUMMARY_KEYS",
+    "timing_mode",
+    "plot",
+    "Variant",
+]
 
 EPS = 1e-6
 MB = 1e6
-ROLE = {"eager": "baseline", "F.rms_norm": "peer", "torch.compile": "peer", "liger": "peer",
-        "mahia_triton": "optimized"}
+ROLE = {
+    "eager": "baseline",
+    "F.rms_norm": "peer",
+    "torch.compile": "peer",
+    "liger": "peer",
+    "mahia_triton": "optimized",
+}
 KERNELS = ("rmsnorm", "add_rmsnorm", "swiglu", "rope", "moe_combine")
 PASSES = ("fwd", "fwdbwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OP = {"rmsnorm": "rms_norm", "add_rmsnorm": "add_rms_norm", "swiglu": "swiglu", "rope": "rope",
-      "moe_combine": "moe_combine"}
+OP = {
+    "rmsnorm": "rms_norm",
+    "add_rmsnorm": "add_rms_norm",
+    "swiglu": "swiglu",
+    "rope": "rope",
+    "moe_combine": "moe_combine",
+}
 
 # ------------------------------------------------------------------------------------------- the sweep
 
 ROWS = (91, 1024, 4096, 16384)
 _ROPE_TOKENS = ((1, 91), (1, 1024), (2, 2048), (8, 2048))  # (B, T): B*T = ROWS
 _ROPE_HEADS = ((12, 12, 64), (28, 4, 128), (32, 8, 128), (40, 40, 128), (64, 8, 128))  # (Hq, Hkv, D)
-_HIDDEN = {"rmsnorm": (1000, 2048, 4096, 5120, 8192), "add_rmsnorm": (1000, 2048, 4096, 5120, 8192),
-           "swiglu": (1000, 2048, 4096, 11008, 14336), "moe_combine": (1000, 1024, 2048, 4096, 7168)}
+_HIDDEN = {
+    "rmsnorm": (1000, 2048, 4096, 5120, 8192),
+    "add_rmsnorm": (1000, 2048, 4096, 5120, 8192),
+    "swiglu": (1000, 2048, 4096, 11008, 14336),
+    "moe_combine": (1000, 1024, 2048, 4096, 7168),
+}
 MOE_K = 2
 
 
 def _grid(kernel: str, quick: bool) -> list[tuple[int, ...]]:
     """The sweep of ``kernel``; ``quick``: two tiny shapes (one odd-sized, one a little larger)."""
     if quick:
-        return {"rope": [(1, 3, 3, 1, 32), (1, 8, 4, 2, 64)],
-                "moe_combine": [(5, MOE_K, 100), (16, MOE_K, 256)]}.get(kernel, [(5, 100), (16, 256)])
+        return {"rope": [(1, 3, 3, 1, 32), (1, 8, 4, 2, 64)], "moe_combine": [(5, MOE_K, 100), (16, MOE_K, 256)]}.get(
+            kernel, [(5, 100), (16, 256)]
+        )
     if kernel == "rope":
         return [(B, T, Hq, Hkv, D) for B, T in _ROPE_TOKENS for Hq, Hkv, D in _ROPE_HEADS]
     if kernel == "moe_combine":
@@ -160,8 +190,13 @@ def _grid(kernel: str, quick: bool) -> list[tuple[int, ...]]:
 
 GRID: dict[str, list[tuple[int, ...]]] = {k: _grid(k, quick=False) for k in KERNELS}
 HEADLINE = {"rmsnorm": (16384, 4096), "swiglu": (16384, 11008), "rope": (8, 2048, 32, 8, 128)}
-HOST_SHAPE = {"rmsnorm": (4, 64), "add_rmsnorm": (4, 64), "swiglu": (4, 64), "rope": (1, 4, 2, 1, 64),
-              "moe_combine": (4, MOE_K, 64)}
+HOST_SHAPE = {
+    "rmsnorm": (4, 64),
+    "add_rmsnorm": (4, 64),
+    "swiglu": (4, 64),
+    "rope": (1, 4, 2, 1, 64),
+    "moe_combine": (4, MOE_K, 64),
+}
 
 # Per-timing budgets (ms). Short on purpose: the sweep has ~2000 timings; medians of >= 5 samples.
 DEVICE_BUDGET = {"warmup_ms": 10.0, "rep_ms": 25.0, "max_reps": 200}
@@ -169,7 +204,7 @@ DEVICE_BUDGET = {"warmup_ms": 10.0, "rep_ms": 25.0, "max_reps": 200}
 # longer samples and more of them than for the device time.
 EAGER_BUDGET = {"warmup_ms": 10.0, "rep_ms": 50.0, "sample_ms": 4.0}
 QUICK_BUDGET = {"warmup_ms": 1.0, "rep_ms": 3.0, "max_reps": 5, "min_calls": 1, "min_samples": 3}
-COPY_MIN_BYTES = 8 * MB      # copy_same_bytes at shapes of at least this input size (CUDA)
+COPY_MIN_BYTES = 8 * MB  # copy_same_bytes at shapes of at least this input size (CUDA)
 
 
 @dataclass(frozen=True)
@@ -180,7 +215,8 @@ class Part:
 
 
 PARTS: list[Part] = [Part("host", None, None)] + [
-    Part(f"{k}-{short}", k, dt) for short, dt in DTYPES.items() for k in KERNELS]
+    Part(f"{k}-{short}", k, dt) for short, dt in DTYPES.items() for k in KERNELS
+]
 # Wall time of each part on an H100 (minutes), printed by --part list. Measured (2026-11, torch 2.11,
 # Liger 0.8.5): host 0.45, rope-fp32 1.5, moe_combine-fp32 1.1 (this code); the bf16 parts with an eager
 # budget of 25 ms (+ ~10 s a part for today's 50 ms, included); rmsnorm-fp32 on 17 of its 20 shapes.
@@ -188,9 +224,16 @@ PARTS: list[Part] = [Part("host", None, None)] + [
 # Each command adds ~0.4 min: imports, the ceilings of a fresh results folder, the figures.
 EST_MIN_H100: dict[str, float] = {
     "host": 0.45,
-    **{f"{k}-{d}": m for d in ("bf16", "fp16") for k, m in
-       (("rmsnorm", 1.75), ("add_rmsnorm", 1.7), ("swiglu", 1.4), ("rope", 1.8), ("moe_combine", 1.5))},
-    "rmsnorm-fp32": 1.8, "add_rmsnorm-fp32": 1.7, "swiglu-fp32": 1.4, "rope-fp32": 1.5, "moe_combine-fp32": 1.1,
+    **{
+        f"{k}-{d}": m
+        for d in ("bf16", "fp16")
+        for k, m in (("rmsnorm", 1.75), ("add_rmsnorm", 1.7), ("swiglu", 1.4), ("rope", 1.8), ("moe_combine", 1.5))
+    },
+    "rmsnorm-fp32": 1.8,
+    "add_rmsnorm-fp32": 1.7,
+    "swiglu-fp32": 1.4,
+    "rope-fp32": 1.5,
+    "moe_combine-fp32": 1.1,
 }
 
 
@@ -205,11 +248,12 @@ def select_parts(spec: Iterable[str] | str | None) -> list[Part]:
         return list(PARTS)
     chosen = set()
     for t in tokens:
-        hit = {p.name for p in PARTS
-               if t == p.name or t == p.kernel or (t in DTYPES and p.dtype == DTYPES[t])}
+        hit = {p.name for p in PARTS if t == p.name or t == p.kernel or (t in DTYPES and p.dtype == DTYPES[t])}
         if not hit:
-            raise ValueError(f"kernels: unknown part {t!r}; parts are {', '.join(p.name for p in PARTS)} "
-                             f"(or a kernel {', '.join(KERNELS)}, a dtype {', '.join(DTYPES)}, or all)")
+            raise ValueError(
+                f"kernels: unknown part {t!r}; parts are {', '.join(p.name for p in PARTS)} "
+                f"(or a kernel {', '.join(KERNELS)}, a dtype {', '.join(DTYPES)}, or all)"
+            )
         chosen |= hit
     return [p for p in PARTS if p.name in chosen]
 
@@ -219,14 +263,19 @@ def parse_args(argv: Sequence[str] | None = None) -> dict:
     ``--part P`` (repeatable, or comma-separated; 'list' prints the plan and measures nothing) and
     ``--fresh`` (measure again what this commit already recorded). Returns ``run``'s keyword arguments."""
     p = argparse.ArgumentParser(prog="python -m mahia.bench kernels", add_help=False)
-    p.add_argument("--part", action="append", default=None,
-                   help="parts to run: " + ", ".join(q.name for q in PARTS) + "; a kernel, a dtype, all, list")
+    p.add_argument(
+        "--part",
+        action="append",
+        default=None,
+        help="parts to run: " + ", ".join(q.name for q in PARTS) + "; a kernel, a dtype, all, list",
+    )
     p.add_argument("--fresh", action="store_true", help="do not skip what this commit already recorded")
     args = p.parse_args(list(argv or []))
     return {"parts": args.part, "resume": not args.fresh}
 
 
 # ------------------------------------------------------------------------------------------- bytes
+
 
 def _es(dtype: torch.dtype) -> int:
     return torch.empty(0, dtype=dtype).element_size()
@@ -273,8 +322,14 @@ def min_bytes(experiment: str, shape, dtype: torch.dtype) -> int:
             return 2 * one
     else:
         M, N = shape
-        per_element = {"rmsnorm_fwd": 2, "rmsnorm_fwdbwd": 5, "add_rmsnorm_fwd": 4, "add_rmsnorm_fwdbwd": 8,
-                       "swiglu_fwd": 3, "swiglu_fwdbwd": 8}
+        per_element = {
+            "rmsnorm_fwd": 2,
+            "rmsnorm_fwdbwd": 5,
+            "add_rmsnorm_fwd": 4,
+            "add_rmsnorm_fwdbwd": 8,
+            "swiglu_fwd": 3,
+            "swiglu_fwdbwd": 8,
+        }
         weight = {"rmsnorm_fwd": N, "rmsnorm_fwdbwd": 3 * N, "add_rmsnorm_fwd": N, "add_rmsnorm_fwdbwd": 3 * N}
         if exp in per_element:
             return (per_element[exp] * M * N + weight.get(exp, 0)) * es
@@ -292,6 +347,7 @@ def input_bytes(experiment_or_kernel: str, shape, dtype: torch.dtype) -> int:
 
 
 # ------------------------------------------------------------------------------------------- peers
+
 
 @dataclass
 class Variant:
@@ -316,8 +372,12 @@ def _liger_ops():
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
     except Exception:  # older Liger
         LigerFusedAddRMSNormFunction = None
-    return SimpleNamespace(rms_norm=LigerRMSNormFunction, swiglu=LigerSiLUMulFunction, rope=LigerRopeFunction,
-                           add_rms_norm=LigerFusedAddRMSNormFunction)
+    return SimpleNamespace(
+        rms_norm=LigerRMSNormFunction,
+        swiglu=LigerSiLUMulFunction,
+        rope=LigerRopeFunction,
+        add_rms_norm=LigerFusedAddRMSNormFunction,
+    )
 
 
 def _liger_rope(rope_fn):
@@ -330,6 +390,7 @@ def _liger_rope(rope_fn):
     def adapt(inputs):
         q, k, cos, sin = inputs
         return q, k, torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+
     return fn, adapt
 
 
@@ -342,8 +403,9 @@ def _f_add_rms_norm(x, r, w):
     return F.rms_norm(h, (h.shape[-1],), w, EPS), h
 
 
-def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, liger, *,
-              with_compile: bool | None = None) -> list[Variant]:
+def _variants(
+    op: str, eager: Callable, mahia: Callable, dev: torch.device, liger, *, with_compile: bool | None = None
+) -> list[Variant]:
     """The variants of ``op`` ('rms_norm', 'add_rms_norm', 'swiglu', 'rope', 'moe_combine') on ``dev``.
     ``with_compile`` (default: on CUDA) adds torch.compile of ``eager``: build the list afresh for each shape
     (after ``torch._dynamo.reset()``) to compile per shape."""
@@ -353,15 +415,30 @@ def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, lige
     if op == "add_rms_norm" and hasattr(F, "rms_norm"):
         out.append(Variant("F.rms_norm", _f_add_rms_norm, notes="h = x + r, then F.rms_norm(h)"))
     if with_compile if with_compile is not None else dev.type == "cuda":
-        out.append(Variant("torch.compile", torch.compile(eager, dynamic=False),
-                           notes="default mode, static shapes, compiled for this shape"))
+        out.append(
+            Variant(
+                "torch.compile",
+                torch.compile(eager, dynamic=False),
+                notes="default mode, static shapes, compiled for this shape",
+            )
+        )
     if dev.type == "cuda" and liger is not None:
         if op == "rms_norm":
-            out.append(Variant("liger", lambda x, w: liger.rms_norm.apply(x, w, EPS),
-                               notes="casting_mode=llama, in_place=True (defaults)"))
+            out.append(
+                Variant(
+                    "liger",
+                    lambda x, w: liger.rms_norm.apply(x, w, EPS),
+                    notes="casting_mode=llama, in_place=True (defaults)",
+                )
+            )
         elif op == "add_rms_norm" and getattr(liger, "add_rms_norm", None) is not None:
-            out.append(Variant("liger", lambda x, r, w: liger.add_rms_norm.apply(x, r, w, EPS),
-                               notes="LigerFusedAddRMSNormFunction, casting_mode=llama (defaults)"))
+            out.append(
+                Variant(
+                    "liger",
+                    lambda x, r, w: liger.add_rms_norm.apply(x, r, w, EPS),
+                    notes="LigerFusedAddRMSNormFunction, casting_mode=llama (defaults)",
+                )
+            )
         elif op == "swiglu":
             out.append(Variant("liger", liger.swiglu.apply, notes="backward overwrites a, b (default)"))
         elif op == "rope":
@@ -375,12 +452,21 @@ def _variants(op: str, eager: Callable, mahia: Callable, dev: torch.device, lige
 
 # ------------------------------------------------------------------------------------------- inputs
 
-_REFERENCE = {"rmsnorm": rms_norm_eager, "add_rmsnorm": add_rms_norm_eager, "swiglu": swiglu_eager,
-              "rope": apply_rope_eager, "moe_combine": moe_combine_eager}
-_MAHIA = {"rmsnorm": ops.rms_norm, "add_rmsnorm": ops.add_rms_norm, "swiglu": ops.swiglu, "rope": ops.rope,
-          "moe_combine": ops.moe_combine}
-GRAD_INPUTS = {"rmsnorm": [0, 1], "add_rmsnorm": [0, 1, 2], "swiglu": [0, 1], "rope": [0, 1],
-               "moe_combine": [0, 2]}
+_REFERENCE = {
+    "rmsnorm": rms_norm_eager,
+    "add_rmsnorm": add_rms_norm_eager,
+    "swiglu": swiglu_eager,
+    "rope": apply_rope_eager,
+    "moe_combine": moe_combine_eager,
+}
+_MAHIA = {
+    "rmsnorm": ops.rms_norm,
+    "add_rmsnorm": ops.add_rms_norm,
+    "swiglu": ops.swiglu,
+    "rope": ops.rope,
+    "moe_combine": ops.moe_combine,
+}
+GRAD_INPUTS = {"rmsnorm": [0, 1], "add_rmsnorm": [0, 1, 2], "swiglu": [0, 1], "rope": [0, 1], "moe_combine": [0, 2]}
 
 
 def _randn(*shape, dev, dtype, scale=1.0, shift=0.0):
@@ -413,6 +499,7 @@ def make_inputs(kernel: str, shape, dtype: torch.dtype, dev) -> tuple:
 
 # ------------------------------------------------------------------------------------------- timing
 
+
 def _pcts(xs: list[float]) -> tuple[float, float, float]:
     xs = sorted(xs)
     if len(xs) == 1:
@@ -431,9 +518,19 @@ def _calls(fn: Callable[[], object], n: int, dev: torch.device) -> float:
     return (time.perf_counter() - t0) * 1e3 / n
 
 
-def eager_bench(fn: Callable[[], object], *, device: torch.device | str | None = None, warmup_ms: float = 10.0,
-                rep_ms: float = 25.0, sample_ms: float = 2.0, min_calls: int = 5, max_calls: int = 2000,
-                min_samples: int = 5, max_samples: int = 200, info: dict | None = None) -> Timing:
+def eager_bench(
+    fn: Callable[[], object],
+    *,
+    device: torch.device | str | None = None,
+    warmup_ms: float = 10.0,
+    rep_ms: float = 25.0,
+    sample_ms: float = 2.0,
+    min_calls: int = 5,
+    max_calls: int = 2000,
+    min_samples: int = 5,
+    max_samples: int = 200,
+    info: dict | None = None,
+) -> Timing:
     """The per-call time an eager program sees: ``fn`` called N times back to back from Python, then one
     synchronize; a sample is total / N. N is chosen so that a sample lasts ``sample_ms`` (at least
     ``min_calls``), which amortizes the first launch and the final synchronize; samples repeat within
@@ -446,8 +543,7 @@ def eager_bench(fn: Callable[[], object], *, device: torch.device | str | None =
     ``info``, when given, receives ``calls`` (N) and ``samples``. (Proposed for mahia.measure.timing,
     next to ``bench``.)
     """
-    dev = torch.device(device) if device is not None else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     synchronize(dev)
     t0 = time.perf_counter()
     fn()
@@ -467,6 +563,7 @@ def eager_bench(fn: Callable[[], object], *, device: torch.device | str | None =
 
 # ------------------------------------------------------------------------------------------- checking
 
+
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``mahia.measure.checks.rel_error`` (||out - ref|| / ||ref|| in float64; inf for NaN/Inf in out, 0 for
     two zero tensors), computed on the tensors' device instead of the host."""
@@ -485,13 +582,16 @@ def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def _close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
     err = _rel_error(out, ref)
     if not err <= tol:  # also catches NaN
-        raise CorrectnessError(f"{name}: relative error {err:.3e} exceeds tolerance {tol:.1e} "
-                               f"(shape {tuple(out.shape)}, dtype {out.dtype})")
+        raise CorrectnessError(
+            f"{name}: relative error {err:.3e} exceeds tolerance {tol:.1e} "
+            f"(shape {tuple(out.shape)}, dtype {out.dtype})"
+        )
     return err
 
 
-def _compare(fast: Callable, ref: Callable, inputs: Sequence, *, grads: bool, grad_inputs: Iterable[int],
-             tol: float, name: str) -> Comparison:
+def _compare(
+    fast: Callable, ref: Callable, inputs: Sequence, *, grads: bool, grad_inputs: Iterable[int], tol: float, name: str
+) -> Comparison:
     """``mahia.measure.checks.compare_fn`` (same reference in float64, same norm-wise errors and tolerance,
     outputs and the gradients of one backward of sum(out_i * g_i) with the same random g_i for both
     paths), with the errors and the g_i computed on the inputs' device. compare_fn moves every output and
@@ -518,25 +618,32 @@ def _compare(fast: Callable, ref: Callable, inputs: Sequence, *, grads: bool, gr
     ref_out = tuple(ref_out) if isinstance(ref_out, (tuple, list)) else (ref_out,)
     if len(fast_out) != len(ref_out):
         raise CorrectnessError(f"{name}: returned {len(fast_out)} outputs, reference {len(ref_out)}")
-    errors = {f"out{i}": _close(f"{name} output {i}", o, r, tol)
-              for i, (o, r) in enumerate(zip(fast_out, ref_out, strict=True))}
+    errors = {
+        f"out{i}": _close(f"{name} output {i}", o, r, tol)
+        for i, (o, r) in enumerate(zip(fast_out, ref_out, strict=True))
+    }
     if grads and any(isinstance(t, torch.Tensor) and t.requires_grad for t in fast_in):
         gen = torch.Generator(device=float_inputs[0].device).manual_seed(1234)
-        pairs = [(o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device))
-                 for o, r in zip(fast_out, ref_out, strict=True) if o.requires_grad and o.is_floating_point()]
+        pairs = [
+            (o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device))
+            for o, r in zip(fast_out, ref_out, strict=True)
+            if o.requires_grad and o.is_floating_point()
+        ]
         if pairs:
             sum((o * g.to(o.dtype)).sum() for o, _, g in pairs).backward()
             sum((r * g.to(r.device, r.dtype)).sum() for _, r, g in pairs).backward()
             for i, (a, b) in enumerate(zip(fast_in, ref_in, strict=True)):
                 if isinstance(a, torch.Tensor) and a.requires_grad:
                     if a.grad is None or b.grad is None:
-                        raise CorrectnessError(f"{name}: input {i} got no gradient "
-                                               f"(fast: {a.grad is not None}, ref: {b.grad is not None})")
+                        raise CorrectnessError(
+                            f"{name}: input {i} got no gradient (fast: {a.grad is not None}, ref: {b.grad is not None})"
+                        )
                     errors[f"grad{i}"] = _close(f"{name} gradient of input {i}", a.grad, b.grad, tol)
     return Comparison(errors, tol)
 
 
 # ------------------------------------------------------------------------------------------- measuring
+
 
 def _shape_str(shape) -> str:
     return "x".join(str(int(s)) for s in shape)
@@ -571,16 +678,32 @@ def _done(recorder) -> set[tuple[str, str, str, str]]:
     return {(str(r.experiment), str(r.variant), str(r.shape), str(r.dtype)) for r in sel.itertuples()}
 
 
-_DEVICE_NOTE = {"cuda": "timing=device (CUDA graph replay, L2 flushed)",
-                "cpu": "timing=device (CPU: bench(), host time is device time)"}
+_DEVICE_NOTE = {
+    "cuda": "timing=device (CUDA graph replay, L2 flushed)",
+    "cpu": "timing=device (CPU: bench(), host time is device time)",
+}
 _EAGER_NOTE = "timing=eager ({n} calls back to back, one synchronize; per-call time)"
 
 
-def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Callable, reference: Callable,
-             *, backward: bool, grad_inputs: list[int], nbytes: float, shape, dtype,
-             modes: dict[str, str] | None = None, requires_grad: bool | None = None,
-             done: set | None = None, copy: bool | None = None, budget: dict | None = None,
-             failures: list | None = None) -> None:
+def _measure(
+    recorder,
+    experiment: str,
+    variants: list[Variant],
+    make_inputs: Callable,
+    reference: Callable,
+    *,
+    backward: bool,
+    grad_inputs: list[int],
+    nbytes: float,
+    shape,
+    dtype,
+    modes: dict[str, str] | None = None,
+    requires_grad: bool | None = None,
+    done: set | None = None,
+    copy: bool | None = None,
+    budget: dict | None = None,
+    failures: list | None = None,
+) -> None:
     """Check (:func:`_compare`: compare_fn's check, on the device), then time each variant: forward only,
     or forward + backward with fixed output grads.
 
@@ -606,15 +729,24 @@ def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Ca
         # Correct first, on fresh inputs (_compare upcasts them to float64 for the reference).
         t0 = time.perf_counter()
         try:
-            cmp = _compare(lambda *a, v=v: v.fn(*v.adapt(a)), reference, make_inputs(), grads=backward,
-                           grad_inputs=grad_inputs, tol=tol,
-                           name=f"{experiment} {v.name} {_shape_str(shape)} {_dtype_str(dtype)}")
+            cmp = _compare(
+                lambda *a, v=v: v.fn(*v.adapt(a)),
+                reference,
+                make_inputs(),
+                grads=backward,
+                grad_inputs=grad_inputs,
+                tol=tol,
+                name=f"{experiment} {v.name} {_shape_str(shape)} {_dtype_str(dtype)}",
+            )
         except CorrectnessError as e:
             if failures is None:
                 raise
             failures.append(str(e))
-            print(f"  {experiment:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
-                  f"FAILED its check, not timed: {e}", flush=True)
+            print(
+                f"  {experiment:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
+                f"FAILED its check, not timed: {e}",
+                flush=True,
+            )
             continue
         check_s = time.perf_counter() - t0
         inputs = v.adapt(make_inputs())
@@ -634,8 +766,10 @@ def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Ca
                 outs = v.fn(*inputs)
                 torch.autograd.backward(outs if isinstance(outs, tuple) else (outs,), grads)
         else:
+
             def step(v=v, inputs=inputs):
                 v.fn(*inputs)
+
         for mode, exp in todo.items():
             if mode == "device":
                 kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "max_reps") if k in budget}
@@ -649,8 +783,11 @@ def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Ca
                 else:
                     timing = bench(step, device=dev, **kw)
             elif mode == "eager":
-                kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "sample_ms", "min_calls", "min_samples")
-                      if k in budget}
+                kw = {
+                    k: budget[k]
+                    for k in ("warmup_ms", "rep_ms", "sample_ms", "min_calls", "min_samples")
+                    if k in budget
+                }
                 info: dict = {}
                 timing = eager_bench(step, device=dev, info=info, **kw)
                 note = _EAGER_NOTE.format(n=info["calls"])
@@ -659,12 +796,25 @@ def _measure(recorder, experiment: str, variants: list[Variant], make_inputs: Ca
             if v.name == "torch.compile":
                 note += f"; check incl. compile {check_s:.1f} s"
             notes = "; ".join(filter(None, [note, v.notes]))
-            recorder.timing(exp, v.name, ROLE[v.name], timing, shape=shape, dtype=dtype, bytes=nbytes,
-                            limit="copy", rel_err=cmp.max_error, notes=notes)
+            recorder.timing(
+                exp,
+                v.name,
+                ROLE[v.name],
+                timing,
+                shape=shape,
+                dtype=dtype,
+                bytes=nbytes,
+                limit="copy",
+                rel_err=cmp.max_error,
+                notes=notes,
+            )
             done.add(_key(exp, v.name, shape, dtype))
-            print(f"  {exp:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
-                  f"{timing.median_ms:9.4f} ms {nbytes / timing.median_ms / 1e6:8.1f} GB/s  "
-                  f"err {cmp.max_error:.1e}  (check {check_s:.1f} s)", flush=True)
+            print(
+                f"  {exp:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
+                f"{timing.median_ms:9.4f} ms {nbytes / timing.median_ms / 1e6:8.1f} GB/s  "
+                f"err {cmp.max_error:.1e}  (check {check_s:.1f} s)",
+                flush=True,
+            )
         del inputs, leaves, step
     if (cuda if copy is None else copy) and "device" in modes:
         exp = modes["device"]
@@ -688,11 +838,21 @@ def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype, **
     moved = 2 * n * 4  # bytes
     gbps = moved / t.median_ms / 1e6
     frac = gbps / recorder.ceilings.copy_gbps if recorder.ceilings else float("nan")
-    recorder.metric(experiment, "copy_same_bytes", frac, unit="fraction of the copy ceiling", shape=shape,
-                    dtype=dtype, notes=f"torch copy_ of {moved / 1e6:.0f} MB moved, device time "
-                                       f"{t.median_ms:.4f} ms: the copy limit at this size")
-    print(f"  {experiment:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {'copy, same MB':13s} "
-          f"{t.median_ms:9.4f} ms {gbps:8.1f} GB/s  = {frac:.3f} of the copy ceiling", flush=True)
+    recorder.metric(
+        experiment,
+        "copy_same_bytes",
+        frac,
+        unit="fraction of the copy ceiling",
+        shape=shape,
+        dtype=dtype,
+        notes=f"torch copy_ of {moved / 1e6:.0f} MB moved, device time "
+        f"{t.median_ms:.4f} ms: the copy limit at this size",
+    )
+    print(
+        f"  {experiment:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {'copy, same MB':13s} "
+        f"{t.median_ms:9.4f} ms {gbps:8.1f} GB/s  = {frac:.3f} of the copy ceiling",
+        flush=True,
+    )
 
 
 def _free(dev: torch.device) -> None:
@@ -705,8 +865,19 @@ def _all_done(done, experiments, names, shape, dtype) -> bool:
     return all(_key(e, n, shape, dtype) in done for e in experiments for n in names)
 
 
-def _run_kernel(recorder, kernel: str, dtype: torch.dtype, shapes, *, liger, done: set, budget: dict,
-                with_compile: bool, stats: dict, failures: list) -> None:
+def _run_kernel(
+    recorder,
+    kernel: str,
+    dtype: torch.dtype,
+    shapes,
+    *,
+    liger,
+    done: set,
+    budget: dict,
+    with_compile: bool,
+    stats: dict,
+    failures: list,
+) -> None:
     """Every shape of one kernel in one dtype: device and eager time of fwd and fwd+bwd, per variant."""
     dev = torch.device(recorder.device)
     op, eager, mahia = OP[kernel], _REFERENCE[kernel], _MAHIA[kernel]
@@ -725,20 +896,32 @@ def _run_kernel(recorder, kernel: str, dtype: torch.dtype, shapes, *, liger, don
         variants = _variants(op, eager, mahia, dev, liger, with_compile=with_compile)
         for p in PASSES:
             exp = f"{kernel}_{p}"
-            _measure(recorder, exp, variants, lambda shape=shape: make_inputs(kernel, shape, dtype, dev), eager,
-                     backward=p == "fwdbwd", grad_inputs=GRAD_INPUTS[kernel],
-                     nbytes=min_bytes(exp, shape, dtype), shape=shape, dtype=dtype,
-                     modes={"device": exp, "eager": f"{exp}_eager"}, done=done, copy=big, budget=budget,
-                     failures=failures)
+            _measure(
+                recorder,
+                exp,
+                variants,
+                lambda shape=shape: make_inputs(kernel, shape, dtype, dev),
+                eager,
+                backward=p == "fwdbwd",
+                grad_inputs=GRAD_INPUTS[kernel],
+                nbytes=min_bytes(exp, shape, dtype),
+                shape=shape,
+                dtype=dtype,
+                modes={"device": exp, "eager": f"{exp}_eager"},
+                done=done,
+                copy=big,
+                budget=budget,
+                failures=failures,
+            )
         del variants
         _free(dev)
         stats["shapes"] += 1
-        print(f"  -- {kernel} {_shape_str(shape)} {_dtype_str(dtype)}: {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(f"  -- {kernel} {_shape_str(shape)} {_dtype_str(dtype)}: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def _run_host(recorder, dtype: torch.dtype, *, liger, done: set, budget: dict, with_compile: bool,
-              stats: dict, failures: list) -> None:
+def _run_host(
+    recorder, dtype: torch.dtype, *, liger, done: set, budget: dict, with_compile: bool, stats: dict, failures: list
+) -> None:
     """Host cost: eager per-call time of every variant on a tiny tensor, inputs requiring grad."""
     dev = torch.device(recorder.device)
     for kernel in KERNELS:
@@ -748,10 +931,24 @@ def _run_host(recorder, dtype: torch.dtype, *, liger, done: set, budget: dict, w
         variants = _variants(OP[kernel], _REFERENCE[kernel], _MAHIA[kernel], dev, liger, with_compile=with_compile)
         for p in PASSES:
             exp = f"{kernel}_host_{p}"
-            _measure(recorder, exp, variants, lambda k=kernel, s=shape: make_inputs(k, s, dtype, dev),
-                     _REFERENCE[kernel], backward=p == "fwdbwd", grad_inputs=GRAD_INPUTS[kernel], requires_grad=True,
-                     nbytes=min_bytes(exp, shape, dtype), shape=shape, dtype=dtype, modes={"eager": exp},
-                     done=done, copy=False, budget=budget, failures=failures)
+            _measure(
+                recorder,
+                exp,
+                variants,
+                lambda k=kernel, s=shape: make_inputs(k, s, dtype, dev),
+                _REFERENCE[kernel],
+                backward=p == "fwdbwd",
+                grad_inputs=GRAD_INPUTS[kernel],
+                requires_grad=True,
+                nbytes=min_bytes(exp, shape, dtype),
+                shape=shape,
+                dtype=dtype,
+                modes={"eager": exp},
+                done=done,
+                copy=False,
+                budget=budget,
+                failures=failures,
+            )
         stats["shapes"] += 1
     _free(dev)
 
@@ -764,8 +961,9 @@ def _plan_text(parts: list[Part], quick: bool) -> str:
             what = ", ".join(f"{k} {_shape_str(HOST_SHAPE[k])}" for k in KERNELS)
             lines.append(f"  {p.name:18s} eager time of fwd and fwd+bwd (inputs require grad): {what}{est}")
         else:
-            lines.append(f"  {p.name:18s} {len(_grid(p.kernel, quick))} shapes x (fwd, fwd+bwd) x (device, eager time)"
-                         f"{est}")
+            lines.append(
+                f"  {p.name:18s} {len(_grid(p.kernel, quick))} shapes x (fwd, fwd+bwd) x (device, eager time){est}"
+            )
     if not quick:
         total = sum(EST_MIN_H100.get(p.name, 0.0) for p in parts)
         lines.append(f"  total ~{total:.1f} min on an H100, + ~0.4 min per command (one lent GPU command: 10 min)")
@@ -784,11 +982,16 @@ def run(recorder, ceilings, *, quick: bool, parts: Iterable[str] | str | None = 
     if os.environ.get("MAHIA_BENCH_FRESH") == "1":
         resume = False
     spec = parts if parts is not None else (os.environ.get("MAHIA_BENCH_PARTS") or None)
-    listing = spec is not None and "list" in [t.strip() for s in ([spec] if isinstance(spec, str) else spec)
-                                              for t in str(s).split(",")]
+    listing = spec is not None and "list" in [
+        t.strip() for s in ([spec] if isinstance(spec, str) else spec) for t in str(s).split(",")
+    ]
     if listing:
-        spec = [t.strip() for s in ([spec] if isinstance(spec, str) else spec) for t in str(s).split(",")
-                if t.strip() not in ("list", "")] or None
+        spec = [
+            t.strip()
+            for s in ([spec] if isinstance(spec, str) else spec)
+            for t in str(s).split(",")
+            if t.strip() not in ("list", "")
+        ] or None
     chosen = select_parts(spec)
     if quick:  # a smoke test: float32 only
         chosen = [p for p in chosen if p.dtype is None or p.dtype == torch.float32]
@@ -817,10 +1020,11 @@ def run(recorder, ceilings, *, quick: bool, parts: Iterable[str] | str | None = 
         skipped.append(f"mahia_triton ({ops.why_not(torch.empty(0, device=dev))})")
     elif not cuda:
         print("  mahia_triton: TRITON_INTERPRET=1, the CPU interpreter: a smoke test, not a performance figure")
-    print(f"kernels ({'quick, tiny shapes' if quick else 'full sweep'}, {dev}): parts "
-          f"{', '.join(p.name for p in chosen) or 'none'}" + (f"; {len(done)} records of commit "
-                                                              f"{recorder.commit} already there: skipped"
-                                                              if done else ""))
+    print(
+        f"kernels ({'quick, tiny shapes' if quick else 'full sweep'}, {dev}): parts "
+        f"{', '.join(p.name for p in chosen) or 'none'}"
+        + (f"; {len(done)} records of commit {recorder.commit} already there: skipped" if done else "")
+    )
     print(_plan_text(chosen, quick))
     for s in skipped:
         print(f"  skipped: {s}")
@@ -832,15 +1036,36 @@ def run(recorder, ceilings, *, quick: bool, parts: Iterable[str] | str | None = 
         print(f"== part {p.name}", flush=True)
         if p.kernel is None:
             dtype = torch.bfloat16 if cuda else torch.float32
-            _run_host(recorder, dtype, liger=liger, done=done, budget=budget if quick else EAGER_BUDGET,
-                      with_compile=with_compile, stats=stats, failures=failures)
+            _run_host(
+                recorder,
+                dtype,
+                liger=liger,
+                done=done,
+                budget=budget if quick else EAGER_BUDGET,
+                with_compile=with_compile,
+                stats=stats,
+                failures=failures,
+            )
         else:
-            _run_kernel(recorder, p.kernel, p.dtype, _grid(p.kernel, quick), liger=liger, done=done,
-                        budget=budget, with_compile=with_compile, stats=stats, failures=failures)
-        print(f"== part {p.name}: {len(recorder.rows) - before} records in {time.perf_counter() - t0:.0f} s",
-              flush=True)
-    print(f"kernels: {len(recorder.rows)} records, {stats['shapes']} shapes measured, {stats['skipped']} "
-          f"already recorded, {time.perf_counter() - t_start:.0f} s")
+            _run_kernel(
+                recorder,
+                p.kernel,
+                p.dtype,
+                _grid(p.kernel, quick),
+                liger=liger,
+                done=done,
+                budget=budget,
+                with_compile=with_compile,
+                stats=stats,
+                failures=failures,
+            )
+        print(
+            f"== part {p.name}: {len(recorder.rows) - before} records in {time.perf_counter() - t0:.0f} s", flush=True
+        )
+    print(
+        f"kernels: {len(recorder.rows)} records, {stats['shapes']} shapes measured, {stats['skipped']} "
+        f"already recorded, {time.perf_counter() - t_start:.0f} s"
+    )
     if quick:
         print("  figures: not drawn in --quick (kernels.plot(records, folder) draws them from the CSV)")
     elif recorder.rows or stats["skipped"]:
@@ -848,18 +1073,22 @@ def run(recorder, ceilings, *, quick: bool, parts: Iterable[str] | str | None = 
         if paths:
             print(f"  figures: {', '.join(str(p) for p in paths[::2])} (+ .svg)")
     if failures:
-        raise CorrectnessError(f"kernels: {len(failures)} variant(s) failed their check and were not timed "
-                               "(the others were measured and recorded):\n  " + "\n  ".join(failures))
+        raise CorrectnessError(
+            f"kernels: {len(failures)} variant(s) failed their check and were not timed "
+            "(the others were measured and recorded):\n  " + "\n  ".join(failures)
+        )
 
 
 # ------------------------------------------------------------------------------------------- summary
 
 SUMMARY_KEYS = [
-    "rmsnorm_host_fwd_vs_native", "rmsnorm_host_fwdbwd_vs_native",
+    "rmsnorm_host_fwd_vs_native",
+    "rmsnorm_host_fwdbwd_vs_native",
     *[f"{k}_fwdbwd_eager_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
     *[f"{k}_fwdbwd_eager_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
     *[f"{k}_device_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
-    "rmsnorm_fwdbwd_frac_of_copy", "rmsnorm_fwd_worst_frac_of_copy",
+    "rmsnorm_fwdbwd_frac_of_copy",
+    "rmsnorm_fwd_worst_frac_of_copy",
 ]
 EAGER_WORST_MIN_BYTES = 16 * MB
 DEVICE_WORST_MIN_BYTES = 8 * MB
@@ -947,8 +1176,13 @@ def summary_keys(records, *, where: bool = False) -> dict:
     """
     import pandas as pd
 
-    df = _newest_rows(pd.DataFrame(records)) if len(records) else pd.DataFrame(
-        columns=["experiment", "variant", "role", "shape", "dtype", "median_ms", "frac_of_limit", "value"])
+    df = (
+        _newest_rows(pd.DataFrame(records))
+        if len(records)
+        else pd.DataFrame(
+            columns=["experiment", "variant", "role", "shape", "dtype", "median_ms", "frac_of_limit", "value"]
+        )
+    )
     out: dict = {}
 
     def put(key, value, loc=None):
@@ -967,31 +1201,50 @@ def summary_keys(records, *, where: bool = False) -> dict:
             for (shape, dt), g in sel[sel["dtype"].isin(dts)].groupby(["shape", "dtype"], sort=False):
                 t = g[g["median_ms"].notna()].set_index("variant")["median_ms"]
                 if "F.rms_norm" in t.index and "mahia_triton" in t.index:
-                    value, loc = float(t["F.rms_norm"]) / float(t["mahia_triton"]), {
-                        "experiment": exp, "shape": shape, "dtype": dt}
+                    value, loc = (
+                        float(t["F.rms_norm"]) / float(t["mahia_triton"]),
+                        {"experiment": exp, "shape": shape, "dtype": dt},
+                    )
                     break
         put(f"rmsnorm_host_{p}_vs_native", value, loc)
     for k in ("rmsnorm", "swiglu", "rope"):
         exp, shape = f"{k}_fwdbwd_eager", _shape_str(HEADLINE[k])
-        put(f"{k}_fwdbwd_eager_vs_best_peer", _vs_best_peer(at(exp, shape, "bfloat16")),
-            {"experiment": exp, "shape": shape, "dtype": "bfloat16"})
+        put(
+            f"{k}_fwdbwd_eager_vs_best_peer",
+            _vs_best_peer(at(exp, shape, "bfloat16")),
+            {"experiment": exp, "shape": shape, "dtype": "bfloat16"},
+        )
     for k in ("rmsnorm", "swiglu", "rope"):
-        put(f"{k}_fwdbwd_eager_worst_vs_best_peer",
-            *_over_shapes(df, [f"{k}_fwdbwd_eager"], _vs_best_peer, EAGER_WORST_MIN_BYTES))
+        put(
+            f"{k}_fwdbwd_eager_worst_vs_best_peer",
+            *_over_shapes(df, [f"{k}_fwdbwd_eager"], _vs_best_peer, EAGER_WORST_MIN_BYTES),
+        )
     for k in ("rmsnorm", "swiglu", "rope"):
-        put(f"{k}_device_worst_vs_best_peer",
-            *_over_shapes(df, [f"{k}_fwd", f"{k}_fwdbwd"], _vs_best_peer, DEVICE_WORST_MIN_BYTES))
+        put(
+            f"{k}_device_worst_vs_best_peer",
+            *_over_shapes(df, [f"{k}_fwd", f"{k}_fwdbwd"], _vs_best_peer, DEVICE_WORST_MIN_BYTES),
+        )
     shape = _shape_str(HEADLINE["rmsnorm"])
-    put("rmsnorm_fwdbwd_frac_of_copy", _frac_of_copy(at("rmsnorm_fwdbwd", shape, "bfloat16")),
-        {"experiment": "rmsnorm_fwdbwd", "shape": shape, "dtype": "bfloat16"})
+    put(
+        "rmsnorm_fwdbwd_frac_of_copy",
+        _frac_of_copy(at("rmsnorm_fwdbwd", shape, "bfloat16")),
+        {"experiment": "rmsnorm_fwdbwd", "shape": shape, "dtype": "bfloat16"},
+    )
     put("rmsnorm_fwd_worst_frac_of_copy", *_over_shapes(df, ["rmsnorm_fwd"], _frac_of_copy, COPY_FRAC_MIN_BYTES))
     return out
 
 
 # ------------------------------------------------------------------------------------------- plots
 
-def plot(records, folder: str | Path, *, prefix: str = "bench_kernels", kernels: Iterable[str] | None = None,
-         host: bool = True) -> list[Path]:
+
+def plot(
+    records,
+    folder: str | Path,
+    *,
+    prefix: str = "bench_kernels",
+    kernels: Iterable[str] | None = None,
+    host: bool = True,
+) -> list[Path]:
     """One figure per kernel: rows = dtypes, columns = (fwd, fwd+bwd) x (device, eager time); each panel
     the fraction of the copy ceiling (GB/s on the fewest bytes when no ceiling was known) against the
     input size, a line per variant, and the same-bytes copy as a dashed black line. Plus one figure of
@@ -1000,14 +1253,20 @@ def plot(records, folder: str | Path, *, prefix: str = "bench_kernels", kernels:
     import pandas as pd
 
     from mahia.measure import plotting
+
     plt = plotting.plt
 
     df = _newest_rows(pd.DataFrame(records))
     paths: list[Path] = []
     if df.empty:
         return paths
-    colors = {"eager": plotting.ROLE_COLORS["baseline"], "mahia_triton": plotting.ROLE_COLORS["optimized"],
-              "F.rms_norm": "#4c72b0", "torch.compile": "#8172b2", "liger": "#dd8452"}
+    colors = {
+        "eager": plotting.ROLE_COLORS["baseline"],
+        "mahia_triton": plotting.ROLE_COLORS["optimized"],
+        "F.rms_norm": "#4c72b0",
+        "torch.compile": "#8172b2",
+        "liger": "#dd8452",
+    }
     for kernel in [k for k in KERNELS if kernels is None or k in set(kernels)]:
         sub = df[df["experiment"].isin([f"{kernel}_{p}{s}" for p in PASSES for s in ("", "_eager")])]
         if sub.empty:
@@ -1029,8 +1288,11 @@ def plot(records, folder: str | Path, *, prefix: str = "bench_kernels", kernels:
                 for name, gv in g[g["median_ms"].notna()].groupby("variant", sort=False):
                     y = gv["frac_of_limit"] if use_frac else gv["gbps"]
                     ax.plot(gv["size_mb"], y, marker="o", ms=3, lw=1, label=name, color=colors.get(name))
-                cp = sub[(sub["experiment"] == f"{kernel}_{p}") & (sub["dtype"] == dt)
-                         & (sub["variant"] == "copy_same_bytes")].copy()
+                cp = sub[
+                    (sub["experiment"] == f"{kernel}_{p}")
+                    & (sub["dtype"] == dt)
+                    & (sub["variant"] == "copy_same_bytes")
+                ].copy()
                 if use_frac and not cp.empty:
                     cp["size_mb"] = [input_bytes(kernel, _parse_shape(sh), dtype) / MB for sh in cp["shape"]]
                     cp = cp.sort_values("size_mb")
@@ -1042,8 +1304,11 @@ def plot(records, folder: str | Path, *, prefix: str = "bench_kernels", kernels:
                 if i == len(dts) - 1:
                     ax.set_xlabel("input size (MB)")
                 ax.legend(fontsize=7)
-        fig.suptitle(f"{kernel}: device time (CUDA graph replay) and eager time (back-to-back calls) "
-                     f"per variant; {df['device'].iloc[0] if 'device' in df.columns else ''}", fontsize=11)
+        fig.suptitle(
+            f"{kernel}: device time (CUDA graph replay) and eager time (back-to-back calls) "
+            f"per variant; {df['device'].iloc[0] if 'device' in df.columns else ''}",
+            fontsize=11,
+        )
         paths += plotting.save(fig, f"{prefix}_{kernel}", folder)
         plt.close(fig)
     host_rows = df[df["experiment"].str.contains("_host_") & df["median_ms"].notna()]
@@ -1054,8 +1319,12 @@ def plot(records, folder: str | Path, *, prefix: str = "bench_kernels", kernels:
         for ax, exp in zip(axes[:, 0], exps, strict=True):
             g = host[host["experiment"] == exp].copy()
             g["us"] = g["median_ms"] * 1e3
-            plotting.bars(g.rename(columns={"us": "µs per call"}), value="µs per call", ax=ax,
-                          title=f"{exp} {g['shape'].iloc[0]} {g['dtype'].iloc[0]}")
+            plotting.bars(
+                g.rename(columns={"us": "µs per call"}),
+                value="µs per call",
+                ax=ax,
+                title=f"{exp} {g['shape'].iloc[0]} {g['dtype'].iloc[0]}",
+            )
         fig.suptitle("host cost: eager per-call time on a tiny tensor (inputs require grad)", fontsize=10)
         paths += plotting.save(fig, f"{prefix}_host", folder)
         plt.close(fig)
@@ -1086,6 +1355,7 @@ def plot_recorded(recorder, parts: Sequence[Part] | None = None) -> list[Path]:
 
 # ------------------------------------------------------------------------------------------- CLI
 
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m mahia.bench.kernels [--part P ...] [--fresh] [--quick] [--device D] [--results-dir R]``:
     this suite alone, with its own options (passed to :func:`run` through ``MAHIA_BENCH_PARTS`` and
@@ -1100,6 +1370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if own.fresh:
         os.environ["MAHIA_BENCH_FRESH"] = "1"
     from mahia.bench.__main__ import main as bench_main
+
     return bench_main(["kernels", *rest])
 
 

@@ -17,15 +17,16 @@ Every variant's output and four gradients are checked against the float64 loop b
 wrong one raises ``CorrectnessError`` and nothing is recorded for it. ``rel_err`` is the largest of the
 five norm-wise errors.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_close, tolerance
+from mahia.measure.timing import bench
 from mahia.ops.dispatch import triton_available_for, why_not
 from mahia.ops.gla_scan import gated_linear_attention, gla_bytes, gla_flops
-from mahia.measure.timing import bench
 
 __all__ = ["run", "EXPERIMENT"]
 
@@ -36,7 +37,7 @@ VARIANTS = (("loop", "baseline"), ("logspace", "peer"), ("triton", "optimized"))
 def _inputs(B: int, H: int, T: int, K: int, V: int, device: torch.device, dtype: torch.dtype):
     """q, k, v, g as a MetaAttention layer makes them: q scaled by 1/sqrt(K), g = logsigmoid(.) / 16."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    q = torch.randn(B, H, T, K, generator=gen) * K ** -0.5
+    q = torch.randn(B, H, T, K, generator=gen) * K**-0.5
     k = torch.randn(B, H, T, K, generator=gen)
     v = torch.randn(B, H, T, V, generator=gen)
     g = F.logsigmoid(torch.randn(B, H, T, K, generator=gen)) / 16.0
@@ -51,6 +52,7 @@ def _fwd_bwd(impl: str, inputs, do):
         o = gated_linear_attention(*leaves, impl=impl)
         grads = torch.autograd.grad(o, leaves, do)
         return o, grads
+
     return fn
 
 
@@ -86,12 +88,24 @@ def run(recorder, ceilings=None, *, quick: bool) -> None:
             continue
         fn = _fwd_bwd(impl, inputs, do)
         o, grads = fn()
-        errs = [check_close(f"{EXPERIMENT} {impl} {name}", got, want, tol)
-                for name, got, want in zip(("o", "dq", "dk", "dv", "dg"), (o, *grads), ref)]
+        errs = [
+            check_close(f"{EXPERIMENT} {impl} {name}", got, want, tol)
+            for name, got, want in zip(("o", "dq", "dk", "dv", "dg"), (o, *grads), ref)
+        ]
         del o, grads
         # The loop takes ~2T small launches per call: a tiny budget still gives one or two repetitions.
         budget = dict(warmup_ms=1, rep_ms=1) if impl == "loop" else dict(warmup_ms=25, rep_ms=100 if quick else 300)
         t = bench(fn, device=dev, **budget)
-        recorder.timing(EXPERIMENT, impl, role, t, shape=shape, dtype=dtype, bytes=n_bytes, flops=flops,
-                        limit=limit, rel_err=max(errs),
-                        notes="forward + backward to q, k, v, g; flops/bytes: chunked algorithm, chunk 16")
+        recorder.timing(
+            EXPERIMENT,
+            impl,
+            role,
+            t,
+            shape=shape,
+            dtype=dtype,
+            bytes=n_bytes,
+            flops=flops,
+            limit=limit,
+            rel_err=max(errs),
+            notes="forward + backward to q, k, v, g; flops/bytes: chunked algorithm, chunk 16",
+        )

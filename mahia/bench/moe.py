@@ -19,14 +19,15 @@ is a different function, not a rounding error. Both paths share the router code,
 
 A metric ``moe_syncs`` per variant counts host-device syncs in one forward (``mahia.measure.instruments``).
 """
+
 from __future__ import annotations
 
 import torch
 
 from mahia.measure.checks import check_close, tolerance
-from mahia.model.moe import MoE, moe_flops
 from mahia.measure.instruments import count_syncs
 from mahia.measure.timing import bench
+from mahia.model.moe import MoE, moe_flops
 
 __all__ = ["run", "FULL", "QUICK"]
 
@@ -48,6 +49,7 @@ def _fwd(moe: MoE, x: torch.Tensor):
     def fn():
         with torch.no_grad():
             return moe(x)
+
     return fn
 
 
@@ -58,14 +60,16 @@ def _fwdbwd(moe: MoE, x: torch.Tensor, dy: torch.Tensor):
         y, aux = moe(leaves[0])
         grads = torch.autograd.grad([y, aux], leaves, [dy, torch.ones_like(aux)])
         return (y, aux, *grads)
+
     return fn
 
 
 def _check(experiment: str, got, want, dtype: torch.dtype) -> float:
     """Largest norm-wise error of the grouped outputs against the loop's; raises if over tolerance."""
     names = ("y", "aux", "dx", "dw_router", "dw13", "dw2")
-    return max(check_close(f"{experiment}: grouped {n} vs loop", g, w, tolerance(dtype))
-               for n, g, w in zip(names, got, want))
+    return max(
+        check_close(f"{experiment}: grouped {n} vs loop", g, w, tolerance(dtype)) for n, g, w in zip(names, got, want)
+    )
 
 
 def run(recorder, ceilings=None, *, quick: bool) -> None:
@@ -86,27 +90,40 @@ def run(recorder, ceilings=None, *, quick: bool) -> None:
     dy = torch.randn(N, D, generator=gen).to(dev, dtype)
     backend = layers["grouped"].backend_for(x)
     stats = layers["loop"].routing_stats(x)
-    route_note = (f"tokens per expert: cv {stats['cv']:.3f}, max/mean {stats['max_over_mean']:.2f}, "
-                  f"{stats['empty_experts']} empty")
+    route_note = (
+        f"tokens per expert: cv {stats['cv']:.3f}, max/mean {stats['max_over_mean']:.2f}, "
+        f"{stats['empty_experts']} empty"
+    )
     print(f"moe: {shape} {dtype}, grouped backend {backend}; {route_note}")
 
     # Host syncs per forward (on CUDA counted by PyTorch's sync debug mode, elsewhere by op).
-    for impl, role in VARIANTS:
+    for impl, _role in VARIANTS:
         _fwd(layers[impl], x)()  # warm up first: one-time set-up may sync
         with count_syncs(keep_stack=False) as r:
             _fwd(layers[impl], x)()
-        recorder.metric("moe_syncs", impl, r.count, unit="syncs per forward", shape=shape, dtype=dtype,
-                        notes=str(r))
+        recorder.metric("moe_syncs", impl, r.count, unit="syncs per forward", shape=shape, dtype=dtype, notes=str(r))
         if impl == "grouped" and r.count:
             print(f"moe: WARNING the grouped forward synchronized: {r}")
 
-    for experiment, make, n_flops in (("moe_fwd", lambda m: _fwd(m, x), flops),
-                                      ("moe_fwdbwd", lambda m: _fwdbwd(m, x, dy), 3 * flops)):
+    for experiment, make, n_flops in (
+        ("moe_fwd", lambda m: _fwd(m, x), flops),
+        ("moe_fwdbwd", lambda m: _fwdbwd(m, x, dy), 3 * flops),
+    ):
         fns = {impl: make(layers[impl]) for impl, _ in VARIANTS}
         err = _check(experiment, fns["grouped"](), fns["loop"](), dtype)
         for impl, role in VARIANTS:
             t = bench(fns[impl], device=dev)
             note = "reference for rel_err" if impl == "loop" else f"backend={backend}; rel_err vs loop"
-            recorder.timing(experiment, impl, role, t, shape=shape, dtype=dtype, flops=n_flops, limit=limit,
-                            rel_err=None if impl == "loop" else err, notes=f"{note}; {route_note}")
+            recorder.timing(
+                experiment,
+                impl,
+                role,
+                t,
+                shape=shape,
+                dtype=dtype,
+                flops=n_flops,
+                limit=limit,
+                rel_err=None if impl == "loop" else err,
+                notes=f"{note}; {route_note}",
+            )
             print(f"{experiment} {impl}: {t}, {n_flops / t.median_ms / 1e9:.3g} TFLOP/s")

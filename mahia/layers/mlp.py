@@ -5,6 +5,7 @@
 
 The activation is computed in float32 (float64 for float64 inputs) and returned in the input dtype.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,16 @@ class SwiGLU(nn.Module):
     contiguous), which the kernel reads in place, without a copy.
     """
 
-    def __init__(self, dim: int, hidden: int, *, impl: str = "eager", bias: bool = False,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        *,
+        impl: str = "eager",
+        bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"SwiGLU: impl must be one of {IMPLS}, got {impl!r}")

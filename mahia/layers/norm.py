@@ -5,6 +5,7 @@
 computed in float32 (float64 for float64 inputs) and cast back to the dtype of ``x``. The eager
 reference and the Triton kernels live in :mod:`mahia.ops.rmsnorm`; ``RMSNorm(impl=...)`` picks one.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,15 @@ class RMSNorm(nn.Module):
     (which fall back to the eager reference, with a warning, where Triton cannot run).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, *, impl: str = "eager",
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        dim: int,
+        eps: float = 1e-6,
+        *,
+        impl: str = "eager",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"RMSNorm: impl must be one of {IMPLS}, got {impl!r}")

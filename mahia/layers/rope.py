@@ -8,6 +8,7 @@ For a head vector x of size D, split into halves x1 = x[:D/2], x2 = x[D/2:], at 
 The backward pass is the inverse rotation (the same formula with sin negated). One fp32 cos/sin
 cache, :class:`RotaryCache`, serves every layer of a model.
 """
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,9 @@ class RotaryCache(nn.Module):
     float32, which keeps cos/sin accurate at large positions.
     """
 
-    def __init__(self, head_dim: int, max_seq_len: int, base: float = 10000.0,
-                 device: torch.device | str | None = None):
+    def __init__(
+        self, head_dim: int, max_seq_len: int, base: float = 10000.0, device: torch.device | str | None = None
+    ):
         super().__init__()
         if not (isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0):
             raise ValueError(f"RotaryCache: head_dim must be a positive even int, got {head_dim!r}")
@@ -48,16 +50,19 @@ class RotaryCache(nn.Module):
         if seq_len < 0 or offset < 0:
             raise ValueError(f"RotaryCache.get: seq_len and offset must be >= 0, got {seq_len}, {offset}")
         if offset + seq_len > self.max_seq_len:
-            raise ValueError(f"RotaryCache.get: positions up to offset + seq_len = {offset + seq_len} "
-                             f"exceed max_seq_len = {self.max_seq_len}; build the cache longer")
-        return self.cos[offset:offset + seq_len], self.sin[offset:offset + seq_len]
+            raise ValueError(
+                f"RotaryCache.get: positions up to offset + seq_len = {offset + seq_len} "
+                f"exceed max_seq_len = {self.max_seq_len}; build the cache longer"
+            )
+        return self.cos[offset : offset + seq_len], self.sin[offset : offset + seq_len]
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, base={self.base}"
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-               impl: str = "eager") -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "eager"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope_eager` (``impl="eager"``) or :func:`mahia.ops.rope` (``impl="triton"``)."""
     if impl == "eager":
         return apply_rope_eager(q, k, cos, sin)

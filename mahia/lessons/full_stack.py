@@ -24,11 +24,12 @@ model of :mod:`mahia.measure.cost` (:func:`predict_ms`). Throughput and model FL
 
 (:func:`tokens_per_s`, :func:`mfu`). :func:`waterfall` draws the ladder.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -147,9 +148,12 @@ class Rung:
         """``stack`` with this rung's optimization added (model names appended, runtime options set)."""
         if not isinstance(stack, Stack):
             raise TypeError(f"Rung.on: stack must be a Stack, got {type(stack).__name__}")
-        return Stack(model=stack.model + tuple(n for n in self.model if n not in stack.model),
-                     sync_free_logging=stack.sync_free_logging or self.sync_free_logging,
-                     amp=self.amp or stack.amp, compile=self.compile or stack.compile)
+        return Stack(
+            model=stack.model + tuple(n for n in self.model if n not in stack.model),
+            sync_free_logging=stack.sync_free_logging or self.sync_free_logging,
+            amp=self.amp or stack.amp,
+            compile=self.compile or stack.compile,
+        )
 
 
 # The default ladder: cheapest change first, the compiler last (it needs the loops gone to pay).
@@ -158,8 +162,12 @@ LADDER: tuple[Rung, ...] = (
     Rung("sdpa", "SDPA attention", "launches and the bytes of the T x T scores", model=("sdpa",)),
     Rung("triton", "Triton kernels", "launches and bytes of norms, SwiGLU, RoPE", model=("triton",)),
     Rung("grouped_moe", "grouped MoE", "E host syncs and 2E small matmuls per MoE block", model=("grouped_moe",)),
-    Rung("hybrid_parts", "scan + memory + gating", "Python loops over steps, nodes, samples; B x L syncs",
-         model=("triton_scan", "batched_memory", "masked_gating")),
+    Rung(
+        "hybrid_parts",
+        "scan + memory + gating",
+        "Python loops over steps, nodes, samples; B x L syncs",
+        model=("triton_scan", "batched_memory", "masked_gating"),
+    ),
     Rung("bf16", "bf16 autocast", "the matmul rate (bf16) and half the activation bytes", amp="bf16"),
     Rung("compile", "torch.compile", "launches and bytes of unfused pointwise ops", compile="default"),
 )
@@ -194,8 +202,9 @@ def _rungs(fn: str, rungs) -> list[Rung]:
 _CPU_SWAP = {"triton": None, "triton_scan": "logspace_scan", "flash": "sdpa", "cudnn_attention": "sdpa"}
 
 
-def for_device(rungs: Sequence[Rung] = LADDER, *, cuda: bool,
-               compile_problem: str | None = None) -> tuple[list[Rung], dict[str, str]]:
+def for_device(
+    rungs: Sequence[Rung] = LADDER, *, cuda: bool, compile_problem: str | None = None
+) -> tuple[list[Rung], dict[str, str]]:
     """The rungs that run here, and ``{rung name: why it was changed or dropped}``.
 
     Without CUDA, Triton kernels would run in Triton's CPU interpreter (exact but orders of magnitude
@@ -234,6 +243,7 @@ def for_device(rungs: Sequence[Rung] = LADDER, *, cuda: bool,
 # Building a stack and checking it against the baseline
 # ---------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Built:
     """A model of one stack: ``forward`` is the model or its ``torch.compile``; ``step`` one training step."""
@@ -245,8 +255,7 @@ class Built:
     step: Callable
 
 
-def build(cfg, stack: Stack, *, device: torch.device | str, state: dict | None = None,
-          lr: float = 1e-3) -> Built:
+def build(cfg, stack: Stack, *, device: torch.device | str, state: dict | None = None, lr: float = 1e-3) -> Built:
     """A :class:`~mahia.model.HybridModel` of ``stack.config(cfg)`` on ``device`` with weights ``state``
     (a ``state_dict``; every impl has the same parameters), a fused AdamW (no host sync in its step) and
     its training step. With ``stack.compile`` the forward is ``torch.compile(model, mode=...)``: compiled
@@ -280,8 +289,9 @@ class StepOutputs:
     grad: torch.Tensor
 
 
-def step_outputs(forward: Callable, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], *,
-                 amp: str | None = None) -> StepOutputs:
+def step_outputs(
+    forward: Callable, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], *, amp: str | None = None
+) -> StepOutputs:
     """Forward ``forward(idx, targets) -> (logits, loss)`` (under bf16 autocast with ``amp="bf16"``) and
     backward of the loss; the gradients are read and cleared again, the weights are not updated."""
     if amp not in AMP:
@@ -298,11 +308,11 @@ def step_outputs(forward: Callable, model: nn.Module, batch: tuple[torch.Tensor,
         logits, loss = forward(idx, targets)
     if loss is None:
         raise ValueError("step_outputs: forward returned no loss (pass targets)")
-    ce = F.cross_entropy(logits.detach().float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                         ignore_index=-1)
+    ce = F.cross_entropy(logits.detach().float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
     loss.backward()
-    grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten()
-                      for p in params])
+    grad = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().float().flatten() for p in params]
+    )
     model.zero_grad(set_to_none=True)
     return StepOutputs(loss.detach().float(), ce, logits.detach().float(), grad)
 
@@ -323,9 +333,16 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(x @ y / (nx * ny))
 
 
-def check_step(name: str, out: StepOutputs, ref: StepOutputs, tol: float, *,
-               fields: Sequence[str] = STEP_FIELDS, direction_fields: Sequence[str] = (),
-               min_cosine: float = 0.99) -> dict[str, float]:
+def check_step(
+    name: str,
+    out: StepOutputs,
+    ref: StepOutputs,
+    tol: float,
+    *,
+    fields: Sequence[str] = STEP_FIELDS,
+    direction_fields: Sequence[str] = (),
+    min_cosine: float = 0.99,
+) -> dict[str, float]:
     """Compare one step's outputs with the reference's; raise :class:`~mahia.measure.checks.CorrectnessError`
     (naming ``name`` and the tensor) at the first failure.
 
@@ -353,8 +370,9 @@ def check_step(name: str, out: StepOutputs, ref: StepOutputs, tol: float, *,
         errors[k] = rel_error(getattr(out, k), getattr(ref, k))
         cos = cosine(getattr(out, k), getattr(ref, k))
         if not cos >= min_cosine:
-            raise CorrectnessError(f"{name}: {k} points another way: cosine {cos:.5f} < {min_cosine} "
-                                   f"(relative error {errors[k]:.2e})")
+            raise CorrectnessError(
+                f"{name}: {k} points another way: cosine {cos:.5f} < {min_cosine} (relative error {errors[k]:.2e})"
+            )
         errors[f"cos {k}"] = cos
     return errors
 
@@ -368,12 +386,16 @@ def greedy_gap(logits: torch.Tensor, tokens: torch.Tensor) -> float:
     should be; a value of the order of the logits' rounding error is a near-tie that rounding may flip
     either way; more than that is a wrong token. ``logits`` (..., V) float, ``tokens`` (...) integer."""
     if not isinstance(logits, torch.Tensor) or not logits.is_floating_point() or logits.dim() < 1:
-        raise TypeError(f"greedy_gap: logits must be a float tensor (..., V), got {getattr(logits, 'dtype', type(logits))}")
+        raise TypeError(
+            f"greedy_gap: logits must be a float tensor (..., V), got {getattr(logits, 'dtype', type(logits))}"
+        )
     if not isinstance(tokens, torch.Tensor) or tokens.is_floating_point() or tokens.is_complex():
         raise TypeError(f"greedy_gap: tokens must be an integer tensor, got {getattr(tokens, 'dtype', type(tokens))}")
     if tokens.shape != logits.shape[:-1]:
-        raise ValueError(f"greedy_gap: tokens must have shape {tuple(logits.shape[:-1])} (logits without the "
-                         f"last dim), got {tuple(tokens.shape)}")
+        raise ValueError(
+            f"greedy_gap: tokens must have shape {tuple(logits.shape[:-1])} (logits without the "
+            f"last dim), got {tuple(tokens.shape)}"
+        )
     if tokens.numel() == 0:
         raise ValueError("greedy_gap: no positions to check")
     lg = logits.detach().double()
@@ -387,6 +409,7 @@ def greedy_gap(logits: torch.Tensor, tokens: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------------
 # The cost model
 # ---------------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class StepProfile:
@@ -414,13 +437,17 @@ def profile_step(fn: Callable[[], object], *, peak: bool = False) -> StepProfile
     return StepProfile(ops.total, syncs.count, mem.peak if mem is not None else None)
 
 
-def predict_ms(ops: float, syncs: float, work_ms: float, *, launch_us: float, sync_us: float,
-               overlap: bool) -> float:
+def predict_ms(ops: float, syncs: float, work_ms: float, *, launch_us: float, sync_us: float, overlap: bool) -> float:
     """Predicted step time in ms (module docstring; :func:`mahia.measure.cost.step_time`): ``max`` of launch
     and device time when the host runs ahead of the device (``overlap``, a GPU), their sum otherwise (a
     CPU); each sync adds ``t_sync``."""
-    for name, v in (("ops", ops), ("syncs", syncs), ("work_ms", work_ms), ("launch_us", launch_us),
-                    ("sync_us", sync_us)):
+    for name, v in (
+        ("ops", ops),
+        ("syncs", syncs),
+        ("work_ms", work_ms),
+        ("launch_us", launch_us),
+        ("sync_us", sync_us),
+    ):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == float("inf"):
             raise ValueError(f"predict_ms: {name} must be a finite number >= 0, got {v!r}")
     if not isinstance(overlap, bool):
@@ -440,8 +467,11 @@ def tokens_per_s(tokens: int, timing: Timing | float) -> float:
 
 def mfu(flops_per_token: float, tokens_per_second: float, peak_tflops: float) -> float:
     """Model FLOPs utilization: ``flops_per_token * tokens_per_second / (peak_tflops * 1e12)``."""
-    for name, v in (("flops_per_token", flops_per_token), ("tokens_per_second", tokens_per_second),
-                    ("peak_tflops", peak_tflops)):
+    for name, v in (
+        ("flops_per_token", flops_per_token),
+        ("tokens_per_second", tokens_per_second),
+        ("peak_tflops", peak_tflops),
+    ):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
             raise ValueError(f"mfu: {name} must be a finite positive number, got {v!r}")
     return flops_per_token * tokens_per_second / (peak_tflops * 1e12)
@@ -451,6 +481,7 @@ def mfu(flops_per_token: float, tokens_per_second: float, peak_tflops: float) ->
 # The waterfall chart
 # ---------------------------------------------------------------------------------------------------
 
+
 def _factor(f: float) -> str:
     return f"x{f:.2f}" if f < 10 else f"x{f:,.0f}"
 
@@ -459,8 +490,17 @@ def _number(v: float) -> str:
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
 
 
-def waterfall(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str = "tokens / s",
-              device_note: str | None = None, log: bool = True, total_label: str = "full stack", ax=None):
+def waterfall(
+    labels: Sequence[str],
+    values: Sequence[float],
+    *,
+    title: str,
+    ylabel: str = "tokens / s",
+    device_note: str | None = None,
+    log: bool = True,
+    total_label: str = "full stack",
+    ax=None,
+):
     """A waterfall of a quantity along a ladder: the first bar from the axis to ``values[0]``, each
     later one floating from the previous value to its own (green up, red down) with its factor
     ``values[i] / values[i-1]`` written on it, and a last bar (``total_label``) from the axis to the
@@ -481,20 +521,33 @@ def waterfall(labels: Sequence[str], values: Sequence[float], *, title: str, yla
     x = np.arange(n + 1)
     lows = [floor] + [min(a, b) for a, b in zip(values[:-1], values[1:])] + [floor]
     highs = [values[0]] + [max(a, b) for a, b in zip(values[:-1], values[1:])] + [values[-1]]
-    colors = ([ROLE_COLORS["baseline"]]
-              + ["#55a868" if b >= a else "#c44e52" for a, b in zip(values[:-1], values[1:])]
-              + [ROLE_COLORS["optimized"]])
+    colors = (
+        [ROLE_COLORS["baseline"]]
+        + ["#55a868" if b >= a else "#c44e52" for a, b in zip(values[:-1], values[1:])]
+        + [ROLE_COLORS["optimized"]]
+    )
     alphas = [1.0] + [0.55] * (n - 1) + [1.0]
     for xi, lo, hi, c, a in zip(x, lows, highs, colors, alphas):
         ax.bar(xi, hi - lo, bottom=lo, color=c, alpha=a, width=0.7, edgecolor="black", linewidth=0.5)
     for i in range(n):  # connectors at each level
         ax.plot([x[i] + 0.35, x[i + 1] - 0.35], [values[i]] * 2, color="black", lw=0.7, ls=":")
     for i in range(1, n):
-        ax.annotate(_factor(values[i] / values[i - 1]), (x[i], max(values[i], values[i - 1])),
-                    ha="center", va="bottom", fontsize=9)
+        ax.annotate(
+            _factor(values[i] / values[i - 1]),
+            (x[i], max(values[i], values[i - 1])),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
     ax.annotate(_number(values[0]), (x[0], values[0]), ha="center", va="bottom", fontsize=9)
-    ax.annotate(f"{_number(values[-1])}\n({_factor(values[-1] / values[0])})", (x[n], values[-1]), ha="center",
-                va="bottom", fontsize=9, fontweight="bold")
+    ax.annotate(
+        f"{_number(values[-1])}\n({_factor(values[-1] / values[0])})",
+        (x[n], values[-1]),
+        ha="center",
+        va="bottom",
+        fontsize=9,
+        fontweight="bold",
+    )
     ax.set_xticks(x, labels + [total_label], rotation=30, ha="right")
     if log:
         ax.set_yscale("log")

@@ -23,12 +23,14 @@ new inputs into the static buffers: one launch instead of one per kernel. :class
 variable sizes with one graph per bucket, padding each input up to the next bucket and slicing the outputs
 back.
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
@@ -40,24 +42,36 @@ from mahia.measure.timing import capture_graph
 
 __all__ = [
     "trace_ops",  # re-exported from mahia.measure.instruments: notebooks 04, 05 and 10 import it from here
-    "StepPrediction", "predict_step",
-    "CompileCounter", "timed_call", "CUDAGRAPH_MODES", "CompileAttempt", "try_compile", "generated_kernels",
+    "StepPrediction",
+    "predict_step",
+    "CompileCounter",
+    "timed_call",
+    "CUDAGRAPH_MODES",
+    "CompileAttempt",
+    "try_compile",
+    "generated_kernels",
     "library_calls",
-    "break_even_steps", "clip_by_norm_logged", "clip_by_norm",
-    "GraphedStep", "next_bucket", "pad_to", "BucketedGraphs",
+    "break_even_steps",
+    "clip_by_norm_logged",
+    "clip_by_norm",
+    "GraphedStep",
+    "next_bucket",
+    "pad_to",
+    "BucketedGraphs",
 ]
 
 # ---------------------------------------------------------------------------------------------------
 # Predicting a step
 # ---------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class StepPrediction:
     """A step predicted by :func:`predict_step` (times in ms)."""
 
-    cpu_ms: float     # host time to launch the kernels
-    gpu_ms: float     # device time of the kernels
-    ms: float         # the step: max (GPU, overlapping) or sum (CPU)
+    cpu_ms: float  # host time to launch the kernels
+    gpu_ms: float  # device time of the kernels
+    ms: float  # the step: max (GPU, overlapping) or sum (CPU)
     kernels: int
     bytes: int
 
@@ -66,9 +80,17 @@ class StepPrediction:
         return self.cpu_ms > self.gpu_ms
 
 
-def predict_step(trace: OpTrace, *, launch_us: float, bandwidth_gbps: float, matmul_tflops: float,
-                 floor_us: float = 0.0, fused: bool = False, graphed: bool = False,
-                 overlap: bool = True) -> StepPrediction:
+def predict_step(
+    trace: OpTrace,
+    *,
+    launch_us: float,
+    bandwidth_gbps: float,
+    matmul_tflops: float,
+    floor_us: float = 0.0,
+    fused: bool = False,
+    graphed: bool = False,
+    overlap: bool = True,
+) -> StepPrediction:
     """Predicted time of one step (module docstring): eager, ``fused`` (an ideal compiler) and/or
     ``graphed`` (one launch per step). ``overlap=False`` for a CPU, where dispatch and compute add up."""
     for name, v in (("launch_us", launch_us), ("floor_us", floor_us)):
@@ -79,8 +101,13 @@ def predict_step(trace: OpTrace, *, launch_us: float, bandwidth_gbps: float, mat
             raise ValueError(f"predict_step: {name} must be a positive number, got {v!r}")
     if not isinstance(trace, OpTrace):
         raise TypeError(f"predict_step: trace must be an OpTrace (from trace_ops), got {type(trace).__name__}")
-    machine = Machine(launch_us=launch_us, bandwidth_gbps=bandwidth_gbps, matmul_tflops=matmul_tflops,
-                      floor_us=floor_us, overlap=overlap)
+    machine = Machine(
+        launch_us=launch_us,
+        bandwidth_gbps=bandwidth_gbps,
+        matmul_tflops=matmul_tflops,
+        floor_us=floor_us,
+        overlap=overlap,
+    )
     kernels_fb = [(o.flops, o.bytes) for o in trace.ops if o.kind in ("matmul", "opaque")]
     if fused:
         est = trace.fused()
@@ -96,6 +123,7 @@ def predict_step(trace: OpTrace, *, launch_us: float, bandwidth_gbps: float, mat
 # ---------------------------------------------------------------------------------------------------
 # torch.compile bookkeeping
 # ---------------------------------------------------------------------------------------------------
+
 
 class CompileCounter:
     """A ``torch.compile`` backend that counts the graphs Dynamo hands it and runs them as captured.
@@ -157,10 +185,17 @@ def _clone(tree: Any) -> Any:
     return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, tree)
 
 
-def try_compile(target: Callable[..., Any], call: Callable[[Callable[..., Any]], Any], *, mode: str | None = None,
-                backend: str | Callable = "inductor", dynamic: bool | None = None,
-                device: torch.device | str = "cpu", reset: bool = True,
-                capture_code: bool = False) -> CompileAttempt:
+def try_compile(
+    target: Callable[..., Any],
+    call: Callable[[Callable[..., Any]], Any],
+    *,
+    mode: str | None = None,
+    backend: str | Callable = "inductor",
+    dynamic: bool | None = None,
+    device: torch.device | str = "cpu",
+    reset: bool = True,
+    capture_code: bool = False,
+) -> CompileAttempt:
     """``torch.compile(target, mode=mode, ...)`` and its first call ``call(compiled)``, timed.
 
     Compilation happens in that first call, so its time is the compile time. Failures (no compiler, an
@@ -178,8 +213,11 @@ def try_compile(target: Callable[..., Any], call: Callable[[Callable[..., Any]],
     kw: dict[str, Any] = {"backend": backend, "dynamic": dynamic}
     if mode is not None:
         kw["mode"] = mode
-    mark = (mode in CUDAGRAPH_MODES and torch.device(device).type == "cuda"
-            and hasattr(torch.compiler, "cudagraph_mark_step_begin"))
+    mark = (
+        mode in CUDAGRAPH_MODES
+        and torch.device(device).type == "cuda"
+        and hasattr(torch.compiler, "cudagraph_mark_step_begin")
+    )
     try:
         compiled = torch.compile(target, **kw)
 
@@ -268,13 +306,16 @@ def clip_by_norm(x: torch.Tensor, max_norm: float = 1.0) -> torch.Tensor:
 # CUDA graphs
 # ---------------------------------------------------------------------------------------------------
 
+
 def _check_tensors(fn: str, inputs: Sequence[Any]) -> None:
     if not inputs:
         raise ValueError(f"{fn}: needs at least one example input tensor")
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}: input {i} must be a torch.Tensor, got {type(t).__name__} "
-                            "(capture Python values as tensors, or close over constants)")
+            raise TypeError(
+                f"{fn}: input {i} must be a torch.Tensor, got {type(t).__name__} "
+                "(capture Python values as tensors, or close over constants)"
+            )
 
 
 class GraphedStep:
@@ -305,8 +346,7 @@ class GraphedStep:
         self.fn = fn
         self.static_inputs = tuple(t.detach().clone() for t in example_inputs)
         with torch.no_grad():  # warm-up on a side stream, then one call recorded (mahia.measure.timing)
-            self.graph, self.static_outputs = capture_graph(lambda: fn(*self.static_inputs), warmup=warmup,
-                                                            pool=pool)
+            self.graph, self.static_outputs = capture_graph(lambda: fn(*self.static_inputs), warmup=warmup, pool=pool)
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
         if len(inputs) != len(self.static_inputs):
@@ -315,9 +355,11 @@ class GraphedStep:
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"GraphedStep: input {i} must be a torch.Tensor, got {type(x).__name__}")
             if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
-                raise ValueError(f"GraphedStep: input {i} is {x.dtype} {tuple(x.shape)} on {x.device}, but the "
-                                 f"graph was captured for {s.dtype} {tuple(s.shape)} on {s.device}: a graph "
-                                 "replays fixed shapes (capture one per shape, or pad to buckets)")
+                raise ValueError(
+                    f"GraphedStep: input {i} is {x.dtype} {tuple(x.shape)} on {x.device}, but the "
+                    f"graph was captured for {s.dtype} {tuple(s.shape)} on {s.device}: a graph "
+                    "replays fixed shapes (capture one per shape, or pad to buckets)"
+                )
             if x is not s:
                 s.copy_(x)
         self.graph.replay()
@@ -362,8 +404,16 @@ class BucketedGraphs:
     to measure what the padding alone costs).
     """
 
-    def __init__(self, fn: Callable[..., Any], buckets: Iterable[int], *, dim: int = 0, pad_value: float = 0,
-                 warmup: int = 3, capture: bool = True):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        buckets: Iterable[int],
+        *,
+        dim: int = 0,
+        pad_value: float = 0,
+        warmup: int = 3,
+        capture: bool = True,
+    ):
         if not callable(fn):
             raise TypeError(f"BucketedGraphs: fn must be callable, got {type(fn).__name__}")
         buckets = sorted(set(buckets))
@@ -379,8 +429,9 @@ class BucketedGraphs:
         _check_tensors("BucketedGraphs", inputs)
         sizes = {x.shape[self.dim] for x in inputs}
         if len(sizes) != 1:
-            raise ValueError(f"BucketedGraphs: all inputs must have the same size along dim {self.dim}, "
-                             f"got {sorted(sizes)}")
+            raise ValueError(
+                f"BucketedGraphs: all inputs must have the same size along dim {self.dim}, got {sorted(sizes)}"
+            )
         n = sizes.pop()
         b = next_bucket(n, self.buckets)
         padded = [pad_to(x, b, self.dim, self.pad_value) for x in inputs]

@@ -20,10 +20,11 @@ None of this is a model component; it is what the two notebooks need around the 
 * ``threshold_in_gap``: a gate threshold that no gate value sits near, so that a low-precision path
   and its float64 reference switch the same layers on.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,8 @@ from mahia.lessons.sync_loops import launch_chain
 from mahia.measure.checks import check_close, check_float_dtype, check_int, tolerance
 from mahia.measure.cost import Machine, step_time
 from mahia.measure.instruments import OpCount, SyncReport, count_ops, count_syncs
-from mahia.measure.timing import Timing, bench as _bench
+from mahia.measure.timing import Timing
+from mahia.measure.timing import bench as _bench
 
 __all__ = [
     "LaunchCosts",
@@ -55,6 +57,7 @@ MOE_OUTPUTS = ("y", "aux", "dx", "dw_router", "dw13", "dw2")
 # The launch-and-sync cost model
 # ---------------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class LaunchCosts:
     """What one tiny kernel launch and one host-device sync cost on this device, in microseconds,
@@ -67,8 +70,9 @@ class LaunchCosts:
     n_kernels: int
 
 
-def launch_costs(device: torch.device | str, *, n_kernels: int = 200,
-                 bench: Callable[..., Timing] | None = None) -> LaunchCosts:
+def launch_costs(
+    device: torch.device | str, *, n_kernels: int = 200, bench: Callable[..., Timing] | None = None
+) -> LaunchCosts:
     """Measure t_launch and t_sync with ``mahia.lessons.sync_loops.launch_chain``.
 
     t_launch = time(chain of ``n_kernels`` one-element adds) / n_kernels  (launch-bound on a GPU);
@@ -87,8 +91,9 @@ def launch_costs(device: torch.device | str, *, n_kernels: int = 200,
     return LaunchCosts(launch_us, sync_us, chain, synced, n_kernels)
 
 
-def launch_model_ms(n_ops: float, n_syncs: float, launch_us: float, sync_us: float,
-                    work_ms: float = 0.0, *, overlap: bool = True) -> float:
+def launch_model_ms(
+    n_ops: float, n_syncs: float, launch_us: float, sync_us: float, work_ms: float = 0.0, *, overlap: bool = True
+) -> float:
     """Predicted time in ms: max(n_ops * t_launch, work_ms) + n_syncs * t_sync
     (:func:`mahia.measure.cost.step_time`).
 
@@ -96,8 +101,13 @@ def launch_model_ms(n_ops: float, n_syncs: float, launch_us: float, sync_us: flo
     two overlap and the slower one sets the pace; each sync drains the queue and adds ``t_sync``. On a
     CPU (``overlap=False``) the same cores dispatch and compute: n_ops * t_launch + work_ms + n_syncs * t_sync.
     """
-    for name, v in (("n_ops", n_ops), ("n_syncs", n_syncs), ("launch_us", launch_us), ("sync_us", sync_us),
-                    ("work_ms", work_ms)):
+    for name, v in (
+        ("n_ops", n_ops),
+        ("n_syncs", n_syncs),
+        ("launch_us", launch_us),
+        ("sync_us", sync_us),
+        ("work_ms", work_ms),
+    ):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
             raise ValueError(f"launch_model_ms: {name} must be a number >= 0, got {v!r}")
     machine = Machine(launch_us=launch_us, sync_us=sync_us, overlap=overlap)
@@ -118,6 +128,7 @@ def count_ops_and_syncs(fn: Callable[[], object]) -> tuple[OpCount, SyncReport]:
 # Mixture of experts
 # ---------------------------------------------------------------------------------------------------
 
+
 def moe_bytes(n_tokens: int, dim: int, hidden: int, n_experts: int, *, element_size: int) -> int:
     """Compulsory device-memory traffic of one MoE forward: read x and write y (N x D each), read every
     expert's weights once (E x 3 x D x H: w13 is D x 2H, w2 is H x D) and the router (D x E).
@@ -125,8 +136,13 @@ def moe_bytes(n_tokens: int, dim: int, hidden: int, n_experts: int, *, element_s
     The permuted activations the grouped path writes and reads back are not counted: they are the
     implementation's choice, not the function's, so the roofline shows what an ideal kernel must move.
     """
-    for name, v in (("n_tokens", n_tokens), ("dim", dim), ("hidden", hidden), ("n_experts", n_experts),
-                    ("element_size", element_size)):
+    for name, v in (
+        ("n_tokens", n_tokens),
+        ("dim", dim),
+        ("hidden", hidden),
+        ("n_experts", n_experts),
+        ("element_size", element_size),
+    ):
         check_int("moe_bytes", name, v)
     return (2 * n_tokens * dim + n_experts * 3 * dim * hidden + dim * n_experts) * element_size
 
@@ -151,11 +167,13 @@ def moe_fwd_bwd(moe: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor) -> Call
         y, aux = moe(leaves[0])
         grads = torch.autograd.grad([y, aux], leaves, [dy, torch.ones_like(aux)])
         return (y, aux, *grads)
+
     return fn
 
 
-def check_moe(fast: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, *,
-              tol: float | None = None) -> dict[str, float]:
+def check_moe(
+    fast: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, *, tol: float | None = None
+) -> dict[str, float]:
     """Compare ``fast`` with ``ref`` (two MoE layers with the same weights): output, aux loss and the
     gradients of x, w_router, w13, w2. Returns the norm-wise relative errors by name; raises
     ``CorrectnessError`` at the first one over ``tol`` (default ``tolerance(x.dtype)``)."""
@@ -164,12 +182,15 @@ def check_moe(fast: torch.nn.Module, ref: torch.nn.Module, x: torch.Tensor, dy: 
     tol = tolerance(x.dtype) if tol is None else tol
     got = moe_fwd_bwd(fast, x, dy)()
     want = moe_fwd_bwd(ref, x, dy)()
-    return {name: check_close(f"{name} ({fast.impl} vs {ref.impl})", g, w, tol)
-            for name, g, w in zip(MOE_OUTPUTS, got, want)}
+    return {
+        name: check_close(f"{name} ({fast.impl} vs {ref.impl})", g, w, tol)
+        for name, g, w in zip(MOE_OUTPUTS, got, want)
+    }
 
 
-def train_routing(moe: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, steps: int,
-                  lr: float = 3e-3) -> list[dict]:
+def train_routing(
+    moe: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *, steps: int, lr: float = 3e-3
+) -> list[dict]:
     """Fit ``moe`` to ``target`` with Adam on  mse(y, target) + aux  for ``steps`` steps (in place) and
     record the routing balance before every step and after the last one.
 
@@ -182,16 +203,25 @@ def train_routing(moe: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *
     if not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"train_routing: lr must be a positive number, got {lr!r}")
     if not isinstance(target, torch.Tensor) or target.shape != x.shape:
-        raise ValueError(f"train_routing: target must be a tensor with the shape of x {tuple(x.shape)}, "
-                         f"got {getattr(target, 'shape', type(target).__name__)}")
+        raise ValueError(
+            f"train_routing: target must be a tensor with the shape of x {tuple(x.shape)}, "
+            f"got {getattr(target, 'shape', type(target).__name__)}"
+        )
     opt = torch.optim.Adam(moe.parameters(), lr=lr)
     rows = []
     for step in range(steps + 1):
         y, aux = moe(x)
         task = F.mse_loss(y.float(), target.float())
         stats = moe.routing_stats(x)
-        rows.append({"step": step, "cv": stats["cv"], "max_over_mean": stats["max_over_mean"],
-                     "task_loss": float(task.detach()), "aux_loss": float(aux.detach())})
+        rows.append(
+            {
+                "step": step,
+                "cv": stats["cv"],
+                "max_over_mean": stats["max_over_mean"],
+                "task_loss": float(task.detach()),
+                "aux_loss": float(aux.detach()),
+            }
+        )
         if step == steps:
             break
         opt.zero_grad(set_to_none=True)
@@ -204,8 +234,19 @@ def train_routing(moe: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, *
 # Gated linear attention
 # ---------------------------------------------------------------------------------------------------
 
-def gla_inputs(B: int, H: int, T: int, K: int, V: int, *, device: torch.device | str = "cpu",
-               dtype: torch.dtype = torch.float32, temperature: float = 16.0, seed: int = 0):
+
+def gla_inputs(
+    B: int,
+    H: int,
+    T: int,
+    K: int,
+    V: int,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    temperature: float = 16.0,
+    seed: int = 0,
+):
     """q, k, v, g and an output gradient ``do`` as a MetaAttention layer makes them:
     q ~ N(0, 1/K), k, v ~ N(0, 1), g = logsigmoid(N(0, 1)) / temperature (<= 0), do ~ N(0, 1).
 
@@ -218,7 +259,7 @@ def gla_inputs(B: int, H: int, T: int, K: int, V: int, *, device: torch.device |
         raise ValueError(f"gla_inputs: temperature must be a positive number, got {temperature!r}")
     check_float_dtype("gla_inputs", dtype)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.randn(B, H, T, K, generator=gen) * K ** -0.5
+    q = torch.randn(B, H, T, K, generator=gen) * K**-0.5
     k = torch.randn(B, H, T, K, generator=gen)
     v = torch.randn(B, H, T, V, generator=gen)
     g = F.logsigmoid(torch.randn(B, H, T, K, generator=gen)) / temperature
@@ -226,8 +267,9 @@ def gla_inputs(B: int, H: int, T: int, K: int, V: int, *, device: torch.device |
     return tuple(t.to(device, dtype) for t in (q, k, v, g, do))
 
 
-def fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor],
-            grad_out: torch.Tensor) -> Callable[[], tuple]:
+def fwd_bwd(
+    fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor], grad_out: torch.Tensor
+) -> Callable[[], tuple]:
     """A closure running ``out = fn(*inputs)`` and the gradients of <out, grad_out> with respect to every
     input. The inputs are detached copies made once (leaves), so repeated calls time the same work.
     It returns (out, *grads)."""
@@ -241,16 +283,16 @@ def fwd_bwd(fn: Callable[..., torch.Tensor], inputs: Sequence[torch.Tensor],
     def run():
         out = fn(*leaves)
         if out.shape != grad_out.shape:
-            raise ValueError(f"fwd_bwd: grad_out has shape {tuple(grad_out.shape)} but fn returned "
-                             f"{tuple(out.shape)}")
+            raise ValueError(f"fwd_bwd: grad_out has shape {tuple(grad_out.shape)} but fn returned {tuple(out.shape)}")
         return (out, *torch.autograd.grad(out, leaves, grad_out))
-    return run
 
+    return run
 
 
 # ---------------------------------------------------------------------------------------------------
 # Gates
 # ---------------------------------------------------------------------------------------------------
+
 
 def threshold_in_gap(gates: torch.Tensor, lo: float = 0.3, hi: float = 0.7) -> float:
     """The midpoint of the widest gap between the values of ``gates`` that lie in [lo, hi] (lo and hi

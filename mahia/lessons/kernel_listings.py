@@ -14,14 +14,22 @@ name to where each one lives, and :func:`listing` looks it up (read-only) when i
 
 tests/test_lessons_kernel_listings.py checks that every entry still resolves.
 """
+
 from __future__ import annotations
 
 import importlib
 
 import torch
 
-__all__ = ["KERNELS", "LISTINGS", "listing", "production_kernels", "rms_norm_bwd_config", "rms_norm_fwd_config",
-           "sm_count"]
+__all__ = [
+    "KERNELS",
+    "LISTINGS",
+    "listing",
+    "production_kernels",
+    "rms_norm_bwd_config",
+    "rms_norm_fwd_config",
+    "sm_count",
+]
 
 # public name -> (module, attribute path inside the module)
 LISTINGS: dict[str, tuple[str, str]] = {
@@ -31,14 +39,14 @@ LISTINGS: dict[str, tuple[str, str]] = {
     "swiglu_fwd_kernel": ("mahia.ops.swiglu", "_swiglu_fwd_kernel"),
     "swiglu_bwd_kernel": ("mahia.ops.swiglu", "_swiglu_bwd_kernel"),
     "rope_kernel": ("mahia.ops.rope", "_rope_kernel"),
-    "rope_rotate_heads": ("mahia.ops.rope", "_rotate_heads"),     # @triton.jit: one token's heads
+    "rope_rotate_heads": ("mahia.ops.rope", "_rotate_heads"),  # @triton.jit: one token's heads
     "gla_fwd_kernel": ("mahia.ops.gla_scan", "_gla_fwd_kernel"),
     "gla_bwd_kernel": ("mahia.ops.gla_scan", "_gla_bwd_kernel"),
     # the tutorial's v1 kernels (notebook 03, section 2)
     "rms_norm_v1_kernel": ("mahia.lessons.triton_tutorial", "_rms_norm_v1_kernel"),
     "rms_norm_v1_bwd_kernel": ("mahia.lessons.triton_tutorial", "_rms_norm_v1_bwd_kernel"),
     # eager code the kernels are compared with, and internal methods of the model
-    "rope_rotate_eager": ("mahia.ops.rope", "_rotate"),          # eager RoPE of q or k
+    "rope_rotate_eager": ("mahia.ops.rope", "_rotate"),  # eager RoPE of q or k
     "block_mix": ("mahia.model.hybrid", "Block._mix"),
     "moe_forward_loop": ("mahia.model.moe", "MoE._forward_loop"),
     "moe_forward_grouped": ("mahia.model.moe", "MoE._forward_grouped"),
@@ -52,9 +60,16 @@ LISTINGS: dict[str, tuple[str, str]] = {
 }
 
 # The production Triton kernels among them.
-KERNELS: tuple[str, ...] = ("rms_norm_fwd_kernel", "rms_norm_bwd_kernel", "swiglu_fwd_kernel",
-                            "swiglu_bwd_kernel", "rope_kernel", "rope_rotate_heads", "gla_fwd_kernel",
-                            "gla_bwd_kernel")
+KERNELS: tuple[str, ...] = (
+    "rms_norm_fwd_kernel",
+    "rms_norm_bwd_kernel",
+    "swiglu_fwd_kernel",
+    "swiglu_bwd_kernel",
+    "rope_kernel",
+    "rope_rotate_heads",
+    "gla_fwd_kernel",
+    "gla_bwd_kernel",
+)
 
 
 def _resolve(module: str, path: str):

@@ -7,15 +7,16 @@ returns a ``Context``: the resolved device, the profile, the measured ceilings, 
 ``Recorder`` and the figures folder, and prints the device report. Notebooks measure through
 ``ctx.bench`` (which is ``mahia.measure.timing.bench`` bound to the device and the profile's budgets).
 """
+
 from __future__ import annotations
 
 import html
 import inspect
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -67,6 +68,7 @@ class Context:
 
     def save(self, fig_or_ax, name: str) -> list[Path]:
         from mahia.measure.plotting import save
+
         return save(fig_or_ax, f"{self.notebook}_{name}", self.figures)
 
     def pick(self, quick, full):
@@ -80,9 +82,18 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def setup(notebook: str, *, device: str = "auto", profile: str = "quick", seed: int = 0,
-          results_dir: str | None = None, figures_dir: str | None = None,
-          verbose: bool = True, cpu_threads: int | None = None, cpu_note: str | None = None) -> Context:
+def setup(
+    notebook: str,
+    *,
+    device: str = "auto",
+    profile: str = "quick",
+    seed: int = 0,
+    results_dir: str | None = None,
+    figures_dir: str | None = None,
+    verbose: bool = True,
+    cpu_threads: int | None = None,
+    cpu_note: str | None = None,
+) -> Context:
     """Resolve the device, check the profile, seed, measure (or reuse) the ceilings, make a recorder.
 
     ``cpu_threads``: on a CPU run, ``torch.set_num_threads(cpu_threads)`` once the ceilings are measured
@@ -107,8 +118,10 @@ def setup(notebook: str, *, device: str = "auto", profile: str = "quick", seed: 
         kind = "GPU" if ctx.is_cuda else "CPU (CUDA-only parts are skipped and say so)"
         print(f"{notebook}: profile={profile}, device={dev} — {kind}")
         print(f"  {report.get('gpu') or report.get('cpu')} | torch {report['torch']} | triton {report['triton']}")
-        print(f"  measured ceilings: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
-              f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s")
+        print(
+            f"  measured ceilings: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
+            f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s"
+        )
     _cpu_setup(ctx, cpu_threads, cpu_note, verbose)
     return ctx
 
@@ -120,8 +133,7 @@ def _cpu_setup(ctx: Context, threads: int | None, note: str | None, verbose: boo
     said = []
     if threads is not None:
         torch.set_num_threads(threads)
-        said.append(f"torch.set_num_threads({threads}) for this notebook (small ops: thread fork/join would "
-                    "dominate)")
+        said.append(f"torch.set_num_threads({threads}) for this notebook (small ops: thread fork/join would dominate)")
     if note:
         said.append(note)
     if verbose and said:
@@ -130,6 +142,7 @@ def _cpu_setup(ctx: Context, threads: int | None, note: str | None, verbose: boo
 
 def _results_root() -> Path:
     from mahia.measure.results import default_results_dir
+
     return default_results_dir()
 
 
@@ -137,6 +150,7 @@ def md(text: str) -> None:
     """Render Markdown computed by the run (numbers in prose are never typed in)."""
     try:
         from IPython.display import Markdown, display
+
         display(Markdown(text))
     except ImportError:
         print(text)
@@ -154,7 +168,8 @@ def side_by_side(before, after, *, titles=("before", "after")) -> str:
     cells = "".join(
         f"<td style='vertical-align:top;width:50%'><b>{html.escape(t)}</b>"
         f"<pre style='font-size:11px'>{html.escape(_source(o))}</pre></td>"
-        for t, o in zip(titles, (before, after)))
+        for t, o in zip(titles, (before, after))
+    )
     return f"<table style='width:100%'><tr>{cells}</tr></table>"
 
 

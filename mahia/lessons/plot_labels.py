@@ -4,6 +4,7 @@ pointwise kernels cluster).
     ax = plotting.roofline(points, ceilings, ...)
     spread_labels(ax)      # the labels plotting.roofline wrote, re-placed
 """
+
 from __future__ import annotations
 
 import math
@@ -26,6 +27,13 @@ def spread_labels(ax, gap: float = 0.075, *, width: float = 0.35, offset: float 
             ly -= gap
         placed.append((lx, ly))
         moved = abs(ly - math.log10(y)) > 1e-9
-        ax.annotate(text, (x, y), xytext=(10**lx, 10**ly), textcoords="data", fontsize=8, va="center",
-                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None)
+        ax.annotate(
+            text,
+            (x, y),
+            xytext=(10**lx, 10**ly),
+            textcoords="data",
+            fontsize=8,
+            va="center",
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None,
+        )
     return placed

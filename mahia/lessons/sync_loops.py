@@ -36,19 +36,24 @@ sync costs on a machine; :func:`gpu_activity` / :func:`idle_fraction`, which rea
 ``torch.profiler`` Chrome trace; and, re-exported for notebook 01, :func:`mahia.measure.instruments.count_ops`,
 the number of ops that launch a kernel.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mahia.measure.checks import check_float_dtype, check_int
+
+if TYPE_CHECKING:
+    import pandas as pd
 from mahia.measure.instruments import count_ops
 
 __all__ = [
@@ -71,6 +76,7 @@ _EPS = 1e-6  # in max_norm / (norm + eps): keeps the scale finite for a zero gra
 # A small model and synthetic data
 # ---------------------------------------------------------------------------------------------------
 
+
 class ResidualMLP(nn.Module):
     """A classifier made of pre-norm residual MLP blocks, small enough that one step is a few hundred
     short kernels:
@@ -78,8 +84,16 @@ class ResidualMLP(nn.Module):
         h = x W_in;   h = h + gelu(LayerNorm(h) W_k)  for k = 1..depth;   logits = LayerNorm(h) W_out
     """
 
-    def __init__(self, in_features: int, width: int, depth: int, n_classes: int, *,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        in_features: int,
+        width: int,
+        depth: int,
+        n_classes: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         for name, val in (("in_features", in_features), ("width", width), ("n_classes", n_classes)):
             check_int("ResidualMLP", name, val)
@@ -98,14 +112,20 @@ class ResidualMLP(nn.Module):
         return self.out(self.norm_out(h))  # (B, n_classes)
 
 
-def make_batches(n_steps: int, batch: int, in_features: int, n_classes: int, *,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
-                 seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def make_batches(
+    n_steps: int,
+    batch: int,
+    in_features: int,
+    n_classes: int,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``n_steps`` batches (x (batch, in_features), y (batch,) int64) of a learnable task: y is the
     arg-max of a fixed random linear map of x. Made on the CPU from ``seed`` (so every device gets the
     same data), then moved to ``device`` once, outside any timed region."""
-    for name, val in (("n_steps", n_steps), ("batch", batch), ("in_features", in_features),
-                      ("n_classes", n_classes)):
+    for name, val in (("n_steps", n_steps), ("batch", batch), ("in_features", in_features), ("n_classes", n_classes)):
         check_int("make_batches", name, val)
     check_float_dtype("make_batches", dtype)
     gen = torch.Generator().manual_seed(seed)
@@ -118,6 +138,7 @@ def make_batches(n_steps: int, batch: int, in_features: int, n_classes: int, *,
 # ---------------------------------------------------------------------------------------------------
 # The two loops
 # ---------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class LoopResult:
@@ -136,14 +157,25 @@ class LoopResult:
     n_clipped: torch.Tensor
     log: list[tuple[int, float]] = field(default_factory=list)
 
-    def cpu(self) -> "LoopResult":
+    def cpu(self) -> LoopResult:
         """A copy with every tensor on the CPU (one sync for a device result)."""
-        return LoopResult(self.losses.cpu(), self.accuracy.cpu(), self.best_loss.cpu(),
-                          self.best_step.cpu(), self.n_clipped.cpu(), list(self.log))
+        return LoopResult(
+            self.losses.cpu(),
+            self.accuracy.cpu(),
+            self.best_loss.cpu(),
+            self.best_step.cpu(),
+            self.n_clipped.cpu(),
+            list(self.log),
+        )
 
 
-def _check_loop_args(fn: str, model: nn.Module, opt: torch.optim.Optimizer,
-                     batches: Sequence[tuple[torch.Tensor, torch.Tensor]], max_norm: float) -> list[nn.Parameter]:
+def _check_loop_args(
+    fn: str,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    max_norm: float,
+) -> list[nn.Parameter]:
     """The trainable parameters, after checking every argument (shapes, dtypes, devices: no syncs)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"{fn}: model must be a torch.nn.Module, got {type(model).__name__}")
@@ -164,21 +196,31 @@ def _check_loop_args(fn: str, model: nn.Module, opt: torch.optim.Optimizer,
             raise TypeError(f"{fn}: batches[{i}] must be an (x, y) pair")
         x, y = pair
         if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() == 2):
-            raise ValueError(f"{fn}: batches[{i}] x must be a 2-d floating tensor (batch, features), got "
-                             f"{type(x).__name__ if not isinstance(x, torch.Tensor) else (x.dtype, tuple(x.shape))}")
+            raise ValueError(
+                f"{fn}: batches[{i}] x must be a 2-d floating tensor (batch, features), got "
+                f"{type(x).__name__ if not isinstance(x, torch.Tensor) else (x.dtype, tuple(x.shape))}"
+            )
         if not (isinstance(y, torch.Tensor) and y.dtype == torch.int64 and y.dim() == 1):
-            raise ValueError(f"{fn}: batches[{i}] y must be a 1-d int64 tensor of class indices, got "
-                             f"{type(y).__name__ if not isinstance(y, torch.Tensor) else (y.dtype, tuple(y.shape))}")
+            raise ValueError(
+                f"{fn}: batches[{i}] y must be a 1-d int64 tensor of class indices, got "
+                f"{type(y).__name__ if not isinstance(y, torch.Tensor) else (y.dtype, tuple(y.shape))}"
+            )
         if y.shape[0] != x.shape[0] or x.shape[0] == 0:
-            raise ValueError(f"{fn}: batches[{i}] x {tuple(x.shape)} and y {tuple(y.shape)} must hold the "
-                             "same, non-zero number of examples")
+            raise ValueError(
+                f"{fn}: batches[{i}] x {tuple(x.shape)} and y {tuple(y.shape)} must hold the "
+                "same, non-zero number of examples"
+            )
         if x.device != dev or y.device != dev:
-            raise ValueError(f"{fn}: batches[{i}] must be on the model's device {dev}, got x on {x.device}, "
-                             f"y on {y.device}")
+            raise ValueError(
+                f"{fn}: batches[{i}] must be on the model's device {dev}, got x on {x.device}, y on {y.device}"
+            )
         if x.dtype != dt:
             raise TypeError(f"{fn}: batches[{i}] x must have the model's dtype {dt}, got {x.dtype}")
-    if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)) or not (
-            math.isfinite(max_norm) and max_norm > 0):
+    if (
+        isinstance(max_norm, bool)
+        or not isinstance(max_norm, (int, float))
+        or not (math.isfinite(max_norm) and max_norm > 0)
+    ):
         raise ValueError(f"{fn}: max_norm must be a positive finite number, got {max_norm!r}")
     return params
 
@@ -192,9 +234,13 @@ def _grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
 
-def train_syncing(model: nn.Module, opt: torch.optim.Optimizer,
-                  batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
-                  max_norm: float = 1.0) -> LoopResult:
+def train_syncing(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    max_norm: float = 1.0,
+) -> LoopResult:
     """The loop of the module docstring, written with the usual habits; 6-7 syncs per step on a GPU.
 
     Syncs: ``x[mask]`` (nonzero, once in forward and again in its backward), ``if norm > max_norm``,
@@ -222,14 +268,24 @@ def train_syncing(model: nn.Module, opt: torch.optim.Optimizer,
         if loss < best_loss:  # sync
             best_loss, best_step = loss.item(), step  # sync
         accs.append((logits.argmax(-1) == y).float().mean().cpu())  # sync: copy to the host
-    return LoopResult(torch.tensor(losses, dtype=torch.float32), torch.stack(accs),
-                      torch.tensor(best_loss, dtype=torch.float32), torch.tensor(best_step),
-                      torch.tensor(n_clipped), log)
+    return LoopResult(
+        torch.tensor(losses, dtype=torch.float32),
+        torch.stack(accs),
+        torch.tensor(best_loss, dtype=torch.float32),
+        torch.tensor(best_step),
+        torch.tensor(n_clipped),
+        log,
+    )
 
 
-def train_sync_free(model: nn.Module, opt: torch.optim.Optimizer,
-                    batches: Sequence[tuple[torch.Tensor, torch.Tensor]], *,
-                    max_norm: float = 1.0, log_every: int = 0) -> LoopResult:
+def train_sync_free(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    max_norm: float = 1.0,
+    log_every: int = 0,
+) -> LoopResult:
     """The same updates as :func:`train_syncing` with no sync inside the loop.
 
     Masked mean instead of boolean indexing, ``torch.where`` instead of ``if``, results written into
@@ -269,7 +325,7 @@ def train_sync_free(model: nn.Module, opt: torch.optim.Optimizer,
         best_step.copy_(torch.where(improved, step, best_step))
         accs[step] = (logits.argmax(-1) == y).float().mean()
         if log_every and ((step + 1) % log_every == 0 or step + 1 == n):
-            log.extend(zip(range(read_from, step + 1), losses[read_from:step + 1].tolist()))  # one sync
+            log.extend(zip(range(read_from, step + 1), losses[read_from : step + 1].tolist()))  # one sync
             read_from = step + 1
     return LoopResult(losses, accs, best_loss, best_step, n_clipped, log)
 
@@ -277,6 +333,7 @@ def train_sync_free(model: nn.Module, opt: torch.optim.Optimizer,
 # ---------------------------------------------------------------------------------------------------
 # Measuring what a sync costs
 # ---------------------------------------------------------------------------------------------------
+
 
 def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> torch.Tensor:
     """Add 1 to ``x`` ``n_kernels`` times (one tiny kernel each); with ``read_every=k > 0`` read
@@ -309,12 +366,14 @@ def _events(trace: dict | str | Path) -> list[dict]:
     if isinstance(trace, (str, Path)):
         trace = json.loads(Path(trace).read_text())
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise ValueError("gpu_activity: trace must be a Chrome trace (a dict with a 'traceEvents' list) "
-                         "or the path of one, as written by torch.profiler's export_chrome_trace")
+        raise ValueError(
+            "gpu_activity: trace must be a Chrome trace (a dict with a 'traceEvents' list) "
+            "or the path of one, as written by torch.profiler's export_chrome_trace"
+        )
     return [e for e in trace["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
 
 
-def gpu_activity(trace: dict | str | Path, ranges: Iterable[str]) -> "pd.DataFrame":
+def gpu_activity(trace: dict | str | Path, ranges: Iterable[str]) -> pd.DataFrame:
     """GPU work (kernels, copies, memsets) of a ``torch.profiler`` Chrome trace, by host range.
 
     ``ranges`` are names of ``torch.profiler.record_function`` blocks on the host. Each GPU event is
@@ -336,8 +395,9 @@ def gpu_activity(trace: dict | str | Path, ranges: Iterable[str]) -> "pd.DataFra
             spans.setdefault(e["name"], []).append((t0, t0 + float(e.get("dur", 0))))
     missing = [n for n in names if n not in spans]
     if missing:
-        raise ValueError(f"gpu_activity: no record_function range named {missing} in the trace "
-                         f"(found: {sorted(spans)})")
+        raise ValueError(
+            f"gpu_activity: no record_function range named {missing} in the trace (found: {sorted(spans)})"
+        )
     launch_ts = {}
     for e in events:
         corr = (e.get("args") or {}).get("correlation")
@@ -358,8 +418,15 @@ def gpu_activity(trace: dict | str | Path, ranges: Iterable[str]) -> "pd.DataFra
         corr = (e.get("args") or {}).get("correlation")
         rng = owner(launch_ts[corr]) if corr in launch_ts else owner(start)
         if rng is not None:
-            rows.append({"range": rng, "name": e.get("name", ""), "cat": e["cat"], "start_us": start,
-                         "end_us": start + float(e.get("dur", 0))})
+            rows.append(
+                {
+                    "range": rng,
+                    "name": e.get("name", ""),
+                    "cat": e["cat"],
+                    "start_us": start,
+                    "end_us": start + float(e.get("dur", 0)),
+                }
+            )
     df = pd.DataFrame(rows, columns=["range", "name", "cat", "start_us", "end_us"])
     if df.empty:
         return df

@@ -19,13 +19,14 @@ What a training step costs besides time, measured or modelled:
   :func:`fits` tries a call and reports whether it ran out of GPU memory, and :func:`largest_fitting`
   searches the largest batch that fits with a few such calls.
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import gc
 import math
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -57,8 +58,14 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------------
 
 
-def train_run(step: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor], data, *, steps: int,
-              batch_size: int, device: torch.device | str) -> torch.Tensor:
+def train_run(
+    step: Callable[[tuple[torch.Tensor, torch.Tensor]], torch.Tensor],
+    data,
+    *,
+    steps: int,
+    batch_size: int,
+    device: torch.device | str,
+) -> torch.Tensor:
     """Run ``steps`` calls of ``step((idx, targets))`` on fresh batches ``data.batch(batch_size, device)``.
 
     Returns the losses as one float32 tensor of shape (steps,) on ``device``, stacked after the loop:
@@ -78,8 +85,7 @@ def _curve(fn: str, name: str, x) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(x)
     if x.dim() != 1 or x.numel() < 1 or not x.is_floating_point():
-        raise ValueError(f"{fn}: {name} must be a 1-D float tensor of losses, got "
-                         f"{x.dtype} {tuple(x.shape)}")
+        raise ValueError(f"{fn}: {name} must be a 1-D float tensor of losses, got {x.dtype} {tuple(x.shape)}")
     return x.detach().to("cpu", torch.float64)
 
 
@@ -124,6 +130,7 @@ def smoothed_rel_dev(a, b, *, window: int) -> float:
 # Precision
 # ---------------------------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def matmul_precision(tf32: bool) -> Iterator[None]:
     """Inside the block, float32 matrix products and convolutions on CUDA use TF32 tensor cores
@@ -162,8 +169,11 @@ def lost_in_cast(x: torch.Tensor, dtype: torch.dtype, *, scale: float = 1.0) -> 
     if v.numel() == 0:
         return {"underflow": 0.0, "overflow": 0.0, "n": 0}
     c = v.to(dtype)
-    return {"underflow": float((c == 0).double().mean()), "overflow": float(torch.isinf(c).double().mean()),
-            "n": int(v.numel())}
+    return {
+        "underflow": float((c == 0).double().mean()),
+        "overflow": float(torch.isinf(c).double().mean()),
+        "n": int(v.numel()),
+    }
 
 
 def running_sum(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -174,8 +184,10 @@ def running_sum(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     Once ``|s|`` is large, its spacing ``eps(dtype) * |s|`` exceeds the addends and the sum stalls.
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 1 or not x.is_floating_point():
-        raise ValueError(f"running_sum: x must be a 1-D floating tensor, got {getattr(x, 'dtype', type(x))} "
-                         f"{tuple(getattr(x, 'shape', ()))}")
+        raise ValueError(
+            f"running_sum: x must be a 1-D floating tensor, got {getattr(x, 'dtype', type(x))} "
+            f"{tuple(getattr(x, 'shape', ()))}"
+        )
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"running_sum: dtype must be a floating torch.dtype, got {dtype!r}")
     xs = x.detach().to("cpu", dtype)
@@ -191,8 +203,13 @@ def running_sum(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 # Memory: what autograd keeps, modelled and measured
 # ---------------------------------------------------------------------------------------------------
 
-def saved_tensor_bytes(fn: Callable[[], object], *, modules: dict[str, nn.Module] | None = None,
-                       exclude: tuple[torch.Tensor, ...] | list[torch.Tensor] = ()) -> dict[str, int]:
+
+def saved_tensor_bytes(
+    fn: Callable[[], object],
+    *,
+    modules: dict[str, nn.Module] | None = None,
+    exclude: tuple[torch.Tensor, ...] | list[torch.Tensor] = (),
+) -> dict[str, int]:
     """Bytes of the tensors autograd saves for backward while ``fn()`` runs, per module label.
 
     Every saved tensor is attributed to the innermost module of ``modules`` (name -> module) running when
@@ -224,6 +241,7 @@ def saved_tensor_bytes(fn: Callable[[], object], *, modules: dict[str, nn.Module
     def enter(name: str):
         def hook(*_):
             stack.append(name)  # returns None: the module's input is left alone
+
         return hook
 
     def leave(*_):
@@ -251,7 +269,7 @@ _KEPT_TENSORS = {
     "attention": "norm in/out, q, k, v, output, {core}",
     "meta-attention": "q, k, g, v, output, gain input",
     "graph memory": "k, v, q, read output, write/read weights; per segment: state, diffused state, read keys "
-                    "and values",
+    "and values",
     "MoE": "norm in/out; x{k}: input, up, act, output; router",
     "SwiGLU": "norm in/out, up (2F), activation (F)",
     "head": "final norm in/out, log-softmax (fp32)",
@@ -269,20 +287,28 @@ def block_activation_table(model: nn.Module, seq_len: int, dtype: torch.dtype = 
     """
     for attr in ("cfg", "blocks", "activation_bytes_per_token"):
         if not hasattr(model, attr):
-            raise TypeError(f"block_activation_table: model must be a HybridModel (needs .{attr}), "
-                            f"got {type(model).__name__}")
+            raise TypeError(
+                f"block_activation_table: model must be a HybridModel (needs .{attr}), got {type(model).__name__}"
+            )
     check_int("block_activation_table", "seq_len", seq_len)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"block_activation_table: dtype must be a floating torch.dtype, got {dtype!r}")
     cfg = model.cfg
     core = "log-sum-exp (fp32)" if cfg.attention_impl == "sdpa" else "probabilities T x T (fp32)"
-    return [{"block": r["block"], "part": r["part"], "bytes_per_token": r["full"],
-             "tensors": _KEPT_TENSORS[r["part"]].format(core=core, k=cfg.top_k)}
-            for r in model.activation_bytes_per_token(seq_len, dtype, itemized=True)]
+    return [
+        {
+            "block": r["block"],
+            "part": r["part"],
+            "bytes_per_token": r["full"],
+            "tensors": _KEPT_TENSORS[r["part"]].format(core=core, k=cfg.top_k),
+        }
+        for r in model.activation_bytes_per_token(seq_len, dtype, itemized=True)
+    ]
 
 
-def step_peak_estimate(model: nn.Module, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *,
-                       checkpoint: str | None = None) -> int:
+def step_peak_estimate(
+    model: nn.Module, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *, checkpoint: str | None = None
+) -> int:
     """Predicted peak bytes of one training step on top of the weights and the optimizer state:
 
         peak = activations kept for backward + what one block recomputes + gradients
@@ -294,11 +320,11 @@ def step_peak_estimate(model: nn.Module, batch: int, seq_len: int, dtype: torch.
     (:func:`mahia.measure.cost.activation_bytes`).
     """
     if not hasattr(model, "memory_estimate") or not hasattr(model, "cfg"):
-        raise TypeError(f"step_peak_estimate: model must be a HybridModel (needs memory_estimate), "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            f"step_peak_estimate: model must be a HybridModel (needs memory_estimate), got {type(model).__name__}"
+        )
     est = model.memory_estimate(batch, seq_len, dtype, checkpoint=checkpoint)
-    return training_peak_bytes(activations=est["activations"], recompute=est["recompute"],
-                               gradients=est["gradients"])
+    return training_peak_bytes(activations=est["activations"], recompute=est["recompute"], gradients=est["gradients"])
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
@@ -356,8 +382,9 @@ def fits(fn: Callable[[], object], *, cleanup: Callable[[], object] | None = Non
     return ok
 
 
-def largest_fitting(fits_at: Callable[[int], bool], start: int, *, probes: int = 3, grow: float = 1.15,
-                    shrink: float = 0.85) -> tuple[int, int | None]:
+def largest_fitting(
+    fits_at: Callable[[int], bool], start: int, *, probes: int = 3, grow: float = 1.15, shrink: float = 0.85
+) -> tuple[int, int | None]:
     """Search the largest size ``n`` with ``fits_at(n)`` true, in at most ``probes`` calls, from a predicted ``start``.
 
     While every trial has fit, the next one is ``grow`` times larger; while every trial has failed,

@@ -34,9 +34,10 @@ writes it once; a (programs, N) ``sum(0)`` finishes dw. Three passes, no atomics
 The helpers at the end (:func:`measure`, :func:`op_traffic`, :func:`min_bytes`, ...) wrap
 :mod:`mahia.bench.kernels` so that the notebook measures exactly what the benchmark suite measures.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -45,8 +46,7 @@ import triton.language as tl
 
 from mahia.measure.instruments import ByteTraffic
 from mahia.ops.dispatch import why_not
-from mahia.ops.rmsnorm import check_rms_norm_inputs
-from mahia.ops.rmsnorm import MAX_HIDDEN
+from mahia.ops.rmsnorm import MAX_HIDDEN, check_rms_norm_inputs
 
 __all__ = [
     "DW_STRATEGIES",
@@ -75,6 +75,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Kernels
 # --------------------------------------------------------------------------------------------------
 
+
 @triton.jit
 def _rms_norm_v1_kernel(X, W, Y, RSTD, n_cols, stride_x, stride_y, eps, BLOCK_N: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # one program per row; int64: row * stride can pass 2**31
@@ -88,8 +89,9 @@ def _rms_norm_v1_kernel(X, W, Y, RSTD, n_cols, stride_x, stride_y, eps, BLOCK_N:
 
 
 @triton.jit
-def _rms_norm_v1_bwd_kernel(DY, X, W, RSTD, DX, DW, n_cols, stride_dy, stride_x, stride_dx,
-                            ATOMIC_DW: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_v1_bwd_kernel(
+    DY, X, W, RSTD, DX, DW, n_cols, stride_dy, stride_x, stride_dx, ATOMIC_DW: tl.constexpr, BLOCK_N: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < n_cols
@@ -106,8 +108,9 @@ def _rms_norm_v1_bwd_kernel(DY, X, W, RSTD, DX, DW, n_cols, stride_dy, stride_x,
 
 
 @triton.jit
-def _rms_norm_dw_kernel(DY, X, RSTD, DW, n_rows, n_cols, stride_dy, stride_x,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _rms_norm_dw_kernel(
+    DY, X, RSTD, DW, n_rows, n_cols, stride_dy, stride_x, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's columns, all rows
     col_ok = cols < n_cols
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -127,11 +130,14 @@ def _rms_norm_dw_kernel(DY, X, RSTD, DW, n_rows, n_cols, stride_dy, stride_x,
 # Launchers
 # --------------------------------------------------------------------------------------------------
 
+
 def _require_triton(fn: str, t: torch.Tensor) -> None:
     reason = why_not(t)
     if reason is not None:  # teaching kernels have no eager fallback: say why they cannot run
-        raise RuntimeError(f"{fn}: cannot run the Triton kernel: {reason} "
-                           "(use a CUDA tensor, or set TRITON_INTERPRET=1 before importing triton)")
+        raise RuntimeError(
+            f"{fn}: cannot run the Triton kernel: {reason} "
+            "(use a CUDA tensor, or set TRITON_INTERPRET=1 before importing triton)"
+        )
 
 
 def _check_kernel_dtypes(fn: str, **tensors: torch.Tensor) -> None:
@@ -162,7 +168,14 @@ def rms_norm_v1_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) ->
         return y, rstd
     y2 = y.view(-1, x.shape[-1])
     _rms_norm_v1_kernel[(x2.shape[0],)](
-        x2, weight.contiguous(), y2, rstd, x2.shape[1], x2.stride(0), y2.stride(0), eps,
+        x2,
+        weight.contiguous(),
+        y2,
+        rstd,
+        x2.shape[1],
+        x2.stride(0),
+        y2.stride(0),
+        eps,
         BLOCK_N=triton.next_power_of_2(x2.shape[1]),
     )
     return y, rstd
@@ -173,8 +186,9 @@ def dw_second_pass_programs(n_cols: int) -> int:
     return triton.cdiv(n_cols, DW_BLOCK_N)
 
 
-def rms_norm_v1_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, *,
-                    dw: str | None = "atomic") -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm_v1_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, *, dw: str | None = "atomic"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(dx, dw) of y = rms_norm(x, weight) with one program per row; ``dw`` picks how dw is summed
     over rows: ``"atomic"`` (atomic adds from every row) or ``"second_pass"`` (a second kernel that
     reads x and dy again). ``dw=None`` computes dx only and returns (dx, None): the time of the
@@ -187,8 +201,9 @@ def rms_norm_v1_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rst
     if dy.shape != x.shape:
         raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
-        raise ValueError(f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, "
-                         f"got {rstd.dtype} {tuple(rstd.shape)}")
+        raise ValueError(
+            f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, got {rstd.dtype} {tuple(rstd.shape)}"
+        )
     _require_triton(fn, x)
     x2, dy2 = _as_rows(x), _as_rows(dy)
     rstd1 = rstd.reshape(-1).contiguous()
@@ -199,14 +214,31 @@ def rms_norm_v1_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rst
         return dx, (dw_acc.to(weight.dtype) if dw is not None else None)
     dx2 = dx.view(-1, n_cols)
     _rms_norm_v1_bwd_kernel[(n_rows,)](
-        dy2, x2, weight.contiguous(), rstd1, dx2, dw_acc, n_cols,
-        dy2.stride(0), x2.stride(0), dx2.stride(0),
-        ATOMIC_DW=dw == "atomic", BLOCK_N=triton.next_power_of_2(n_cols),
+        dy2,
+        x2,
+        weight.contiguous(),
+        rstd1,
+        dx2,
+        dw_acc,
+        n_cols,
+        dy2.stride(0),
+        x2.stride(0),
+        dx2.stride(0),
+        ATOMIC_DW=dw == "atomic",
+        BLOCK_N=triton.next_power_of_2(n_cols),
     )
     if dw == "second_pass":
         _rms_norm_dw_kernel[(dw_second_pass_programs(n_cols),)](
-            dy2, x2, rstd1, dw_acc, n_rows, n_cols, dy2.stride(0), x2.stride(0),
-            BLOCK_M=DW_BLOCK_M, BLOCK_N=DW_BLOCK_N,
+            dy2,
+            x2,
+            rstd1,
+            dw_acc,
+            n_rows,
+            n_cols,
+            dy2.stride(0),
+            x2.stride(0),
+            BLOCK_M=DW_BLOCK_M,
+            BLOCK_N=DW_BLOCK_N,
         )
     return dx, (dw_acc.to(weight.dtype) if dw is not None else None)
 
@@ -241,9 +273,16 @@ def rms_norm_v1(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, dw:
 # Correctness of every kernel the notebook times, against float64
 # --------------------------------------------------------------------------------------------------
 
-def check_kernels(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *,
-                  rms_shape: Sequence[int] = (3, 37, 1000), swiglu_shape: Sequence[int] = (3, 37, 1000),
-                  rope_shape: Sequence[int] = (2, 37, 4, 2, 64), seed: int = 0) -> list[dict]:
+
+def check_kernels(
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    *,
+    rms_shape: Sequence[int] = (3, 37, 1000),
+    swiglu_shape: Sequence[int] = (3, 37, 1000),
+    rope_shape: Sequence[int] = (2, 37, 4, 2, 64),
+    seed: int = 0,
+) -> list[dict]:
     """Outputs and input gradients of the Triton kernels against a float64 run of the eager reference.
 
     Checks the v1 RMSNorm (both dw strategies), the production RMSNorm and add+RMSNorm, SwiGLU and
@@ -253,16 +292,13 @@ def check_kernels(device: str | torch.device = "cpu", dtype: torch.dtype = torch
     returns one dict per kernel: name, shape, dtype, max_error, tol and the per-tensor errors.
     Run on a CPU only with ``TRITON_INTERPRET=1`` (in a subprocess: see notebook 03).
     """
-    from mahia.measure.checks import compare_fn, tolerance
-    # the kernels themselves (mahia.ops.swiglu etc. are the public functions with a fallback)
-    from mahia.ops.rmsnorm import add_rms_norm_triton
-    from mahia.ops.rmsnorm import rms_norm_triton
-    from mahia.ops.rope import rope_triton
-    from mahia.ops.swiglu import swiglu_triton
-    from mahia.ops.swiglu import swiglu_eager
-    from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
     from mahia.layers.rope import RotaryCache
-    from mahia.ops.rope import apply_rope_eager
+    from mahia.measure.checks import compare_fn, tolerance
+
+    # the kernels themselves (mahia.ops.swiglu etc. are the public functions with a fallback)
+    from mahia.ops.rmsnorm import add_rms_norm_eager, add_rms_norm_triton, rms_norm_eager, rms_norm_triton
+    from mahia.ops.rope import apply_rope_eager, rope_triton
+    from mahia.ops.swiglu import swiglu_eager, swiglu_triton
 
     if len(rope_shape) != 5:
         raise ValueError(f"check_kernels: rope_shape must be (B, T, Hq, Hkv, D), got {tuple(rope_shape)}")
@@ -282,8 +318,13 @@ def check_kernels(device: str | torch.device = "cpu", dtype: torch.dtype = torch
     q, k = randn(B, T, Hq, D), randn(B, T, Hkv, D)
     cases: list[tuple[str, Callable, Callable, list, Sequence[int]]] = [
         ("rms_norm_v1 (dw=atomic)", lambda x, w: rms_norm_v1(x, w, dw="atomic"), rms_norm_eager, [x, w], rms_shape),
-        ("rms_norm_v1 (dw=second_pass)", lambda x, w: rms_norm_v1(x, w, dw="second_pass"), rms_norm_eager,
-         [x, w], rms_shape),
+        (
+            "rms_norm_v1 (dw=second_pass)",
+            lambda x, w: rms_norm_v1(x, w, dw="second_pass"),
+            rms_norm_eager,
+            [x, w],
+            rms_shape,
+        ),
         ("rms_norm (production)", rms_norm_triton, rms_norm_eager, [x, w], rms_shape),
         ("add_rms_norm (production)", add_rms_norm_triton, add_rms_norm_eager, [x, r, w], rms_shape),
         ("swiglu", swiglu_triton, swiglu_eager, [a, b], swiglu_shape),
@@ -293,8 +334,16 @@ def check_kernels(device: str | torch.device = "cpu", dtype: torch.dtype = torch
     for name, fast, ref, inputs, shape in cases:
         grad_inputs = [0, 1] if name == "rope" else None  # cos/sin are constants
         cmp = compare_fn(fast, ref, inputs, tol=tol, name=name, grad_inputs=grad_inputs)
-        rows.append({"kernel": name, "shape": "x".join(map(str, shape)), "dtype": str(dtype).replace("torch.", ""),
-                     "max_error": cmp.max_error, "tol": tol, "errors": dict(cmp.errors)})
+        rows.append(
+            {
+                "kernel": name,
+                "shape": "x".join(map(str, shape)),
+                "dtype": str(dtype).replace("torch.", ""),
+                "max_error": cmp.max_error,
+                "tol": tol,
+                "errors": dict(cmp.errors),
+            }
+        )
     return rows
 
 
@@ -302,8 +351,10 @@ def check_kernels(device: str | torch.device = "cpu", dtype: torch.dtype = torch
 # Counting the bytes an eager function moves
 # --------------------------------------------------------------------------------------------------
 
-def op_traffic(fn: Callable, *inputs: torch.Tensor, backward: bool = False,
-               grad_inputs: Sequence[int] | None = None, seed: int = 0) -> pd.DataFrame:
+
+def op_traffic(
+    fn: Callable, *inputs: torch.Tensor, backward: bool = False, grad_inputs: Sequence[int] | None = None, seed: int = 0
+) -> pd.DataFrame:
     """One row per op that ``fn(*inputs)`` runs (and its backward, if ``backward``) and that launches a
     kernel: the op, the bytes it reads (its tensor inputs) and writes (its outputs), and the output shape.
 
@@ -315,8 +366,10 @@ def op_traffic(fn: Callable, *inputs: torch.Tensor, backward: bool = False,
     building those gradients is not counted.
     """
     idx = set(range(len(inputs))) if grad_inputs is None else set(grad_inputs)
-    ins = [t.detach().requires_grad_(backward and i in idx and t.is_floating_point())
-           if isinstance(t, torch.Tensor) else t for i, t in enumerate(inputs)]
+    ins = [
+        t.detach().requires_grad_(backward and i in idx and t.is_floating_point()) if isinstance(t, torch.Tensor) else t
+        for i, t in enumerate(inputs)
+    ]
     mode = ByteTraffic()
     with torch.enable_grad() if backward else torch.no_grad():
         with mode:
@@ -378,11 +431,11 @@ def min_bytes(kind: str, shape: Sequence[int], dtype: torch.dtype) -> int:
 def op_flops(kind: str, shape: Sequence[int]) -> int:
     """Floating-point operations of ``kind``, counting exp, rsqrt and division as one each:
 
-        rmsnorm  forward 4 per element (square, sum, * rstd, * w); backward 9
-                 (x_hat, g, x_hat * g, sum, * mean, -, * rstd, dy * x_hat, sum over rows)
-        swiglu   forward 5 (exp, +1, divide, * a, * b); backward 11 (sigmoid 3, 1 - s, a (1 - s),
-                 1 + ..., b s, product, * dc, a s * dc counted as 2)
-        rope     3 per element of q and k each way (per pair: 4 multiplies and 2 adds)
+    rmsnorm  forward 4 per element (square, sum, * rstd, * w); backward 9
+             (x_hat, g, x_hat * g, sum, * mean, -, * rstd, dy * x_hat, sum over rows)
+    swiglu   forward 5 (exp, +1, divide, * a, * b); backward 11 (sigmoid 3, 1 - s, a (1 - s),
+             1 + ..., b s, product, * dc, a s * dc counted as 2)
+    rope     3 per element of q and k each way (per pair: 4 multiplies and 2 adds)
     """
     shape = _check_shape(kind, shape)
     if kind.startswith("rope"):
@@ -393,8 +446,9 @@ def op_flops(kind: str, shape: Sequence[int]) -> int:
     return per * M * N
 
 
-def make_inputs(kind: str, shape: Sequence[int], device: str | torch.device,
-                dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def make_inputs(
+    kind: str, shape: Sequence[int], device: str | torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
     """Fresh random inputs as :mod:`mahia.bench.kernels` makes them: RMSNorm (x, w) with w near 1;
     SwiGLU (a, b); RoPE (q, k, cos, sin) with float32 tables from ``RotaryCache``."""
     from mahia.layers.rope import RotaryCache
@@ -405,8 +459,12 @@ def make_inputs(kind: str, shape: Sequence[int], device: str | torch.device,
     if op == "rope":
         B, T, Hq, Hkv, D = shape
         cos, sin = RotaryCache(D, T, device=dev).get(T)
-        return (torch.randn(B, T, Hq, D, device=dev, dtype=dtype), torch.randn(B, T, Hkv, D, device=dev, dtype=dtype),
-                cos, sin)
+        return (
+            torch.randn(B, T, Hq, D, device=dev, dtype=dtype),
+            torch.randn(B, T, Hkv, D, device=dev, dtype=dtype),
+            cos,
+            sin,
+        )
     M, N = shape
     if op == "swiglu":
         return torch.randn(M, N, device=dev, dtype=dtype), torch.randn(M, N, device=dev, dtype=dtype)
@@ -415,22 +473,35 @@ def make_inputs(kind: str, shape: Sequence[int], device: str | torch.device,
 
 def _references() -> dict[str, tuple[Callable, Callable]]:
     from mahia import ops
-    from mahia.ops.swiglu import swiglu_eager
     from mahia.ops.rmsnorm import rms_norm_eager
     from mahia.ops.rope import apply_rope_eager
-    return {"rms_norm": (rms_norm_eager, ops.rms_norm), "swiglu": (swiglu_eager, ops.swiglu),
-            "rope": (apply_rope_eager, ops.rope)}
+    from mahia.ops.swiglu import swiglu_eager
+
+    return {
+        "rms_norm": (rms_norm_eager, ops.rms_norm),
+        "swiglu": (swiglu_eager, ops.swiglu),
+        "rope": (apply_rope_eager, ops.rope),
+    }
 
 
 def liger_ops():
     """Liger-Kernel's RMSNorm, SwiGLU and RoPE autograd functions for :func:`measure`, or None (with the
     reason printed) when ``import liger_kernel`` fails."""
     from mahia.bench import kernels as bk
+
     return bk._liger_ops()
 
 
-def measure(recorder, kind: str, shape: Sequence[int], dtype: torch.dtype, *, experiment: str | None = None,
-            liger=None, skip: Sequence[str] = ()) -> pd.DataFrame:
+def measure(
+    recorder,
+    kind: str,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    *,
+    experiment: str | None = None,
+    liger=None,
+    skip: Sequence[str] = (),
+) -> pd.DataFrame:
     """Check, then time every variant of ``kind`` at ``shape`` exactly as ``python -m mahia.bench
     kernels`` does, and record one row per variant in ``recorder``; returns those rows.
 
@@ -452,11 +523,24 @@ def measure(recorder, kind: str, shape: Sequence[int], dtype: torch.dtype, *, ex
         raise ValueError(f"measure: skip names unknown variants {sorted(unknown)}; known: {sorted(bk.ROLE)}")
     variants = bk._variants(op, eager, fast, dev, liger)
     if dev.type != "cuda" and "torch.compile" not in skip:
-        variants.insert(1, bk.Variant("torch.compile", torch.compile(eager, dynamic=False),
-                                      notes="CPU: Inductor's C++ code, not a GPU figure"))
+        variants.insert(
+            1,
+            bk.Variant(
+                "torch.compile", torch.compile(eager, dynamic=False), notes="CPU: Inductor's C++ code, not a GPU figure"
+            ),
+        )
     variants = [v for v in variants if v.name not in skip]
     before = len(recorder.rows)
-    bk._measure(recorder, experiment or kind, variants, lambda: make_inputs(kind, shape, dev, dtype), eager,
-                backward=backward, grad_inputs=[0, 1], nbytes=min_bytes(kind, shape, dtype), shape=shape,
-                dtype=dtype)
+    bk._measure(
+        recorder,
+        experiment or kind,
+        variants,
+        lambda: make_inputs(kind, shape, dev, dtype),
+        eager,
+        backward=backward,
+        grad_inputs=[0, 1],
+        nbytes=min_bytes(kind, shape, dtype),
+        shape=shape,
+        dtype=dtype,
+    )
     return pd.DataFrame(recorder.rows[before:])

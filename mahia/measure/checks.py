@@ -14,10 +14,11 @@ relative error explodes) and comparable across shapes. Typical values (METHOD.md
 run in float64 (or float32 where float64 is unsupported), so the bound covers only the fast path's
 own rounding. NaN or Inf never passes.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -69,8 +70,9 @@ def check_float_tensor(fn: str, name: str, t: object, *, min_dim: int = 1) -> to
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
-        raise TypeError(f"{fn}: {name} must be a floating-point tensor (float32, float16 or bfloat16), "
-                        f"got dtype {t.dtype}")
+        raise TypeError(
+            f"{fn}: {name} must be a floating-point tensor (float32, float16 or bfloat16), got dtype {t.dtype}"
+        )
     if t.dim() < min_dim:
         raise ValueError(f"{fn}: {name} must have at least {min_dim} dimension(s), got shape {tuple(t.shape)}")
     return t
@@ -206,7 +208,8 @@ def compare_fn(
             for i, (a, b) in enumerate(zip(fast_in, ref_in)):
                 if isinstance(a, torch.Tensor) and a.requires_grad:
                     if a.grad is None or b.grad is None:
-                        raise CorrectnessError(f"{name}: input {i} got no gradient "
-                                               f"(fast: {a.grad is not None}, ref: {b.grad is not None})")
+                        raise CorrectnessError(
+                            f"{name}: input {i} got no gradient (fast: {a.grad is not None}, ref: {b.grad is not None})"
+                        )
                     errors[f"grad{i}"] = check_close(f"{name} gradient of input {i}", a.grad, b.grad, tol)
     return Comparison(errors, tol)

@@ -45,11 +45,12 @@ little has been freed::
 Allocator slack, workspaces and the temporaries of the backward pass are not modelled: measure for the
 real peak.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 __all__ = [
     "Machine",
@@ -110,8 +111,7 @@ def kernel_ms(flops: float, nbytes: float, machine: Machine) -> float:
         raise TypeError(f"kernel_ms: machine must be a Machine, got {type(machine).__name__}")
     flops = _number("kernel_ms", "flops", flops)
     nbytes = _number("kernel_ms", "nbytes", nbytes)
-    return max(machine.floor_us * 1e-3, flops / (machine.matmul_tflops * 1e9),
-               nbytes / (machine.bandwidth_gbps * 1e6))
+    return max(machine.floor_us * 1e-3, flops / (machine.matmul_tflops * 1e9), nbytes / (machine.bandwidth_gbps * 1e6))
 
 
 def work_ms(kernels: Iterable[tuple[float, float]], machine: Machine) -> float:
@@ -128,10 +128,10 @@ def work_ms(kernels: Iterable[tuple[float, float]], machine: Machine) -> float:
 class StepTime:
     """One predicted step, in ms: its three terms and their combination ``ms`` (module docstring)."""
 
-    launch_ms: float   # n_launches * t_launch: the host issuing the kernels
-    work_ms: float     # the device running them
-    sync_ms: float     # n_syncs * t_sync
-    ms: float          # the step
+    launch_ms: float  # n_launches * t_launch: the host issuing the kernels
+    work_ms: float  # the device running them
+    sync_ms: float  # n_syncs * t_sync
+    ms: float  # the step
     overlap: bool
 
     @property
@@ -171,8 +171,9 @@ def step_time(machine: Machine, *, launches: float, work_ms: float = 0.0, syncs:
 CHECKPOINT_POLICIES = (None, "full", "selective")
 
 
-def activation_bytes(blocks: Sequence[tuple[float, float]], *, block_input: float, head: float = 0.0,
-                     checkpoint: str | None = None) -> tuple[float, float]:
+def activation_bytes(
+    blocks: Sequence[tuple[float, float]], *, block_input: float, head: float = 0.0, checkpoint: str | None = None
+) -> tuple[float, float]:
     """``(kept, recompute)``: the activation bytes autograd keeps at the end of the forward pass, and those
     alive again while one checkpointed block is recomputed during backward (module docstring).
 
@@ -191,8 +192,9 @@ def activation_bytes(blocks: Sequence[tuple[float, float]], *, block_input: floa
         full = _number("activation_bytes", f"block {i} full", b[0])
         sel = _number("activation_bytes", f"block {i} selective", b[1])
         if sel > full:
-            raise ValueError(f"activation_bytes: block {i} keeps more with selective checkpointing ({sel}) "
-                             f"than without ({full})")
+            raise ValueError(
+                f"activation_bytes: block {i} keeps more with selective checkpointing ({sel}) than without ({full})"
+            )
         pairs.append((full, sel))
     if checkpoint is None:
         return sum(f for f, _ in pairs) + head, 0.0
@@ -204,5 +206,9 @@ def activation_bytes(blocks: Sequence[tuple[float, float]], *, block_input: floa
 def training_peak_bytes(*, activations: float, recompute: float, gradients: float) -> int:
     """Peak bytes of a training step on top of the weights and the optimizer state:
     ``activations + recompute + gradients`` (module docstring), rounded down to whole bytes."""
-    return int(sum(_number("training_peak_bytes", name, v) for name, v in
-                   (("activations", activations), ("recompute", recompute), ("gradients", gradients))))
+    return int(
+        sum(
+            _number("training_peak_bytes", name, v)
+            for name, v in (("activations", activations), ("recompute", recompute), ("gradients", gradients))
+        )
+    )

@@ -15,6 +15,7 @@ have uncommitted changes, or ``unknown`` without git (an installed copy, a copie
 
 This module imports nothing else of mahia: ``hardware`` and ``results`` both build on it.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,24 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "UNKNOWN", "REFERENCE_ENV", "atomic_write_text", "in_checkout", "runs_dir",
-           "default_results_dir", "default_figures_dir", "reference_results_dir", "reference_figures_dir",
-           "is_reference", "check_writable", "git_commit", "describe_commit", "run_commit", "profile_file"]
+__all__ = [
+    "REPO_ROOT",
+    "UNKNOWN",
+    "REFERENCE_ENV",
+    "atomic_write_text",
+    "in_checkout",
+    "runs_dir",
+    "default_results_dir",
+    "default_figures_dir",
+    "reference_results_dir",
+    "reference_figures_dir",
+    "is_reference",
+    "check_writable",
+    "git_commit",
+    "describe_commit",
+    "run_commit",
+    "profile_file",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UNKNOWN = "unknown"
@@ -89,7 +105,8 @@ def check_writable(path: str | Path) -> None:
         raise RuntimeError(
             f"{path} is the committed reference, written only by `python -m mahia reference` (on a GPU, "
             "from a clean tree); everything else writes to runs/results and runs/figures (git-ignored). "
-            f"To write it by hand anyway, set {REFERENCE_ENV}=1.")
+            f"To write it by hand anyway, set {REFERENCE_ENV}=1."
+        )
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -118,8 +135,9 @@ def profile_file(folder: str | Path, stem: str, profile: str) -> Path:
 def _git(root: Path, *args: str) -> str | None:
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")  # never take the index lock of a tree others work in
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10,
-                             check=False, env=env)
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False, env=env
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout if out.returncode == 0 else None

@@ -15,6 +15,7 @@ run: the runner sets ``MAHIA_RUN_ID`` and the first notebook writes ``ceilings.j
 ``ceilings-<profile>.json`` for any other) that the others reuse. The file carries the profile and the
 commit of the code that measured it, like every record.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ import re
 import subprocess
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -55,8 +56,10 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         return torch.device("cpu")
     if re.fullmatch(r"cuda(:\d+)?", d):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device={device!r} was requested but no CUDA GPU is available "
-                               "(torch.cuda.is_available() is False); use device='cpu' or 'auto'")
+            raise RuntimeError(
+                f"device={device!r} was requested but no CUDA GPU is available "
+                "(torch.cuda.is_available() is False); use device='cpu' or 'auto'"
+            )
         return torch.device(d)
     raise ValueError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}")
 
@@ -86,19 +89,24 @@ def device_slug(device: str | torch.device = "auto") -> str:
 
 def _driver_version() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def device_report(device: str = "auto") -> dict:
     """Hardware and software of this run, as a flat dict (also stamped onto every result record)."""
     dev = resolve_device(device)
     try:
         import triton
+
         triton_version = triton.__version__
     except Exception:
         triton_version = None
@@ -114,14 +122,16 @@ def device_report(device: str = "auto") -> dict:
     }
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
-        rep.update({
-            "gpu": p.name,
-            "compute_capability": f"{p.major}.{p.minor}",
-            "sm_count": p.multi_processor_count,
-            "gpu_memory_gib": round(p.total_memory / 2**30, 1),
-            "l2_cache_mb": round(getattr(p, "L2_cache_size", 0) / 2**20, 1) or None,
-            "driver": _driver_version(),
-        })
+        rep.update(
+            {
+                "gpu": p.name,
+                "compute_capability": f"{p.major}.{p.minor}",
+                "sm_count": p.multi_processor_count,
+                "gpu_memory_gib": round(p.total_memory / 2**30, 1),
+                "l2_cache_mb": round(getattr(p, "L2_cache_size", 0) / 2**20, 1) or None,
+                "driver": _driver_version(),
+            }
+        )
     return rep
 
 
@@ -136,12 +146,11 @@ class Ceilings:
     measured_at: str
     run_id: str | None = None
     profile: str | None = None  # "quick" | "full" | ...; None in files written before it was recorded
-    commit: str | None = None   # the code that measured it (mahia.measure.files.run_commit)
+    commit: str | None = None  # the code that measured it (mahia.measure.files.run_commit)
 
     def limit(self, name: str) -> float:
         """The ceiling a record is compared against: 'copy' (GB/s) or 'matmul_bf16'/'matmul_fp32'."""
-        table = {"copy": self.copy_gbps, "matmul_bf16": self.matmul_bf16_tflops,
-                 "matmul_fp32": self.matmul_fp32_tflops}
+        table = {"copy": self.copy_gbps, "matmul_bf16": self.matmul_bf16_tflops, "matmul_fp32": self.matmul_fp32_tflops}
         if name not in table:
             raise ValueError(f"unknown limit {name!r}; expected one of {sorted(table)}")
         return table[name]
@@ -156,7 +165,7 @@ def _measure(dev: torch.device, quick: bool) -> dict:
     n_bytes = (2 if cuda else 0.25) * 2**30 if not quick else (256 if cuda else 32) * 2**20
     src = torch.randn(int(n_bytes) // 4, device=dev)
     dst = torch.empty_like(src)
-    t = bench(lambda: dst.copy_(src), device=dev, memory=False, rep_ms=200 if cuda else 300)
+    t = bench(lambda s=src, d=dst: d.copy_(s), device=dev, memory=False, rep_ms=200 if cuda else 300)
     copy_gbps = 2 * src.numel() * 4 / (t.median_ms * 1e-3) / 1e9
     del src, dst
 
@@ -166,7 +175,7 @@ def _measure(dev: torch.device, quick: bool) -> dict:
         for n in sizes:
             a = torch.randn(n, n, device=dev, dtype=dtype)  # random data: zeros run faster
             b = torch.randn(n, n, device=dev, dtype=dtype)
-            t = bench(lambda: torch.mm(a, b), device=dev, memory=False, flush_l2=False, rep_ms=150)
+            t = bench(lambda a=a, b=b: torch.mm(a, b), device=dev, memory=False, flush_l2=False, rep_ms=150)
             best = max(best, 2 * n**3 / (t.median_ms * 1e-3) / 1e12)
         return best
 
@@ -184,8 +193,14 @@ def _measure(dev: torch.device, quick: bool) -> dict:
 _CACHE: dict[str, Ceilings] = {}
 
 
-def ceilings(device: str | torch.device = "auto", *, results_dir: str | Path | None = None,
-             quick: bool = False, refresh: bool = False, profile: str | None = None) -> Ceilings:
+def ceilings(
+    device: str | torch.device = "auto",
+    *,
+    results_dir: str | Path | None = None,
+    quick: bool = False,
+    refresh: bool = False,
+    profile: str | None = None,
+) -> Ceilings:
     """Measured ceilings of ``device``, measured once per run.
 
     ``profile`` (default ``"quick"`` when ``quick`` else ``"full"``) is stamped on the result with the
@@ -215,8 +230,14 @@ def ceilings(device: str | torch.device = "auto", *, results_dir: str | Path | N
             except (ValueError, TypeError):
                 pass  # unreadable or old format: measure again
     m = _measure(dev, quick)
-    c = Ceilings(device_slug=slug, measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 run_id=run_id, profile=profile, commit=files.run_commit(), **m)
+    c = Ceilings(
+        device_slug=slug,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        run_id=run_id,
+        profile=profile,
+        commit=files.run_commit(),
+        **m,
+    )
     _CACHE[key] = c
     if path is not None:
         files.atomic_write_text(path, json.dumps(c.as_dict(), indent=2) + "\n")

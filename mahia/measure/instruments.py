@@ -69,6 +69,7 @@ tensor once and writes only what leaves it (used by a non-member, returned, or w
 (it may do better where the level rule is cautious, worse where it declines to fuse). What a step of such
 kernels costs in time is :mod:`mahia.measure.cost`.
 """
+
 from __future__ import annotations
 
 import math
@@ -77,20 +78,31 @@ import traceback
 import warnings
 import weakref
 from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = [
-    "NO_KERNEL_OPS", "launches_kernel",
-    "SYNCING_OPS", "SyncReport", "count_syncs", "assert_no_syncs",
-    "OpCount", "count_ops",
+    "NO_KERNEL_OPS",
+    "launches_kernel",
+    "SYNCING_OPS",
+    "SyncReport",
+    "count_syncs",
+    "assert_no_syncs",
+    "OpCount",
+    "count_ops",
     "LiveTensorMemory",
-    "MATMUL_OPS", "OPAQUE_ATEN_OPS", "OpRecord", "FusedEstimate", "OpTrace", "trace_ops",
+    "MATMUL_OPS",
+    "OPAQUE_ATEN_OPS",
+    "OpRecord",
+    "FusedEstimate",
+    "OpTrace",
+    "trace_ops",
     "ByteTraffic",
 ]
 
@@ -101,11 +113,30 @@ __all__ = [
 
 # ATen ops that launch nothing although they are not views by their schema: they allocate, alias, ask
 # for metadata, or read one value to the host (a copy and a sync, not a kernel).
-NO_KERNEL_OPS = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
-    "lift_fresh", "lift_fresh_copy", "_unsafe_view", "set_", "resize_", "_local_scalar_dense",
-    "is_nonzero", "equal", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "record_stream",
-})
+NO_KERNEL_OPS = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "detach",
+        "alias",
+        "lift_fresh",
+        "lift_fresh_copy",
+        "_unsafe_view",
+        "set_",
+        "resize_",
+        "_local_scalar_dense",
+        "is_nonzero",
+        "equal",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "record_stream",
+    }
+)
 
 
 def _op_name(func) -> str:
@@ -130,8 +161,7 @@ def _written_tensors(func, args: tuple, kwargs: dict, out: Any) -> list[torch.Te
         return outs
     schema_args = func._schema.arguments
     named = {a.name: v for a, v in zip(schema_args, args)} | dict(kwargs)
-    return _tensors([named.get(a.name) for a in schema_args
-                     if a.alias_info is not None and a.alias_info.is_write])
+    return _tensors([named.get(a.name) for a in schema_args if a.alias_info is not None and a.alias_info.is_write])
 
 
 def _launches(func, written: list[torch.Tensor]) -> bool:
@@ -160,17 +190,23 @@ def _distinct_bytes(t: torch.Tensor) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 # ATen ops that make the host wait for the device when their inputs live on a CUDA device.
-SYNCING_OPS = frozenset({
-    "aten._local_scalar_dense",  # .item(), bool(t), int(t), float(t), if t:, .tolist() per element
-    "aten.is_nonzero",
-    "aten.nonzero",
-    "aten.masked_select",
-    "aten.unique", "aten._unique", "aten._unique2", "aten.unique_consecutive", "aten.unique_dim",
-    "aten.bincount",
-    "aten.repeat_interleave",  # with a tensor of repeats: output size depends on the data
-    "aten.equal",
-    "aten.allclose",
-})
+SYNCING_OPS = frozenset(
+    {
+        "aten._local_scalar_dense",  # .item(), bool(t), int(t), float(t), if t:, .tolist() per element
+        "aten.is_nonzero",
+        "aten.nonzero",
+        "aten.masked_select",
+        "aten.unique",
+        "aten._unique",
+        "aten._unique2",
+        "aten.unique_consecutive",
+        "aten.unique_dim",
+        "aten.bincount",
+        "aten.repeat_interleave",  # with a tensor of repeats: output size depends on the data
+        "aten.equal",
+        "aten.allclose",
+    }
+)
 
 
 def _is_mask_index(func, args) -> bool:
@@ -233,8 +269,11 @@ class _Recorder(TorchDispatchMode):
                 label = name if name in SYNCING_OPS else ("boolean-mask index" if mask_index else "copy to host")
                 self.report.ops[label] += 1
                 if self.keep_stack:
-                    frames = [f for f in traceback.extract_stack()[:-1]
-                              if "torch/" not in f.filename and "mahia/measure/instruments.py" not in f.filename]
+                    frames = [
+                        f
+                        for f in traceback.extract_stack()[:-1]
+                        if "torch/" not in f.filename and "mahia/measure/instruments.py" not in f.filename
+                    ]
                     if frames:
                         f = frames[-1]
                         self.report.where.append(f"{f.filename}:{f.lineno}: {f.line}")
@@ -284,6 +323,7 @@ def assert_no_syncs():
 # ---------------------------------------------------------------------------------------------------
 # Kernel launches
 # ---------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class OpCount:
@@ -395,6 +435,7 @@ class count_ops:
 # Live tensor memory
 # ---------------------------------------------------------------------------------------------------
 
+
 class LiveTensorMemory(TorchDispatchMode):
     """Bytes of tensor storage created inside the mode and still alive: ``current`` and its maximum ``peak``.
 
@@ -442,22 +483,48 @@ class LiveTensorMemory(TorchDispatchMode):
 # ---------------------------------------------------------------------------------------------------
 
 # Library kernels a compiler calls but does not fuse into (ATen names without the overload).
-MATMUL_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "convolution",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_flash_attention_forward", "_efficient_attention_forward",
-})
+MATMUL_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_grouped_mm",
+        "convolution",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    }
+)
 # ATen ops that launch a kernel a compiler keeps as is (data-dependent sizes, sorting, fused optimizer steps).
-OPAQUE_ATEN_OPS = frozenset({
-    "sort", "argsort", "topk", "nonzero", "unique", "_unique", "_unique2", "unique_consecutive",
-    "masked_select", "multinomial", "randperm", "bincount",
-    "_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_",
-})
+OPAQUE_ATEN_OPS = frozenset(
+    {
+        "sort",
+        "argsort",
+        "topk",
+        "nonzero",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "masked_select",
+        "multinomial",
+        "randperm",
+        "bincount",
+        "_fused_adam_",
+        "_fused_adamw_",
+        "_fused_sgd_",
+        "_fused_adagrad_",
+    }
+)
 
 
 def _matmul_flops(name: str, args: dict[str, Any]) -> int:
     """FLOPs of one matmul-like op from its arguments (by schema name); 0 where unknown."""
+
     def shape(key):
         t = args.get(key)
         return tuple(t.shape) if isinstance(t, torch.Tensor) else None
@@ -518,10 +585,10 @@ class OpRecord:
 class FusedEstimate:
     """What an ideal fusing compiler would launch and move (see the module docstring)."""
 
-    regions: int            # fused pointwise kernels
-    kernels: int            # regions + matmul + opaque kernels
-    pointwise_bytes: int    # bytes the fused regions move
-    bytes: int              # all bytes: regions + matmul + opaque ops
+    regions: int  # fused pointwise kernels
+    kernels: int  # regions + matmul + opaque kernels
+    pointwise_bytes: int  # bytes the fused regions move
+    bytes: int  # all bytes: regions + matmul + opaque ops
     region_bytes: tuple[int, ...] = field(repr=False, default=())
 
 
@@ -613,24 +680,29 @@ class OpTrace:
         roots = sorted(set(region_of.values()))
 
         def read_bytes(r: int) -> int:  # distinct views of a tensor, at most the whole tensor
-            return sum(min(sum(views.values()), self.sizes.get(tid, math.inf))
-                       for tid, views in reads.get(r, {}).items())
+            return sum(
+                min(sum(views.values()), self.sizes.get(tid, math.inf)) for tid, views in reads.get(r, {}).items()
+            )
 
         region_bytes = tuple(int(read_bytes(r)) + sum(writes.get(r, {}).values()) for r in roots)
         other = [o for o in self.ops if o.kind in ("matmul", "opaque")]
         pointwise_bytes = sum(region_bytes)
-        return FusedEstimate(regions=len(roots), kernels=len(roots) + len(other),
-                             pointwise_bytes=pointwise_bytes, bytes=pointwise_bytes + sum(o.bytes for o in other),
-                             region_bytes=region_bytes)
+        return FusedEstimate(
+            regions=len(roots),
+            kernels=len(roots) + len(other),
+            pointwise_bytes=pointwise_bytes,
+            bytes=pointwise_bytes + sum(o.bytes for o in other),
+            region_bytes=region_bytes,
+        )
 
 
 class _Tracer(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: list[OpRecord] = []
-        self._tid: dict[int, int] = {}      # id(tensor object) -> tensor id (aliases share one)
-        self._level: dict[int, int] = {}    # tensor id -> level
-        self.sizes: dict[int, int] = {}     # tensor id -> bytes of the whole tensor
+        self._tid: dict[int, int] = {}  # id(tensor object) -> tensor id (aliases share one)
+        self._level: dict[int, int] = {}  # tensor id -> level
+        self.sizes: dict[int, int] = {}  # tensor id -> bytes of the whole tensor
         self._keep: list[torch.Tensor] = []  # keeps traced tensors alive, so Python ids are not reused
         self._next = 0
 
@@ -683,9 +755,11 @@ class _Tracer(TorchDispatchMode):
         if kind == "free":
             for t in outs:
                 # an alias (view) of the first input keeps its id; an allocation gets a fresh one
-                self._tid[id(t)] = self.tid(ins[0]) if ins and (func.is_view or name in ("detach", "alias",
-                                                                                        "_unsafe_view")) \
+                self._tid[id(t)] = (
+                    self.tid(ins[0])
+                    if ins and (func.is_view or name in ("detach", "alias", "_unsafe_view"))
                     else self._new_id(t)
+                )
                 self._keep.append(t)
             reads = []
         for t in written if kind != "free" else ():
@@ -710,8 +784,9 @@ def trace_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpTrace:
     tracer = _Tracer()
     with tracer:
         result = fn(*args, **kwargs)
-    out_ids = frozenset(tracer._tid[id(t)] for t in tree_flatten(result)[0]
-                        if isinstance(t, torch.Tensor) and id(t) in tracer._tid)
+    out_ids = frozenset(
+        tracer._tid[id(t)] for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor) and id(t) in tracer._tid
+    )
     trace = OpTrace(tracer.ops, out_ids, dict(tracer.sizes))
     tracer._keep.clear()
     return trace
@@ -720,6 +795,7 @@ def trace_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpTrace:
 # ---------------------------------------------------------------------------------------------------
 # Byte traffic per op
 # ---------------------------------------------------------------------------------------------------
+
 
 class ByteTraffic(TorchDispatchMode):
     """One row per op that launches a kernel (:func:`launches_kernel`): ``op`` (its name), ``read_bytes``
@@ -744,8 +820,12 @@ class ByteTraffic(TorchDispatchMode):
         out = func(*args, **kwargs)
         written = _written_tensors(func, args, kwargs, out)
         if _launches(func, written):
-            self.rows.append({"op": func.overloadpacket.__name__,
-                              "read_bytes": sum(_distinct_bytes(t) for t in _tensors((args, kwargs))),
-                              "written_bytes": sum(_distinct_bytes(t) for t in written),
-                              "out_shape": "x".join(map(str, written[0].shape))})
+            self.rows.append(
+                {
+                    "op": func.overloadpacket.__name__,
+                    "read_bytes": sum(_distinct_bytes(t) for t in _tensors((args, kwargs))),
+                    "written_bytes": sum(_distinct_bytes(t) for t in written),
+                    "out_shape": "x".join(map(str, written[0].shape)),
+                }
+            )
         return out

@@ -4,15 +4,20 @@ Figures are saved as PNG and SVG under ``figures/<device-slug>/`` by ``save``. T
 the DataFrame of records written by ``mahia.measure.results`` (``Recorder.frame()`` or ``load_records``),
 so a plot always shows what was measured.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 
-if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline", "nbagg", "widget",
-                                              "module://ipympl.backend_nbagg"):
+if matplotlib.get_backend().lower() not in (
+    "module://matplotlib_inline.backend_inline",
+    "nbagg",
+    "widget",
+    "module://ipympl.backend_nbagg",
+):
     matplotlib.use("Agg")  # headless runs (papermill, CI) have no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
@@ -23,8 +28,13 @@ from mahia.measure.hardware import Ceilings  # noqa: E402
 
 __all__ = ["ROLE_COLORS", "bars", "sweep", "roofline", "save"]
 
-ROLE_COLORS = {"baseline": "#c44e52", "optimized": "#55a868", "peer": "#4c72b0",
-               "reference": "#8172b2", "metric": "#937860"}
+ROLE_COLORS = {
+    "baseline": "#c44e52",
+    "optimized": "#55a868",
+    "peer": "#4c72b0",
+    "reference": "#8172b2",
+    "metric": "#937860",
+}
 sns.set_theme(style="whitegrid", context="notebook")
 
 
@@ -32,8 +42,15 @@ def _label(device_note: str | None, title: str) -> str:
     return f"{title}\n{device_note}" if device_note else title
 
 
-def bars(df: pd.DataFrame, *, title: str, value: str = "median_ms", ax=None,
-         device_note: str | None = None, log: bool = False):
+def bars(
+    df: pd.DataFrame,
+    *,
+    title: str,
+    value: str = "median_ms",
+    ax=None,
+    device_note: str | None = None,
+    log: bool = False,
+):
     """Horizontal bars of ``value`` per variant, coloured by role, with 20-80 percentile whiskers
     when ``value`` is a time."""
     if df.empty:
@@ -48,8 +65,14 @@ def bars(df: pd.DataFrame, *, title: str, value: str = "median_ms", ax=None,
         ax.errorbar(d["median_ms"], y, xerr=err, fmt="none", ecolor="black", capsize=3, lw=1)
     ax.set_yticks(y, d["variant"])
     ax.invert_yaxis()
-    ax.set_xlabel({"median_ms": "time (ms, median; whiskers 20th-80th pct)", "gbps": "GB/s",
-                   "tflops": "TFLOP/s", "frac_of_limit": "fraction of measured limit"}.get(value, value))
+    ax.set_xlabel(
+        {
+            "median_ms": "time (ms, median; whiskers 20th-80th pct)",
+            "gbps": "GB/s",
+            "tflops": "TFLOP/s",
+            "frac_of_limit": "fraction of measured limit",
+        }.get(value, value)
+    )
     if log:
         ax.set_xscale("log")
     ax.set_title(_label(device_note, title))
@@ -58,9 +81,20 @@ def bars(df: pd.DataFrame, *, title: str, value: str = "median_ms", ax=None,
     return ax
 
 
-def sweep(df: pd.DataFrame, *, x: str, y: str = "median_ms", hue: str = "variant", title: str,
-          ax=None, logx: bool = True, logy: bool = False, device_note: str | None = None,
-          limit: float | None = None, limit_label: str | None = None):
+def sweep(
+    df: pd.DataFrame,
+    *,
+    x: str,
+    y: str = "median_ms",
+    hue: str = "variant",
+    title: str,
+    ax=None,
+    logx: bool = True,
+    logy: bool = False,
+    device_note: str | None = None,
+    limit: float | None = None,
+    limit_label: str | None = None,
+):
     """Lines of ``y`` against ``x`` (a column, e.g. a size parsed from ``shape``) per ``hue``."""
     if df.empty:
         raise ValueError("sweep(): no records to plot")
@@ -77,8 +111,15 @@ def sweep(df: pd.DataFrame, *, x: str, y: str = "median_ms", hue: str = "variant
     return ax
 
 
-def roofline(points: pd.DataFrame, ceilings: Ceilings, *, title: str = "Roofline", ax=None,
-             matmul: str = "matmul_bf16", device_note: str | None = None):
+def roofline(
+    points: pd.DataFrame,
+    ceilings: Ceilings,
+    *,
+    title: str = "Roofline",
+    ax=None,
+    matmul: str = "matmul_bf16",
+    device_note: str | None = None,
+):
     """Achieved TFLOP/s against arithmetic intensity (FLOP/byte) under the *measured* ceilings.
 
     ``points`` needs columns ``variant``, ``flops``, ``bytes``, ``median_ms``. Attainable
@@ -97,11 +138,15 @@ def roofline(points: pd.DataFrame, ceilings: Ceilings, *, title: str = "Roofline
     lo = min(0.05, p["intensity"].min() / 2) if len(p) else 0.05
     hi = max(peak / bw * 8, p["intensity"].max() * 2) if len(p) else peak / bw * 8
     xs = np.logspace(np.log10(lo), np.log10(hi), 200)
-    ax.plot(xs, np.minimum(peak, bw * xs), color="black", lw=2,
-            label=f"measured roof: {ceilings.copy_gbps:.4g} GB/s, {peak:.4g} TFLOP/s ({matmul})")
+    ax.plot(
+        xs,
+        np.minimum(peak, bw * xs),
+        color="black",
+        lw=2,
+        label=f"measured roof: {ceilings.copy_gbps:.4g} GB/s, {peak:.4g} TFLOP/s ({matmul})",
+    )
     for _, r in p.iterrows():
-        ax.scatter(r["intensity"], r["achieved"], s=50, zorder=3,
-                   color=ROLE_COLORS.get(r.get("role", ""), None))
+        ax.scatter(r["intensity"], r["achieved"], s=50, zorder=3, color=ROLE_COLORS.get(r.get("role", ""), None))
         ax.annotate(f" {r['variant']}", (r["intensity"], r["achieved"]), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -133,14 +178,25 @@ def parse_shape(df: pd.DataFrame, index: int, name: str) -> pd.DataFrame:
     return out
 
 
-def comparison_table(df: pd.DataFrame, baseline: str | None = None,
-                     columns: Sequence[str] = ("variant", "role", "median_ms", "p20_ms", "p80_ms",
-                                               "gbps", "tflops", "frac_of_limit", "peak_mem_mb",
-                                               "rel_err")) -> pd.DataFrame:
+def comparison_table(
+    df: pd.DataFrame,
+    baseline: str | None = None,
+    columns: Sequence[str] = (
+        "variant",
+        "role",
+        "median_ms",
+        "p20_ms",
+        "p80_ms",
+        "gbps",
+        "tflops",
+        "frac_of_limit",
+        "peak_mem_mb",
+        "rel_err",
+    ),
+) -> pd.DataFrame:
     """The timing table a notebook shows: selected columns plus speedup against ``baseline``."""
     t = df[[c for c in columns if c in df.columns]].copy().reset_index(drop=True)
-    base = baseline or (df[df["role"] == "baseline"]["variant"].iloc[0]
-                        if (df["role"] == "baseline").any() else None)
+    base = baseline or (df[df["role"] == "baseline"]["variant"].iloc[0] if (df["role"] == "baseline").any() else None)
     if base is not None and (t["variant"] == base).any():
         tb = float(t.loc[t["variant"] == base, "median_ms"].iloc[0])
         t["speedup"] = tb / t["median_ms"]

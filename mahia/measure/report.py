@@ -8,20 +8,30 @@ Each headline metric says which commit made its records. A metric is marked *sta
 another commit than the profile's newest record (part of the reference was run again at a later commit
 and this metric was not), and *not HEAD* when a ``head`` commit is given and differs.
 """
+
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pandas as pd
 
 from mahia.measure.files import atomic_write_text
-from mahia.measure.results import (GOALS, HEADLINE_KEYS, goal_status, headline, latest, load_records, pairs,
-                                   profiles, read_summary, write_summaries)
+from mahia.measure.results import (
+    GOALS,
+    HEADLINE_KEYS,
+    goal_status,
+    headline,
+    latest,
+    load_records,
+    pairs,
+    profiles,
+    read_summary,
+    write_summaries,
+)
 
-__all__ = ["NotebookOutcome", "build_report", "write_report", "readme_table", "report_profile",
-           "commit_marks"]
+__all__ = ["NotebookOutcome", "build_report", "write_report", "readme_table", "report_profile", "commit_marks"]
 
 
 class NotebookOutcome(dict):
@@ -68,8 +78,10 @@ def commit_marks(doc: dict, key: str, head: str | None = None) -> str:
 def _commits_line(doc: dict, head: str | None = None) -> str:
     if not doc["commits"]:
         return f"{doc['profile']} profile: no records"
-    line = (f"{doc['profile']} profile; records of commit {', '.join(doc['commits'])}; newest record "
-            f"{str(doc['newest_record'] or '')[:19]} by {doc['newest_commit']}")
+    line = (
+        f"{doc['profile']} profile; records of commit {', '.join(doc['commits'])}; newest record "
+        f"{str(doc['newest_record'] or '')[:19]} by {doc['newest_commit']}"
+    )
     if doc["stale"]:
         line += f"; {len(doc['stale'])} metric(s) stale (made by an older commit)"
     if head is not None:
@@ -77,9 +89,15 @@ def _commits_line(doc: dict, head: str | None = None) -> str:
     return line
 
 
-def build_report(folder: Path, outcomes: Sequence[dict] = (), *, run_id: str | None = None,
-                 title: str = "mahia run report", profile: str | None = None,
-                 head: str | None = None) -> str:
+def build_report(
+    folder: Path,
+    outcomes: Sequence[dict] = (),
+    *,
+    run_id: str | None = None,
+    title: str = "mahia run report",
+    profile: str | None = None,
+    head: str | None = None,
+) -> str:
     """Markdown report for one device folder and one profile (default: full if it has records, else the
     newest record's; a run's own profile when ``run_id`` is given); restricted to ``run_id``'s records
     when given. ``head``: a commit to compare each headline metric's commit with (e.g. the run's)."""
@@ -100,29 +118,41 @@ def build_report(folder: Path, outcomes: Sequence[dict] = (), *, run_id: str | N
                 where = o.get("error", "") or ""
                 if o.get("cell") is not None:
                     where = f"cell {o['cell']}: {where}"
-            lines.append(f"| {o['name']} | {o['status']} | {_fmt(o.get('seconds'), '.0f')} | "
-                         f"{where.replace('|', '/')[:200]} |")
+            lines.append(
+                f"| {o['name']} | {o['status']} | {_fmt(o.get('seconds'), '.0f')} | {where.replace('|', '/')[:200]} |"
+            )
         lines.append("")
     ps = pairs(df) if not df.empty else []
     lines += ["## Before / after", ""]
     if ps:
-        lines += ["| notebook | experiment | shape | dtype | before → after | speedup [20–80%] | "
-                  "fraction of limit | rel. error | verified on |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| notebook | experiment | shape | dtype | before → after | speedup [20–80%] | "
+            "fraction of limit | rel. error | verified on |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for p in ps:
             sig = "" if p.significant else " (not significant)"
             frac = f"{p.frac_of_limit:.2f} of {p.limit}" if p.frac_of_limit is not None else "—"
             lines.append(
                 f"| {p.notebook} | {p.experiment} | {p.shape or '—'} | {p.dtype or '—'} | "
                 f"{p.baseline} → {p.optimized} | {p.speedup:.2f}× [{p.low:.2f}, {p.high:.2f}]{sig} | "
-                f"{frac} | {_fmt(p.rel_err, '.1e')} | {p.device}, {p.date} |")
+                f"{frac} | {_fmt(p.rel_err, '.1e')} | {p.device}, {p.date} |"
+            )
     else:
         lines.append("No before/after pairs were recorded.")
-    lines += ["", f"## Headline metrics ({profile} profile, all its records)", "",
-              "| key | value | goal | | commit |", "|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"## Headline metrics ({profile} profile, all its records)",
+        "",
+        "| key | value | goal | | commit |",
+        "|---|---|---|---|---|",
+    ]
     for k, v in doc["metrics"].items():
         goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
-        lines.append(f"| `{k}` | {_fmt(v, '.4g', 'not measured')} | {goal} | {goal_status(k, v)} | "
-                     f"{commit_marks(doc, k, head)} |")
+        lines.append(
+            f"| `{k}` | {_fmt(v, '.4g', 'not measured')} | {goal} | {goal_status(k, v)} | "
+            f"{commit_marks(doc, k, head)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -153,14 +183,19 @@ def _md_to_html(md: str, title: str) -> str:
             out.append(f"<p>{html.escape(line)}</p>")
     if in_table:
         out.append("</table>")
-    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}th{background:#eee}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(out)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}th{background:#eee}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(out)}</body></html>\n"
+    )
 
 
-def write_report(folder: Path, out_dir: Path, outcomes: Sequence[dict] = (), *,
-                 run_id: str | None = None, head: str | None = None) -> tuple[Path, Path]:
+def write_report(
+    folder: Path, out_dir: Path, outcomes: Sequence[dict] = (), *, run_id: str | None = None, head: str | None = None
+) -> tuple[Path, Path]:
     """The run's report in ``out_dir`` (its records, compared with ``head``), every profile's summary
     and the folder's ``report.md`` (full profile when it has records)."""
     write_summaries(folder)
@@ -183,8 +218,12 @@ def readme_table(folder: Path) -> str:
     df = load_records(folder)
     df = latest(df[df["profile"] == "full"]) if not df.empty else df
     commits = ", ".join(summary["commits"]) or "none"
-    lines = [f"_{_device_line(df)}; full profile, commit {commits}; generated by `python -m mahia readme`_",
-             "", "| metric | value | goal | |", "|---|---|---|---|"]
+    lines = [
+        f"_{_device_line(df)}; full profile, commit {commits}; generated by `python -m mahia readme`_",
+        "",
+        "| metric | value | goal | |",
+        "|---|---|---|---|",
+    ]
     for k in HEADLINE_KEYS:
         v = summary["metrics"].get(k)
         goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
@@ -192,6 +231,11 @@ def readme_table(folder: Path) -> str:
         lines.append(f"| `{k}` | {_fmt(v, '.4g', 'not measured yet')}{stale} | {goal} | {goal_status(k, v)} |")
     if summary["stale"]:
         older = sorted({c for k in summary["stale"] for c in summary["sources"][k]} - {summary["newest_commit"]})
-        lines += ["", (f"† made by an older commit ({', '.join(older)}) than the newest record "
-                       f"({summary['newest_commit']}): run that part of the reference again")]
+        lines += [
+            "",
+            (
+                f"† made by an older commit ({', '.join(older)}) than the newest record "
+                f"({summary['newest_commit']}): run that part of the reference again"
+            ),
+        ]
     return "\n".join(lines) + "\n"

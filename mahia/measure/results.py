@@ -23,16 +23,17 @@ run never leaves a half-written file. A folder that belongs to another device is
 
 A ratio key ``x_vs_y`` is time(y) / time(x): above 1 means x is faster.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import pandas as pd
 import torch
@@ -49,17 +50,55 @@ from mahia.measure.hardware import Ceilings, device_report, device_slug, resolve
 from mahia.measure.timing import Timing
 
 __all__ = [
-    "COLUMNS", "HEADLINE_KEYS", "REPO_ROOT", "Recorder", "atomic_write_text", "default_results_dir",
-    "default_figures_dir", "load_records", "latest", "profiles", "headline", "summarize", "write_summary",
-    "write_summaries", "read_summary", "pairs",
+    "COLUMNS",
+    "HEADLINE_KEYS",
+    "REPO_ROOT",
+    "Recorder",
+    "atomic_write_text",
+    "default_results_dir",
+    "default_figures_dir",
+    "load_records",
+    "latest",
+    "profiles",
+    "headline",
+    "summarize",
+    "write_summary",
+    "write_summaries",
+    "read_summary",
+    "pairs",
 ]
 
 COLUMNS = [
-    "notebook", "experiment", "variant", "role", "shape", "dtype",
-    "median_ms", "p20_ms", "p80_ms", "n", "first_call_ms", "peak_mem_mb",
-    "bytes", "flops", "gbps", "tflops", "limit", "frac_of_limit", "rel_err",
-    "value", "unit", "notes", "device", "device_slug", "torch", "triton", "date", "run_id",
-    "profile", "commit",
+    "notebook",
+    "experiment",
+    "variant",
+    "role",
+    "shape",
+    "dtype",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "n",
+    "first_call_ms",
+    "peak_mem_mb",
+    "bytes",
+    "flops",
+    "gbps",
+    "tflops",
+    "limit",
+    "frac_of_limit",
+    "rel_err",
+    "value",
+    "unit",
+    "notes",
+    "device",
+    "device_slug",
+    "torch",
+    "triton",
+    "date",
+    "run_id",
+    "profile",
+    "commit",
 ]
 ROLES = ("baseline", "optimized", "peer", "reference", "metric")
 
@@ -96,9 +135,17 @@ class Recorder:
     ``mahia.measure.files.run_commit()`` (``MAHIA_COMMIT``, set by the runner, else git's).
     """
 
-    def __init__(self, notebook: str, device: str | torch.device = "auto", *,
-                 results_dir: str | Path | None = None, ceilings: Ceilings | None = None,
-                 run_id: str | None = None, profile: str | None = None, commit: str | None = None):
+    def __init__(
+        self,
+        notebook: str,
+        device: str | torch.device = "auto",
+        *,
+        results_dir: str | Path | None = None,
+        ceilings: Ceilings | None = None,
+        run_id: str | None = None,
+        profile: str | None = None,
+        commit: str | None = None,
+    ):
         if not notebook or "/" in notebook:
             raise ValueError(f"notebook must be a plain name like '03_triton_fusion', got {notebook!r}")
         self.notebook = notebook
@@ -110,8 +157,12 @@ class Recorder:
         self.path = self.folder / f"{notebook}.csv"
         self.ceilings = ceilings
         self.run_id = run_id or os.environ.get("MAHIA_RUN_ID") or uuid.uuid4().hex[:12]
-        self.profile = (profile or (ceilings.profile if ceilings is not None else None)
-                        or os.environ.get("MAHIA_PROFILE") or UNKNOWN)
+        self.profile = (
+            profile
+            or (ceilings.profile if ceilings is not None else None)
+            or os.environ.get("MAHIA_PROFILE")
+            or UNKNOWN
+        )
         self.commit = commit or files.run_commit()
         self.rows: list[dict] = []
 
@@ -125,7 +176,8 @@ class Recorder:
                 raise RuntimeError(
                     f"{self.folder} holds results of another device ({theirs.get('gpu') or theirs.get('cpu')}); "
                     f"this run is on {mine.get('gpu') or mine.get('cpu')}. Refusing to mix them: "
-                    "pass a different results_dir.")
+                    "pass a different results_dir."
+                )
         else:
             atomic_write_text(marker, json.dumps(mine, indent=2) + "\n")
 
@@ -145,14 +197,33 @@ class Recorder:
 
     def _stamp(self) -> dict:
         r = self.report
-        return {"notebook": self.notebook, "device": r.get("gpu") or r.get("cpu"),
-                "device_slug": self.slug, "torch": r.get("torch"), "triton": r.get("triton"),
-                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run_id": self.run_id,
-                "profile": self.profile, "commit": self.commit}
+        return {
+            "notebook": self.notebook,
+            "device": r.get("gpu") or r.get("cpu"),
+            "device_slug": self.slug,
+            "torch": r.get("torch"),
+            "triton": r.get("triton"),
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "run_id": self.run_id,
+            "profile": self.profile,
+            "commit": self.commit,
+        }
 
-    def timing(self, experiment: str, variant: str, role: str, timing: Timing, *, shape=None,
-               dtype=None, bytes: float | None = None, flops: float | None = None,
-               limit: str | None = None, rel_err: float | None = None, notes: str = "") -> dict:
+    def timing(
+        self,
+        experiment: str,
+        variant: str,
+        role: str,
+        timing: Timing,
+        *,
+        shape=None,
+        dtype=None,
+        bytes: float | None = None,
+        flops: float | None = None,
+        limit: str | None = None,
+        rel_err: float | None = None,
+        notes: str = "",
+    ) -> dict:
         """Record a timed variant. GB/s, TFLOP/s and the fraction of the measured ceiling
         (``limit``: 'copy', 'matmul_bf16' or 'matmul_fp32'; default 'copy' when ``bytes`` is given
         and ``flops`` is not, else by dtype) are computed here, never typed in."""
@@ -164,31 +235,65 @@ class Recorder:
         gbps = bytes / sec / 1e9 if bytes else None
         tflops = flops / sec / 1e12 if flops else None
         if limit is None and (bytes or flops):
-            limit = "copy" if not flops else ("matmul_bf16" if _dtype_str(dtype) in ("bfloat16", "float16")
-                                               else "matmul_fp32")
+            limit = (
+                "copy"
+                if not flops
+                else ("matmul_bf16" if _dtype_str(dtype) in ("bfloat16", "float16") else "matmul_fp32")
+            )
         frac = None
         if limit and self.ceilings is not None:
             achieved = gbps if limit == "copy" else tflops
             frac = achieved / self.ceilings.limit(limit) if achieved else None
         row = {
-            **self._stamp(), "experiment": experiment, "variant": variant, "role": role,
-            "shape": _shape_str(shape), "dtype": _dtype_str(dtype),
-            "median_ms": timing.median_ms, "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms,
-            "n": timing.n, "first_call_ms": timing.first_call_ms,
+            **self._stamp(),
+            "experiment": experiment,
+            "variant": variant,
+            "role": role,
+            "shape": _shape_str(shape),
+            "dtype": _dtype_str(dtype),
+            "median_ms": timing.median_ms,
+            "p20_ms": timing.p20_ms,
+            "p80_ms": timing.p80_ms,
+            "n": timing.n,
+            "first_call_ms": timing.first_call_ms,
             "peak_mem_mb": timing.peak_mem_bytes / 2**20 if timing.peak_mem_bytes is not None else None,
-            "bytes": bytes, "flops": flops, "gbps": gbps, "tflops": tflops, "limit": limit,
-            "frac_of_limit": frac, "rel_err": rel_err, "notes": notes,
+            "bytes": bytes,
+            "flops": flops,
+            "gbps": gbps,
+            "tflops": tflops,
+            "limit": limit,
+            "frac_of_limit": frac,
+            "rel_err": rel_err,
+            "notes": notes,
         }
         return self._append(row)
 
-    def metric(self, experiment: str, variant: str, value: float, *, unit: str = "",
-               role: str = "metric", shape=None, dtype=None, notes: str = "") -> dict:
+    def metric(
+        self,
+        experiment: str,
+        variant: str,
+        value: float,
+        *,
+        unit: str = "",
+        role: str = "metric",
+        shape=None,
+        dtype=None,
+        notes: str = "",
+    ) -> dict:
         """Record a single value (a count, a loss difference, a memory figure)."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        row = {**self._stamp(), "experiment": experiment, "variant": variant, "role": role,
-               "shape": _shape_str(shape), "dtype": _dtype_str(dtype), "value": float(value),
-               "unit": unit, "notes": notes}
+        row = {
+            **self._stamp(),
+            "experiment": experiment,
+            "variant": variant,
+            "role": role,
+            "shape": _shape_str(shape),
+            "dtype": _dtype_str(dtype),
+            "value": float(value),
+            "unit": unit,
+            "notes": notes,
+        }
         return self._append(row)
 
     def frame(self) -> pd.DataFrame:
@@ -297,6 +402,7 @@ def ratio(experiment, num: str | Sequence[str], den: str, shape=None, dtype=None
         t_den = _time(df, experiment, den, sh, dtype)
         t_num = [t for t in (_time(df, experiment, v, sh, dtype) for v in nums) if t is not None]
         return min(t_num) / t_den if t_den and t_num else None
+
     return rule
 
 
@@ -312,6 +418,7 @@ def best(experiment, name, shape=None, dtype=None) -> Callable:
             return None
         _use(sel.loc[[sel[name].idxmax()]])
         return float(sel[name].max())
+
     return rule
 
 
@@ -325,8 +432,9 @@ HEADLINES: dict[str, Callable[[pd.DataFrame], float | None]] = {
     "rmsnorm_fwd_frac_of_copy": field("rmsnorm_fwd", "mahia_triton", "frac_of_limit", RMS, "bfloat16"),
     "rmsnorm_fwd_vs_liger": ratio("rmsnorm_fwd", "liger", "mahia_triton", RMS, "bfloat16"),
     "rmsnorm_fwdbwd_ms": field("rmsnorm_fwdbwd", "mahia_triton", "median_ms", RMS, "bfloat16"),
-    "rmsnorm_fwdbwd_vs_best_peer": ratio("rmsnorm_fwdbwd", ["F.rms_norm", "torch.compile", "liger"],
-                                         "mahia_triton", RMS, "bfloat16"),
+    "rmsnorm_fwdbwd_vs_best_peer": ratio(
+        "rmsnorm_fwdbwd", ["F.rms_norm", "torch.compile", "liger"], "mahia_triton", RMS, "bfloat16"
+    ),
     "swiglu_fwd_vs_compile": ratio("swiglu_fwd", "torch.compile", "mahia_triton", SWI, "bfloat16"),
     "swiglu_fwdbwd_vs_compile": ratio("swiglu_fwdbwd", "torch.compile", "mahia_triton", SWI, "bfloat16"),
     "swiglu_fwdbwd_frac_of_copy": field("swiglu_fwdbwd", "mahia_triton", "frac_of_limit", SWI, "bfloat16"),
@@ -353,15 +461,25 @@ HEADLINE_KEYS = ["copy_gbps", "matmul_bf16_tflops", *HEADLINES]
 
 # The project's goals for the headline metrics on an H100/H200 (direction, bound).
 GOALS: dict[str, tuple[str, float]] = {
-    "rmsnorm_fwd_frac_of_copy": (">=", 0.92), "rmsnorm_fwd_vs_liger": (">=", 1.0),
-    "rmsnorm_fwdbwd_vs_best_peer": (">=", 1.4), "swiglu_fwd_vs_compile": (">=", 1.0),
-    "swiglu_fwdbwd_vs_compile": (">=", 1.0), "rope_fwdbwd_frac_of_copy": (">=", 0.85),
-    "attention_sdpa_vs_manual": (">=", 20.0), "attention_best_fwd_tflops": (">=", 550.0),
-    "sync_count_optimized": ("<=", 0.0), "cudagraph_speedup": (">=", 3.0),
-    "decode_cudagraph_speedup": (">=", 3.0), "amp_speedup": (">=", 3.0),
-    "amp_loss_rel_diff": ("<=", 0.01), "checkpoint_memory_saving": (">=", 0.6),
-    "checkpoint_overhead": ("<=", 0.25), "moe_vs_loop": (">=", 15.0), "moe_fwd_tflops": (">=", 300.0),
-    "meta_attention_vs_loop": (">=", 100.0), "full_stack_speedup": (">=", 5.0),
+    "rmsnorm_fwd_frac_of_copy": (">=", 0.92),
+    "rmsnorm_fwd_vs_liger": (">=", 1.0),
+    "rmsnorm_fwdbwd_vs_best_peer": (">=", 1.4),
+    "swiglu_fwd_vs_compile": (">=", 1.0),
+    "swiglu_fwdbwd_vs_compile": (">=", 1.0),
+    "rope_fwdbwd_frac_of_copy": (">=", 0.85),
+    "attention_sdpa_vs_manual": (">=", 20.0),
+    "attention_best_fwd_tflops": (">=", 550.0),
+    "sync_count_optimized": ("<=", 0.0),
+    "cudagraph_speedup": (">=", 3.0),
+    "decode_cudagraph_speedup": (">=", 3.0),
+    "amp_speedup": (">=", 3.0),
+    "amp_loss_rel_diff": ("<=", 0.01),
+    "checkpoint_memory_saving": (">=", 0.6),
+    "checkpoint_overhead": ("<=", 0.25),
+    "moe_vs_loop": (">=", 15.0),
+    "moe_fwd_tflops": (">=", 300.0),
+    "meta_attention_vs_loop": (">=", 100.0),
+    "full_stack_speedup": (">=", 5.0),
     "full_stack_mfu": (">=", 0.65),
 }
 
@@ -417,8 +535,9 @@ def headline(folder: str | Path, profile: str = "full") -> dict:
             if metrics[k] is not None:
                 sources[k] = sorted(set(df.loc[used, "commit"].astype(str))) or [UNKNOWN]
     newest = records.sort_values("date").iloc[-1] if not records.empty else None
-    newest_commit = str(newest["commit"]) if newest is not None else (
-        (ceil.get("commit") or UNKNOWN) if ceil is not None else None)
+    newest_commit = (
+        str(newest["commit"]) if newest is not None else ((ceil.get("commit") or UNKNOWN) if ceil is not None else None)
+    )
     return {
         "profile": profile,
         "newest_record": None if newest is None else str(newest["date"]),
@@ -460,8 +579,10 @@ def read_summary(folder: str | Path, profile: str = "full") -> dict:
     """The summary document of one profile (raises FileNotFoundError when there is none)."""
     path = files.profile_file(folder, "summary", profile)
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: {Path(folder)} has no {profile}-profile summary "
-                                "(`python -m mahia report <folder>` writes it from the records)")
+        raise FileNotFoundError(
+            f"{path} does not exist: {Path(folder)} has no {profile}-profile summary "
+            "(`python -m mahia report <folder>` writes it from the records)"
+        )
     return json.loads(path.read_text())
 
 
@@ -502,15 +623,24 @@ def pairs(df: pd.DataFrame) -> list[Pair]:
             continue
         b = base.sort_values("date").iloc[-1]
         for _, o in opt.iterrows():
-            out.append(Pair(
-                notebook=str(o["notebook"]), experiment=exp, shape=shape, dtype=dtype,
-                baseline=str(b["variant"]), optimized=str(o["variant"]),
-                speedup=b["median_ms"] / o["median_ms"],
-                low=b["p20_ms"] / o["p80_ms"], high=b["p80_ms"] / o["p20_ms"],
-                frac_of_limit=None if pd.isna(o["frac_of_limit"]) else float(o["frac_of_limit"]),
-                limit=None if pd.isna(o["limit"]) else str(o["limit"]),
-                rel_err=None if pd.isna(o["rel_err"]) else float(o["rel_err"]),
-                date=str(o["date"])[:10], device=str(o["device"])))
+            out.append(
+                Pair(
+                    notebook=str(o["notebook"]),
+                    experiment=exp,
+                    shape=shape,
+                    dtype=dtype,
+                    baseline=str(b["variant"]),
+                    optimized=str(o["variant"]),
+                    speedup=b["median_ms"] / o["median_ms"],
+                    low=b["p20_ms"] / o["p80_ms"],
+                    high=b["p80_ms"] / o["p20_ms"],
+                    frac_of_limit=None if pd.isna(o["frac_of_limit"]) else float(o["frac_of_limit"]),
+                    limit=None if pd.isna(o["limit"]) else str(o["limit"]),
+                    rel_err=None if pd.isna(o["rel_err"]) else float(o["rel_err"]),
+                    date=str(o["date"])[:10],
+                    device=str(o["device"]),
+                )
+            )
     return out
 
 

@@ -18,13 +18,15 @@ Statistics: median with the 20th and 80th percentiles of the per-repetition time
 ``capture_graph`` is the one CUDA-graph capture of the package (``bench(cuda_graph=True)``, the lessons'
 ``GraphedStep`` and the model's graphed decoder use it).
 """
+
 from __future__ import annotations
 
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -84,8 +86,9 @@ def _percentiles(times: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), q[1], q[7]
 
 
-def _cuda_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, flush_l2: bool,
-                max_reps: int) -> list[float]:
+def _cuda_times(
+    fn: Callable[[], object], warmup_ms: float, rep_ms: float, flush_l2: bool, max_reps: int
+) -> list[float]:
     """Per-call times from CUDA events.
 
     With ``flush_l2`` each repetition is one call after an L2-sized buffer write (the write also
@@ -161,8 +164,7 @@ def bench(
     by graphs of its own). Use it to judge a kernel against the hardware; time without it to see
     what a plain eager call costs.
     """
-    dev = torch.device(device) if device is not None else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("bench(device='cuda') but CUDA is not available on this machine")
 
@@ -184,8 +186,10 @@ def bench(
             try:
                 graph, _ = capture_graph(fn)
             except Exception as e:
-                raise RuntimeError(f"bench(cuda_graph=True): the function cannot be captured in a CUDA graph "
-                                   f"({type(e).__name__}: {e}); time it with cuda_graph=False") from e
+                raise RuntimeError(
+                    f"bench(cuda_graph=True): the function cannot be captured in a CUDA graph "
+                    f"({type(e).__name__}: {e}); time it with cuda_graph=False"
+                ) from e
             fn = graph.replay
         times = _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
     else:

@@ -4,6 +4,7 @@
 
 Names are imported on first use (PEP 562), so importing one part does not import (or break on) the others.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """Input checks shared by the model's components."""
+
 from __future__ import annotations
 
 import torch

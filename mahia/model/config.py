@@ -13,6 +13,7 @@ Named sizes come from :meth:`HybridConfig.preset`::
     cfg = HybridConfig.preset("small", n_layers=4)      # overrides are validated like any field
     fast = cfg.optimized()                              # same model, fast implementations
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -142,9 +143,23 @@ class HybridConfig:
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0):
                 raise ValueError(f"HybridConfig: {name} must be a positive number, got {v!r}")
 
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden", "max_seq_len",
-                     "meta_heads", "memory_nodes", "memory_steps", "memory_every", "n_experts", "top_k",
-                     "moe_every", "moe_hidden"):
+        for name in (
+            "vocab_size",
+            "dim",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "hidden",
+            "max_seq_len",
+            "meta_heads",
+            "memory_nodes",
+            "memory_steps",
+            "memory_every",
+            "n_experts",
+            "top_k",
+            "moe_every",
+            "moe_hidden",
+        ):
             positive_int(name)
         if self.memory_segment is not None:
             positive_int("memory_segment")
@@ -157,11 +172,14 @@ class HybridConfig:
         if self.dim % self.n_heads:
             raise ValueError(f"HybridConfig: dim ({self.dim}) must be divisible by n_heads ({self.n_heads})")
         if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"HybridConfig: the head dim dim/n_heads = {self.dim // self.n_heads} must be even "
-                             "for rotary embeddings")
+            raise ValueError(
+                f"HybridConfig: the head dim dim/n_heads = {self.dim // self.n_heads} must be even "
+                "for rotary embeddings"
+            )
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"HybridConfig: n_heads ({self.n_heads}) must be divisible by n_kv_heads "
-                             f"({self.n_kv_heads})")
+            raise ValueError(
+                f"HybridConfig: n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.n_kv_heads})"
+            )
         if self.meta_attention and self.dim % self.meta_heads:
             raise ValueError(f"HybridConfig: dim ({self.dim}) must be divisible by meta_heads ({self.meta_heads})")
         if self.top_k > self.n_experts:
@@ -173,16 +191,20 @@ class HybridConfig:
         if not (isinstance(self.gate_threshold, (int, float)) and 0.0 <= self.gate_threshold < 1.0):
             raise ValueError(f"HybridConfig: gate_threshold must be in [0, 1), got {self.gate_threshold!r}")
         if self.attention_chunk_size is not None and not (
-                isinstance(self.attention_chunk_size, int) and self.attention_chunk_size > 0):
-            raise ValueError(f"HybridConfig: attention_chunk_size must be None or a positive int, "
-                             f"got {self.attention_chunk_size!r}")
+            isinstance(self.attention_chunk_size, int) and self.attention_chunk_size > 0
+        ):
+            raise ValueError(
+                f"HybridConfig: attention_chunk_size must be None or a positive int, got {self.attention_chunk_size!r}"
+            )
 
         for name, valid in IMPL_CHOICES.items():
             if getattr(self, name) not in valid:
                 raise ValueError(f"HybridConfig: {name} must be one of {valid}, got {getattr(self, name)!r}")
         if self.attention_backend is not None and self.attention_impl != "sdpa":
-            raise ValueError(f"HybridConfig: attention_backend={self.attention_backend!r} needs "
-                             f"attention_impl='sdpa', got attention_impl={self.attention_impl!r}")
+            raise ValueError(
+                f"HybridConfig: attention_backend={self.attention_backend!r} needs "
+                f"attention_impl='sdpa', got attention_impl={self.attention_impl!r}"
+            )
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -197,7 +219,7 @@ class HybridConfig:
         """Whether block ``i`` reads and writes the graph-diffusion memory."""
         return self.graph_memory and i % self.memory_every == self.memory_every - 1
 
-    def replace(self, **changes: Any) -> "HybridConfig":
+    def replace(self, **changes: Any) -> HybridConfig:
         """A validated copy with ``changes`` applied (unknown field names raise TypeError)."""
         fields = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(changes) - fields)
@@ -206,16 +228,16 @@ class HybridConfig:
         # Like dataclasses.replace: every other field keeps its value (derived ones included).
         return dataclasses.replace(self, **changes)
 
-    def baseline(self) -> "HybridConfig":
+    def baseline(self) -> HybridConfig:
         """This model with every implementation choice on the readable reference path."""
         return self.replace(**BASELINE_IMPLS)
 
-    def optimized(self) -> "HybridConfig":
+    def optimized(self) -> HybridConfig:
         """This model with every implementation choice on the fast path (same function, same weights)."""
         return self.replace(**OPTIMIZED_IMPLS)
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "HybridConfig":
+    def preset(cls, name: str, **overrides: Any) -> HybridConfig:
         """A named configuration (see ``PRESETS``) with ``overrides`` applied and validated."""
         if name not in PRESETS:
             raise ValueError(f"HybridConfig.preset: unknown preset {name!r}; valid presets: {sorted(PRESETS)}")
@@ -226,29 +248,93 @@ class HybridConfig:
 PRESETS: dict[str, HybridConfig] = {
     # Every hybrid part on, small enough for CPU tests in seconds. Odd-ish hidden sizes on purpose.
     "tiny": HybridConfig(
-        vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, max_seq_len=128,
-        meta_attention=True, graph_memory=True, memory_nodes=8, memory_steps=2, memory_every=2,
-        memory_segment=4, moe=True, n_experts=4, top_k=2, moe_every=2, moe_hidden=48, gating=True,
+        vocab_size=256,
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        hidden=96,
+        max_seq_len=128,
+        meta_attention=True,
+        graph_memory=True,
+        memory_nodes=8,
+        memory_steps=2,
+        memory_every=2,
+        memory_segment=4,
+        moe=True,
+        n_experts=4,
+        top_k=2,
+        moe_every=2,
+        moe_hidden=48,
+        gating=True,
     ),
     # The GPU notebooks' working size: every hybrid part on, fits any recent GPU with room to spare.
     "small": HybridConfig(
-        vocab_size=8192, dim=512, n_layers=8, n_heads=8, n_kv_heads=4, hidden=1408, max_seq_len=1024,
-        meta_attention=True, graph_memory=True, memory_nodes=64, memory_steps=4, memory_every=4,
-        memory_segment=64, moe=True, n_experts=8, top_k=2, moe_every=2, moe_hidden=704, gating=True,
+        vocab_size=8192,
+        dim=512,
+        n_layers=8,
+        n_heads=8,
+        n_kv_heads=4,
+        hidden=1408,
+        max_seq_len=1024,
+        meta_attention=True,
+        graph_memory=True,
+        memory_nodes=64,
+        memory_steps=4,
+        memory_every=4,
+        memory_segment=64,
+        moe=True,
+        n_experts=8,
+        top_k=2,
+        moe_every=2,
+        moe_hidden=704,
+        gating=True,
     ),
     # A plain Llama-style decoder (attention + SwiGLU only) of about 340M parameters.
     "dense-350m": HybridConfig(
-        vocab_size=32000, dim=1024, n_layers=24, n_heads=16, n_kv_heads=16, hidden=2816, max_seq_len=2048,
+        vocab_size=32000,
+        dim=1024,
+        n_layers=24,
+        n_heads=16,
+        n_kv_heads=16,
+        hidden=2816,
+        max_seq_len=2048,
     ),
     # Mixture of experts in every block, 16 experts, top-2 routing; nothing else hybrid.
     "moe": HybridConfig(
-        vocab_size=32000, dim=768, n_layers=12, n_heads=12, n_kv_heads=4, hidden=2048, max_seq_len=1024,
-        moe=True, n_experts=16, top_k=2, moe_every=1, moe_hidden=1024,
+        vocab_size=32000,
+        dim=768,
+        n_layers=12,
+        n_heads=12,
+        n_kv_heads=4,
+        hidden=2048,
+        max_seq_len=1024,
+        moe=True,
+        n_experts=16,
+        top_k=2,
+        moe_every=1,
+        moe_hidden=1024,
     ),
     # The full MAHIA-X hybrid at a size where the GPU, not the launch overhead, is the bottleneck.
     "hybrid": HybridConfig(
-        vocab_size=32000, dim=1024, n_layers=16, n_heads=16, n_kv_heads=4, hidden=2816, max_seq_len=2048,
-        meta_attention=True, graph_memory=True, memory_nodes=64, memory_steps=4, memory_every=4,
-        memory_segment=128, moe=True, n_experts=8, top_k=2, moe_every=2, moe_hidden=1408, gating=True,
+        vocab_size=32000,
+        dim=1024,
+        n_layers=16,
+        n_heads=16,
+        n_kv_heads=4,
+        hidden=2816,
+        max_seq_len=2048,
+        meta_attention=True,
+        graph_memory=True,
+        memory_nodes=64,
+        memory_steps=4,
+        memory_every=4,
+        memory_segment=128,
+        moe=True,
+        n_experts=8,
+        top_k=2,
+        moe_every=2,
+        moe_hidden=1408,
+        gating=True,
     ),
 }

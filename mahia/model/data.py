@@ -24,6 +24,7 @@ index ``i`` of a cycle of length ``L`` stored at ``cycles[start : start + L]``, 
 ``succ^k(u) = cycles[start + (i + k) mod L]``. Random numbers come from a ``torch.Generator`` on the
 target device; sampling is inverse-CDF (``searchsorted``), so nothing waits for the host.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,9 @@ class SyntheticTokens:
     (``z``, ``succ``) and the same stream of batches per device.
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, seed: int = 0, *, copy_prob: float = 0.5,
-                 zipf_exponent: float = 1.0):
+    def __init__(
+        self, vocab_size: int, seq_len: int, seed: int = 0, *, copy_prob: float = 0.5, zipf_exponent: float = 1.0
+    ):
         for name, v in (("vocab_size", vocab_size), ("seq_len", seq_len)):
             check_int("SyntheticTokens", name, v)
         if vocab_size < 2:
@@ -156,5 +158,7 @@ class SyntheticTokens:
         return math.log(self.vocab_size)
 
     def __repr__(self) -> str:
-        return (f"SyntheticTokens(vocab_size={self.vocab_size}, seq_len={self.seq_len}, seed={self.seed}, "
-                f"copy_prob={self.copy_prob}, zipf_exponent={self.zipf_exponent})")
+        return (
+            f"SyntheticTokens(vocab_size={self.vocab_size}, seq_len={self.seq_len}, seed={self.seed}, "
+            f"copy_prob={self.copy_prob}, zipf_exponent={self.zipf_exponent})"
+        )

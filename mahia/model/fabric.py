@@ -42,10 +42,11 @@ whole batch and runs the others as in ``impl``. It pays when whole layers are of
 usually wants every layer and the plan skips nothing. A plan is only valid for the input it was
 computed from; forward does not re-check it (that would cost the sync the plan avoids).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn as nn
@@ -54,8 +55,7 @@ import torch.nn.functional as F
 from mahia.measure.checks import check_int
 from mahia.model._inputs import check_btd
 
-__all__ = ["DynamicNeuroFabric", "FabricPlan", "fabric_gates", "fabric_forward", "fabric_plan", "IMPLS",
-           "GATE_SOURCES"]
+__all__ = ["DynamicNeuroFabric", "FabricPlan", "fabric_gates", "fabric_forward", "fabric_plan", "IMPLS", "GATE_SOURCES"]
 
 IMPLS = ("branch", "masked")
 GATE_SOURCES = ("mean", "first")
@@ -82,8 +82,9 @@ def _check_gate_source(gate_source: str) -> None:
         raise ValueError(f"gate_source must be one of {GATE_SOURCES}, got {gate_source!r}")
 
 
-def fabric_gates(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor, *,
-                 source: str = "mean") -> torch.Tensor:
+def fabric_gates(
+    x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor, *, source: str = "mean"
+) -> torch.Tensor:
     """g = sigmoid(s(x) Wg^T + bg): (B, T, D) -> (B, L), in float32 (or float64).
 
     s(x) is the mean over the tokens (``source="mean"``) or the first token (``source="first"``, causal).
@@ -188,8 +189,14 @@ def fabric_forward(
     return run(x, g, layers, threshold, skip)
 
 
-def fabric_plan(x: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor, *,
-                threshold: float = 0.5, gate_source: str = "mean") -> FabricPlan:
+def fabric_plan(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor,
+    *,
+    threshold: float = 0.5,
+    gate_source: str = "mean",
+) -> FabricPlan:
     """Layers active for at least one sample; one device-to-host copy of L booleans (one sync)."""
     _check_threshold(threshold)
     with torch.no_grad():
@@ -206,8 +213,9 @@ class DynamicNeuroFabric(nn.Module):
     causal) and when ``plan`` pays.
     """
 
-    def __init__(self, dim: int, n_layers: int, *, threshold: float = 0.5, impl: str = "masked",
-                 gate_source: str = "mean"):
+    def __init__(
+        self, dim: int, n_layers: int, *, threshold: float = 0.5, impl: str = "masked", gate_source: str = "mean"
+    ):
         super().__init__()
         check_int("DynamicNeuroFabric", "dim", dim)
         check_int("DynamicNeuroFabric", "n_layers", n_layers)
@@ -228,15 +236,31 @@ class DynamicNeuroFabric(nn.Module):
 
     def plan(self, x: torch.Tensor) -> FabricPlan:
         """Static skip plan for this ``x`` (one host sync); pass it to ``forward(x, layers, plan=...)``."""
-        return fabric_plan(x, self.gate.weight, self.gate.bias, threshold=self.threshold,
-                           gate_source=self.gate_source)
+        return fabric_plan(x, self.gate.weight, self.gate.bias, threshold=self.threshold, gate_source=self.gate_source)
 
-    def forward(self, x: torch.Tensor, layers: Sequence[Callable[[torch.Tensor], torch.Tensor]], *,
-                plan: FabricPlan | None = None, gates: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        layers: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+        *,
+        plan: FabricPlan | None = None,
+        gates: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``gates`` (B, L): use these instead of ``self.gates(x)`` (e.g. kept from a sequence's first call)."""
-        return fabric_forward(x, self.gate.weight, self.gate.bias, layers, threshold=self.threshold,
-                              impl=self.impl, plan=plan, gate_source=self.gate_source, gates=gates)
+        return fabric_forward(
+            x,
+            self.gate.weight,
+            self.gate.bias,
+            layers,
+            threshold=self.threshold,
+            impl=self.impl,
+            plan=plan,
+            gate_source=self.gate_source,
+            gates=gates,
+        )
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, n_layers={self.n_layers}, threshold={self.threshold}, impl={self.impl!r}, "
-                f"gate_source={self.gate_source!r}")
+        return (
+            f"dim={self.dim}, n_layers={self.n_layers}, threshold={self.threshold}, impl={self.impl!r}, "
+            f"gate_source={self.gate_source!r}"
+        )

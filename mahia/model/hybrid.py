@@ -34,6 +34,7 @@ masked fabric on the whole batch with the skipped samples weighted 0; both pool 
 The implementation fields of :class:`~mahia.model.config.HybridConfig` pick the path of every part; all
 paths compute the same function, so weights load across them (``load_state_dict``) unchanged.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,17 +44,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mahia.measure.checks import check_int
 from mahia.layers.attention import Attention, StaticKVCache, attention_flops, rope_rows
 from mahia.layers.mlp import SwiGLU
 from mahia.layers.norm import RMSNorm
 from mahia.layers.rope import RotaryCache
+from mahia.measure.checks import check_int
 from mahia.model.config import CHECKPOINT_POLICIES, HybridConfig
 from mahia.model.fabric import DynamicNeuroFabric, fabric_forward
 from mahia.model.memory import GraphDiffusionMemory, MemoryCache
 from mahia.model.meta_attention import MetaAttention
-from mahia.ops.gla_scan import gla_flops
 from mahia.model.moe import MoE, RouterStats, moe_flops
+from mahia.ops.gla_scan import gla_flops
 
 __all__ = ["Block", "HybridModel"]
 
@@ -70,7 +71,7 @@ def meta_decode(meta: MetaAttention, x: torch.Tensor, state: torch.Tensor) -> to
     B, T, _ = x.shape
     H, K, V = meta.n_heads, meta.key_dim, meta.value_dim
     dt = state.dtype
-    q = (meta.q_proj(x).view(B, T, H, K) * K ** -0.5).to(dt)
+    q = (meta.q_proj(x).view(B, T, H, K) * K**-0.5).to(dt)
     k = meta.k_proj(x).view(B, T, H, K).to(dt)
     v = meta.v_proj(x).view(B, T, H, V).to(dt)
     g = (F.logsigmoid(meta.gate_proj(x)) / meta.gate_temperature).view(B, T, H, K).to(dt)  # <= 0
@@ -95,19 +96,35 @@ class Block(nn.Module):
         super().__init__()
         self.layer = layer
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
-        self.attn = Attention(cfg.dim, cfg.n_heads, cfg.n_kv_heads, impl=cfg.attention_impl,
-                              backend=cfg.attention_backend,
-                              chunk_size=cfg.attention_chunk_size if cfg.attention_impl == "chunked" else None,
-                              rope_impl=cfg.kernels)
+        self.attn = Attention(
+            cfg.dim,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            impl=cfg.attention_impl,
+            backend=cfg.attention_backend,
+            chunk_size=cfg.attention_chunk_size if cfg.attention_impl == "chunked" else None,
+            rope_impl=cfg.kernels,
+        )
         self.meta = MetaAttention(cfg.dim, cfg.meta_heads, impl=cfg.meta_impl) if cfg.meta_attention else None
         self.meta_gain = nn.Parameter(torch.ones(())) if cfg.meta_attention else None
-        self.memory = (GraphDiffusionMemory(cfg.dim, cfg.memory_nodes, cfg.memory_steps, cfg.memory_alpha,
-                                            impl=cfg.memory_impl, causal=True, segment=cfg.memory_segment)
-                       if cfg.is_memory_block(layer) else None)
+        self.memory = (
+            GraphDiffusionMemory(
+                cfg.dim,
+                cfg.memory_nodes,
+                cfg.memory_steps,
+                cfg.memory_alpha,
+                impl=cfg.memory_impl,
+                causal=True,
+                segment=cfg.memory_segment,
+            )
+            if cfg.is_memory_block(layer)
+            else None
+        )
         self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
         if cfg.is_moe_block(layer):
-            self.mlp = MoE(cfg.dim, cfg.moe_hidden, cfg.n_experts, cfg.top_k, impl=cfg.moe_impl,
-                           aux_loss_coef=cfg.aux_loss_coef)
+            self.mlp = MoE(
+                cfg.dim, cfg.moe_hidden, cfg.n_experts, cfg.top_k, impl=cfg.moe_impl, aux_loss_coef=cfg.aux_loss_coef
+            )
         else:
             self.mlp = SwiGLU(cfg.dim, cfg.hidden, impl=cfg.kernels)
         self.is_moe = cfg.is_moe_block(layer)
@@ -128,9 +145,16 @@ class Block(nn.Module):
             return self.mlp(m, token_weight=token_weight, return_stats=return_stats)
         return (self.mlp(m), None, None) if return_stats else (self.mlp(m), None)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: StaticKVCache | None = None, start_pos: torch.Tensor | None = None,
-                meta_state: torch.Tensor | None = None, memory_cache: MemoryCache | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: StaticKVCache | None = None,
+        start_pos: torch.Tensor | None = None,
+        meta_state: torch.Tensor | None = None,
+        memory_cache: MemoryCache | None = None,
+    ):
         """``(x', aux)``. The caches are for decoding (class docstring)."""
         mix = self._mix(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache)
         # Under autocast the mixers return the autocast dtype while the residual stream keeps the
@@ -139,10 +163,19 @@ class Block(nn.Module):
         y, aux = self._ffn(m)
         return h + y, aux
 
-    def delta(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-              kv_cache: StaticKVCache | None = None, start_pos: torch.Tensor | None = None,
-              meta_state: torch.Tensor | None = None, memory_cache: MemoryCache | None = None, *,
-              token_weight: torch.Tensor | None = None, return_stats: bool = False):
+    def delta(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: StaticKVCache | None = None,
+        start_pos: torch.Tensor | None = None,
+        meta_state: torch.Tensor | None = None,
+        memory_cache: MemoryCache | None = None,
+        *,
+        token_weight: torch.Tensor | None = None,
+        return_stats: bool = False,
+    ):
         """``(x' - x, aux)`` computed without the subtraction: ``mix + FFN(m)`` (for the gated fabric).
 
         ``token_weight`` (B, T) weights the tokens in an MoE block's aux loss; ``return_stats`` appends
@@ -165,8 +198,13 @@ class HybridModel(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.rope = RotaryCache(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)  # one table for all layers
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.fabric = (DynamicNeuroFabric(cfg.dim, cfg.n_layers, threshold=cfg.gate_threshold,
-                                          impl=cfg.gating_impl, gate_source="first") if cfg.gating else None)
+        self.fabric = (
+            DynamicNeuroFabric(
+                cfg.dim, cfg.n_layers, threshold=cfg.gate_threshold, impl=cfg.gating_impl, gate_source="first"
+            )
+            if cfg.gating
+            else None
+        )
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
         self.kv_caches: list[StaticKVCache] | None = None
         self.meta_states: list[torch.Tensor | None] | None = None
@@ -190,8 +228,11 @@ class HybridModel(nn.Module):
                 nn.init.normal_(block.mlp.w3.weight, 0.0, out_std)
 
     def _non_causal_parts(self) -> list[str]:
-        parts = [f"blocks[{i}].memory (causal=False)" for i, b in enumerate(self.blocks)
-                 if b.memory is not None and not b.memory.causal]
+        parts = [
+            f"blocks[{i}].memory (causal=False)"
+            for i, b in enumerate(self.blocks)
+            if b.memory is not None and not b.memory.causal
+        ]
         if self.fabric is not None and self.fabric.gate_source != "first":
             parts.append(f"fabric (gate_source={self.fabric.gate_source!r})")
         return parts
@@ -223,8 +264,9 @@ class HybridModel(nn.Module):
         self._check_idx("HybridModel.forward", idx)
         if targets is not None and (not isinstance(targets, torch.Tensor) or targets.shape != idx.shape):
             got = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
-            raise ValueError(f"HybridModel.forward: targets must be a tensor of the shape of idx "
-                             f"{tuple(idx.shape)}, got {got}")
+            raise ValueError(
+                f"HybridModel.forward: targets must be a tensor of the shape of idx {tuple(idx.shape)}, got {got}"
+            )
         B, T = idx.shape
         cos, sin = self.rope.get(T)  # (T, head_dim/2) each
         x = self.tok_emb(idx)  # (B, T, D)
@@ -240,8 +282,10 @@ class HybridModel(nn.Module):
             # MoE aux loss, so that it covers the same tokens as the branch fabric's per-sample calls.
             active = (gates > self.fabric.threshold).to(x.dtype) if self.fabric.impl == "masked" else None
             stats: list[list[RouterStats]] = [[] for _ in self.blocks]
-            layers = [self._gated(block, cos, sin, stats[l], None if active is None else active[:, l])
-                      for l, block in enumerate(self.blocks)]
+            layers = [
+                self._gated(block, cos, sin, stats[l], None if active is None else active[:, l])
+                for l, block in enumerate(self.blocks)
+            ]
             x = self.fabric(x, layers, gates=gates)
             auxes += [block.mlp.aux_loss_from(RouterStats.pool(st)) for block, st in zip(self.blocks, stats) if st]
         logits = F.linear(self.norm(x), self.tok_emb.weight)  # (B, T, V), tied head
@@ -280,20 +324,31 @@ class HybridModel(nn.Module):
         for name, v in (("batch", batch), ("max_len", max_len)):
             check_int("HybridModel.setup_cache", name, v)
         if max_len > self.cfg.max_seq_len:
-            raise ValueError(f"HybridModel.setup_cache: max_len={max_len} exceeds "
-                             f"max_seq_len={self.cfg.max_seq_len}")
+            raise ValueError(f"HybridModel.setup_cache: max_len={max_len} exceeds max_seq_len={self.cfg.max_seq_len}")
         weight = self.tok_emb.weight
         dtype = weight.dtype if dtype is None else dtype
-        self.kv_caches = [StaticKVCache(batch, max_len, self.cfg.n_kv_heads, self.cfg.head_dim,
-                                        device=weight.device, dtype=dtype) for _ in self.blocks]
-        self.meta_states = [None if b.meta is None else
-                            torch.zeros(batch, b.meta.n_heads, b.meta.key_dim, b.meta.value_dim,
-                                        device=weight.device, dtype=torch.float32) for b in self.blocks]
-        self.memory_caches = [None if b.memory is None else b.memory.new_cache(batch, max_len, dtype=dtype)
-                              for b in self.blocks]
-        self.gate_state = (None if self.fabric is None else
-                           torch.zeros(batch, self.cfg.n_layers, device=weight.device,
-                                       dtype=torch.promote_types(weight.dtype, torch.float32)))
+        self.kv_caches = [
+            StaticKVCache(batch, max_len, self.cfg.n_kv_heads, self.cfg.head_dim, device=weight.device, dtype=dtype)
+            for _ in self.blocks
+        ]
+        self.meta_states = [
+            None
+            if b.meta is None
+            else torch.zeros(
+                batch, b.meta.n_heads, b.meta.key_dim, b.meta.value_dim, device=weight.device, dtype=torch.float32
+            )
+            for b in self.blocks
+        ]
+        self.memory_caches = [
+            None if b.memory is None else b.memory.new_cache(batch, max_len, dtype=dtype) for b in self.blocks
+        ]
+        self.gate_state = (
+            None
+            if self.fabric is None
+            else torch.zeros(
+                batch, self.cfg.n_layers, device=weight.device, dtype=torch.promote_types(weight.dtype, torch.float32)
+            )
+        )
 
     def reset_cache(self) -> None:
         """Zero the caches in place (their storage stays, so a captured CUDA graph stays valid)."""
@@ -326,14 +381,17 @@ class HybridModel(nn.Module):
         """
         fn = "HybridModel.decode_step"
         if not self.is_causal:
-            raise ValueError(f"{fn}: the model has parts that read later positions "
-                             f"({', '.join(self._non_causal_parts())}), so it cannot decode one token at a time")
+            raise ValueError(
+                f"{fn}: the model has parts that read later positions "
+                f"({', '.join(self._non_causal_parts())}), so it cannot decode one token at a time"
+            )
         if self.kv_caches is None:
             raise RuntimeError(f"{fn}: call setup_cache(batch, max_len) first")
         self._check_idx(fn, idx)
         if idx.shape[0] != self.kv_caches[0].batch:
-            raise ValueError(f"{fn}: idx has batch {idx.shape[0]} but the cache was set up for "
-                             f"{self.kv_caches[0].batch}")
+            raise ValueError(
+                f"{fn}: idx has batch {idx.shape[0]} but the cache was set up for {self.kv_caches[0].batch}"
+            )
         T = idx.shape[1]
         positions = start_pos + torch.arange(T, device=idx.device)  # (T,), on the device
         cos, sin = rope_rows(self.rope, positions)  # (T, head_dim/2) each
@@ -345,10 +403,19 @@ class HybridModel(nn.Module):
         else:
             # The call holding position 0 sets the sequence's gates (from its first token); no host sync.
             self.gate_state.copy_(torch.where(start_pos == 0, self.fabric.gates(x), self.gate_state))
-            layers = [functools.partial(self._decode_delta, block, cos, sin, cache, start_pos, state, memory)
-                      for block, cache, state, memory in caches]
-            x = fabric_forward(x, self.fabric.gate.weight, self.fabric.gate.bias, layers,
-                               threshold=self.fabric.threshold, impl="masked", gates=self.gate_state)
+            layers = [
+                functools.partial(self._decode_delta, block, cos, sin, cache, start_pos, state, memory)
+                for block, cache, state, memory in caches
+            ]
+            x = fabric_forward(
+                x,
+                self.fabric.gate.weight,
+                self.fabric.gate.bias,
+                layers,
+                threshold=self.fabric.threshold,
+                impl="masked",
+                gates=self.gate_state,
+            )
         return F.linear(self.norm(x), self.tok_emb.weight)  # (B, T, V)
 
     @staticmethod
@@ -392,8 +459,10 @@ class HybridModel(nn.Module):
         check_int("flops_per_token", "seq_len", seq_len)
         cfg, T = self.cfg, seq_len
         D, hd, L = cfg.dim, cfg.head_dim, cfg.n_layers
-        parts = dict.fromkeys(("attention_proj", "attention_scores", "mlp", "moe", "meta_attention",
-                               "graph_memory", "gating", "lm_head"), 0.0)
+        parts = dict.fromkeys(
+            ("attention_proj", "attention_scores", "mlp", "moe", "meta_attention", "graph_memory", "gating", "lm_head"),
+            0.0,
+        )
         for block in self.blocks:
             parts["attention_proj"] += 2 * D * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd + 2 * D * D
             parts["attention_scores"] += attention_flops(1, cfg.n_heads, T, T, hd, causal) / T
@@ -412,8 +481,12 @@ class HybridModel(nn.Module):
                 J = -(-T // S)
                 T_write = (J - 1) * S
                 per_segment = 4 * N * D * D + (2 * N * N * D if block.memory.steps > 0 else 0)
-                parts["graph_memory"] += (4 * D * D + 4 * N * D + (4 * D * D + 4 * N * D) * T_write / T
-                                          + ((2 * N * D * D if T_write else 0) + J * per_segment) / T)
+                parts["graph_memory"] += (
+                    4 * D * D
+                    + 4 * N * D
+                    + (4 * D * D + 4 * N * D) * T_write / T
+                    + ((2 * N * D * D if T_write else 0) + J * per_segment) / T
+                )
         if self.fabric is not None:
             parts["gating"] = 2 * D * L / T
         parts["lm_head"] = 2 * D * cfg.vocab_size
@@ -429,9 +502,9 @@ class HybridModel(nn.Module):
         total = sum(self.flops_breakdown(seq_len, causal=causal).values())
         return 3 * total if training else total
 
-    def activation_bytes_per_token(self, seq_len: int, dtype: torch.dtype = torch.float32, *,
-                                   checkpoint: str | None = None,
-                                   itemized: bool = False) -> tuple[float, float] | list[dict]:
+    def activation_bytes_per_token(
+        self, seq_len: int, dtype: torch.dtype = torch.float32, *, checkpoint: str | None = None, itemized: bool = False
+    ) -> tuple[float, float] | list[dict]:
         """(bytes kept for backward at the end of the forward pass, bytes alive again while one block is
         recomputed during backward), per token; the model is in :meth:`memory_estimate`, the checkpointing
         arithmetic in :func:`mahia.measure.cost.activation_bytes`. ``itemized=True`` returns the table
@@ -446,38 +519,63 @@ class HybridModel(nn.Module):
         rows = []  # (full: saved without checkpointing, selective: saved with selective checkpointing)
         for i, block in enumerate(self.blocks):
             core = 4 * Hq if cfg.attention_impl == "sdpa" else Hq * T * probs_bytes
-            rows.append({"block": i, "part": "attention",
-                         "full": (4 * D + 2 * Dkv) * s + core,  # norm in/out, q k v, attention out
-                         # block input, q k v, attention out, out-proj out
-                         "selective": (3 * D + 2 * Dkv) * s + core})
+            rows.append(
+                {
+                    "block": i,
+                    "part": "attention",
+                    "full": (4 * D + 2 * Dkv) * s + core,  # norm in/out, q k v, attention out
+                    # block input, q k v, attention out, out-proj out
+                    "selective": (3 * D + 2 * Dkv) * s + core,
+                }
+            )
             if block.meta is not None:
                 m = block.meta
-                rows.append({"block": i, "part": "meta-attention",
-                             "full": (3 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s,
-                             "selective": (2 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s})
+                rows.append(
+                    {
+                        "block": i,
+                        "part": "meta-attention",
+                        "full": (3 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s,
+                        "selective": (2 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s,
+                    }
+                )
             if block.memory is not None:
                 N, S = block.memory.n_nodes, min(cfg.memory_segment or T, T)
                 mem = (4 * D + 2 * N) * s + 4 * N * D * s / S
                 rows.append({"block": i, "part": "graph memory", "full": mem, "selective": mem})
             if block.is_moe:
                 k, Fe, E = cfg.top_k, cfg.moe_hidden, cfg.n_experts
-                rows.append({"block": i, "part": "MoE", "full": 2 * D * s + k * (2 * D + 3 * Fe) * s + 4 * E,
-                             "selective": k * (2 * D + 2 * Fe) * s + 4 * E})
+                rows.append(
+                    {
+                        "block": i,
+                        "part": "MoE",
+                        "full": 2 * D * s + k * (2 * D + 3 * Fe) * s + 4 * E,
+                        "selective": k * (2 * D + 2 * Fe) * s + 4 * E,
+                    }
+                )
             else:
-                rows.append({"block": i, "part": "SwiGLU", "full": (2 * D + 3 * cfg.hidden) * s,
-                             "selective": (2 * cfg.hidden + D) * s})
+                rows.append(
+                    {
+                        "block": i,
+                        "part": "SwiGLU",
+                        "full": (2 * D + 3 * cfg.hidden) * s,
+                        "selective": (2 * cfg.hidden + D) * s,
+                    }
+                )
         head = 2 * D * s + 4 * cfg.vocab_size  # final norm input and output, float32 log-softmax
         rows.append({"block": None, "part": "head", "full": head, "selective": head})
         if itemized:
             return rows
         from mahia.measure.cost import activation_bytes
 
-        per_block = [tuple(sum(r[k] for r in rows if r["block"] == i) for k in ("full", "selective"))
-                     for i in range(len(self.blocks))]
+        per_block = [
+            tuple(sum(r[k] for r in rows if r["block"] == i) for k in ("full", "selective"))
+            for i in range(len(self.blocks))
+        ]
         return activation_bytes(per_block, block_input=D * s, head=head, checkpoint=checkpoint)
 
-    def memory_estimate(self, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *,
-                        checkpoint: str | None = None) -> dict[str, int]:
+    def memory_estimate(
+        self, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *, checkpoint: str | None = None
+    ) -> dict[str, int]:
         """Training memory in bytes: parameters, gradients, AdamW states, activations, and their total.
 
         Parameters and gradients are counted in the parameters' dtype, AdamW's two states in float32

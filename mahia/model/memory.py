@@ -77,6 +77,7 @@ Decoding (causal only): :meth:`GraphDiffusionMemory.decode` continues a sequence
 from a :class:`MemoryCache`; it computes the same function as the forward over the whole sequence
 (see its docstring for how it stays O(T + segment) per call).
 """
+
 from __future__ import annotations
 
 import math
@@ -88,8 +89,14 @@ import torch.nn.functional as F
 from mahia.measure.checks import check_float_dtype, check_int
 from mahia.model._inputs import check_btd
 
-__all__ = ["GraphDiffusionMemory", "MemoryCache", "graph_diffusion_memory", "graph_diffusion_write",
-           "diffusion_operator", "IMPLS"]
+__all__ = [
+    "GraphDiffusionMemory",
+    "MemoryCache",
+    "graph_diffusion_memory",
+    "graph_diffusion_write",
+    "diffusion_operator",
+    "IMPLS",
+]
 
 IMPLS = ("loop", "batched")
 
@@ -145,6 +152,7 @@ def diffusion_operator(adj_logits: torch.Tensor, steps: int, alpha: float) -> to
 # Before: segment by segment, node by node, step by step
 # ---------------------------------------------------------------------------------------------------
 
+
 def _write_loop(x, memory, write_q, write_k, write_v):
     """W(x) row by row: node n attends over the tokens of each sample. (B, N, D)."""
     scale = 1.0 / math.sqrt(x.shape[-1])
@@ -182,14 +190,16 @@ def _memory_loop(x, base, memory, adj_logits, w, steps, alpha, causal, segment):
         else:
             m = m + _write_loop(xs, memory, w["write_q"], w["write_k"], w["write_v"])
             read_m = m
-        outs.append(_read(xs, _diffuse_loop(read_m, adj_logits, steps, alpha),
-                          w["read_q"], w["read_k"], w["read_v"], w["out"]))
+        outs.append(
+            _read(xs, _diffuse_loop(read_m, adj_logits, steps, alpha), w["read_q"], w["read_k"], w["read_v"], w["out"])
+        )
     return torch.cat(outs, dim=1)
 
 
 # ---------------------------------------------------------------------------------------------------
 # After: every segment at once
 # ---------------------------------------------------------------------------------------------------
+
 
 def _writes_batched(x, memory, write_q, write_k, write_v, segment):
     """W(x_j) of every segment j, two batched matmuls. (B, J, N, D) with J = ceil(T / segment)."""
@@ -217,8 +227,9 @@ def _memory_batched(x, base, memory, adj_logits, w, steps, alpha, causal, segmen
         # Segment j reads M_j = base + W_0 + ... + W_{j-1}: the writes of the first J-1 segments
         # (whole segments: no padding) and an exclusive cumulative sum.
         if J > 1:
-            writes = _writes_batched(x[:, : (J - 1) * segment], memory, w["write_q"], w["write_k"],
-                                     w["write_v"], segment)  # (B, J-1, N, D)
+            writes = _writes_batched(
+                x[:, : (J - 1) * segment], memory, w["write_q"], w["write_k"], w["write_v"], segment
+            )  # (B, J-1, N, D)
             states = torch.cat([base.unsqueeze(1), writes], dim=1).cumsum(dim=1)  # (B, J, N, D)
         else:
             states = base.unsqueeze(1)  # (B, 1, N, D)
@@ -228,8 +239,9 @@ def _memory_batched(x, base, memory, adj_logits, w, steps, alpha, causal, segmen
     if steps > 0:
         states = diffusion_operator(adj_logits, steps, alpha) @ states  # (N, N) @ (B, J, N, D)
     xp = F.pad(x, (0, 0, 0, J * segment - T))  # (B, J*S, D); padded rows are read, then dropped
-    out = _read(xp.reshape(B * J, segment, D), states.reshape(B * J, -1, D),
-                w["read_q"], w["read_k"], w["read_v"], w["out"])  # (B*J, S, D)
+    out = _read(
+        xp.reshape(B * J, segment, D), states.reshape(B * J, -1, D), w["read_q"], w["read_k"], w["read_v"], w["out"]
+    )  # (B*J, S, D)
     return out.view(B, J * segment, D)[:, :T]
 
 
@@ -261,8 +273,9 @@ def _check_params(x: torch.Tensor, memory: torch.Tensor, **params: torch.Tensor)
             raise ValueError(f"{name} must be {label} = {expected}, got {tuple(p.shape)}")
     for name, p in dict(memory=memory, **params).items():
         if p.dtype != x.dtype or p.device != x.device:
-            raise TypeError(f"{name} is {p.dtype} on {p.device} but x is {x.dtype} on {x.device}; "
-                            f"convert the module with .to(x)")
+            raise TypeError(
+                f"{name} is {p.dtype} on {p.device} but x is {x.dtype} on {x.device}; convert the module with .to(x)"
+            )
 
 
 def _initial_state(x: torch.Tensor, memory: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
@@ -272,8 +285,10 @@ def _initial_state(x: torch.Tensor, memory: torch.Tensor, state: torch.Tensor | 
         return memory.expand(B, *memory.shape)
     expected = (B, *memory.shape)
     if not isinstance(state, torch.Tensor) or tuple(state.shape) != expected:
-        raise ValueError(f"state must be None or a (B, N, D) = {expected} tensor (from write()), "
-                         f"got {getattr(state, 'shape', type(state))}")
+        raise ValueError(
+            f"state must be None or a (B, N, D) = {expected} tensor (from write()), "
+            f"got {getattr(state, 'shape', type(state))}"
+        )
     if state.dtype != x.dtype or state.device != x.device:
         raise TypeError(f"state is {state.dtype} on {state.device} but x is {x.dtype} on {x.device}")
     return state
@@ -307,8 +322,9 @@ def graph_diffusion_memory(
     """
     _check_config(steps, alpha, impl, causal, segment)
     check_btd(x)
-    weights = dict(write_q=write_q, write_k=write_k, write_v=write_v, read_q=read_q, read_k=read_k,
-                   read_v=read_v, out=out)
+    weights = dict(
+        write_q=write_q, write_k=write_k, write_v=write_v, read_q=read_q, read_k=read_k, read_v=read_v, out=out
+    )
     _check_params(x, memory, adj_logits=adj_logits, **weights)
     base = _initial_state(x, memory, state)  # (B, N, D)
     seg = x.shape[1] if segment is None else min(segment, x.shape[1])
@@ -352,6 +368,7 @@ def graph_diffusion_write(
 # The module, and its decoding cache
 # ---------------------------------------------------------------------------------------------------
 
+
 class MemoryCache(nn.Module):
     """What :meth:`GraphDiffusionMemory.decode` keeps between calls, for ``batch`` sequences of at most
     ``max_len`` tokens (buffers; shapes never change, so a decode step can be captured in a CUDA graph).
@@ -366,8 +383,17 @@ class MemoryCache(nn.Module):
     starts a new sequence (in place).
     """
 
-    def __init__(self, batch: int, max_len: int, n_nodes: int, dim: int, *, positions: bool,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        batch: int,
+        max_len: int,
+        n_nodes: int,
+        dim: int,
+        *,
+        positions: bool,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__()
         for name, v in (("batch", batch), ("max_len", max_len)):
             check_int("MemoryCache", name, v)
@@ -375,9 +401,13 @@ class MemoryCache(nn.Module):
         self.batch, self.max_len = batch, max_len
         kw = dict(device=device, dtype=dtype)
         length = max_len if positions else 0  # without segments nothing is written while decoding
-        for name, shape in (("keys", (batch, n_nodes, dim)), ("values", (batch, n_nodes, dim)),
-                            ("scores", (batch, n_nodes, length)), ("u", (batch, length, dim)),
-                            ("z", (batch, length, dim))):
+        for name, shape in (
+            ("keys", (batch, n_nodes, dim)),
+            ("values", (batch, n_nodes, dim)),
+            ("scores", (batch, n_nodes, length)),
+            ("u", (batch, length, dim)),
+            ("z", (batch, length, dim)),
+        ):
             self.register_buffer(name, torch.zeros(shape, **kw), persistent=False)
 
 
@@ -395,8 +425,17 @@ class GraphDiffusionMemory(nn.Module):
     tokens per segment (None: the whole input is one segment).
     """
 
-    def __init__(self, dim: int, n_nodes: int = 64, steps: int = 4, alpha: float = 0.5, *,
-                 impl: str = "batched", causal: bool = False, segment: int | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_nodes: int = 64,
+        steps: int = 4,
+        alpha: float = 0.5,
+        *,
+        impl: str = "batched",
+        causal: bool = False,
+        segment: int | None = None,
+    ):
         super().__init__()
         check_int("GraphDiffusionMemory", "dim", dim)
         check_int("GraphDiffusionMemory", "n_nodes", n_nodes)
@@ -413,27 +452,55 @@ class GraphDiffusionMemory(nn.Module):
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
         p = self.proj
         return graph_diffusion_memory(
-            x, self.memory, self.adj_logits,
-            p["write_q"].weight, p["write_k"].weight, p["write_v"].weight,
-            p["read_q"].weight, p["read_k"].weight, p["read_v"].weight, p["out"].weight,
-            steps=self.steps, alpha=self.alpha, impl=self.impl, causal=self.causal, segment=self.segment,
+            x,
+            self.memory,
+            self.adj_logits,
+            p["write_q"].weight,
+            p["write_k"].weight,
+            p["write_v"].weight,
+            p["read_q"].weight,
+            p["read_k"].weight,
+            p["read_v"].weight,
+            p["out"].weight,
+            steps=self.steps,
+            alpha=self.alpha,
+            impl=self.impl,
+            causal=self.causal,
+            segment=self.segment,
             state=state,
         )
 
     def write(self, x: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
         """The state after x (B, N, D): ``state`` (default: the learned nodes) plus every segment's write."""
         p = self.proj
-        return graph_diffusion_write(x, self.memory, p["write_q"].weight, p["write_k"].weight,
-                                     p["write_v"].weight, impl=self.impl, segment=self.segment, state=state)
+        return graph_diffusion_write(
+            x,
+            self.memory,
+            p["write_q"].weight,
+            p["write_k"].weight,
+            p["write_v"].weight,
+            impl=self.impl,
+            segment=self.segment,
+            state=state,
+        )
 
     # -- decoding ------------------------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> MemoryCache:
         """A :class:`MemoryCache` on the module's device, in ``dtype`` (default: the parameters'), reset."""
         if not self.causal:
-            raise ValueError("GraphDiffusionMemory.new_cache: decoding needs causal=True (a bidirectional "
-                             "memory reads tokens that have not been generated yet)")
-        cache = MemoryCache(batch, max_len, self.n_nodes, self.dim, positions=self.segment is not None,
-                            device=self.memory.device, dtype=self.memory.dtype if dtype is None else dtype)
+            raise ValueError(
+                "GraphDiffusionMemory.new_cache: decoding needs causal=True (a bidirectional "
+                "memory reads tokens that have not been generated yet)"
+            )
+        cache = MemoryCache(
+            batch,
+            max_len,
+            self.n_nodes,
+            self.dim,
+            positions=self.segment is not None,
+            device=self.memory.device,
+            dtype=self.memory.dtype if dtype is None else dtype,
+        )
         self.reset_cache(cache)
         return cache
 
@@ -441,8 +508,9 @@ class GraphDiffusionMemory(nn.Module):
     def reset_cache(self, cache: MemoryCache) -> None:
         """Start a new sequence: the state is the learned nodes again (in place)."""
         if not isinstance(cache, MemoryCache):
-            raise TypeError(f"GraphDiffusionMemory.reset_cache: cache must be a MemoryCache, "
-                            f"got {type(cache).__name__}")
+            raise TypeError(
+                f"GraphDiffusionMemory.reset_cache: cache must be a MemoryCache, got {type(cache).__name__}"
+            )
         m = self.memory
         if self.steps > 0:
             m = diffusion_operator(self.adj_logits, self.steps, self.alpha) @ m  # (N, D)
@@ -522,5 +590,7 @@ class GraphDiffusionMemory(nn.Module):
         return F.linear(torch.einsum("btn,btnd->btd", r, vt), p["out"].weight)
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, n_nodes={self.n_nodes}, steps={self.steps}, alpha={self.alpha}, "
-                f"impl={self.impl!r}, causal={self.causal}, segment={self.segment}")
+        return (
+            f"dim={self.dim}, n_nodes={self.n_nodes}, steps={self.steps}, alpha={self.alpha}, "
+            f"impl={self.impl!r}, causal={self.causal}, segment={self.segment}"
+        )

@@ -48,10 +48,11 @@ Two paths compute this same function from the same parameters (``impl=``):
 
 ``grouped_mm`` (:mod:`mahia.ops.grouped_mm`) picks one of three backends computing the same product.
 """
+
 from __future__ import annotations
 
-import warnings
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +75,6 @@ __all__ = [
 IMPLS = ("grouped", "loop")
 
 
-
 def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int) -> int:
     """Forward FLOPs of one MoE layer: expert matmuls 2*N*k*D*2H + 2*N*k*H*D, plus the router 2*N*D*E.
 
@@ -82,8 +82,13 @@ def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int) 
     (they move bytes, not FLOPs). A forward plus backward is 3x this (each matmul has two gradient
     matmuls of the same size).
     """
-    for name, v in (("n_tokens", n_tokens), ("dim", dim), ("hidden", hidden), ("top_k", top_k),
-                    ("n_experts", n_experts)):
+    for name, v in (
+        ("n_tokens", n_tokens),
+        ("dim", dim),
+        ("hidden", hidden),
+        ("top_k", top_k),
+        ("n_experts", n_experts),
+    ):
         if not (isinstance(v, int) and v >= 0):
             raise ValueError(f"moe_flops: {name} must be a non-negative int, got {v!r}")
     assignments = n_tokens * top_k
@@ -98,6 +103,7 @@ def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int) 
 # The layer
 # ---------------------------------------------------------------------------------------------------
 
+
 class RouterStats(NamedTuple):
     """What the load-balancing loss needs from a (weighted) set of tokens; sets pool by adding.
 
@@ -111,7 +117,7 @@ class RouterStats(NamedTuple):
     n_tokens: torch.Tensor
 
     @staticmethod
-    def pool(stats: Sequence["RouterStats"]) -> "RouterStats":
+    def pool(stats: Sequence[RouterStats]) -> RouterStats:
         """The statistics of the union of disjoint token sets: the element-wise sum."""
         stats = list(stats)
         if not stats:
@@ -134,9 +140,19 @@ class MoE(nn.Module):
     ``w2`` (n_experts, hidden, dim).
     """
 
-    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int = 2, *, impl: str = "grouped",
-                 aux_loss_coef: float = 0.01, backend: str = "auto",
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        dim: int,
+        hidden: int,
+        n_experts: int,
+        top_k: int = 2,
+        *,
+        impl: str = "grouped",
+        aux_loss_coef: float = 0.01,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         for name, v in (("dim", dim), ("hidden", hidden), ("n_experts", n_experts), ("top_k", top_k)):
             if not (isinstance(v, int) and not isinstance(v, bool)):
@@ -162,13 +178,15 @@ class MoE(nn.Module):
 
     def reset_parameters(self) -> None:
         # Unit-variance inputs give unit-variance logits and hidden activations.
-        nn.init.normal_(self.w_router, std=self.dim ** -0.5)
-        nn.init.normal_(self.w13, std=self.dim ** -0.5)
-        nn.init.normal_(self.w2, std=self.hidden ** -0.5)
+        nn.init.normal_(self.w_router, std=self.dim**-0.5)
+        nn.init.normal_(self.w13, std=self.dim**-0.5)
+        nn.init.normal_(self.w2, std=self.hidden**-0.5)
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, hidden={self.hidden}, n_experts={self.n_experts}, top_k={self.top_k}, "
-                f"impl={self.impl!r}, backend={self.backend!r}, aux_loss_coef={self.aux_loss_coef}")
+        return (
+            f"dim={self.dim}, hidden={self.hidden}, n_experts={self.n_experts}, top_k={self.top_k}, "
+            f"impl={self.impl!r}, backend={self.backend!r}, aux_loss_coef={self.aux_loss_coef}"
+        )
 
     # -- shared pieces ---------------------------------------------------------------------------
     def _flatten_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -179,8 +197,10 @@ class MoE(nn.Module):
         if x.dim() < 1 or x.shape[-1] != self.dim:
             raise ValueError(f"MoE: x must have shape (..., dim={self.dim}), got {tuple(x.shape)}")
         if x.dtype != self.w13.dtype:
-            raise TypeError(f"MoE: x has dtype {x.dtype} but the parameters are {self.w13.dtype}; "
-                            "convert one of them (e.g. moe.to(x.dtype))")
+            raise TypeError(
+                f"MoE: x has dtype {x.dtype} but the parameters are {self.w13.dtype}; "
+                "convert one of them (e.g. moe.to(x.dtype))"
+            )
         if x.device != self.w13.device:
             raise ValueError(f"MoE: x is on {x.device} but the parameters are on {self.w13.device}")
         if x.numel() == 0:
@@ -193,9 +213,9 @@ class MoE(nn.Module):
         # in bf16, so it runs outside it, in x's dtype (float32 in mixed precision; Switch Transformer's
         # "selective precision"). It is small: N x D x E.
         with torch.autocast(x2.device.type, enabled=False):
-            logits = x2 @ self.w_router                                       # (N, E) in x.dtype
+            logits = x2 @ self.w_router  # (N, E) in x.dtype
         probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-        top_p, experts = probs.topk(self.top_k, dim=-1)                       # (N, k)
+        top_p, experts = probs.topk(self.top_k, dim=-1)  # (N, k)
         if self.top_k == 1:
             # v / v = 1 with a zero gradient; computing it would only add rounding noise to the router's
             # gradient (which then comes from the aux loss alone).
@@ -204,14 +224,14 @@ class MoE(nn.Module):
             gates = top_p / top_p.sum(dim=-1, keepdim=True)
         return probs, experts, gates
 
-    def _stats(self, probs: torch.Tensor, experts: torch.Tensor,
-               weight: torch.Tensor | None) -> RouterStats:
+    def _stats(self, probs: torch.Tensor, experts: torch.Tensor, weight: torch.Tensor | None) -> RouterStats:
         """RouterStats of the N routed tokens; weight (N,) or None (every token counts once)."""
         N = probs.shape[0]
-        w = probs.new_ones(N) if weight is None else weight.to(probs.dtype)            # (N,)
-        counts = probs.new_zeros(self.n_experts).scatter_add_(                          # sync-free bincount
-            0, experts.reshape(-1), w.detach().repeat_interleave(self.top_k))           # (E,)
-        prob_sum = (probs if weight is None else probs * w[:, None]).sum(dim=0)        # (E,)
+        w = probs.new_ones(N) if weight is None else weight.to(probs.dtype)  # (N,)
+        counts = probs.new_zeros(self.n_experts).scatter_add_(  # sync-free bincount
+            0, experts.reshape(-1), w.detach().repeat_interleave(self.top_k)
+        )  # (E,)
+        prob_sum = (probs if weight is None else probs * w[:, None]).sum(dim=0)  # (E,)
         return RouterStats(counts, prob_sum, w.sum())
 
     def aux_loss_from(self, stats: RouterStats) -> torch.Tensor:
@@ -227,8 +247,9 @@ class MoE(nn.Module):
         if not isinstance(token_weight, torch.Tensor):
             raise TypeError(f"MoE: token_weight must be None or a tensor, got {type(token_weight).__name__}")
         if tuple(token_weight.shape) != tuple(x.shape[:-1]):
-            raise ValueError(f"MoE: token_weight must have x's leading shape {tuple(x.shape[:-1])}, "
-                             f"got {tuple(token_weight.shape)}")
+            raise ValueError(
+                f"MoE: token_weight must have x's leading shape {tuple(x.shape[:-1])}, got {tuple(token_weight.shape)}"
+            )
         if token_weight.device != x.device:
             raise ValueError(f"MoE: token_weight is on {token_weight.device} but x is on {x.device}")
         return token_weight.reshape(-1)  # (N,)
@@ -242,8 +263,7 @@ class MoE(nn.Module):
         return choose_backend(x, [(self.dim, 2 * self.hidden), (self.hidden, self.dim)])
 
     # -- forward ---------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, *, token_weight: torch.Tensor | None = None,
-                return_stats: bool = False):
+    def forward(self, x: torch.Tensor, *, token_weight: torch.Tensor | None = None, return_stats: bool = False):
         """``(y, aux_loss)``, or ``(y, aux_loss, RouterStats)`` with ``return_stats`` (class docstring)."""
         x2 = self._flatten_input(x)
         weight = self._check_weight(token_weight, x)
@@ -259,17 +279,17 @@ class MoE(nn.Module):
         """Before: one expert at a time. Each nonzero() is a host sync; two small matmuls per expert.
         Returns (y (N, D), probs, experts) for the aux loss."""
         probs, experts, gates = self._route(x2)
-        y = torch.zeros_like(x2)                                       # (N, D), the accumulator: x's dtype
+        y = torch.zeros_like(x2)  # (N, D), the accumulator: x's dtype
         for e in range(self.n_experts):
-            mask = experts == e                                        # (N, k)
-            token, slot = mask.nonzero(as_tuple=True)                  # (n_e,) each: the CPU waits here
+            mask = experts == e  # (N, k)
+            token, slot = mask.nonzero(as_tuple=True)  # (n_e,) each: the CPU waits here
             if token.numel() == 0:
                 continue
-            h = x2[token] @ self.w13[e]                                # (n_e, 2H), autocast dtype if any
+            h = x2[token] @ self.w13[e]  # (n_e, 2H), autocast dtype if any
             a, b = h.chunk(2, dim=-1)
-            out = (F.silu(a) * b) @ self.w2[e]                         # (n_e, D)
+            out = (F.silu(a) * b) @ self.w2[e]  # (n_e, D)
             gated = out * gates[token, slot].unsqueeze(-1).to(out.dtype)
-            y.index_add_(0, token, gated.to(y.dtype))                  # under autocast out is 16-bit
+            y.index_add_(0, token, gated.to(y.dtype))  # under autocast out is 16-bit
         return y, probs, experts
 
     def _forward_grouped(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -280,12 +300,13 @@ class MoE(nn.Module):
         E, k = self.n_experts, self.top_k
         backend = self.backend_for(x2)
         probs, experts, gates = self._route(x2)
-        flat = experts.reshape(-1)                                     # (N*k,) expert of assignment n*k + j
-        order = torch.argsort(flat, stable=True)                       # (N*k,) assignments grouped by expert
+        flat = experts.reshape(-1)  # (N*k,) expert of assignment n*k + j
+        order = torch.argsort(flat, stable=True)  # (N*k,) assignments grouped by expert
         counts = torch.zeros(E, dtype=torch.int32, device=x2.device).scatter_add_(
-            0, flat, torch.ones_like(flat, dtype=torch.int32))         # (E,) sync-free bincount
-        offs = counts.cumsum(0, dtype=torch.int32)                     # (E,) end row of each expert's group
-        xs = x2.index_select(0, order // k)                            # (N*k, D) tokens in expert order
+            0, flat, torch.ones_like(flat, dtype=torch.int32)
+        )  # (E,) sync-free bincount
+        offs = counts.cumsum(0, dtype=torch.int32)  # (E,) end row of each expert's group
+        xs = x2.index_select(0, order // k)  # (N*k, D) tokens in expert order
         w13, w2 = self.w13, self.w2
         dev_type = x2.device.type
         if torch.is_autocast_enabled(dev_type):
@@ -293,13 +314,13 @@ class MoE(nn.Module):
             amp = torch.get_autocast_dtype(dev_type)
             xs, w13, w2 = xs.to(amp), w13.to(amp), w2.to(amp)
             backend = self.backend_for(xs)
-        h = grouped_mm(xs, w13, offs, backend=backend)                 # (N*k, 2H)
-        a = swiglu(*h.chunk(2, dim=-1))                        # (N*k, H)
-        out = grouped_mm(a, w2, offs, backend=backend)                 # (N*k, D)
+        h = grouped_mm(xs, w13, offs, backend=backend)  # (N*k, 2H)
+        a = swiglu(*h.chunk(2, dim=-1))  # (N*k, H)
+        out = grouped_mm(a, w2, offs, backend=backend)  # (N*k, D)
         inverse = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=x2.device))  # (N*k,)
         # y[n] = sum_j g[n, j] * out[inverse[n*k + j]]: gather, gate and k-sum in one pass (float32 math),
         # y in x's dtype like the loop. Eager version: moe_combine_eager.
-        y = moe_combine(out, inverse, gates, x2.dtype)         # (N, D)
+        y = moe_combine(out, inverse, gates, x2.dtype)  # (N, D)
         return y, probs, experts
 
     # -- statistics (outside forward) ------------------------------------------------------------

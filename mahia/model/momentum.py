@@ -22,9 +22,10 @@ the autograd graph); weights and momenta are updated in place, gradients are onl
 
 Tensor values are not range-checked (that would itself be a sync); Python floats are.
 """
+
 from __future__ import annotations
 
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -33,7 +34,7 @@ __all__ = ["momentum_update_loop", "momentum_update_foreach", "MomentumMemory", 
 
 IMPLS = ("loop", "foreach")
 
-Hyper = Union[float, torch.Tensor]
+Hyper = float | torch.Tensor
 
 # Allowed ranges for Python-float hyper-parameters.
 _RANGES = {"eta": (0.0, 1.0), "theta": (0.0, float("inf")), "alpha": (0.0, 1.0)}
@@ -47,8 +48,7 @@ def _check_lists(weights, moms, grads) -> int:
     if n == 0:
         raise ValueError("weights is empty; expected at least one memory weight")
     if len(moms) != n or len(grads) != n:
-        raise ValueError(f"weights, moms and grads must have the same length, "
-                         f"got {n}, {len(moms)}, {len(grads)}")
+        raise ValueError(f"weights, moms and grads must have the same length, got {n}, {len(moms)}, {len(grads)}")
     for i, (w, m, g) in enumerate(zip(weights, moms, grads)):
         for name, t in (("weights", w), ("moms", m), ("grads", g)):
             if not isinstance(t, torch.Tensor):
@@ -56,14 +56,19 @@ def _check_lists(weights, moms, grads) -> int:
             if not t.is_floating_point():
                 raise TypeError(f"{name}[{i}] must be floating point, got {t.dtype}")
         if m.shape != w.shape or g.shape != w.shape:
-            raise ValueError(f"layer {i}: weights {tuple(w.shape)}, moms {tuple(m.shape)} and grads "
-                             f"{tuple(g.shape)} must have the same shape")
+            raise ValueError(
+                f"layer {i}: weights {tuple(w.shape)}, moms {tuple(m.shape)} and grads "
+                f"{tuple(g.shape)} must have the same shape"
+            )
         if m.device != w.device or g.device != w.device or w.device != weights[0].device:
-            raise ValueError(f"layer {i}: all tensors must be on {weights[0].device}, got weights "
-                             f"{w.device}, moms {m.device}, grads {g.device}")
+            raise ValueError(
+                f"layer {i}: all tensors must be on {weights[0].device}, got weights "
+                f"{w.device}, moms {m.device}, grads {g.device}"
+            )
         if m.dtype != w.dtype or g.dtype != w.dtype:
-            raise TypeError(f"layer {i}: weights, moms and grads must share a dtype, got {w.dtype}, "
-                            f"{m.dtype}, {g.dtype}")
+            raise TypeError(
+                f"layer {i}: weights, moms and grads must share a dtype, got {w.dtype}, {m.dtype}, {g.dtype}"
+            )
     return n
 
 
@@ -72,8 +77,10 @@ def _check_hyper(name: str, value: Hyper, n_layers: int) -> None:
         if not value.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {value.dtype}")
         if value.dim() > 1 or (value.dim() == 1 and value.shape[0] != n_layers):
-            raise ValueError(f"{name} must be a 0-dim tensor or a ({n_layers},) tensor (one per layer), "
-                             f"got shape {tuple(value.shape)}")
+            raise ValueError(
+                f"{name} must be a 0-dim tensor or a ({n_layers},) tensor (one per layer), "
+                f"got shape {tuple(value.shape)}"
+            )
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float or a tensor, got {type(value).__name__}")
@@ -82,8 +89,14 @@ def _check_hyper(name: str, value: Hyper, n_layers: int) -> None:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
 
 
-def momentum_update_loop(weights: Sequence[torch.Tensor], moms: Sequence[torch.Tensor],
-                         grads: Sequence[torch.Tensor], eta: Hyper, theta: Hyper, alpha: Hyper) -> None:
+def momentum_update_loop(
+    weights: Sequence[torch.Tensor],
+    moms: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    eta: Hyper,
+    theta: Hyper,
+    alpha: Hyper,
+) -> None:
     """Reference: one layer at a time; tensor hyper-parameters are read with ``.item()`` (a sync each)."""
     n = _check_lists(weights, moms, grads)
     for name, v in (("eta", eta), ("theta", theta), ("alpha", alpha)):
@@ -114,8 +127,14 @@ def _per_layer(v: Hyper) -> float | torch.Tensor | list[torch.Tensor]:
     return list(v.unbind(0)) if isinstance(v, torch.Tensor) and v.dim() == 1 else v
 
 
-def momentum_update_foreach(weights: Sequence[torch.Tensor], moms: Sequence[torch.Tensor],
-                            grads: Sequence[torch.Tensor], eta: Hyper, theta: Hyper, alpha: Hyper) -> None:
+def momentum_update_foreach(
+    weights: Sequence[torch.Tensor],
+    moms: Sequence[torch.Tensor],
+    grads: Sequence[torch.Tensor],
+    eta: Hyper,
+    theta: Hyper,
+    alpha: Hyper,
+) -> None:
     """Fast path: multi-tensor ``torch._foreach_*`` ops over all layers, no ``.item()``, in place."""
     n = _check_lists(weights, moms, grads)
     for name, v in (("eta", eta), ("theta", theta), ("alpha", alpha)):
@@ -147,8 +166,15 @@ class MomentumMemory(nn.Module):
     up to the caller.
     """
 
-    def __init__(self, shapes: Sequence[Sequence[int]], *, eta: Hyper = 0.9, theta: Hyper = 1e-2,
-                 alpha: Hyper = 1e-3, impl: str = "foreach"):
+    def __init__(
+        self,
+        shapes: Sequence[Sequence[int]],
+        *,
+        eta: Hyper = 0.9,
+        theta: Hyper = 1e-2,
+        alpha: Hyper = 1e-3,
+        impl: str = "foreach",
+    ):
         super().__init__()
         shapes = [tuple(s) for s in shapes]
         if not shapes:
@@ -175,8 +201,15 @@ class MomentumMemory(nn.Module):
         for m in self.moms:
             m.zero_()
 
-    def step(self, grads: Sequence[torch.Tensor] | None = None, *, impl: str | None = None,
-             eta: Hyper | None = None, theta: Hyper | None = None, alpha: Hyper | None = None) -> None:
+    def step(
+        self,
+        grads: Sequence[torch.Tensor] | None = None,
+        *,
+        impl: str | None = None,
+        eta: Hyper | None = None,
+        theta: Hyper | None = None,
+        alpha: Hyper | None = None,
+    ) -> None:
         """One in-place update. ``grads`` default to the weights' ``.grad``; ``impl`` and the
         hyper-parameters default to the constructor's (pass tensors here for data-dependent values)."""
         impl = self.impl if impl is None else impl
@@ -188,10 +221,14 @@ class MomentumMemory(nn.Module):
             if missing:
                 raise ValueError(f"grads not given and weights {missing} have no .grad; run backward first")
             grads = [w.grad for w in weights]
-        _UPDATES[impl](weights, self.moms, list(grads),
-                       self.eta if eta is None else eta,
-                       self.theta if theta is None else theta,
-                       self.alpha if alpha is None else alpha)
+        _UPDATES[impl](
+            weights,
+            self.moms,
+            list(grads),
+            self.eta if eta is None else eta,
+            self.theta if theta is None else theta,
+            self.alpha if alpha is None else alpha,
+        )
 
     def extra_repr(self) -> str:
         return f"layers={len(self.weights)}, impl={self.impl!r}"

@@ -18,13 +18,15 @@ Two kinds:
   :func:`make_train_step` (mixed precision, activation checkpointing, ``torch.compile``, sync-free loss
   logging) applies the first two through :func:`apply_checkpointing` and :func:`apply_compile`.
 """
+
 from __future__ import annotations
 
 import functools
 import shutil
 import sys
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,8 +78,10 @@ def apply(cfg: HybridConfig, *names: str) -> HybridConfig:
     changes: dict[str, Any] = {}
     for name in names:
         if name not in OPTIMIZATIONS:
-            raise ValueError(f"apply: unknown optimization {name!r}; valid names: {sorted(OPTIMIZATIONS)} "
-                             f"(runtime ones are arguments of make_train_step / make_decoder)")
+            raise ValueError(
+                f"apply: unknown optimization {name!r}; valid names: {sorted(OPTIMIZATIONS)} "
+                f"(runtime ones are arguments of make_train_step / make_decoder)"
+            )
         changes.update(OPTIMIZATIONS[name])
     return cfg.replace(**changes)
 
@@ -86,11 +90,20 @@ def apply(cfg: HybridConfig, *names: str) -> HybridConfig:
 # Activation checkpointing
 # ---------------------------------------------------------------------------------------------------
 
+
 def _save_ops() -> set:
     """aten ops whose outputs selective checkpointing keeps: matrix products and fused attention."""
-    names = ["mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_dot_product_flash_attention",
-             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-             "_scaled_dot_product_flash_attention_for_cpu"]
+    names = [
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "_grouped_mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ]
     return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
 
 
@@ -121,8 +134,9 @@ def run_checkpointed(fn: Callable, *args: Any, mode: str | None, **kwargs: Any) 
         if hasattr(ckpt, "create_selective_checkpoint_contexts"):
             context_fn = functools.partial(ckpt.create_selective_checkpoint_contexts, selective_checkpoint_policy)
             return ckpt.checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-        warnings.warn("selective checkpointing needs torch >= 2.4; using full checkpointing", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "selective checkpointing needs torch >= 2.4; using full checkpointing", RuntimeWarning, stacklevel=2
+        )
     elif mode != "full":
         raise ValueError(f"run_checkpointed: mode must be one of {CHECKPOINT_POLICIES}, got {mode!r}")
     return ckpt.checkpoint(fn, *args, use_reentrant=False, **kwargs)
@@ -165,8 +179,10 @@ def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
         raise ValueError(f"apply_checkpointing: policy must be one of {CHECKPOINT_POLICIES}, got {policy!r}")
     blocks = getattr(model, "blocks", None)
     if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
-        raise TypeError(f"apply_checkpointing: model must be an nn.Module with blocks (an nn.ModuleList of "
-                        f"Block), as HybridModel has; {type(model).__name__} has none")
+        raise TypeError(
+            f"apply_checkpointing: model must be an nn.Module with blocks (an nn.ModuleList of "
+            f"Block), as HybridModel has; {type(model).__name__} has none"
+        )
     wrong = [type(b).__name__ for b in blocks if type(b) not in (Block, CheckpointedBlock)]
     if wrong:
         raise TypeError(f"apply_checkpointing: the blocks must be Block modules, got {sorted(set(wrong))}")
@@ -183,14 +199,17 @@ def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
 # torch.compile, with a clean fallback
 # ---------------------------------------------------------------------------------------------------
 
+
 def compile_problem(device: torch.device | str) -> str | None:
     """None if ``torch.compile`` (inductor) can run on ``device`` here; else why not."""
     from torch import _dynamo
 
     device = torch.device(device)
     if hasattr(_dynamo, "is_dynamo_supported") and not _dynamo.is_dynamo_supported():
-        return (f"torch.compile is not supported on Python {sys.version_info.major}.{sys.version_info.minor} "
-                f"with torch {torch.__version__}")
+        return (
+            f"torch.compile is not supported on Python {sys.version_info.major}.{sys.version_info.minor} "
+            f"with torch {torch.__version__}"
+        )
     if device.type == "cpu":
         from torch._inductor import config as inductor_config
 
@@ -225,8 +244,9 @@ def apply_compile(model: nn.Module, mode: str | None) -> Callable:
         return model
     problem = compile_problem(next(model.parameters()).device)
     if problem is not None:
-        warnings.warn(f"apply_compile: compile={mode!r} skipped, running eager: {problem}", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"apply_compile: compile={mode!r} skipped, running eager: {problem}", RuntimeWarning, stacklevel=2
+        )
         return model
     compiled = torch.compile(model, mode=mode)
     state = {"fn": compiled}
@@ -238,8 +258,11 @@ def apply_compile(model: nn.Module, mode: str | None) -> Callable:
             # A missing toolchain surfaces only at the first call; a broken model raises something else.
             if state["fn"] is model:
                 raise
-            warnings.warn(f"apply_compile: compile={mode!r} failed, running eager from now on: {exc}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"apply_compile: compile={mode!r} failed, running eager from now on: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             state["fn"] = model
             return model(*args, **kwargs)
 
@@ -249,6 +272,7 @@ def apply_compile(model: nn.Module, mode: str | None) -> Callable:
 # ---------------------------------------------------------------------------------------------------
 # The training step
 # ---------------------------------------------------------------------------------------------------
+
 
 def make_train_step(
     model: nn.Module,
@@ -282,8 +306,7 @@ def make_train_step(
     if not isinstance(model, nn.Module):
         raise TypeError(f"make_train_step: model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"make_train_step: optimizer must be a torch.optim.Optimizer, "
-                        f"got {type(optimizer).__name__}")
+        raise TypeError(f"make_train_step: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     options = (("amp", amp, AMP), ("checkpoint", checkpoint, CHECKPOINT_POLICIES), ("compile", compile, COMPILE))
     for name, value, valid in options:
         if value not in valid:
@@ -300,8 +323,11 @@ def make_train_step(
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
 
     # CUDA-graph modes reuse their output buffers on every replay: mark each step as a new one.
-    mark_step = (compile in ("reduce-overhead", "max-autotune") and forward is not model
-                 and hasattr(torch.compiler, "cudagraph_mark_step_begin"))
+    mark_step = (
+        compile in ("reduce-overhead", "max-autotune")
+        and forward is not model
+        and hasattr(torch.compiler, "cudagraph_mark_step_begin")
+    )
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         idx, targets = batch
@@ -331,6 +357,7 @@ def make_train_step(
 # ---------------------------------------------------------------------------------------------------
 # Decoding
 # ---------------------------------------------------------------------------------------------------
+
 
 class Decoder:
     """Token-by-token generation with the model's static KV cache, optionally through a CUDA graph.
@@ -387,16 +414,24 @@ class Decoder:
         return self.model.decode_step(self._idx, self._pos)[:, -1]
 
     @torch.no_grad()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """``prompt`` (B, T0) int64 followed by ``max_new_tokens`` generated tokens: (B, T0 + max_new_tokens).
 
         ``temperature=0`` is greedy (argmax); otherwise tokens are sampled from softmax(logits / temperature)
         by the Gumbel-max trick (argmax of logits / temperature + Gumbel noise), which needs no host sync.
         """
         if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.dtype != torch.long:
-            raise ValueError(f"Decoder.generate: prompt must be a (B, T) int64 tensor, got "
-                             f"{getattr(prompt, 'dtype', type(prompt))} {tuple(getattr(prompt, 'shape', ()))}")
+            raise ValueError(
+                f"Decoder.generate: prompt must be a (B, T) int64 tensor, got "
+                f"{getattr(prompt, 'dtype', type(prompt))} {tuple(getattr(prompt, 'shape', ()))}"
+            )
         if prompt.shape[1] < 1:
             raise ValueError("Decoder.generate: prompt must hold at least one token")
         check_int("Decoder.generate", "max_new_tokens", max_new_tokens, minimum=0)

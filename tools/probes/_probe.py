@@ -6,6 +6,7 @@ printed last.
     p = Probe(torch.device("cuda"))   # measures (or reads) the ceilings into $OUT/probe_results
     p.log(...); p.summary.append(...); p.lap(); p.finish()
 """
+
 import os
 import time
 
@@ -19,8 +20,10 @@ class Probe:
         self.t0 = time.perf_counter()
         self.summary: list[str] = []
         self.ceil = hardware.ceilings(dev, results_dir=os.path.join(os.environ.get("OUT", "."), "probe_results"))
-        self.log(f"{hardware.device_slug(dev)}: copy {self.ceil.copy_gbps:.0f} GB/s, bf16 "
-                 f"{self.ceil.matmul_bf16_tflops:.0f} TFLOP/s (measured), torch {torch.__version__}")
+        self.log(
+            f"{hardware.device_slug(dev)}: copy {self.ceil.copy_gbps:.0f} GB/s, bf16 "
+            f"{self.ceil.matmul_bf16_tflops:.0f} TFLOP/s (measured), torch {torch.__version__}"
+        )
 
     @staticmethod
     def log(*args) -> None:

@@ -13,6 +13,7 @@ or ``mahia.kernels`` before the layout change), so the same script measures both
 new/old per experiment with the spread of each (p20-p80 of the rounds): a ratio inside the spreads is
 noise. Records nothing in data/.
 """
+
 import json
 import statistics
 import sys
@@ -45,18 +46,27 @@ def measure(out_path: str) -> None:
 
     def rope():
         T, D = 2048, 128
-        ang = torch.outer(torch.arange(T, device=dev, dtype=torch.float32),
-                          10000.0 ** (-torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D))
+        ang = torch.outer(
+            torch.arange(T, device=dev, dtype=torch.float32),
+            10000.0 ** (-torch.arange(0, D, 2, device=dev, dtype=torch.float32) / D),
+        )
         return ops.rope, (rnd(8, T, 32, D), rnd(8, T, 8, D), ang.cos(), ang.sin())
 
     def comb():
         N, k, D = 16384, 2, 1024
-        return ops.moe_combine, (rnd(N * k, D), torch.randperm(N * k, device=dev),
-                                 torch.rand(N, k, device=dev).softmax(-1))
+        return ops.moe_combine, (
+            rnd(N * k, D),
+            torch.randperm(N * k, device=dev),
+            torch.rand(N, k, device=dev).softmax(-1),
+        )
 
     results = {}
-    for name, make, grad_idx in (("rmsnorm", rms, (0, 1)), ("swiglu", swi, (0, 1)), ("rope", rope, (0, 1)),
-                                 ("moe_combine", comb, (0, 2))):
+    for name, make, grad_idx in (
+        ("rmsnorm", rms, (0, 1)),
+        ("swiglu", swi, (0, 1)),
+        ("rope", rope, (0, 1)),
+        ("moe_combine", comb, (0, 2)),
+    ):
         for backward in (False, True):
             rounds = []
             for _ in range(7):
@@ -68,15 +78,17 @@ def measure(out_path: str) -> None:
                     outs = outs if isinstance(outs, tuple) else (outs,)
                     grads = [torch.randn_like(o) for o in outs]
 
-                    def step(fn=fn, args=args, grads=grads):
+                    def step(fn=fn, args=args, grads=grads, grad_idx=grad_idx):
                         for i in grad_idx:
                             args[i].grad = None
                         o = fn(*args)
                         torch.autograd.backward(o if isinstance(o, tuple) else (o,), grads)
                 else:
+
                     def step(fn=fn, args=args):
                         with torch.no_grad():
                             fn(*args)
+
                 rounds.append(triton.testing.do_bench_cudagraph(step, rep=50))
             key = f"{name}_{'fwdbwd' if backward else 'fwd'}"
             q = statistics.quantiles(rounds, n=5)
@@ -94,9 +106,11 @@ def compare(old_path: str, new_path: str) -> None:
     for key in (k for k in old if not k.startswith("_")):
         o, n = old[key], new[key]
         overlap = n["p20"] <= o["p80"] and o["p20"] <= n["p80"]
-        print(f"{key:20s} {o['median_ms']:8.4f} [{o['p20']:.4f}, {o['p80']:.4f}] "
-              f"{n['median_ms']:8.4f} [{n['p20']:.4f}, {n['p80']:.4f}]  {n['median_ms'] / o['median_ms']:6.3f}  "
-              f"{'yes' if overlap else 'NO'}")
+        print(
+            f"{key:20s} {o['median_ms']:8.4f} [{o['p20']:.4f}, {o['p80']:.4f}] "
+            f"{n['median_ms']:8.4f} [{n['p20']:.4f}, {n['p80']:.4f}]  {n['median_ms'] / o['median_ms']:6.3f}  "
+            f"{'yes' if overlap else 'NO'}"
+        )
 
 
 if __name__ == "__main__":
