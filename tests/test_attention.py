@@ -372,3 +372,67 @@ def test_cuda_graph_decode_step_matches_prefill_without_syncs():
             outs.append(out.clone())
     check_close("CUDA-graph decode vs prefill", torch.cat(outs, dim=1), full,
                 tolerance(torch.float32, tf32=True))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reliability regressions: fully masked query rows, empty query blocks
+# ---------------------------------------------------------------------------------------------------
+
+def _dead_row_masks(T, S):
+    """Bool and float masks (T, S) whose row 2 sees no key; with causal, row 0 is dead as well."""
+    keep = torch.rand(T, S, generator=torch.Generator().manual_seed(5)) > 0.3
+    keep[:, -1] = True  # every other row sees at least its last key
+    keep[2] = False
+    keep[0] = False
+    keep[0, -1] = True  # row 0 sees only the last key, which the causal triangle hides from it (S > T)
+    return {
+        "bool": keep,
+        "float": torch.zeros(T, S).masked_fill(~keep, float("-inf")),
+        "bool+causal": keep,
+    }
+
+
+@pytest.mark.parametrize("kind", ["bool", "float", "bool+causal"])
+def test_fully_masked_rows_give_zero_on_every_path(kind):
+    """Regression: a query row whose bool mask was all False gave NaN from manual_attention and
+    chunked_attention(backend=None), 0 from sdpa_attention and chunked_attention(backend="math"). Every
+    path now gives 0 there, with zero (finite) gradients, and the reference elsewhere."""
+    T, S = 6, 9
+    causal = kind == "bool+causal"
+    mask = _dead_row_masks(T, S)[kind]
+    q, k, v = qkv(2, 4, 2, T, S, 8)
+    i = torch.arange(T)[:, None]
+    visible = (mask if mask.dtype == torch.bool else mask > float("-inf"))
+    if causal:
+        visible = visible & (torch.arange(S)[None, :] <= i + S - T)
+    dead = ~visible.any(-1)
+    assert dead[2] and (dead[0] or not causal)
+    for name, fn in paths(q, k, v, causal, attn_mask=mask).items():
+        qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+        out = fn(qs, ks, vs)
+        assert torch.equal(out[:, :, dead], torch.zeros_like(out[:, :, dead])), name
+        live = reference(q.double(), k.double(), v.double(), causal, mask)[:, :, ~dead]
+        check_close(f"{name} live rows", out[:, :, ~dead], live, 1e-5)
+        out.backward(torch.randn_like(out))
+        for t in (qs, ks, vs):
+            assert torch.isfinite(t.grad).all(), name
+        assert not qs.grad[:, :, dead].any(), name
+
+
+def test_empty_query_block_on_every_path():
+    """Regression: chunked_attention with q[:, :, :0] raised "torch.cat(): expected a non-empty list";
+    so did Attention(impl="chunked") on a (2, 0, dim) input. Every path now returns (B, Hq, 0, Dv)."""
+    q, k, v = qkv(2, 4, 2, 0, 9, 8)
+    for causal in (True, False):
+        for name, fn in paths(q, k, v, causal).items():
+            out = fn(q, k, v)
+            assert out.shape == (2, 4, 0, 8), name
+    assert A.chunked_attention(*qkv(1, 2, 2, 0, 0, 8), causal=False).shape == (1, 2, 0, 8)
+    for impl in A.IMPLS:
+        layer = A.Attention(640, 10, impl=impl)
+        x = torch.randn(2, 0, 640, requires_grad=True)
+        cos, sin = RotaryCache(64, 8).get(0)
+        y = layer(x, cos, sin)
+        assert y.shape == (2, 0, 640), impl
+        y.sum().backward()
+        assert x.grad.shape == x.shape

@@ -17,6 +17,7 @@ from mahia.ops.gla_scan import (
     naive_cumprod_form,
 )
 from mahia.measure.instruments import count_syncs
+from helpers import compare
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(triton_import_error() is not None, reason="triton is not installed")
@@ -58,8 +59,8 @@ def test_paths_match_float64_loop(impl, chunk, dtype, T):
     if impl == "triton":
         assert triton_available_for(inputs[0])  # the kernel, not the fallback, is under test
     if T > 1:
-        cmp = compare_fn(_path(impl, chunk), gla_loop, inputs, tol=tolerance(dtype), name=f"gla {impl}")
-        assert set(cmp.errors) == {"out0", "grad0", "grad1", "grad2", "grad3"}
+        errors = compare(_path(impl, chunk), gla_loop, inputs, tol=tolerance(dtype), name=f"gla {impl}")
+        assert set(errors) == {"out0", "grad0", "grad1", "grad2", "grad3"}
         return
     # T = 1: the only pair is s = t, whose decay exp(G_t - G_t) does not depend on g, so dg = 0 exactly;
     # a relative error against 0 is meaningless. dg = q * dq - k * dk must cancel to rounding level.
@@ -73,11 +74,10 @@ def test_paths_match_float64_loop(impl, chunk, dtype, T):
 @needs_triton
 def test_triton_float16_and_mixed_gate_dtype():
     q, k, v, g = make_inputs(2, 3, 37, 16, 16, torch.float16)
-    compare_fn(_path("triton"), gla_loop, [q, k, v, g], tol=tolerance(torch.float16), name="gla triton fp16")
+    compare(_path("triton"), gla_loop, [q, k, v, g], name="gla triton fp16")
     # a float32 gate with bfloat16 q, k, v (the gate is where precision matters most)
     q, k, v, g = make_inputs(2, 3, 37, 16, 16, torch.bfloat16)
-    compare_fn(_path("triton"), gla_loop, [q, k, v, g.float()], tol=tolerance(torch.bfloat16),
-               name="gla triton bf16 + fp32 gate")
+    compare(_path("triton"), gla_loop, [q, k, v, g.float()], dtype=torch.bfloat16, name="gla triton bf16 + fp32 gate")
 
 
 @needs_triton
@@ -263,3 +263,120 @@ def test_flop_and_byte_counts():
     assert gla_flops(2, 3, 16, 16, 16, C) == 6 * (9 + 25) * C**3
     assert gla_bytes(1, 1, 10, 4, 8, element_size=2, backward=False) == 10 * (3 * 4 + 2 * 8) * 2
     assert gla_bytes(2, 1, 10, 4, 8) == 2 * 10 * (9 * 4 + 5 * 8) * 4
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reliability regressions: NaN causality, T = 0, inputs the kernel cannot take, meta, messages
+# ---------------------------------------------------------------------------------------------------
+
+def _nan_steps(t: torch.Tensor) -> set[int]:
+    return set(torch.isnan(t).nonzero()[:, 2].tolist())
+
+
+@pytest.mark.parametrize("which", "qkvg")
+@pytest.mark.parametrize("impl", ["loop", "logspace", "triton"])
+def test_nan_at_step_t_reaches_no_earlier_output(impl, which):
+    """Regression: a NaN at step 20 of v made outputs 16-19 NaN on the Triton and log-space paths (0 * NaN
+    across its 16-step chunk); the recurrence keeps them clean. Now every path gives the recurrence's
+    NaN pattern for the output, and dq, dk, dv before t stay finite wherever the recurrence's do; dg stays
+    finite before t's chunk (inside it, the pairwise sums cancel only in exact arithmetic: documented)."""
+    if impl == "triton" and triton_import_error() is not None:
+        pytest.skip("triton is not installed")
+    t, T = 20, 40
+    base = make_inputs(1, 2, T, 16, 8)
+    base["qkvg".index(which)][0, 1, t, 3] = float("nan")  # one element of head 1 at step t
+    do = torch.randn(1, 2, T, 8, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+
+    def run(path):
+        ins = [x.clone().requires_grad_() for x in base]
+        o = gated_linear_attention(*ins, impl=path)
+        o.backward(do)
+        return o, [x.grad for x in ins]
+
+    o, grads = run(impl)
+    o_ref, grads_ref = run("loop")
+    assert min(_nan_steps(o), default=T) >= t, sorted(_nan_steps(o))
+    assert torch.equal(torch.isnan(o), torch.isnan(o_ref))
+    assert torch.isfinite(o[:, 0]).all()  # the other head is untouched
+    chunk_start = t // 16 * 16
+    for name, got, ref in zip("qkvg", grads, grads_ref):
+        first = chunk_start if name == "g" else t
+        before = [s for s in _nan_steps(got) if s < first and s not in _nan_steps(ref)]
+        assert not before, f"d{name}: NaN at steps {before} where the recurrence is finite"
+
+
+@pytest.mark.parametrize("impl", ["loop", "logspace", "triton"])
+def test_empty_sequence_keeps_every_input_in_the_graph(impl):
+    """Regression: with T = 0 the PyTorch paths returned v * 0, so autograd.grad over (q, k, v, g) failed
+    (q, k and g were not in the graph). Every path now gives (B, H, 0, V) and zero gradients."""
+    if impl == "triton" and triton_import_error() is not None:
+        pytest.skip("triton is not installed")
+    q, k, v, g = (t.requires_grad_() for t in make_inputs(2, 3, 0, 16, 8))
+    o = gated_linear_attention(q, k, v, g, impl=impl)
+    assert o.shape == (2, 3, 0, 8) and o.dtype == v.dtype
+    grads = torch.autograd.grad(o.sum(), [q, k, v, g])
+    assert all(gr.shape == t.shape and not gr.any() for gr, t in zip(grads, (q, k, v, g)))
+
+
+@needs_triton
+def test_key_dim_past_the_kernel_limit_falls_back_with_one_warning():
+    """Regression: K > 128 raised on the Triton path while the log-space path computes it; now
+    impl="triton" runs the log-space path there, with the one-time warning."""
+    reset_fallback_warnings()
+    q, k, v, g = (t.requires_grad_() for t in make_inputs(1, 2, 19, 130, 8))
+    with pytest.warns(RuntimeWarning, match=r"gla: Triton kernel not used \(key dim K=130 exceeds"):
+        out = gated_linear_attention(q, k, v, g, impl="triton")
+    out.sum().backward()
+    assert torch.equal(out, gla_logspace(q, k, v, g))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gated_linear_attention(q, k, v, g, impl="triton")  # once per process
+    reset_fallback_warnings()
+
+
+def test_float64_gate_meta_tensors_and_messages(monkeypatch):
+    """A float64 gate next to float32 q, k, v takes the log-space path silently (regression: the kernel
+    refused it); meta tensors get shapes from the PyTorch path (regression: the interpreter crashed);
+    the input check runs once per call and names the public function; the references keep theirs."""
+    import mahia.ops.gla_scan as mod
+
+    q, k, v, g = make_inputs(1, 2, 21, 16, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = gated_linear_attention(q, k, v, g.double(), impl="triton")
+    assert out.dtype == torch.float32
+    assert torch.equal(out, gla_logspace(q, k, v, g.double()))
+    meta = [torch.empty(2, 3, 37, 16, device="meta", requires_grad=True) for _ in range(4)]
+    meta[2] = torch.empty(2, 3, 37, 24, device="meta", requires_grad=True)
+    for impl in ("triton", "logspace", "loop"):
+        o = gated_linear_attention(*meta, impl=impl)
+        assert o.device.type == "meta" and o.shape == (2, 3, 37, 24)
+    o.sum().backward()
+    assert all(t.grad.shape == t.shape for t in meta)
+    m = MetaAttention(32, 2, impl="triton", device="meta")
+    assert m(torch.empty(2, 5, 32, device="meta")).shape == (2, 5, 32)
+
+    calls = []
+    real = mod.check_gla_inputs
+    monkeypatch.setattr(mod, "check_gla_inputs", lambda fn, *a: (calls.append(fn), real(fn, *a)))
+    qq, kk, vv, gg = (t.requires_grad_() for t in make_inputs(1, 2, 21, 16, 8))
+    gated_linear_attention(qq, kk, vv, gg, impl="triton").sum().backward()
+    assert calls == ["gated_linear_attention"]
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    with pytest.raises(TypeError, match=r"^gated_linear_attention: k must have the dtype of q"):
+        gated_linear_attention(q, k.double(), v, g, impl="triton")
+    with pytest.raises(TypeError, match=r"^gla_loop: g must be a torch.Tensor"):
+        gla_loop(q, k, v, None)
+    reset_fallback_warnings()
+
+
+def test_module_dtype_mismatch_names_the_module():
+    """Regression: a bfloat16 MetaAttention given float32 input failed inside a matmul with a dtype error;
+    it now names the module and both dtypes (as the MoE layer does), and runs under autocast."""
+    m = MetaAttention(32, 2, impl="logspace", dtype=torch.bfloat16).to(DEVICE)
+    x = torch.randn(1, 5, 32, device=DEVICE)
+    with pytest.raises(TypeError, match=r"^MetaAttention: x has dtype torch.float32 but the parameters are "
+                                        r"torch.bfloat16"):
+        m(x)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        assert m(x).shape == x.shape

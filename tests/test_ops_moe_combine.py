@@ -1,6 +1,13 @@
 """Triton MoE combine (un-permute + gated k-sum) against the float64 eager reference: output, both
 gradients, odd shapes, custom ops, torch.compile, errors, fallback."""
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,7 +15,7 @@ import torch
 from mahia import ops
 from mahia.measure.checks import compare_fn, rel_error, tolerance
 from mahia.ops.moe_combine import moe_combine_eager
-from helpers import graph_ops
+from helpers import assert_close, compare as compare_all, graph_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
@@ -27,16 +34,16 @@ def make_inputs(N, k, D, dtype, gate_dtype=torch.float32, seed=0):
 
 def compare(N, k, D, dtype, y_dtype=None, gate_dtype=torch.float32):
     out, inverse, gates = make_inputs(N, k, D, dtype, gate_dtype)
-    return compare_fn(lambda o, g: ops.moe_combine(o, inverse, g, y_dtype),
-                      lambda o, g: moe_combine_eager(o, inverse, g, torch.float64),
-                      [out, gates], tol=tolerance(dtype), name=f"moe_combine N={N} k={k} D={D}")
+    return compare_all(lambda o, g: ops.moe_combine(o, inverse, g, y_dtype),
+                       lambda o, g: moe_combine_eager(o, inverse, g, torch.float64),
+                       [out, gates], tol=tolerance(dtype), dtype=dtype, name=f"moe_combine N={N} k={k} D={D}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("N,k,D", [(1, 2, 1000), (37, 3, 70), (37, 1, 1000), (5, 8, 70)], ids=str)
 def test_moe_combine_matches_reference(N, k, D, dtype):
-    cmp = compare(N, k, D, dtype)
-    assert set(cmp.errors) == {"out0", "grad0", "grad1"}  # y, d_out, d_gates
+    errors = compare(N, k, D, dtype)
+    assert set(errors) == {"out0", "grad0", "grad1"}  # y, d_out, d_gates
 
 
 def test_output_dtype_and_16bit_gates():
@@ -57,7 +64,7 @@ def test_gradient_of_out_only():
     ops.moe_combine(out, inverse, gates).backward(dy)
     o64 = out.detach().double().requires_grad_(True)
     moe_combine_eager(o64, inverse, gates.double(), torch.float64).backward(dy.double())
-    assert rel_error(out.grad, o64.grad) <= tolerance(torch.float32)
+    assert_close("d_out", out.grad, o64.grad)
 
 
 def test_strided_gates_and_broadcast_dy():
@@ -69,8 +76,8 @@ def test_strided_gates_and_broadcast_dy():
     ops.moe_combine(out, inverse, gates_t, torch.float32).sum().backward()
     o64, g64 = (t.detach().double().requires_grad_(True) for t in (out, gates))
     moe_combine_eager(o64, inverse, g64, torch.float64).sum().backward()
-    assert rel_error(out.grad, o64.grad) <= tolerance(torch.bfloat16)
-    assert rel_error(gates_t.grad, g64.grad) <= tolerance(torch.bfloat16)
+    assert_close("d_out", out.grad, o64.grad, torch.bfloat16)
+    assert_close("d_gates", gates_t.grad, g64.grad, torch.bfloat16)
 
 
 def test_opcheck():
@@ -95,7 +102,7 @@ def test_torch_compile_fullgraph():
 
     torch._dynamo.reset()
     compiled = torch.compile(combine, fullgraph=True, backend="aot_eager")
-    compare_fn(compiled, eager, [out, gates], name="compiled moe_combine")
+    compare_all(compiled, eager, [out, gates], name="compiled moe_combine")
     assert "mahia.moe_combine_fwd.default" in graph_ops(combine, out, gates)
 
 
@@ -138,3 +145,145 @@ def test_float64_takes_the_eager_path():
         warnings.simplefilter("error")
         y = ops.moe_combine(out, inverse, gates)
     torch.testing.assert_close(y, moe_combine_eager(out, inverse, gates), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# inverse that is not a permutation (regressions: out-of-bounds reads and writes, a segfault)
+# ---------------------------------------------------------------------------------------------------
+
+_REPO = Path(__file__).resolve().parents[1]
+
+# Runs in a fresh process: an out-of-bounds access there can only kill that process. One JSON line per
+# bad index, so a crash shows how far it got.
+_BAD_INDEX_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch
+    from mahia import ops
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    N, k, D = 6, 2, 40
+    for bad in map(int, sys.argv[1:]):
+        g = torch.Generator().manual_seed(0)
+        out = torch.randn(N * k, D, generator=g).to(device).requires_grad_()
+        gates = torch.rand(N, k, generator=g).to(device).requires_grad_()
+        inverse = torch.randperm(N * k, generator=g).to(device)
+        inverse[3] = bad
+        y = ops.moe_combine(out, inverse, gates)
+        dy = torch.randn(N, D, generator=g).to(device)
+        y.backward(dy)
+        # documented: the bad entry (token 1, slot 1) contributes 0 and gets no gradient; all else is exact
+        keep = torch.ones(N * k, dtype=torch.bool, device=device)
+        keep[3] = False
+        safe = torch.where(keep, inverse, 0)
+        ref_y = (out.detach()[safe].view(N, k, D) * (gates.detach() * keep.view(N, k)).unsqueeze(-1)).sum(1)
+        ref_dout = gates.detach().reshape(-1, 1) * dy.repeat_interleave(k, 0)  # row inverse[p] gets term p
+        print(json.dumps({
+            "bad": bad,
+            "y": (y.detach() - ref_y).abs().max().item(),
+            "d_out": (out.grad[inverse[keep]] - ref_dout[keep]).abs().max().item(),
+            "d_gate_bad": gates.grad.view(-1)[3].item(),
+        }), flush=True)
+""")
+
+
+def test_index_out_of_range_never_reads_or_writes_out_of_bounds():
+    """Regression: an index past N*k or -1 made the forward read outside out and the backward write past
+    d_out (10**12 segfaulted, -1 corrupted the heap). Every index load is masked now: the entry
+    contributes 0, gets no gradient, and the process survives with every other value exact."""
+    bad = [-1, 12, 13, 10**12, -(2**62)]  # N*k = 12
+    env = dict(os.environ, PYTHONPATH=str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    env.pop("MAHIA_DISABLE_TRITON", None)
+    proc = subprocess.run([sys.executable, "-c", _BAD_INDEX_SCRIPT, *map(str, bad)], env=env, cwd=_REPO,
+                          capture_output=True, text=True, timeout=600)
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, (f"crashed (rc {proc.returncode}) after {[r['bad'] for r in results]}: "
+                                  f"{proc.stderr[-2000:]}")
+    assert [r["bad"] for r in results] == bad
+    for res in results:
+        assert res["y"] <= 1e-5 and res["d_out"] <= 1e-5 and res["d_gate_bad"] == 0.0, res
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
+def test_check_true_rejects_what_is_not_a_permutation(monkeypatch, disabled):
+    """check=True reads inverse (a sync) and names the bad entry; a valid permutation passes unchanged."""
+    if disabled:
+        monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    out, inverse, gates = make_inputs(4, 2, 8, torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning
+        torch.testing.assert_close(ops.moe_combine(out, inverse, gates, check=True),
+                                   ops.moe_combine(out, inverse, gates), rtol=0, atol=0)
+    for bad, match in [(-1, r"inverse\[5\] = -1 is out of range"), (8, r"inverse\[5\] = 8 is out of range"),
+                       (10**12, "is out of range")]:
+        inv = inverse.clone()
+        inv[5] = bad
+        with pytest.raises(ValueError, match=r"^moe_combine: inverse must be a permutation of 0..7.*" + match):
+            ops.moe_combine(out, inv, gates, check=True)
+    inv = inverse.clone()
+    inv[5] = inv[6]
+    with pytest.raises(ValueError, match=rf"row {int(inv[6])} appears 2 times and row {int(inverse[5])} never"):
+        ops.moe_combine(out, inv, gates, check=True)
+    ops.reset_fallback_warnings()
+
+
+def test_repeated_index_forward_is_the_formula():
+    """Without the check, a repeated row is read twice: y is still sum_j g[n, j] out[inverse[n*k + j]]
+    (only d_out is undefined where the permutation is broken, documented)."""
+    out, inverse, gates = make_inputs(5, 3, 33, torch.float32)
+    inverse[4] = inverse[9]
+    ref = (out.double()[inverse].view(5, 3, 33) * gates.double().unsqueeze(-1)).sum(1)
+    assert_close("y with a repeated row", ops.moe_combine(out, inverse, gates), ref)
+    assert_close("eager y with a repeated row", moe_combine_eager(out, inverse, gates), ref)
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
+def test_errors_name_moe_combine_and_validate_once(monkeypatch, disabled):
+    """The public function validates once (both paths, forward and backward), under its own name; the
+    eager reference, called directly, under its own."""
+    mod = importlib.import_module("mahia.ops.moe_combine")  # (mahia.ops.moe_combine is also the function)
+    if disabled:
+        monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    calls = []
+    real = mod.check_moe_combine_inputs
+    monkeypatch.setattr(mod, "check_moe_combine_inputs", lambda fn, *a: (calls.append(fn), real(fn, *a)))
+    out, inverse, gates = make_inputs(4, 2, 8, torch.float32)
+    out.requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ops.moe_combine(out, inverse, gates).sum().backward()
+    assert calls == ["moe_combine"]
+    with pytest.raises(TypeError, match=r"^moe_combine: inverse must be a torch.Tensor"):
+        ops.moe_combine(out, [0, 1], gates)
+    with pytest.raises(TypeError, match=r"^moe_combine_eager: inverse must be an int64"):
+        moe_combine_eager(out, inverse.int(), gates)
+    ops.reset_fallback_warnings()
+
+
+def test_float64_gates_meta_and_empty():
+    """float64 gates (or dtype) next to float32 out run the eager path silently (documented); meta tensors
+    get shapes from the eager path (regression: the interpreter crashed on them); empty inputs work."""
+    out, inverse, gates = make_inputs(6, 2, 24, torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = ops.moe_combine(out, inverse, gates.double())
+        y64 = ops.moe_combine(out, inverse, gates, torch.float64)
+    assert y.dtype == torch.float32 and y64.dtype == torch.float64
+    torch.testing.assert_close(y, moe_combine_eager(out, inverse, gates.double()), rtol=0, atol=0)
+    torch.testing.assert_close(y64, moe_combine_eager(out, inverse, gates, torch.float64), rtol=0, atol=0)
+    with pytest.raises(TypeError, match="for the Triton kernel"):  # the kernel itself has no fallback
+        importlib.import_module("mahia.ops.moe_combine").moe_combine_triton(out, inverse, gates.double())
+    om = torch.empty(12, 24, device="meta", requires_grad=True)
+    gm = torch.empty(6, 2, device="meta", requires_grad=True)
+    ym = ops.moe_combine(om, torch.empty(12, dtype=torch.int64, device="meta"), gm, torch.float32)
+    assert ym.device.type == "meta" and ym.shape == (6, 24)
+    ym.sum().backward()
+    assert om.grad.shape == om.shape and gm.grad.shape == gm.shape
+    for N, k, D in [(0, 2, 16), (3, 0, 16), (3, 2, 0)]:
+        o, inv, g = make_inputs(N, k, D, torch.float32)
+        o.requires_grad_()
+        g.requires_grad_()
+        y = ops.moe_combine(o, inv, g)
+        assert y.shape == (N, D) and torch.equal(y, torch.zeros_like(y))
+        y.sum().backward()
+        assert o.grad.shape == o.shape and g.grad.shape == g.shape

@@ -1,4 +1,5 @@
 """Triton RoPE (q and k in one launch) against the float64 eager reference: outputs, gradients, ops, errors."""
+import importlib
 import warnings
 
 import pytest
@@ -8,7 +9,7 @@ from mahia import ops
 from mahia.measure.checks import compare_fn, rel_error, tolerance
 from mahia.layers.rope import RotaryCache, apply_rope
 from mahia.ops.rope import apply_rope_eager
-from helpers import graph_ops
+from helpers import assert_close, compare, graph_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
@@ -29,8 +30,8 @@ def _inputs(B, T, Hq, Hkv, D, dtype, offset=0, seed=0):
 def test_rope_matches_reference(dims, dtype):
     q, k, cos, sin = _inputs(*dims, dtype, offset=11)
     # cos/sin are constants (no gradient); q and k get theirs through the one backward launch
-    compare_fn(ops.rope, apply_rope_eager, [q, k, cos, sin], tol=tolerance(dtype), name="rope",
-               grad_inputs=[0, 1])
+    compare(ops.rope, apply_rope_eager, [q, k, cos, sin], tol=tolerance(dtype), name="rope",
+            grad_inputs=[0, 1], dtype=dtype)
 
 
 def test_strided_q_k_from_fused_qkv():
@@ -42,8 +43,8 @@ def test_strided_q_k_from_fused_qkv():
     cos, sin = RotaryCache(D, T, device=DEVICE).get(T)
     qr, kr = ops.rope(q, k, cos, sin)
     qe, ke = apply_rope_eager(q.double(), k.double(), cos, sin)
-    assert rel_error(qr, qe) <= tolerance(torch.float32)
-    assert rel_error(kr, ke) <= tolerance(torch.float32)
+    assert_close("rope q", qr, qe, torch.float32)
+    assert_close("rope k", kr, ke, torch.float32)
     assert qr.is_contiguous() and kr.is_contiguous()
 
 
@@ -67,8 +68,8 @@ def test_torch_compile_fullgraph():
         return qr * 2, kr + 1
 
     compiled = torch.compile(attn_prologue, fullgraph=True, backend="aot_eager")
-    compare_fn(compiled, eager, list(_inputs(2, 5, 4, 2, 24, torch.float32)), grad_inputs=[0, 1],
-               name="compiled rope")
+    compare(compiled, eager, list(_inputs(2, 5, 4, 2, 24, torch.float32)), grad_inputs=[0, 1],
+            name="compiled rope")
     assert "mahia.rope_fwd.default" in graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
 
 
@@ -101,6 +102,61 @@ def test_bad_inputs_raise_clear_errors():
         ops.rope(q, k, cos.clone().requires_grad_(), sin)
     with pytest.raises(ValueError, match="impl must be one of"):
         apply_rope(q, k, cos, sin, impl="cuda")
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
+def test_errors_name_the_public_function(monkeypatch, disabled):
+    """Regression: an odd head dim on the fallback named apply_rope_eager. rope validates once, under its
+    own name, on both paths."""
+    if disabled:
+        monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    q, k, cos, sin = _inputs(2, 5, 4, 2, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"^rope: head dim D must be even, got 15"):
+        ops.rope(q[..., :15], k[..., :15], cos, sin)
+    with pytest.raises(ValueError, match=r"^rope: head dim D must be even"):  # float64: the eager path
+        ops.rope(q[..., :15].double(), k[..., :15].double(), cos, sin)
+    with pytest.raises(TypeError, match=r"^rope: sin must be a torch.Tensor"):
+        ops.rope(q, k, cos, None)
+    with pytest.raises(ValueError, match=r"^apply_rope_eager: head dim D must be even"):
+        apply_rope_eager(q[..., :15], k[..., :15], cos, sin)
+    ops.reset_fallback_warnings()
+
+
+def test_float64_tables_meta_and_empty(monkeypatch):
+    """Regression: float64 cos/sin next to float32 q, k were refused by the Triton path and accepted by
+    the fallback; now they run the eager path silently. Meta tensors get shapes from the eager path
+    (the interpreter crashed on them); empty inputs give empty outputs. One input check per call."""
+    mod = importlib.import_module("mahia.ops.rope")  # (mahia.ops.rope is also the function)
+    calls = []
+    real = mod.check_rope_inputs
+    monkeypatch.setattr(mod, "check_rope_inputs", lambda fn, *a: (calls.append(fn), real(fn, *a)))
+    q, k, cos, sin = _inputs(2, 5, 4, 2, 16, torch.float32)
+    qg = q.clone().requires_grad_()
+    sum(t.sum() for t in ops.rope(qg, k, cos, sin)).backward()
+    assert calls == ["rope"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        qr, kr = ops.rope(q, k, cos.double(), sin.double())
+    assert qr.dtype == torch.float32
+    qe, ke = apply_rope_eager(q, k, cos.double(), sin.double())
+    torch.testing.assert_close(qr, qe, rtol=0, atol=0)
+    torch.testing.assert_close(kr, ke, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="for the Triton kernel"):  # the kernel itself has no fallback
+        mod.rope_triton(q, k, cos.double(), sin.double())
+    m = torch.empty(2, 5, 4, 16, device="meta", requires_grad=True)
+    cm, sm = torch.empty(5, 8, device="meta"), torch.empty(5, 8, device="meta")
+    qm, km = ops.rope(m, m[:, :, :2], cm, sm)
+    assert qm.device.type == "meta" and qm.shape == m.shape and km.shape == (2, 5, 2, 16)
+    (qm.sum() + km.sum()).backward()
+    assert m.grad.shape == m.shape
+    for B, T, Hq in [(0, 5, 4), (2, 0, 4), (2, 5, 0)]:
+        q0 = torch.randn(B, T, Hq, 16, device=DEVICE, requires_grad=True)
+        k0 = torch.randn(B, T, 1, 16, device=DEVICE)
+        c0, s0 = torch.randn(T, 8, device=DEVICE), torch.randn(T, 8, device=DEVICE)
+        qr, kr = ops.rope(q0, k0, c0, s0)
+        assert qr.shape == q0.shape and kr.shape == k0.shape
+        qr.sum().backward()
+        assert q0.grad.shape == q0.shape
 
 
 def test_fallback_when_disabled(monkeypatch):

@@ -1,4 +1,5 @@
 """Triton SwiGLU against the float64 eager reference: outputs, gradients, strided views, ops, errors."""
+import importlib
 import warnings
 
 import pytest
@@ -8,7 +9,7 @@ from mahia import ops
 from mahia.measure.checks import compare_fn, rel_error, tolerance
 from mahia.layers.mlp import SwiGLU
 from mahia.ops.swiglu import swiglu_eager
-from helpers import graph_ops
+from helpers import assert_close, compare, graph_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
@@ -22,7 +23,7 @@ def test_swiglu_matches_reference(shape, dtype):
     torch.manual_seed(0)
     a = torch.randn(shape, device=DEVICE, dtype=dtype) * 3  # reach the flat tails of sigmoid
     b = torch.randn(shape, device=DEVICE, dtype=dtype)
-    compare_fn(ops.swiglu, swiglu_eager, [a, b], tol=tolerance(dtype), name="swiglu")
+    compare(ops.swiglu, swiglu_eager, [a, b], tol=tolerance(dtype), name="swiglu")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -40,11 +41,11 @@ def test_strided_gate_up_halves(dtype):
     a64, b64 = u64.chunk(2, dim=-1)
     ref = swiglu_eager(a64, b64)
     ref.backward(dc.double())
-    assert rel_error(out, ref) <= tolerance(dtype)
-    assert rel_error(u.grad, u64.grad) <= tolerance(dtype)
+    assert_close("swiglu of strided halves", out, ref, dtype)
+    assert_close("gradient of the fused projection", u.grad, u64.grad, dtype)
     # a last dim that is not contiguous is copied first, and still right
     at = torch.randn(40, 9, device=DEVICE, dtype=dtype).t()
-    assert rel_error(ops.swiglu(at, at), swiglu_eager(at.double(), at.double())) <= tolerance(dtype)
+    assert_close("swiglu, transposed input", ops.swiglu(at, at), swiglu_eager(at.double(), at.double()), dtype)
 
 
 def test_opcheck():
@@ -68,7 +69,7 @@ def test_torch_compile_fullgraph():
         return swiglu_eager(a, b) * 2
 
     compiled = torch.compile(mlp_act, fullgraph=True, backend="aot_eager")
-    compare_fn(compiled, eager, [torch.randn(6, 2 * 45, device=DEVICE)], name="compiled swiglu")
+    compare(compiled, eager, [torch.randn(6, 2 * 45, device=DEVICE)], name="compiled swiglu")
     assert "mahia.swiglu_fwd.default" in graph_ops(mlp_act, torch.randn(6, 2 * 45, device=DEVICE))
 
 
@@ -82,6 +83,49 @@ def test_bad_inputs_raise_clear_errors():
         ops.swiglu(a, a.half())
     with pytest.raises(ValueError, match="same device"):
         ops.swiglu(a, torch.randn(4, 8, device="meta"))
+
+
+@pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
+def test_errors_name_the_public_function(monkeypatch, disabled):
+    """Regression: the fallback's errors named swiglu_eager. swiglu validates once, under its own name."""
+    if disabled:
+        monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    a = torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(TypeError, match=r"^swiglu: b must be a torch.Tensor, got list"):
+        ops.swiglu(a, [1.0])
+    with pytest.raises(ValueError, match=r"^swiglu: a and b must have the same shape"):
+        ops.swiglu(a, a[:, :4])
+    with pytest.raises(TypeError, match=r"^swiglu_eager: a must be a torch.Tensor"):
+        swiglu_eager(None, a)
+    ops.reset_fallback_warnings()
+
+
+def test_validates_once_float64_meta_and_empty(monkeypatch):
+    """One input check per call; float64 runs the eager path silently; meta tensors get shapes from the
+    eager path (regression: the interpreter crashed on them); empty inputs give empty outputs."""
+    mod = importlib.import_module("mahia.ops.swiglu")  # (mahia.ops.swiglu is also the function)
+
+    calls = []
+    real = mod.check_swiglu_inputs
+    monkeypatch.setattr(mod, "check_swiglu_inputs", lambda fn, *a: (calls.append(fn), real(fn, *a)))
+    a = torch.randn(3, 70, device=DEVICE, requires_grad=True)
+    ops.swiglu(a, a).sum().backward()
+    assert calls == ["swiglu"]
+    a64 = torch.randn(3, 70, device=DEVICE, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(ops.swiglu(a64, a64), swiglu_eager(a64, a64), rtol=0, atol=0)
+    m = torch.empty(2, 5, 300, device="meta", requires_grad=True)
+    c = ops.swiglu(m, m)
+    assert c.device.type == "meta" and c.shape == m.shape
+    c.sum().backward()
+    assert m.grad.shape == m.shape
+    for shape in [(0, 7), (3, 0), (0,)]:
+        e = torch.randn(shape, device=DEVICE, requires_grad=True)
+        c = ops.swiglu(e, e * 2)
+        assert c.shape == e.shape
+        c.sum().backward()
+        assert e.grad.shape == e.shape
 
 
 def test_fallback_when_disabled(monkeypatch):

@@ -21,6 +21,11 @@ Paths, all computing the same function:
   "cudnn", "efficient" or "math", or None to let PyTorch pick; :func:`resolve_backend` falls back
   (warning once) when the chosen one cannot run on these inputs.
 * :func:`chunked_attention`: queries in chunks, so the manual path needs O(chunk_size * S) memory.
+
+Edge cases, the same on every path: a query row that can see no key (its bool mask row all False, or
+its float mask row all -inf, alone or together with the causal triangle) gives an output row of 0 and
+zero gradients, as PyTorch's SDPA kernels do (a plain softmax over nothing would be 0/0 = NaN); an
+empty query block (T = 0) gives an empty (B, Hq, 0, Dv) output.
 """
 from __future__ import annotations
 
@@ -185,8 +190,9 @@ def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     (float64 for float64 inputs). ``causal=True`` needs S >= T and aligns the queries to the end of the
     keys: query i sees keys j <= i + S - T (decoding: the T new tokens are the last T positions).
     ``attn_mask`` is bool (True = attend) or floating (added to the scores), broadcastable to
-    (B, Hq, T, S); with ``causal`` both apply. A query row that can see no key gives NaN.
-    Memory: O(B * Hq * T * S) for the scores and the probabilities.
+    (B, Hq, T, S); with ``causal`` both apply. A query row that can see no key gives 0 (and zero
+    gradients), like SDPA: such rows are softmaxed unmasked and their output zeroed, found from the
+    mask alone (no pass over the scores). Memory: O(B * Hq * T * S) for the scores and the probabilities.
     """
     fn = "manual_attention"
     _check_qkv(fn, q, k, v)
@@ -199,15 +205,27 @@ def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
 
     dt = torch.promote_types(q.dtype, torch.float32)
     scores = torch.matmul(q, k.transpose(-2, -1)).to(dt) * scale  # (B, Hq, T, S)
-    if causal:
-        scores = scores.masked_fill(~causal_mask(T, S, q.device), float("-inf"))
+    keep = causal_mask(T, S, q.device) if causal else None  # bool, broadcastable to (B, Hq, T, S)
+    bias = None  # a float mask, added to the scores
+    dead = None  # (..., T, 1): rows that see no key (causal alone hides none: S >= T)
     if attn_mask is not None:
         if attn_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
+            keep = attn_mask if keep is None else attn_mask & keep
+            seen = keep
         else:
-            scores = scores + attn_mask.to(dt)
+            bias = attn_mask.to(dt)
+            seen = bias > float("-inf") if keep is None else (bias > float("-inf")) & keep
+        dead = ~seen.any(dim=-1, keepdim=True)
+        # a dead row is softmaxed over all its keys (finite) and its output zeroed below
+        keep = None if keep is None else keep | dead
+        bias = None if bias is None else bias.masked_fill(dead, 0.0)
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if bias is not None:
+        scores = scores + bias
     probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs.to(v.dtype), v)  # (B, Hq, T, Dv)
+    out = torch.matmul(probs.to(v.dtype), v)  # (B, Hq, T, Dv)
+    return out if dead is None else out.masked_fill(dead, 0.0)
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
@@ -221,20 +239,35 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
     runs everywhere), or None to let PyTorch choose. A named backend that cannot run on these inputs is
     replaced by the first runnable one in ``BACKENDS`` order, with a warning the first time
     (:func:`resolve_backend`). GQA uses SDPA's ``enable_gqa`` where the kernel supports it, otherwise
-    the kv heads are repeated first. Causal with S != T passes an explicit bottom-right mask.
+    the kv heads are repeated first. Causal with S != T passes an explicit bottom-right mask. A query row
+    that sees no key gives 0 on every backend (cuDNN's kernel does not, so masked outputs are fixed up).
     """
     mask, is_causal = _checked_sdpa_mask("sdpa_attention", q, k, v, attn_mask, causal, backend)
+    if q.shape[2] == 0:  # no query: SDPA's CUDA kernels refuse it ("No available kernel"); same result
+        return manual_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
     gqa = q.shape[1] != k.shape[1]
     if backend is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                              enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                             enable_gqa=gqa)
+        return _zero_dead_rows(out, mask)
     name, native_gqa = _plan(q, k, v, backend, mask, is_causal)
     if gqa and not native_gqa:
         n_rep = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     with sdpa_kernel(_SDP_BACKEND[name]):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                              enable_gqa=gqa and native_gqa)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                             enable_gqa=gqa and native_gqa)
+    return _zero_dead_rows(out, mask)
+
+
+def _zero_dead_rows(out: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Zero the output rows whose (SDPA-ready) mask sees no key. The math and memory-efficient kernels
+    give 0 there already; cuDNN's (torch 2.11, H100) does not, so every masked call goes through this:
+    a reduction over the mask and a fill of the output, no sync."""
+    if mask is None:
+        return out
+    seen = mask if mask.dtype == torch.bool else mask > float("-inf")
+    return out.masked_fill(~seen.any(dim=-1, keepdim=True), 0.0)
 
 
 def _slice_mask(attn_mask: torch.Tensor, t0: int, t1: int, s1: int) -> torch.Tensor:
@@ -256,7 +289,8 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     queries t0 .. t1-1 sees no key past t1 - 1 + S - T, so keys are cut there (this also skips the
     masked upper-right blocks); causal attention on the cut keys, aligned to their end, is exactly the
     causal pattern of the full problem. Each chunk runs :func:`manual_attention` when ``backend`` is
-    None, else :func:`sdpa_attention` with that backend.
+    None, else :func:`sdpa_attention` with that backend. An empty query block (T = 0) runs one empty
+    chunk and returns (B, Hq, 0, Dv); fully masked query rows give 0, as on the other paths.
     """
     fn = "chunked_attention"
     _check_qkv(fn, q, k, v)
@@ -266,7 +300,7 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     T, S = q.shape[2], k.shape[2]
     _check_causal_lengths(fn, T, S, causal)
     outs = []
-    for t0 in range(0, T, chunk_size):
+    for t0 in range(0, max(T, 1), chunk_size):  # T = 0: one empty chunk, so the output keeps its shape
         t1 = min(t0 + chunk_size, T)
         s1 = t1 + S - T if causal else S  # last key any query of this chunk sees, plus one
         qc, kc, vc = q[:, :, t0:t1], k[:, :, :s1], v[:, :, :s1]  # (B, Hq, c, D), (B, Hkv, s1, D)

@@ -97,6 +97,12 @@ class MetaAttention(nn.Module):
         check_float_tensor("MetaAttention", "x", x)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"MetaAttention: x must be (B, T, dim={self.dim}), got shape {tuple(x.shape)}")
+        w = self.q_proj.weight
+        if x.device != w.device:
+            raise ValueError(f"MetaAttention: x is on {x.device} but the parameters are on {w.device}")
+        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise TypeError(f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype}; "
+                            "convert one of them (e.g. module.to(x.dtype)) or run under torch.autocast")
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim
 

@@ -11,6 +11,14 @@ A kernel runs when three things hold, all read at call time (so tests can flip t
 Otherwise the public functions of :mod:`mahia.ops` run the eager PyTorch reference and say so once
 per kernel per process with ``warnings.warn``; the result is the same function, only slower.
 
+Per input, :func:`use_triton` also sends to the eager path, silently: a floating input that is not
+float32/float16/bfloat16 (float64 means reference precision, which the eager path computes exactly;
+the kernels compute in float32), a non-tensor (the eager path's check names the argument) and tensors
+on the ``meta`` device (shapes only: the eager path, or a custom op's fake implementation, computes
+them; the interpreter would try to read their data). An input the kernel cannot take although Triton
+runs (``unsupported=``: e.g. a hidden size past the kernel's register limit) takes the eager path
+too, with the same one-time warning.
+
 Under ``torch.compile`` the decision is taken while tracing and frozen into the compiled graph, and the
 warning is skipped (Dynamo cannot trace ``warnings.warn`` without a graph break); ``status()`` still
 tells which path is active.
@@ -32,6 +40,7 @@ __all__ = [
     "status",
     "warn_fallback_once",
     "reset_fallback_warnings",
+    "KERNEL_DTYPES",
 ]
 
 # Every public kernel of mahia.ops, by the name status() and the warnings use.
@@ -66,6 +75,8 @@ def why_not(t: torch.Tensor | None = None) -> str | None:
         return f"triton is not installed ({_TRITON_IMPORT_ERROR})"
     if _disabled_by_env():
         return f"disabled by {DISABLE_ENV}=1"
+    if t is not None and t.device.type == "meta":
+        return "input on the meta device (no data: shapes come from the eager path or the fake kernels)"
     on_cuda = t.is_cuda if t is not None else torch.cuda.is_available()
     if not (on_cuda or _interpreting()):
         where = f"input on {t.device}" if t is not None else "no CUDA device"
@@ -88,32 +99,45 @@ def status() -> dict[str, str]:
     return {name: state for name in KERNELS}
 
 
-def use_triton(kernel: str, *tensors: torch.Tensor) -> bool:
-    """True when ``kernel``'s Triton path should run on these inputs; else False, warning once if Triton
-    is unavailable.
+# Floating dtypes the kernels take; any other floating input (float64, float8) runs the eager path.
+KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
-    float64 anywhere among the inputs means reference precision, which the eager path computes exactly
-    (the kernels compute in float32); a non-tensor gets the eager path's TypeError.
+
+def use_triton(kernel: str, *tensors: torch.Tensor, unsupported: str | None = None) -> bool:
+    """True when ``kernel``'s Triton path should run on these inputs; else False, warning once if Triton
+    is unavailable (or, with ``unsupported``, the reason the kernel cannot take these inputs).
+
+    Silently False, without a warning: a non-tensor (the eager path's check reports it), a floating
+    tensor that is not float32/float16/bfloat16 (float64 means reference precision, which the eager path
+    computes exactly; the kernels compute in float32), a tensor on the ``meta`` device (shapes only:
+    never sent to the interpreter). Integer tensors (indices) are allowed.
     """
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dtype == torch.float64:
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return False
+        if t.is_floating_point() and t.dtype not in KERNEL_DTYPES:
             return False
     if not triton_available_for(tensors[0]):
         warn_fallback_once(kernel, tensors[0])
         return False
+    if unsupported is not None:
+        warn_fallback_once(kernel, tensors[0], reason=unsupported)
+        return False
     return True
 
 
-def warn_fallback_once(kernel: str, t: torch.Tensor) -> None:
-    """Warn (once per process per kernel) that ``kernel`` runs its eager reference, and why."""
-    if kernel in _warned or torch.compiler.is_compiling():
+def warn_fallback_once(kernel: str, t: torch.Tensor, reason: str | None = None) -> None:
+    """Warn (once per process per kernel, and once more for inputs the kernel cannot take) that
+    ``kernel`` runs its eager reference, and why (``reason``, default: why Triton is unavailable)."""
+    key = kernel if reason is None else f"{kernel} (unsupported input)"
+    if key in _warned or torch.compiler.is_compiling():
         return
-    _warned.add(kernel)
+    _warned.add(key)
     warnings.warn(
-        f"mahia.ops.{kernel}: Triton kernel not used ({why_not(t)}); running the eager PyTorch "
-        "reference (same result, slower).",
+        f"mahia.ops.{kernel}: Triton kernel not used ({why_not(t) if reason is None else reason}); running "
+        "the eager PyTorch reference (same result, slower).",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,  # the caller of the public function (warn_fallback_once <- use_triton <- public)
     )
 
 

@@ -47,6 +47,24 @@ Inputs are float32, bfloat16 or float16 with float32 accumulation; bfloat16/floa
 tensor cores with the operands rounded to the input dtype; float32 dots run in full ("ieee") precision.
 Layout: (B, H, T, K) / (B, H, T, V), made contiguous (a copy) if they are not. Any T; K <= 128; any V.
 g <= 0 is assumed, not checked (a check would read the data: a host sync).
+
+NaN and Inf stay causal: a non-finite value at step t reaches no output before t, on every path, as
+in the recurrence. The pairwise sums select their strictly-upper terms away with ``where`` (0 * NaN
+would be NaN), and the intra-chunk product A v takes v with its non-finite entries zeroed, the
+outputs of each value column from its first non-finite entry on being set to NaN (the recurrence
+gives NaN or +-Inf there). Cost in the kernels: one select per pairwise term and a few per (row,
+value column) element, nothing that touches memory; the log-space path does its (C, C) x (C, V)
+product twice (with and without the non-finite entries). In the backward, dq, dk and dv of the steps
+before t stay finite wherever the recurrence's do; dg of the steps of t's own chunk before t (at most
+15) may not: it comes from pairwise differences b_i - b_j (the Triton path also from the identity
+dg = reverse cumsum of q * dq - k * dk), sums whose NaN terms cancel only in exact arithmetic.
+
+Behaviour at the edges (the public ``gated_linear_attention``): T = 0 returns an empty (B, H, 0, V)
+output that keeps q, k, v and g in the autograd graph (zero gradients); a key dim K > 128 with
+``impl="triton"`` runs the log-space path with the one-time fallback warning; float64 in any input
+(e.g. a float64 g next to float32 q, k, v) takes the log-space path silently; ``meta`` tensors get
+their shapes from the PyTorch paths, never the interpreter. Inputs are validated once, by the public
+function, whose name the errors carry.
 """
 from __future__ import annotations
 
@@ -120,6 +138,12 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def _empty_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The (B, H, 0, V) output of T = 0, attached to the autograd graph through every input (zero
+    gradients), so that autograd.grad over q, k, v, g reports no unused input."""
+    return v * 0 + (q.sum() + k.sum() + g.sum()).to(v.dtype) * 0
+
+
 # --------------------------------------------------------------------------------------------------
 # Path 1: the recurrence, one step at a time
 # --------------------------------------------------------------------------------------------------
@@ -128,11 +152,15 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """S_t = exp(g_t)[:, None] * S_{t-1} + k_t v_t^T;  o_t = S_t^T q_t.  Returns (B, H, T, V) in v's dtype."""
     check_gla_inputs("gla_loop", q, k, v, g)
+    return _gla_loop(q, k, v, g)
+
+
+def _gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     B, H, T, K = q.shape
     V = v.shape[-1]
     out_dtype, dt = v.dtype, _compute_dtype(q.dtype)
     if T == 0:
-        return v * 0  # (B, H, 0, V), still attached to the autograd graph
+        return _empty_output(q, k, v, g)
     S = q.new_zeros(B, H, K, V, dtype=dt)
     outs = []
     # unbind: T views at once (indexing q[:, :, t] in the loop would give every step's backward a
@@ -174,11 +202,16 @@ def gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
     """
     check_gla_inputs("gla_logspace", q, k, v, g)
     check_int("gla_logspace", "chunk_size", chunk_size)
+    return _gla_logspace(q, k, v, g, chunk_size)
+
+
+def _gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                  chunk_size: int) -> torch.Tensor:
     B, H, T, K = q.shape
     V = v.shape[-1]
     out_dtype, dt = v.dtype, _compute_dtype(q.dtype)
     if T == 0:
-        return v * 0
+        return _empty_output(q, k, v, g)
     C = chunk_size
     N = -(-T // C)  # chunks
     pad = N * C - T
@@ -192,11 +225,19 @@ def gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
     b_last = b[:, :, :, -1:, :]  # (B, H, N, 1, K)
 
     # Intra-chunk: A_ij = sum_c q_ic k_jc exp(b_ic - b_jc) for j <= i (masked to exp(-inf) = 0 above).
-    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    # The terms above the diagonal are selected away (where), not multiplied by 0: a NaN or Inf in k_j
+    # or v_j must not reach the rows i < j, in the forward or (through autograd) the backward.
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)  # (C, C, 1)
     diff = b.unsqueeze(4) - b.unsqueeze(3)  # (B, H, N, C_i, C_j, K) = b_i - b_j
-    decay = diff.masked_fill(~causal.unsqueeze(-1), float("-inf")).exp()
-    A = (q.unsqueeze(4) * k.unsqueeze(3) * decay).sum(-1)  # (B, H, N, C, C)
-    o = A @ v  # (B, H, N, C, V)
+    decay = diff.masked_fill(~causal, float("-inf")).exp()
+    k_dec = torch.where(causal, k.unsqueeze(3) * decay, 0.0)  # k_j decayed to row i, for j <= i
+    A = torch.where(causal[..., 0], (q.unsqueeze(4) * k_dec).sum(-1), 0.0)  # (B, H, N, C, C)
+    # A v, where v's non-finite entries must reach only the rows at and after them (0 * NaN in the
+    # matmul would reach every row of the chunk): rows before a column's first non-finite entry take
+    # the product with those entries zeroed, the others the plain product (its NaN, and its gradient).
+    finite = torch.isfinite(v)
+    after_bad = (~finite).cumsum(dim=3) > 0  # (B, H, N, C, V)
+    o = torch.where(after_bad, A @ v, A @ torch.where(finite, v, 0.0))
 
     # Inter-chunk: carry S (B, H, K, V) across the N chunks; all factors in [0, 1].
     q_in = q * b.exp()  # decay from the chunk start to row i
@@ -320,11 +361,17 @@ def _gla_fwd_kernel(
         b = tl.cumsum(g, axis=0)  # (BT, BK) log-decay from the chunk start through row i
         b_last = tl.sum(g, axis=0)  # (BK,) log-decay of the whole chunk
         decay = _pairwise_decay(b, causal)  # (BT, BT, BK)
-        A = tl.sum(q[:, None, :] * k[None, :, :] * decay, axis=2)  # (BT, BT), zero above the diagonal
+        # (BT, BT), zero above the diagonal: selected, not multiplied by 0, so a NaN of k_j stays in rows >= j
+        A = tl.sum(tl.where(causal[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
 
-        o = _dot(A.to(v.dtype), v, PRECISION, UPCAST)  # (BT, BV)
+        # A v takes v with its non-finite entries zeroed (0 * NaN in the dot would reach the whole chunk);
+        # each value column is NaN from its first non-finite entry on, as in the recurrence.
+        finite = tl.abs(v.to(tl.float32)) < float("inf")  # (BT, BV), False for NaN and +-Inf
+        after_bad = tl.cumsum(tl.where(finite, 0, 1), axis=0) > 0
+        o = _dot(A.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
         q_in = (q * tl.exp(b)).to(v.dtype)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
+        o = tl.where(after_bad, float("nan"), o)
         tl.store(O + v_off, o.to(O.dtype.element_ty), mask=v_mask)
 
         k_out = (k * tl.exp(b_last[None, :] - b)).to(v.dtype)  # decay from row j to the chunk end
@@ -399,7 +446,8 @@ def _gla_bwd_kernel(
         c = n_chunks - 1 - i
         qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay = _gla_bwd_chunk(
             Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT)
-        A = tl.sum(q[:, None, :] * k[None, :, :] * decay, axis=2)  # recomputed: pairs j < i ...
+        # recomputed: pairs j < i (selected, not multiplied by 0: see the forward) ...
+        A = tl.sum(tl.where(strict[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
         A += tl.where(eye, tl.sum(q * k, axis=1)[:, None], 0.0)  # ... and j = i
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)  # (BT, BT): do_i . v_j
         diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)  # (BT,): do_i . v_i
@@ -407,7 +455,7 @@ def _gla_bwd_kernel(
         tl.store(HS + c * BK * BV + hs_off, dstate)  # H at this chunk's end, for dg in pass 2
         dstate_op = dstate.to(v.dtype)
 
-        dk = tl.sum(dA[:, :, None] * q[:, None, :] * decay, axis=0)  # (BT, BK), pairs i > j
+        dk = tl.sum(tl.where(strict[:, :, None], dA[:, :, None] * q[:, None, :] * decay, 0.0), axis=0)  # i > j
         dk += _dot(v, tl.trans(dstate_op), PRECISION, UPCAST) * k_w
         dv = _dot(tl.trans(A.to(v.dtype)), do, PRECISION, UPCAST)  # (BT, BV)
         dv += _dot((k * k_w).to(v.dtype), dstate_op, PRECISION, UPCAST)
@@ -427,7 +475,7 @@ def _gla_bwd_kernel(
             Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT)
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)
         diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)
-        dq = tl.sum(dA[:, :, None] * k[None, :, :] * decay, axis=1)  # (BT, BK), pairs j < i
+        dq = tl.sum(tl.where(strict[:, :, None], dA[:, :, None] * k[None, :, :] * decay, 0.0), axis=1)  # j < i
         dq += _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b)
         tl.store(DQ + qk_off, dq + diag_dA[:, None] * k, mask=qk_mask)
 
@@ -502,11 +550,12 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
 
 
 def gla_fwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *,
-                   block_v: int | None = None) -> torch.Tensor:
-    """Run the forward kernel: o (B, H, T, V) in v's dtype."""
-    fn = "gla_fwd"
-    check_gla_kernel_inputs(fn, q, k, v, g)
-    _check_runnable(fn, q)
+                   block_v: int | None = None, check: bool = True) -> torch.Tensor:
+    """Run the forward kernel: o (B, H, T, V) in v's dtype (``check=False``: the caller validated)."""
+    if check:
+        fn = "gla_fwd"
+        check_gla_kernel_inputs(fn, q, k, v, g)
+        _check_runnable(fn, q)
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
     bk, bv, num_warps, precision = _config(q, v_dim, block_v)
@@ -522,11 +571,13 @@ def gla_fwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 
 
 def gla_bwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor, *,
-                   block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   block_v: int | None = None,
+                   check: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernel: (dq, dk, dv, dg), each in the dtype and shape of its input."""
-    fn = "gla_bwd"
-    check_gla_kernel_inputs(fn, q, k, v, g, do)
-    _check_runnable(fn, q)
+    if check:
+        fn = "gla_bwd"
+        check_gla_kernel_inputs(fn, q, k, v, g, do)
+        _check_runnable(fn, q)
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
     bk, bv, num_warps, precision = _config(q, v_dim, block_v)
@@ -589,20 +640,50 @@ def _gla_backward(ctx, do):
 gla_fwd.register_autograd(_gla_backward, setup_context=_gla_setup)
 
 
+class _GLAFunction(torch.autograd.Function):
+    """Eager-mode autograd over the same launchers, without the custom-op dispatch and without checking
+    again what the caller validated (less host time; see mahia.ops.rmsnorm). torch.compile uses the
+    custom ops."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g):
+        ctx.save_for_backward(q, k, v, g)
+        return gla_fwd_launch(q, k, v, g, check=False)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, g = ctx.saved_tensors
+        return gla_bwd_launch(q, k, v, g, do, check=False)
+
+
+def _gla_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return gla_fwd(q, k, v, g)
+    return _GLAFunction.apply(q, k, v, g)
+
+
 def gated_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                   g: torch.Tensor) -> torch.Tensor:
     """o_t = S_t^T q_t with S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, on the Triton kernels (differentiable).
 
-    q, k, g: (B, H, T, K); v: (B, H, T, V); returns (B, H, T, V) in v's dtype.
+    q, k, g: (B, H, T, K); v: (B, H, T, V); returns (B, H, T, V) in v's dtype. No fallback: inputs the
+    kernels cannot take (float64, K > 128, no CUDA and no interpreter) raise.
     """
     check_gla_kernel_inputs("gated_linear_attention_triton", q, k, v, g)
     _check_runnable("gated_linear_attention_triton", q)
-    return gla_fwd(q, k, v, g)
+    return _gla_triton(q, k, v, g)
 
 
 # --------------------------------------------------------------------------------------------------
 # The functional entry point
 # --------------------------------------------------------------------------------------------------
+
+def _kernel_limit(q: torch.Tensor) -> str | None:
+    if q.shape[-1] > MAX_K:
+        return (f"key dim K={q.shape[-1]} exceeds the kernel's limit of {MAX_K} (a ({CHUNK}, {CHUNK}, K) "
+                "block of pairwise decays lives in registers)")
+    return None
+
 
 def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *,
                            impl: str) -> torch.Tensor:
@@ -610,14 +691,16 @@ def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
 
     q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T, K) log-decays, <= 0 (not checked: a check
     reads the data, a host sync). Returns (B, H, T, V) in v's dtype. ``impl``: "loop", "logspace"
-    or "triton" (falls back to "logspace", with one warning, where Triton cannot run on the input;
-    float64 inputs take "logspace" silently, since the kernels compute in float32).
+    or "triton" (falls back to "logspace", with one warning, where Triton cannot run on the input,
+    K > 128 included; float64 in any input takes "logspace" silently, since the kernels compute in
+    float32; so do ``meta`` tensors). T = 0 gives an empty output with zero gradients for all four
+    inputs. A NaN at step t reaches no output before t. Inputs are checked once, here.
     """
     if impl not in IMPLS:
         raise ValueError(f"gated_linear_attention: impl must be one of {IMPLS}, got {impl!r}")
     check_gla_inputs("gated_linear_attention", q, k, v, g)
     if impl == "loop":
-        return gla_loop(q, k, v, g)
-    if impl == "triton" and use_triton("gla", q, k, v, g):
-        return gated_linear_attention_triton(q, k, v, g)
-    return gla_logspace(q, k, v, g)
+        return _gla_loop(q, k, v, g)
+    if impl == "triton" and use_triton("gla", q, k, v, g, unsupported=_kernel_limit(q)):
+        return _gla_triton(q, k, v, g)
+    return _gla_logspace(q, k, v, g, LOGSPACE_CHUNK)

@@ -20,6 +20,13 @@ the device, so nothing here waits for the GPU (no host sync): every shape is kno
   batch and multiplied with ``torch.bmm`` by the gathered (T, K, N) expert weights. Sync-free and
   exact, but it copies one weight matrix per tile: a fallback for the CPU (older torch, float64,
   unaligned sizes) and for CUDA without Triton, not a fast path.
+
+Behaviour at the edges: empty inputs (M, K or N of 0, empty groups) give empty or zero results; a
+and b share one dtype, float64 included (float64 runs the padded bmm: reference precision); ``meta``
+tensors get their shapes from the padded bmm (``why_not`` refuses Triton for them: no data for the
+interpreter). ``offs`` is not checked against M (that needs its values on the host); the Triton
+kernels guard every row index (0 <= row < M), so bad group ends never make them read or write out of
+bounds, though the result is then undefined. Any hidden size runs.
 """
 from __future__ import annotations
 
@@ -226,7 +233,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, backend:
 @triton.jit
 def _grouped_mm_kernel(
     A, B, C, offs_ptr, tile_group_ptr, tile_row_ptr,
-    N, K,
+    M, N, K,
     stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -240,7 +247,7 @@ def _grouped_mm_kernel(
     rm = tl.load(tile_row_ptr + pid_m) + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    mask_m = rm < row_end
+    mask_m = (rm < row_end) & (rm >= 0) & (rm < M)  # 0 <= row < M even if offs is wrong
     mask_n = rn < N
     a_ptrs = A + rm[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
     b_ptrs = B + g.to(tl.int64) * stride_bg + rk[:, None] * stride_bk + rn[None, :] * stride_bn
@@ -261,7 +268,7 @@ def _grouped_mm_kernel(
 @triton.jit
 def _grouped_mm_wgrad_kernel(
     A, DC, DB, offs_ptr,
-    K, N,
+    M, K, N,
     stride_am, stride_ak, stride_cm, stride_cn, stride_bg, stride_bk, stride_bn,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -269,8 +276,8 @@ def _grouped_mm_wgrad_kernel(
     g = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_n = tl.program_id(2)
-    start = tl.load(offs_ptr + g - 1, mask=g > 0, other=0)
-    end = tl.load(offs_ptr + g)
+    start = tl.maximum(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 0)
+    end = tl.minimum(tl.load(offs_ptr + g), M)  # rows stay in 0 .. M-1 even if offs is wrong
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_k = rk < K
@@ -321,7 +328,7 @@ def grouped_mm_triton_launch(a: torch.Tensor, b: torch.Tensor, offs: torch.Tenso
     group, row0 = _tile_table(offs, M, cfg["BLOCK_M"])
     grid = (group.numel(), triton.cdiv(N, cfg["BLOCK_N"]))
     _grouped_mm_kernel[grid](
-        a, b, c, offs, group, row0, N, K,
+        a, b, c, offs, group, row0, M, N, K,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
         IEEE=_ieee_dot(a), **cfg,
     )
@@ -338,7 +345,7 @@ def grouped_mm_wgrad_launch(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tenso
     cfg = _triton_blocks(a, "wgrad")
     grid = (G, triton.cdiv(K, cfg["BLOCK_K"]), triton.cdiv(N, cfg["BLOCK_N"]))
     _grouped_mm_wgrad_kernel[grid](
-        a, dc, db, offs, K, N,
+        a, dc, db, offs, M, K, N,
         a.stride(0), a.stride(1), dc.stride(0), dc.stride(1), db.stride(0), db.stride(1), db.stride(2),
         IEEE=_ieee_dot(a), **cfg,
     )

@@ -8,8 +8,17 @@ row. With the gates g (N, k):
     d_out[inverse[n*k+j]] = g[n, j] * dy[n, :]                                 (in out.dtype)
     d_g[n, j]             = sum_d dy[n, d] * out[inverse[n*k + j], d]          (float32 sum, in g.dtype)
 
-``inverse`` is a permutation, so every row of d_out is written exactly once (no atomics, no zero fill);
-it is not checked (that needs its values on the host): an index out of range is an illegal address.
+``inverse`` is a permutation, so every row of d_out is written exactly once (no atomics, no zero fill).
+That it is one is not checked by default (that needs its values on the host, a sync); ``check=True``
+on :func:`moe_combine` checks it and raises a ValueError naming the offending entry. Without the check,
+whatever the indices, the kernels never read or write out of bounds: every index load is masked to
+0 <= inverse < N*k (two compares per (token, slot) pair, nothing per element). An entry out of that
+range contributes 0 to y and gets no gradient (its d_gates entry is 0). For a ``inverse`` that is not
+a permutation, y is still the formula above (repeated rows are simply read twice), but d_out is
+undefined where the permutation is broken: a row indexed twice gets one of its two terms, a row never
+indexed keeps uninitialised memory (always within d_out). The eager path (``moe_combine_eager``)
+raises IndexError on a CPU for an index out of range (a device-side assert on CUDA) and is exact for
+repeated rows (its gather's backward is a scatter-add).
 
 The eager version (``moe_combine_eager``) takes three kernels and two (N, k, D)
 intermediates: a gather, the gate multiply (in out.dtype) and the k-sum. Here one pass reads each row
@@ -22,6 +31,12 @@ Layout: each program takes BLOCK_T tokens and walks D in BLOCK_D chunks; a chunk
 (BLOCK_T, KP, BLOCK_D) tile of the k gathered rows (KP = k rounded up to a power of two, masked).
 The k row indices and gates of its tokens are loaded once per program. Row offsets are int64. out, dy
 need a unit stride along D (else they are copied); gates may have any strides.
+
+Behaviour at the edges (the public ``moe_combine``): float64 out or gates, or ``dtype=torch.float64``,
+run the eager reference silently (reference precision; with float64 gates next to 16-bit out the eager
+path gates in out's dtype, as documented there); empty inputs (N, k or D of 0) return an empty or zero
+y; ``meta`` tensors get their shapes from the eager reference, never the interpreter. Inputs are
+validated once, by ``moe_combine``, whose name the errors carry.
 """
 from __future__ import annotations
 
@@ -29,10 +44,10 @@ import torch
 from mahia.ops._triton import tl, triton
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops.dispatch import use_triton
+from mahia.ops.dispatch import KERNEL_DTYPES, use_triton
 
 __all__ = ["moe_combine", "moe_combine_eager", "moe_combine_triton", "check_moe_combine_inputs",
-           "moe_combine_fwd", "moe_combine_bwd"]
+           "check_inverse_is_permutation", "moe_combine_fwd", "moe_combine_bwd"]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -65,6 +80,36 @@ def check_moe_combine_inputs(fn: str, out: torch.Tensor, inverse: torch.Tensor, 
     check_same_device(fn, out=out, inverse=inverse, gates=gates)
 
 
+def check_inverse_is_permutation(fn: str, inverse: torch.Tensor) -> None:
+    """Raise ValueError naming ``fn`` unless ``inverse`` (n,) holds every one of 0 .. n-1 exactly once.
+
+    Reads the values on the host: a device sync (not for CUDA graphs or torch.compile'd regions).
+    ``meta`` tensors have no values and pass.
+    """
+    n = inverse.numel()
+    if n == 0 or inverse.device.type == "meta":
+        return
+    bad = (inverse < 0) | (inverse >= n)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{fn}: inverse must be a permutation of 0..{n - 1} (the row of out of each "
+                         f"assignment); inverse[{i}] = {int(inverse[i])} is out of range")
+    counts = torch.bincount(inverse, minlength=n)
+    if bool((counts != 1).any()):
+        rep = int((counts > 1).nonzero()[0, 0])
+        miss = int((counts == 0).nonzero()[0, 0])
+        raise ValueError(f"{fn}: inverse must be a permutation of 0..{n - 1}; row {rep} appears "
+                         f"{int(counts[rep])} times and row {miss} never")
+
+
+def _moe_combine_eager(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
+                       dtype: torch.dtype | None) -> torch.Tensor:
+    N, k = gates.shape
+    dtype = out.dtype if dtype is None else dtype
+    out = out.index_select(0, inverse).view(N, k, out.shape[1])              # (N, k, D) back in token order
+    return (out * gates.to(out.dtype).unsqueeze(-1)).to(dtype).sum(dim=1)  # (N, D)
+
+
 def moe_combine_eager(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]] in plain PyTorch: three kernels (gather, gate
@@ -73,18 +118,15 @@ def moe_combine_eager(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Ten
     out (N*k, D) in expert order, inverse (N*k,) int64, gates (N, k); y (N, D) in ``dtype`` (None:
     out.dtype). Like the loop: gate in the experts' dtype, accumulate the k terms in ``dtype``.
     """
-    check_moe_combine_inputs("moe_combine", out, inverse, gates, dtype)
-    N, k = gates.shape
-    dtype = out.dtype if dtype is None else dtype
-    out = out.index_select(0, inverse).view(N, k, out.shape[1])              # (N, k, D) back in token order
-    return (out * gates.to(out.dtype).unsqueeze(-1)).to(dtype).sum(dim=1)  # (N, D)
+    check_moe_combine_inputs("moe_combine_eager", out, inverse, gates, dtype)
+    return _moe_combine_eager(out, inverse, gates, dtype)
 
 
 
 @triton.jit
 def _moe_combine_fwd_kernel(
     OUT, INV, G, Y,
-    n_tokens, n_slots, n_cols,
+    n_tokens, n_slots, n_cols, n_rows,  # n_rows = n_tokens * n_slots: the rows of OUT
     stride_out, stride_gn, stride_gk, stride_y,
     KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -95,6 +137,7 @@ def _moe_combine_fwd_kernel(
     tok_ok = tok < n_tokens
     pair_ok = tok_ok[:, None] & (slot[None, :] < n_slots)                          # (BLOCK_T, KP)
     row = tl.load(INV + tok[:, None] * n_slots + slot[None, :], mask=pair_ok, other=0)  # int64 rows of out
+    pair_ok = pair_ok & (row >= 0) & (row < n_rows)  # an index out of range reads nothing, adds 0
     g = tl.load(G + tok[:, None] * stride_gn + slot[None, :] * stride_gk, mask=pair_ok, other=0.0).to(tl.float32)
     src = OUT + row[:, :, None] * stride_out                                        # (BLOCK_T, KP, 1)
     dst = Y + tok[:, None] * stride_y                                               # (BLOCK_T, 1)
@@ -110,7 +153,7 @@ def _moe_combine_fwd_kernel(
 @triton.jit
 def _moe_combine_bwd_kernel(
     DY, OUT, INV, G, DOUT, DG,
-    n_tokens, n_slots, n_cols,
+    n_tokens, n_slots, n_cols, n_rows,
     stride_dy, stride_out, stride_gn, stride_gk, stride_dout,
     GATE_GRAD: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -119,8 +162,9 @@ def _moe_combine_bwd_kernel(
     slot = tl.arange(0, KP)
     cols = tl.arange(0, BLOCK_D)
     tok_ok = tok < n_tokens
-    pair_ok = tok_ok[:, None] & (slot[None, :] < n_slots)
-    row = tl.load(INV + tok[:, None] * n_slots + slot[None, :], mask=pair_ok, other=0)
+    in_gates = tok_ok[:, None] & (slot[None, :] < n_slots)                         # (token, slot) exists
+    row = tl.load(INV + tok[:, None] * n_slots + slot[None, :], mask=in_gates, other=0)
+    pair_ok = in_gates & (row >= 0) & (row < n_rows)  # an index out of range writes nothing
     g = tl.load(G + tok[:, None] * stride_gn + slot[None, :] * stride_gk, mask=pair_ok, other=0.0).to(tl.float32)
     src = OUT + row[:, :, None] * stride_out
     dst = DOUT + row[:, :, None] * stride_dout
@@ -135,8 +179,8 @@ def _moe_combine_bwd_kernel(
         if GATE_GRAD:
             x = tl.load(src + c[None, None, :], mask=mask, other=0.0).to(tl.float32)
             acc += tl.sum(x * dy[:, None, :], axis=2)
-    if GATE_GRAD:
-        tl.store(DG + tok[:, None] * n_slots + slot[None, :], acc.to(DG.dtype.element_ty), mask=pair_ok)
+    if GATE_GRAD:  # every (token, slot) gets its d_g: 0 where the index was out of range
+        tl.store(DG + tok[:, None] * n_slots + slot[None, :], acc.to(DG.dtype.element_ty), mask=in_gates)
 
 
 def _config(n_tokens: int, k: int, n_cols: int, tile: int) -> tuple[int, int, int, int]:
@@ -169,16 +213,25 @@ def _cfg(n_tokens, k, n_cols, tile, block_t, block_d, num_warps):
     return kp, block_t or cfg_t, block_d or cfg_d, num_warps or cfg_w
 
 
+def _check_kernel_inputs(fn: str, out, inverse, gates, dtype) -> None:
+    check_moe_combine_inputs(fn, out, inverse, gates, dtype)
+    _check_dtypes(fn, out=out, gates=gates)
+    if dtype is not None and dtype not in DTYPES:
+        raise TypeError(f"{fn}: dtype must be float32, float16 or bfloat16 for the Triton kernel, got {dtype}")
+
+
 def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
                            dtype: torch.dtype | None = None, *, block_t: int | None = None,
-                           block_d: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """y (N, D) in ``dtype`` (None: out.dtype) with y[n] = sum_j gates[n, j] * out[inverse[n*k + j]]."""
-    fn = "moe_combine"
-    check_moe_combine_inputs(fn, out, inverse, gates, dtype)
+                           block_d: int | None = None, num_warps: int | None = None,
+                           check: bool = True) -> torch.Tensor:
+    """y (N, D) in ``dtype`` (None: out.dtype) with y[n] = sum_j gates[n, j] * out[inverse[n*k + j]].
+
+    ``check=False`` skips the input checks (the caller validated them). Indices are never checked here
+    (module docstring): out-of-range ones are masked.
+    """
+    if check:
+        _check_kernel_inputs("moe_combine", out, inverse, gates, dtype)
     dtype = out.dtype if dtype is None else dtype
-    _check_dtypes(fn, out=out, gates=gates)
-    if dtype not in DTYPES:
-        raise TypeError(f"{fn}: dtype must be float32, float16 or bfloat16 for the Triton kernel, got {dtype}")
     N, k = gates.shape
     D = out.shape[1]
     y = torch.empty(N, D, dtype=dtype, device=out.device)
@@ -187,7 +240,7 @@ def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torc
     out, inverse = _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _cfg(N, k, D, 4096, block_t, block_d, num_warps)
     _moe_combine_fwd_kernel[(triton.cdiv(N, bt),)](
-        out, inverse, gates, y, N, k, D,
+        out, inverse, gates, y, N, k, D, N * k,
         out.stride(0), gates.stride(0), gates.stride(1), y.stride(0),
         KP=kp, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps,
     )
@@ -196,20 +249,22 @@ def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torc
 
 def moe_combine_bwd_launch(dy: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
                            gate_grad: bool = True, *, block_t: int | None = None, block_d: int | None = None,
-                           num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           num_warps: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_out (N*k, D) in out.dtype, d_gates (N, k) in gates.dtype) given dy (N, D).
 
     ``gate_grad=False`` skips reading out (d_gates comes back as zeros): a third fewer bytes.
+    ``check=False`` skips the checks (autograd hands dy back in the shape of a checked output).
     """
-    fn = "moe_combine backward"
-    check_moe_combine_inputs(fn, out, inverse, gates)
-    check_float_tensor(fn, "dy", dy)
     N, k = gates.shape
     D = out.shape[1]
-    if tuple(dy.shape) != (N, D):
-        raise ValueError(f"{fn}: dy must have shape (N, D) = ({N}, {D}), got {tuple(dy.shape)}")
-    check_same_device(fn, dy=dy, out=out)
-    _check_dtypes(fn, dy=dy, out=out, gates=gates)
+    if check:
+        fn = "moe_combine backward"
+        check_moe_combine_inputs(fn, out, inverse, gates)
+        check_float_tensor(fn, "dy", dy)
+        if tuple(dy.shape) != (N, D):
+            raise ValueError(f"{fn}: dy must have shape (N, D) = ({N}, {D}), got {tuple(dy.shape)}")
+        check_same_device(fn, dy=dy, out=out)
+        _check_dtypes(fn, dy=dy, out=out, gates=gates)
     d_out = torch.empty(out.shape, dtype=out.dtype, device=out.device)
     d_gates = (torch.empty if gate_grad else torch.zeros)(N, k, dtype=gates.dtype, device=gates.device)
     if N * k == 0:
@@ -217,7 +272,7 @@ def moe_combine_bwd_launch(dy: torch.Tensor, out: torch.Tensor, inverse: torch.T
     dy, out, inverse = _unit_stride(dy), _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _cfg(N, k, D, 2048, block_t, block_d, num_warps)
     _moe_combine_bwd_kernel[(triton.cdiv(N, bt),)](
-        dy, out, inverse, gates, d_out, d_gates, N, k, D,
+        dy, out, inverse, gates, d_out, d_gates, N, k, D, N * k,
         dy.stride(0), out.stride(0), gates.stride(0), gates.stride(1), d_out.stride(0),
         GATE_GRAD=bool(gate_grad), KP=kp, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps,
     )
@@ -273,14 +328,22 @@ class _MoECombineFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, inverse, gates, dtype):
         ctx.save_for_backward(out, inverse, gates)
-        return moe_combine_fwd_launch(out, inverse, gates, dtype)
+        return moe_combine_fwd_launch(out, inverse, gates, dtype, check=False)  # validated by the caller
 
     @staticmethod
     def backward(ctx, dy):
         out, inverse, gates = ctx.saved_tensors
         need_out, _, need_gates, _ = ctx.needs_input_grad
-        d_out, d_gates = moe_combine_bwd_launch(dy, out, inverse, gates, need_gates)
+        d_out, d_gates = moe_combine_bwd_launch(dy, out, inverse, gates, need_gates, check=False)
         return (d_out if need_out else None), None, (d_gates if need_gates else None), None
+
+
+def _moe_combine_triton(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
+                        dtype: torch.dtype | None) -> torch.Tensor:
+    dtype = out.dtype if dtype is None else dtype
+    if torch.compiler.is_compiling():
+        return moe_combine_fwd(out, inverse, gates, dtype)
+    return _MoECombineFunction.apply(out, inverse, gates, dtype)
 
 
 def moe_combine_triton(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
@@ -288,21 +351,28 @@ def moe_combine_triton(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Te
     """y (N, D) = sum_j gates[n, j] * out[inverse[n*k + j]] with the Triton kernels (dtype None: out.dtype).
 
     out: (N*k, D) expert outputs in expert order; inverse: (N*k,) int64 permutation; gates: (N, k).
+    No fallback: float64 inputs raise (:func:`moe_combine` picks a path).
     """
-    dtype = out.dtype if dtype is None else dtype
-    if torch.compiler.is_compiling():
-        return moe_combine_fwd(out, inverse, gates, dtype)
-    return _MoECombineFunction.apply(out, inverse, gates, dtype)
+    _check_kernel_inputs("moe_combine_triton", out, inverse, gates, dtype)
+    return _moe_combine_triton(out, inverse, gates, dtype)
 
 
 def moe_combine(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                dtype: torch.dtype | None = None) -> torch.Tensor:
+                dtype: torch.dtype | None = None, *, check: bool = False) -> torch.Tensor:
     """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]]: the MoE layer's un-permute + gated sum, one pass.
 
     out (N*k, D) in expert order, inverse (N*k,) int64 permutation, gates (N, k); y (N, D) in ``dtype``
     (None: out.dtype). The kernel computes in float32 and rounds once; the eager reference gates in
-    out.dtype and sums in ``dtype``.
+    out.dtype and sums in ``dtype``. float64 out, gates or dtype take the eager reference silently.
+
+    ``check=True`` verifies that ``inverse`` is a permutation of 0..N*k-1 and raises a ValueError
+    naming the bad entry otherwise; it reads inverse on the host (a sync), so it is off by default.
+    Unchecked, an invalid ``inverse`` never makes the kernels read or write out of bounds, but the
+    result is undefined where it is not a permutation (module docstring).
     """
-    if use_triton("moe_combine", out, gates) and dtype != torch.float64:
-        return moe_combine_triton(out, inverse, gates, dtype)
-    return moe_combine_eager(out, inverse, gates, dtype)
+    check_moe_combine_inputs("moe_combine", out, inverse, gates, dtype)
+    if check:
+        check_inverse_is_permutation("moe_combine", inverse)
+    if (dtype is None or dtype in KERNEL_DTYPES) and use_triton("moe_combine", out, gates):
+        return _moe_combine_triton(out, inverse, gates, dtype)
+    return _moe_combine_eager(out, inverse, gates, dtype)

@@ -21,11 +21,22 @@ the (programs, N) partials finishes dw. Byte count: forward reads x and writes y
 dy and writes dx: 5 passes over an (M, N) tensor, everything else is O(M + N).
 
 Layout: any leading dims; the last dim is made contiguous (a copy) if it is not. Hidden sizes up to
-65536 (the whole row lives in registers).
+``MAX_HIDDEN`` = 65536 (the whole row lives in registers).
+
+Behaviour at the edges (the public ``rms_norm`` / ``add_rms_norm``):
+
+* largest hidden size: past ``MAX_HIDDEN`` the public functions run the eager reference, with the
+  one-time fallback warning, instead of failing (the launchers themselves raise);
+* float64 anywhere (e.g. a float64 weight next to a float32 x) runs the eager reference, silently:
+  float64 means reference precision; the output keeps x's dtype either way;
+* empty inputs (a leading dim of 0) return empty outputs and a zero weight gradient;
+* ``meta`` tensors get their shapes from the eager reference (never the interpreter);
+* inputs are validated once, by the public function, whose name the errors carry.
 """
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Optional
 
 import torch
@@ -64,6 +75,8 @@ def check_rms_norm_inputs(fn: str, x: torch.Tensor, weight: torch.Tensor,
             raise TypeError(f"{fn}: residual must have the dtype of x ({x.dtype}), got {residual.dtype}")
         tensors["residual"] = residual
     check_same_device(fn, **tensors)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{fn}: eps must be a real number >= 0, got {type(eps).__name__} {eps!r}")
     if not eps >= 0.0:  # also rejects NaN
         raise ValueError(f"{fn}: eps must be >= 0, got {eps}")
 
@@ -73,20 +86,30 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2, -1) + eps) * weight, in float32, returned in ``x.dtype``.  x: (..., N)."""
-    check_rms_norm_inputs("rms_norm_eager", x, weight, eps=eps)
+def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """rms_norm_eager without the input checks (for callers that validated already)."""
     xf = x.to(_compute_dtype(x.dtype))
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
     return (xf * rstd * weight.to(xf.dtype)).to(x.dtype)
+
+
+def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2, -1) + eps) * weight, in float32, returned in ``x.dtype``.  x: (..., N)."""
+    check_rms_norm_inputs("rms_norm_eager", x, weight, eps=eps)
+    return _rms_norm_eager(x, weight, eps)
+
+
+def _add_rms_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    h = x + residual
+    return _rms_norm_eager(h, weight, eps), h
 
 
 def add_rms_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual (in ``x.dtype``); y = rms_norm(h).  Returns (y, h), the pre-norm block's pair."""
     check_rms_norm_inputs("add_rms_norm_eager", x, weight, residual, eps)
-    h = x + residual
-    return rms_norm_eager(h, weight, eps), h
+    return _add_rms_norm_eager(x, residual, weight, eps)
 
 
 
@@ -220,11 +243,15 @@ def _num_sms(device: torch.device) -> int:
 
 
 def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], eps: float, *,
-                        block_m: int | None = None, num_warps: int | None = None):
-    """Run the forward kernel. Returns (y, h or None, rstd); y and h have x's shape, rstd x.shape[:-1]."""
-    fn = "add_rms_norm" if residual is not None else "rms_norm"
-    check_rms_norm_inputs(fn, x, weight, residual, eps)
-    _check_kernel_inputs(fn, x=x, weight=weight)
+                        block_m: int | None = None, num_warps: int | None = None, check: bool = True):
+    """Run the forward kernel. Returns (y, h or None, rstd); y and h have x's shape, rstd x.shape[:-1].
+
+    ``check=False`` skips the input checks: for callers that validated already (the public functions).
+    """
+    if check:
+        fn = "add_rms_norm" if residual is not None else "rms_norm"
+        check_rms_norm_inputs(fn, x, weight, residual, eps)
+        _check_kernel_inputs(fn, x=x, weight=weight)
     n_cols = x.shape[-1]
     cfg_m, block_n, cfg_warps = _fwd_config(n_cols)
     block_m, num_warps = block_m or cfg_m, num_warps or cfg_warps
@@ -252,19 +279,23 @@ def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: Optiona
 
 def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
                         dh: Optional[torch.Tensor], *, block_m: int | None = None, num_warps: int | None = None,
-                        programs_per_sm: int | None = None):
-    """Run the backward kernel. Returns (dx, dw); dx includes dh when it is given."""
-    fn = "rms_norm backward"  # inputs come from the forward: check only what a direct caller could get wrong
-    _check_kernel_inputs(fn, dy=dy, x=x, weight=weight)
-    if weight.shape != x.shape[-1:]:
-        raise ValueError(f"{fn}: weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
-    if dy.shape != x.shape:
-        raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
-    if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
-        raise ValueError(f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, "
-                         f"got {rstd.dtype} {tuple(rstd.shape)}")
-    if dh is not None and dh.shape != x.shape:
-        raise ValueError(f"{fn}: dh must have the shape of x {tuple(x.shape)}, got {tuple(dh.shape)}")
+                        programs_per_sm: int | None = None, check: bool = True):
+    """Run the backward kernel. Returns (dx, dw); dx includes dh when it is given.
+
+    ``check=False`` skips the checks, for gradients autograd hands back in the shapes of checked outputs.
+    """
+    if check:
+        fn = "rms_norm backward"  # inputs come from the forward: check only what a direct caller could get wrong
+        _check_kernel_inputs(fn, dy=dy, x=x, weight=weight)
+        if weight.shape != x.shape[-1:]:
+            raise ValueError(f"{fn}: weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
+        if dy.shape != x.shape:
+            raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
+        if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
+            raise ValueError(f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, "
+                             f"got {rstd.dtype} {tuple(rstd.shape)}")
+        if dh is not None and dh.shape != x.shape:
+            raise ValueError(f"{fn}: dh must have the shape of x {tuple(x.shape)}, got {tuple(dh.shape)}")
     n_cols = x.shape[-1]
     cfg_m, block_n, cfg_warps, cfg_per_sm = _bwd_config(n_cols)
     block_m = block_m or cfg_m
@@ -377,30 +408,32 @@ add_rms_norm_fwd.register_autograd(_add_rms_norm_backward, setup_context=_add_rm
 # --------------------------------------------------------------------------------------------------
 
 class _RMSNormFunction(torch.autograd.Function):
+    """Inputs are validated by the caller (rms_norm / rms_norm_triton); the launchers do not check again."""
+
     @staticmethod
     def forward(ctx, x, weight, eps):
-        y, _, rstd = rms_norm_fwd_launch(x, weight, None, eps)
+        y, _, rstd = rms_norm_fwd_launch(x, weight, None, eps, check=False)
         ctx.save_for_backward(x, weight, rstd)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd_launch(dy, x, weight, rstd, None)
+        dx, dw = rms_norm_bwd_launch(dy, x, weight, rstd, None, check=False)
         return dx, dw, None
 
 
 class _AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps):
-        y, h, rstd = rms_norm_fwd_launch(x, weight, residual, eps)
+        y, h, rstd = rms_norm_fwd_launch(x, weight, residual, eps, check=False)
         ctx.save_for_backward(h, weight, rstd)
         return y, h
 
     @staticmethod
     def backward(ctx, dy, dh):
         h, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd_launch(dy, h, weight, rstd, dh)
+        dx, dw = rms_norm_bwd_launch(dy, h, weight, rstd, dh, check=False)
         return dx, dx, dw, None
 
 
@@ -408,35 +441,69 @@ class _AddRMSNormFunction(torch.autograd.Function):
 # The Triton path, and the public functions that choose between it and the eager reference
 # --------------------------------------------------------------------------------------------------
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2, -1) + eps) * weight with the Triton kernels.  x: (..., N), weight: (N,)."""
+def _rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return rms_norm_fwd(x, weight, float(eps))[0]
     return _RMSNormFunction.apply(x, weight, float(eps))
 
 
-def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h), in one pass over the data."""
+def _add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     if torch.compiler.is_compiling():
         y, h, _ = add_rms_norm_fwd(x, residual, weight, float(eps))
         return y, h
     return _AddRMSNormFunction.apply(x, residual, weight, float(eps))
 
 
+def _check_triton_inputs(fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
+                         eps: float) -> None:
+    check_rms_norm_inputs(fn, x, weight, residual, eps)
+    _check_kernel_inputs(fn, x=x, weight=weight)
+    _fwd_config(x.shape[-1])  # raises past MAX_HIDDEN
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2, -1) + eps) * weight with the Triton kernels.  x: (..., N), weight: (N,).
+
+    No fallback: inputs the kernel cannot take (float64, N > MAX_HIDDEN) raise; :func:`rms_norm` is the
+    entry point that picks a path.
+    """
+    _check_triton_inputs("rms_norm_triton", x, weight, None, eps)
+    return _rms_norm_triton(x, weight, eps)
+
+
+def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h), in one pass over the data."""
+    _check_triton_inputs("add_rms_norm_triton", x, weight, residual, eps)
+    return _add_rms_norm_triton(x, residual, weight, eps)
+
+
+def _too_wide(x: torch.Tensor) -> str | None:
+    n = x.shape[-1]
+    if n > MAX_HIDDEN:
+        return f"hidden size {n} exceeds the kernel's limit of {MAX_HIDDEN} (the whole row is held in registers)"
+    return None
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * weight (float32 math, output in x.dtype).  x: (..., N).
 
-    The Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else :func:`rms_norm_eager`.
+    The Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else :func:`rms_norm_eager`: also
+    for a hidden size N > ``MAX_HIDDEN`` (65536; one warning), for float64 in x or weight (silently) and
+    for ``meta`` tensors. Inputs are checked once, here; errors name ``rms_norm`` and the argument.
     """
-    if use_triton("rms_norm", x, weight):
-        return rms_norm_triton(x, weight, eps)
-    return rms_norm_eager(x, weight, eps)
+    check_rms_norm_inputs("rms_norm", x, weight, eps=eps)
+    if use_triton("rms_norm", x, weight, unsupported=_too_wide(x)):
+        return _rms_norm_triton(x, weight, eps)
+    return _rms_norm_eager(x, weight, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                  eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h)."""
-    if use_triton("add_rms_norm", x, residual, weight):
-        return add_rms_norm_triton(x, residual, weight, eps)
-    return add_rms_norm_eager(x, residual, weight, eps)
+    """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h); h is rounded to x's dtype and
+    that rounded h is normalized. Paths and edge cases as :func:`rms_norm`."""
+    check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
+    if use_triton("add_rms_norm", x, residual, weight, unsupported=_too_wide(x)):
+        return _add_rms_norm_triton(x, residual, weight, eps)
+    return _add_rms_norm_eager(x, residual, weight, eps)

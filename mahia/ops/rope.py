@@ -11,6 +11,12 @@ all Hkv key heads (GQA: Hkv may differ from Hq). Out of place; the outputs are c
 q and k may be strided (e.g. views into a fused qkv projection) as long as the last dim is contiguous.
 Byte count: read q and k, write q and k, per pass (cos/sin are T * D floats, small next to q).
 cos and sin are treated as constants: no gradient flows to them.
+
+Behaviour at the edges (the public ``rope``): float64 anywhere, e.g. float64 cos/sin tables next to
+float32 q and k, runs the eager reference silently (it computes in q's precision and returns q's dtype);
+empty inputs (B, T or a head count of 0) return empty outputs; ``meta`` tensors get their shapes from
+the eager reference, never the interpreter. Inputs are validated once, by ``rope``, whose name the
+errors carry (e.g. an odd head dim).
 """
 from __future__ import annotations
 
@@ -61,6 +67,12 @@ def apply_rope_eager(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); math in fp32, output in input dtype."""
     check_rope_inputs("apply_rope_eager", q, k, cos, sin)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _check_kernel_dtypes(fn: str, q, k, cos, sin) -> None:
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
 
 
 
@@ -124,10 +136,7 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     if check:
         fn = "rope backward" if backward else "rope"
         check_rope_inputs(fn, q, k, cos, sin)
-        for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
-            if t.dtype not in DTYPES:
-                raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, "
-                                f"got {t.dtype}")
+        _check_kernel_dtypes(fn, q, k, cos, sin)
     # the kernel needs a unit stride along D only
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -200,7 +209,7 @@ class _RopeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin):
         ctx.save_for_backward(cos, sin)
-        return rope_launch(q, k, cos, sin)
+        return rope_launch(q, k, cos, sin, check=False)  # validated by the caller
 
     @staticmethod
     def backward(ctx, dq, dk):
@@ -209,26 +218,37 @@ class _RopeFunction(torch.autograd.Function):
         return dq, dk, None, None
 
 
-def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_rot, k_rot) with the Triton kernel.  q (B, T, Hq, D), k (B, T, Hkv, D), cos/sin (T, D/2).
-
-    cos and sin are constants here (no gradient flows to them): tables that require grad are refused.
-    """
+def _rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, fn: str) -> tuple[torch.Tensor, torch.Tensor]:
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (cos, sin)):
-        raise ValueError("rope: cos and sin must not require grad (the kernel treats them as constants); "
+        raise ValueError(f"{fn}: cos and sin must not require grad (the kernel treats them as constants); "
                          "pass detached tables, e.g. from RotaryCache.get")
     if torch.compiler.is_compiling():
         return rope_fwd(q, k, cos, sin)
     return _RopeFunction.apply(q, k, cos, sin)
 
 
+def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_rot, k_rot) with the Triton kernel.  q (B, T, Hq, D), k (B, T, Hkv, D), cos/sin (T, D/2).
+
+    cos and sin are constants here (no gradient flows to them): tables that require grad are refused.
+    No fallback: float64 inputs raise (:func:`rope` picks a path).
+    """
+    check_rope_inputs("rope_triton", q, k, cos, sin)
+    _check_kernel_dtypes("rope_triton", q, k, cos, sin)
+    return _rope_triton(q, k, cos, sin, "rope_triton")
+
+
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2), rotate-half convention.
 
-    The Triton kernel where it can run (:mod:`mahia.ops.dispatch`), else :func:`apply_rope_eager`.
+    The Triton kernel where it can run (:mod:`mahia.ops.dispatch`), else :func:`apply_rope_eager` (also
+    for float64 q, k, cos or sin, silently, and for ``meta`` tensors). Inputs are checked once, here;
+    errors name ``rope`` and the argument.
     """
+    check_rope_inputs("rope", q, k, cos, sin)
     if use_triton("rope", q, k, cos, sin):
-        return rope_triton(q, k, cos, sin)
-    return apply_rope_eager(q, k, cos, sin)
+        return _rope_triton(q, k, cos, sin, "rope")
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)

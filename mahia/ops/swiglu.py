@@ -12,6 +12,11 @@ Layout: the kernel walks (rows, N) tiles in 1-D blocks of BLOCK elements along N
 is contiguous the tensor is treated as one long row (no tail waste at the end of each row); otherwise
 each operand needs only a unit stride along N and its own row stride, so the gate/up halves of a
 fused ``w12`` projection (``u.chunk(2, -1)``) are read in place, without a copy.
+
+Behaviour at the edges (the public ``swiglu``): empty inputs (any dim 0) return an empty output and
+empty gradients; float64 inputs run the eager reference silently (reference precision); ``meta``
+tensors get their shapes from the eager reference, never the interpreter; any hidden size runs (the
+kernel walks a row in blocks). Inputs are validated once, by ``swiglu``, whose name errors carry.
 """
 from __future__ import annotations
 
@@ -40,11 +45,15 @@ def check_swiglu_inputs(fn: str, a: torch.Tensor, b: torch.Tensor) -> None:
     check_same_device(fn, a=a, b=b)
 
 
+def _swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    dt = torch.promote_types(a.dtype, torch.float32)
+    return (F.silu(a.to(dt)) * b.to(dt)).to(a.dtype)
+
+
 def swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """c = silu(a) * b, computed in float32 and returned in ``a.dtype``.  a, b: (..., H)."""
     check_swiglu_inputs("swiglu_eager", a, b)
-    dt = torch.promote_types(a.dtype, torch.float32)
-    return (F.silu(a.to(dt)) * b.to(dt)).to(a.dtype)
+    return _swiglu_eager(a, b)
 
 
 
@@ -125,10 +134,12 @@ def _check_dtypes(fn: str, **tensors: torch.Tensor) -> None:
 
 
 def swiglu_fwd_launch(a: torch.Tensor, b: torch.Tensor, *, block: int | None = None,
-                      num_warps: int | None = None) -> torch.Tensor:
-    """c = silu(a) * b with the Triton kernel; c is contiguous with a's shape."""
-    check_swiglu_inputs("swiglu", a, b)
-    _check_dtypes("swiglu", a=a, b=b)
+                      num_warps: int | None = None, check: bool = True) -> torch.Tensor:
+    """c = silu(a) * b with the Triton kernel; c is contiguous with a's shape (``check=False``: the
+    caller validated the inputs)."""
+    if check:
+        check_swiglu_inputs("swiglu", a, b)
+        _check_dtypes("swiglu", a=a, b=b)
     c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if c.numel() == 0:
         return c
@@ -145,13 +156,14 @@ def swiglu_fwd_launch(a: torch.Tensor, b: torch.Tensor, *, block: int | None = N
 
 
 def swiglu_bwd_launch(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, block: int | None = None,
-                      num_warps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      num_warps: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) of c = silu(a) * b given dc; both contiguous with a's shape."""
-    fn = "swiglu backward"
-    check_swiglu_inputs(fn, a, b)
-    _check_dtypes(fn, dc=dc, a=a, b=b)
-    if dc.shape != a.shape:
-        raise ValueError(f"{fn}: dc must have the shape of a {tuple(a.shape)}, got {tuple(dc.shape)}")
+    if check:
+        fn = "swiglu backward"
+        check_swiglu_inputs(fn, a, b)
+        _check_dtypes(fn, dc=dc, a=a, b=b)
+        if dc.shape != a.shape:
+            raise ValueError(f"{fn}: dc must have the shape of a {tuple(a.shape)}, got {tuple(dc.shape)}")
     da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     db = torch.empty(a.shape, dtype=a.dtype, device=a.device)
     if da.numel() == 0:
@@ -214,26 +226,34 @@ class _SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return swiglu_fwd_launch(a, b)
+        return swiglu_fwd_launch(a, b, check=False)
 
     @staticmethod
     def backward(ctx, dc):
         a, b = ctx.saved_tensors
-        return swiglu_bwd_launch(dc, a, b)
+        return swiglu_bwd_launch(dc, a, b, check=False)
 
 
-def swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c = silu(a) * b with the Triton kernels.  a, b: (..., H), same shape and dtype."""
+def _swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return swiglu_fwd(a, b)
     return _SwiGLUFunction.apply(a, b)
 
 
+def swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """c = silu(a) * b with the Triton kernels.  a, b: (..., H), same shape and dtype (no fallback)."""
+    check_swiglu_inputs("swiglu_triton", a, b)
+    _check_dtypes("swiglu_triton", a=a, b=b)
+    return _swiglu_triton(a, b)
+
+
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """c = silu(a) * b (float32 math, output in a.dtype).  a, b: (..., H).
 
-    The Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else :func:`swiglu_eager`.
+    The Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else :func:`swiglu_eager` (also
+    for float64 and ``meta`` inputs). Inputs are checked once, here; errors name ``swiglu``.
     """
+    check_swiglu_inputs("swiglu", a, b)
     if use_triton("swiglu", a, b):
-        return swiglu_triton(a, b)
-    return swiglu_eager(a, b)
+        return _swiglu_triton(a, b)
+    return _swiglu_eager(a, b)
