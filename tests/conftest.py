@@ -1,10 +1,12 @@
 """Test set-up: with no CUDA device, Triton kernels run under the interpreter (slow but exact)."""
+
 import os
 
 import pytest
 
 try:
     import torch
+
     _cuda = torch.cuda.is_available()
 except ImportError:  # pragma: no cover
     _cuda = False

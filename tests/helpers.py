@@ -1,4 +1,5 @@
 """Helpers shared by the test modules (tests/ is on sys.path under pytest's default import mode)."""
+
 from __future__ import annotations
 
 import torch
@@ -44,9 +45,18 @@ def elementwise_tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return ELEMENTWISE[dtype]
 
 
-def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype | None = None, *,
-                 tol: float | None = None, rtol: float | None = None, atol: float | None = None,
-                 scale: float | None = None, norm: bool = True) -> float:
+def assert_close(
+    name: str,
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    *,
+    tol: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    scale: float | None = None,
+    norm: bool = True,
+) -> float:
     """Norm-wise (``rel_error(out, ref) <= tol``) and element-wise comparison of ``out`` with ``ref``.
 
     ``dtype`` (default: out's) picks the defaults: ``tol`` from ``mahia.measure.checks.tolerance``,
@@ -70,15 +80,18 @@ def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.d
     same_nonfinite = ~torch.isfinite(r) & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
     if not torch.equal(torch.isfinite(o) | same_nonfinite, torch.ones_like(same_nonfinite)):
         bad = (~(torch.isfinite(o) | same_nonfinite)).nonzero()[0].tolist()
-        raise CorrectnessError(f"{name}: non-finite value {o[tuple(bad)].item()} at {bad} where the reference "
-                               f"has {r[tuple(bad)].item()} (shape {tuple(out.shape)}, {dtype})")
+        raise CorrectnessError(
+            f"{name}: non-finite value {o[tuple(bad)].item()} at {bad} where the reference "
+            f"has {r[tuple(bad)].item()} (shape {tuple(out.shape)}, {dtype})"
+        )
     o, r = torch.where(same_nonfinite, 0.0, o), torch.where(same_nonfinite, 0.0, r)
     err = 0.0
     if norm and r.norm().item() > 0:
         err = rel_error(o, r)
         if not err <= tol:
-            raise CorrectnessError(f"{name}: norm-wise relative error {err:.3e} exceeds {tol:.1e} "
-                                   f"(shape {tuple(out.shape)}, {dtype})")
+            raise CorrectnessError(
+                f"{name}: norm-wise relative error {err:.3e} exceeds {tol:.1e} (shape {tuple(out.shape)}, {dtype})"
+            )
     unit = r.abs().max().item() if scale is None else scale
     excess = (o - r).abs() - (atol * unit + rtol * r.abs())
     if excess.max().item() > 0:
@@ -86,7 +99,8 @@ def assert_close(name: str, out: torch.Tensor, ref: torch.Tensor, dtype: torch.d
         raise CorrectnessError(
             f"{name}: element {list(i)} is {o[i].item():.6g}, the reference {r[i].item():.6g}: |diff| "
             f"{abs(o[i] - r[i]).item():.3e} > atol {atol:.1e} * scale {unit:.3e} + rtol {rtol:.1e} * |ref| "
-            f"(shape {tuple(out.shape)}, {dtype})")
+            f"(shape {tuple(out.shape)}, {dtype})"
+        )
     return err
 
 
@@ -94,9 +108,20 @@ def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
-def compare(fast, ref, inputs, *, dtype: torch.dtype | None = None, tol: float | None = None,
-            rtol: float | None = None, atol: float | None = None, grads: bool = True, grad_inputs=None,
-            name: str = "fast path", seed: int = 1234) -> dict[str, float]:
+def compare(
+    fast,
+    ref,
+    inputs,
+    *,
+    dtype: torch.dtype | None = None,
+    tol: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    grads: bool = True,
+    grad_inputs=None,
+    name: str = "fast path",
+    seed: int = 1234,
+) -> dict[str, float]:
     """Like ``mahia.measure.checks.compare_fn`` (fast on the inputs, ref on float64 copies, outputs and
     the gradients of one backward pass of sum(out_i * g_i)), with :func:`assert_close` (norm-wise and
     element-wise) on every output and gradient. ``dtype`` (default: the first floating input's) picks
@@ -120,12 +145,17 @@ def compare(fast, ref, inputs, *, dtype: torch.dtype | None = None, tol: float |
     if len(fast_out) != len(ref_out):
         raise CorrectnessError(f"{name}: returned {len(fast_out)} outputs, the reference {len(ref_out)}")
     kw = dict(tol=tol, rtol=rtol, atol=atol)
-    errors = {f"out{i}": assert_close(f"{name} output {i}", o, r, dtype, **kw)
-              for i, (o, r) in enumerate(zip(fast_out, ref_out))}
+    errors = {
+        f"out{i}": assert_close(f"{name} output {i}", o, r, dtype, **kw)
+        for i, (o, r) in enumerate(zip(fast_out, ref_out))
+    }
     if grads and any(isinstance(t, torch.Tensor) and t.requires_grad for t in fast_in):
         gen = torch.Generator().manual_seed(seed)
-        pairs = [(o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64))
-                 for o, r in zip(fast_out, ref_out) if o.requires_grad]
+        pairs = [
+            (o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64))
+            for o, r in zip(fast_out, ref_out)
+            if o.requires_grad
+        ]
         sum((o * g.to(o.device, o.dtype)).sum() for o, _, g in pairs).backward()
         sum((r * g.to(r.device, r.dtype)).sum() for _, r, g in pairs).backward()
         for i, (a, b) in enumerate(zip(fast_in, ref_in)):

@@ -1,5 +1,6 @@
 """Attention paths (manual, SDPA per backend, chunked) against a float64 reference; the Attention layer
 with its static KV cache (prefill == token-by-token decode, no host syncs while decoding); bad inputs."""
+
 from __future__ import annotations
 
 import math
@@ -9,11 +10,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mahia.measure.checks import check_close, compare_fn, rel_error, tolerance
 from mahia.layers import attention as A
 from mahia.layers.rope import RotaryCache
-from mahia.ops.rope import apply_rope_eager
+from mahia.measure.checks import check_close, compare_fn, rel_error, tolerance
 from mahia.measure.instruments import count_syncs
+from mahia.ops.rope import apply_rope_eager
 
 
 def reference(q, k, v, causal=True, attn_mask=None):
@@ -40,24 +41,25 @@ def reference(q, k, v, causal=True, attn_mask=None):
 
 def qkv(B, Hq, Hkv, T, S, D, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, Hq, T, D, generator=g).to(dtype),
-            torch.randn(B, Hkv, S, D, generator=g).to(dtype),
-            torch.randn(B, Hkv, S, D, generator=g).to(dtype))
+    return (
+        torch.randn(B, Hq, T, D, generator=g).to(dtype),
+        torch.randn(B, Hkv, S, D, generator=g).to(dtype),
+        torch.randn(B, Hkv, S, D, generator=g).to(dtype),
+    )
 
 
 def paths(q, k, v, causal, attn_mask=None):
     """Every path under test, by name; the SDPA backends are those that can run on these inputs."""
     out = {
         "manual": lambda q, k, v: A.manual_attention(q, k, v, causal=causal, attn_mask=attn_mask),
-        "chunked": lambda q, k, v: A.chunked_attention(q, k, v, causal=causal, chunk_size=16,
-                                                       attn_mask=attn_mask),
-        "chunked-math": lambda q, k, v: A.chunked_attention(q, k, v, causal=causal, chunk_size=16,
-                                                            backend="math", attn_mask=attn_mask),
+        "chunked": lambda q, k, v: A.chunked_attention(q, k, v, causal=causal, chunk_size=16, attn_mask=attn_mask),
+        "chunked-math": lambda q, k, v: A.chunked_attention(
+            q, k, v, causal=causal, chunk_size=16, backend="math", attn_mask=attn_mask
+        ),
         "sdpa-auto": lambda q, k, v: A.sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask),
     }
     for b in A.available_backends(q, k, v, causal=causal, attn_mask=attn_mask):
-        out[f"sdpa-{b}"] = lambda q, k, v, b=b: A.sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask,
-                                                                 backend=b)
+        out[f"sdpa-{b}"] = lambda q, k, v, b=b: A.sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=b)
     return out
 
 
@@ -134,12 +136,18 @@ def test_chunked_peak_score_memory_is_chunk_times_s():
 def test_dispatcher_routes_to_each_impl():
     q, k, v = qkv(1, 4, 2, 19, 19, 8)
     ref = A.manual_attention(q, k, v)
-    for impl, kw in (("manual", {}), ("sdpa", {}), ("sdpa", {"backend": "math"}),
-                     ("chunked", {"chunk_size": 4}), ("chunked", {})):
+    for impl, kw in (
+        ("manual", {}),
+        ("sdpa", {}),
+        ("sdpa", {"backend": "math"}),
+        ("chunked", {"chunk_size": 4}),
+        ("chunked", {}),
+    ):
         check_close(f"attention(impl={impl}, {kw})", A.attention(q, k, v, impl=impl, **kw), ref, 1e-5)
 
 
 # --- backend resolution --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("requested", ["efficient", "cudnn"])
 def test_cuda_only_backend_on_cpu_falls_back_with_one_warning(requested):
@@ -165,6 +173,7 @@ def test_backends_on_cpu():
 
 
 # --- roofline helpers ----------------------------------------------------------------------------
+
 
 def test_flops_and_bytes():
     assert A.attention_flops(2, 3, 5, 5, 4, causal=False) == 4 * 2 * 3 * 5 * 5 * 4
@@ -205,9 +214,11 @@ def test_layer_matches_reference_built_from_its_weights():
     check_close("Attention layer", out, ref, 1e-5)
 
 
-@pytest.mark.parametrize("impl,kw", [("sdpa", {}), ("sdpa", {"backend": "math"}), ("manual", {}),
-                                     ("chunked", {"chunk_size": 4})],
-                         ids=["sdpa", "sdpa-math", "manual", "chunked"])
+@pytest.mark.parametrize(
+    "impl,kw",
+    [("sdpa", {}), ("sdpa", {"backend": "math"}), ("manual", {}), ("chunked", {"chunk_size": 4})],
+    ids=["sdpa", "sdpa-math", "manual", "chunked"],
+)
 @pytest.mark.parametrize("prefill", [0, 5], ids=["token-by-token", "prefill5"])
 def test_prefill_equals_decode_through_static_cache(impl, kw, prefill):
     layer, (x, rope) = make_layer(impl, **kw), layer_inputs()
@@ -218,7 +229,7 @@ def test_prefill_equals_decode_through_static_cache(impl, kw, prefill):
         for n in ([prefill] if prefill else []) + [1] * (T - prefill):
             start = torch.tensor(pos)
             cos, sin = A.rope_rows(rope, start + torch.arange(n))
-            outs.append(layer(x[:, pos:pos + n], cos, sin, kv_cache=cache, start_pos=start))
+            outs.append(layer(x[:, pos : pos + n], cos, sin, kv_cache=cache, start_pos=start))
             pos += n
     check_close(f"{impl} decode vs prefill", torch.cat(outs, dim=1), full, 1e-5)
 
@@ -255,6 +266,7 @@ def test_cache_reset_and_overflow():
 
 
 # --- bad inputs ----------------------------------------------------------------------------------
+
 
 def test_bad_inputs_name_the_argument():
     q, k, v = qkv(1, 6, 2, 5, 5, 16)
@@ -299,8 +311,13 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="start_pos"):
         layer(x[:, :1], cos, sin, kv_cache=cache)
     with pytest.raises(TypeError, match="dtype"):
-        layer(x[:, :1], cos, sin, kv_cache=A.StaticKVCache(B, 20, HKV, HD, dtype=torch.bfloat16),
-              start_pos=torch.tensor(0))
+        layer(
+            x[:, :1],
+            cos,
+            sin,
+            kv_cache=A.StaticKVCache(B, 20, HKV, HD, dtype=torch.bfloat16),
+            start_pos=torch.tensor(0),
+        )
     with pytest.raises(ValueError, match="k_new"):
         layer(x[:1, :1], cos, sin, kv_cache=cache, start_pos=torch.tensor(0))
     with pytest.raises(ValueError, match="batch"):
@@ -366,17 +383,17 @@ def test_cuda_graph_decode_step_matches_prefill_without_syncs():
             out = step()
         outs = []
         for t in range(T):
-            x_step.copy_(x[:, t:t + 1])
+            x_step.copy_(x[:, t : t + 1])
             start.fill_(t)
             graph.replay()
             outs.append(out.clone())
-    check_close("CUDA-graph decode vs prefill", torch.cat(outs, dim=1), full,
-                tolerance(torch.float32, tf32=True))
+    check_close("CUDA-graph decode vs prefill", torch.cat(outs, dim=1), full, tolerance(torch.float32, tf32=True))
 
 
 # ---------------------------------------------------------------------------------------------------
 # Reliability regressions: fully masked query rows, empty query blocks
 # ---------------------------------------------------------------------------------------------------
+
 
 def _dead_row_masks(T, S):
     """Bool and float masks (T, S) whose row 2 sees no key; with causal, row 0 is dead as well."""
@@ -402,7 +419,7 @@ def test_fully_masked_rows_give_zero_on_every_path(kind):
     mask = _dead_row_masks(T, S)[kind]
     q, k, v = qkv(2, 4, 2, T, S, 8)
     i = torch.arange(T)[:, None]
-    visible = (mask if mask.dtype == torch.bool else mask > float("-inf"))
+    visible = mask if mask.dtype == torch.bool else mask > float("-inf")
     if causal:
         visible = visible & (torch.arange(S)[None, :] <= i + S - T)
     dead = ~visible.any(-1)

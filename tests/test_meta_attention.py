@@ -1,13 +1,16 @@
 """MetaAttention (gated linear attention): loop, log-space and Triton paths against a float64 loop."""
+
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import compare
 
 from mahia.measure.checks import compare_fn, rel_error, tolerance
-from mahia.ops.dispatch import reset_fallback_warnings, triton_available_for, triton_import_error
+from mahia.measure.instruments import count_syncs
 from mahia.model.meta_attention import MetaAttention
+from mahia.ops.dispatch import reset_fallback_warnings, triton_available_for, triton_import_error
 from mahia.ops.gla_scan import (
     gated_linear_attention,
     gla_bytes,
@@ -16,8 +19,6 @@ from mahia.ops.gla_scan import (
     gla_loop,
     naive_cumprod_form,
 )
-from mahia.measure.instruments import count_syncs
-from helpers import compare
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(triton_import_error() is not None, reason="triton is not installed")
@@ -26,7 +27,7 @@ needs_triton = pytest.mark.skipif(triton_import_error() is not None, reason="tri
 def make_inputs(B, H, T, K, V, dtype=torch.float32, *, temperature=4.0, seed=0):
     """q, k (B, H, T, K), v (B, H, T, V), g = logsigmoid(2 z) / temperature: slow and fast decays mixed."""
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, T, K, generator=gen) * K ** -0.5
+    q = torch.randn(B, H, T, K, generator=gen) * K**-0.5
     k = torch.randn(B, H, T, K, generator=gen)
     v = torch.randn(B, H, T, V, generator=gen)
     g = F.logsigmoid(2 * torch.randn(B, H, T, K, generator=gen)) / temperature
@@ -50,8 +51,9 @@ PATHS = [
 
 
 @pytest.mark.parametrize("T", [1, 37, 130])
-@pytest.mark.parametrize("impl,chunk,dtype", PATHS,
-                         ids=[f"{i}{'-c' + str(c) if c else ''}-{str(d)[6:]}" for i, c, d in PATHS])
+@pytest.mark.parametrize(
+    "impl,chunk,dtype", PATHS, ids=[f"{i}{'-c' + str(c) if c else ''}-{str(d)[6:]}" for i, c, d in PATHS]
+)
 def test_paths_match_float64_loop(impl, chunk, dtype, T):
     if impl == "triton" and triton_import_error() is not None:
         pytest.skip("triton is not installed")
@@ -212,25 +214,28 @@ def _bad(**override):
     return lambda impl="logspace": gated_linear_attention(args["q"], args["k"], args["v"], args["g"], impl=impl)
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (_bad(q=torch.randn(2, 8, 16)), ValueError, "q must be 4-D"),
-    (_bad(k=torch.randn(1, 2, 9, 16)), ValueError, "k must have the shape of q"),
-    (_bad(g=torch.randn(1, 2, 8, 8)), ValueError, "g must have the shape of q"),
-    (_bad(v=torch.randn(1, 2, 7, 16)), ValueError, "v must be"),
-    (_bad(q=torch.ones(1, 2, 8, 16, dtype=torch.int64)), TypeError, "q must be a floating-point"),
-    (_bad(v=torch.randn(1, 2, 8, 16, dtype=torch.float64)), TypeError, "v must have the dtype of q"),
-    (_bad(g=[0.0]), TypeError, "g must be a torch.Tensor"),
-    (_bad(g=torch.zeros(1, 2, 8, 16, device="meta")), ValueError, "same device"),
-    (lambda: _bad()(impl="fast"), ValueError, "impl must be one of"),
-    (lambda: gla_logspace(*make_inputs(1, 1, 4, 16, 16), chunk_size=0), ValueError, "chunk_size"),
-    (lambda: MetaAttention(30, 4), ValueError, "divisible by n_heads"),
-    (lambda: MetaAttention(32, 2, impl="cuda"), ValueError, "impl must be one of"),
-    (lambda: MetaAttention(32, 2, gate_temperature=0.0), ValueError, "gate_temperature"),
-    (lambda: MetaAttention(32, 2, key_dim=0, value_dim=8), ValueError, "key_dim"),
-    (lambda: MetaAttention(32, 2)(torch.randn(2, 5, 31)), ValueError, "x must be"),
-    (lambda: gla_flops(1, 1, -1, 16, 16), ValueError, "T must be"),
-    (lambda: gla_bytes(1, 1, 8, 16, 16, element_size=-2), ValueError, "element_size"),
-])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (_bad(q=torch.randn(2, 8, 16)), ValueError, "q must be 4-D"),
+        (_bad(k=torch.randn(1, 2, 9, 16)), ValueError, "k must have the shape of q"),
+        (_bad(g=torch.randn(1, 2, 8, 8)), ValueError, "g must have the shape of q"),
+        (_bad(v=torch.randn(1, 2, 7, 16)), ValueError, "v must be"),
+        (_bad(q=torch.ones(1, 2, 8, 16, dtype=torch.int64)), TypeError, "q must be a floating-point"),
+        (_bad(v=torch.randn(1, 2, 8, 16, dtype=torch.float64)), TypeError, "v must have the dtype of q"),
+        (_bad(g=[0.0]), TypeError, "g must be a torch.Tensor"),
+        (_bad(g=torch.zeros(1, 2, 8, 16, device="meta")), ValueError, "same device"),
+        (lambda: _bad()(impl="fast"), ValueError, "impl must be one of"),
+        (lambda: gla_logspace(*make_inputs(1, 1, 4, 16, 16), chunk_size=0), ValueError, "chunk_size"),
+        (lambda: MetaAttention(30, 4), ValueError, "divisible by n_heads"),
+        (lambda: MetaAttention(32, 2, impl="cuda"), ValueError, "impl must be one of"),
+        (lambda: MetaAttention(32, 2, gate_temperature=0.0), ValueError, "gate_temperature"),
+        (lambda: MetaAttention(32, 2, key_dim=0, value_dim=8), ValueError, "key_dim"),
+        (lambda: MetaAttention(32, 2)(torch.randn(2, 5, 31)), ValueError, "x must be"),
+        (lambda: gla_flops(1, 1, -1, 16, 16), ValueError, "T must be"),
+        (lambda: gla_bytes(1, 1, 8, 16, 16, element_size=-2), ValueError, "element_size"),
+    ],
+)
 def test_bad_inputs_raise(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
@@ -268,6 +273,7 @@ def test_flop_and_byte_counts():
 # ---------------------------------------------------------------------------------------------------
 # Reliability regressions: NaN causality, T = 0, inputs the kernel cannot take, meta, messages
 # ---------------------------------------------------------------------------------------------------
+
 
 def _nan_steps(t: torch.Tensor) -> set[int]:
     return set(torch.isnan(t).nonzero()[:, 2].tolist())
@@ -375,8 +381,11 @@ def test_module_dtype_mismatch_names_the_module():
     it now names the module and both dtypes (as the MoE layer does), and runs under autocast."""
     m = MetaAttention(32, 2, impl="logspace", dtype=torch.bfloat16).to(DEVICE)
     x = torch.randn(1, 5, 32, device=DEVICE)
-    with pytest.raises(TypeError, match=r"^MetaAttention: x has dtype torch.float32 but the parameters are "
-                                        r"torch.bfloat16"):
+    with pytest.raises(
+        TypeError,
+        match=r"^MetaAttention: x has dtype torch.float32 but the parameters are "
+        r"torch.bfloat16",
+    ):
         m(x)
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         assert m(x).shape == x.shape

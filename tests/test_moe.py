@@ -1,19 +1,22 @@
 """MoE layer: the loop and grouped paths against an independent dense float64 reference, every grouped
 matmul backend, the absence of host syncs in the grouped path, routing statistics and bad input."""
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import compare_fn, rel_error, tolerance
+from mahia.measure.instruments import count_syncs
 from mahia.model.moe import MoE, RouterStats, moe_flops
 from mahia.ops.grouped_mm import BACKENDS, grouped_mm, grouped_mm_backend
-from mahia.measure.instruments import count_syncs
 
 # The grouped path's SwiGLU is mahia.ops.swiglu (tested in its own file); under the CPU interpreter
 # it costs about a second per call at these sizes, so it falls back to eager (with a warning) except in
 # the tests of the triton backend.
-pytestmark = [pytest.mark.filterwarnings("ignore:mahia.ops.swiglu:RuntimeWarning"),
-              pytest.mark.filterwarnings("ignore:mahia.ops.moe_combine:RuntimeWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:mahia.ops.swiglu:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:mahia.ops.moe_combine:RuntimeWarning"),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -22,15 +25,19 @@ def _triton_only_where_tested(request, monkeypatch):
         monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
-D, H, E = 48, 80, 5     # odd sizes, rows still 16-byte aligned for torch._grouped_mm
-LEAD = (3, 37)          # 111 tokens
+D, H, E = 48, 80, 5  # odd sizes, rows still 16-byte aligned for torch._grouped_mm
+LEAD = (3, 37)  # 111 tokens
 
 
 def _runs(backend: str, dtype: torch.dtype) -> bool:
     """Whether grouped_mm(backend=...) can run on this machine (CPU) for dtype."""
     try:
-        grouped_mm(torch.zeros(2, 16, dtype=dtype), torch.zeros(1, 16, 16, dtype=dtype),
-                   torch.tensor([2], dtype=torch.int32), backend=backend)
+        grouped_mm(
+            torch.zeros(2, 16, dtype=dtype),
+            torch.zeros(1, 16, 16, dtype=dtype),
+            torch.tensor([2], dtype=torch.int32),
+            backend=backend,
+        )
         return True
     except ValueError:
         return False
@@ -39,21 +46,26 @@ def _runs(backend: str, dtype: torch.dtype) -> bool:
 def backends(dtype=torch.float32, *, impls=False):
     """pytest params: each grouped matmul backend (skipped where it cannot run); with ``impls``, as
     (impl, backend) pairs led by the loop path."""
-    params = [pytest.param(*(("grouped", b) if impls else (b,)),
-                           marks=pytest.mark.skipif(not _runs(b, dtype), reason=f"{b} cannot run here"), id=b)
-              for b in BACKENDS]
+    params = [
+        pytest.param(
+            *(("grouped", b) if impls else (b,)),
+            marks=pytest.mark.skipif(not _runs(b, dtype), reason=f"{b} cannot run here"),
+            id=b,
+        )
+        for b in BACKENDS
+    ]
     return ([pytest.param("loop", "auto", id="loop")] + params) if impls else params
 
 
 def dense_reference(x, w_router, w13, w2, top_k, coef):
     """Every expert on every token, weighted by a gate that is zero outside the token's top-k."""
     n_exp = w_router.shape[1]
-    x2 = x.reshape(-1, x.shape[-1])                                     # (N, D)
-    probs = torch.softmax(x2 @ w_router, dim=-1)                        # (N, E)
+    x2 = x.reshape(-1, x.shape[-1])  # (N, D)
+    probs = torch.softmax(x2 @ w_router, dim=-1)  # (N, E)
     top_p, top_i = probs.topk(top_k, dim=-1)
     gate = torch.zeros_like(probs).scatter(1, top_i, top_p / top_p.sum(-1, keepdim=True))  # (N, E)
-    a, b = torch.einsum("nd,edf->enf", x2, w13).chunk(2, dim=-1)        # (E, N, H) each
-    ye = (F.silu(a) * b) @ w2                                           # (E, N, D)
+    a, b = torch.einsum("nd,edf->enf", x2, w13).chunk(2, dim=-1)  # (E, N, H) each
+    ye = (F.silu(a) * b) @ w2  # (E, N, D)
     y = torch.einsum("ne,end->nd", gate, ye)
     f = F.one_hot(top_i, n_exp).sum((0, 1)).to(probs.dtype) / (x2.shape[0] * top_k)
     aux = coef * n_exp * (f * probs.mean(0)).sum()
@@ -62,8 +74,10 @@ def dense_reference(x, w_router, w13, w2, top_k, coef):
 
 def functional(moe):
     """moe as a function of (x, w_router, w13, w2), so compare_fn can upcast and differentiate all four."""
+
     def f(x, w_router, w13, w2):
         return torch.func.functional_call(moe, {"w_router": w_router, "w13": w13, "w2": w2}, (x,))
+
     return f
 
 
@@ -99,9 +113,10 @@ def check_against_dense(moe, inputs):
 # grouped_mm
 # ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", backends())
 def test_grouped_mm_matches_per_group_matmuls(backend):
-    counts = [7, 0, 30, 1, 19]                         # an empty group and a one-row group
+    counts = [7, 0, 30, 1, 19]  # an empty group and a one-row group
     offs = torch.tensor(counts).cumsum(0).to(torch.int32)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(sum(counts), 48, generator=g)
@@ -112,8 +127,13 @@ def test_grouped_mm_matches_per_group_matmuls(backend):
         group = torch.searchsorted(offs.long(), rows, right=True)
         return torch.einsum("mk,mkn->mn", a, b[group])
 
-    cmp = compare_fn(lambda a, b, offs: grouped_mm(a, b, offs, backend=backend), ref, [a, b, offs],
-                     grad_inputs=(0, 1), name=f"grouped_mm[{backend}]")
+    cmp = compare_fn(
+        lambda a, b, offs: grouped_mm(a, b, offs, backend=backend),
+        ref,
+        [a, b, offs],
+        grad_inputs=(0, 1),
+        name=f"grouped_mm[{backend}]",
+    )
     assert set(cmp.errors) == {"out0", "grad0", "grad1"}
 
 
@@ -153,6 +173,7 @@ def test_backend_choice_is_visible():
 # ---------------------------------------------------------------------------------------------------
 # The layer: loop and grouped against the dense reference
 # ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("top_k", [2, 1])
 @pytest.mark.parametrize("impl,backend", backends(impls=True))
@@ -214,8 +235,9 @@ def test_inference_mode():
     x = torch.randn(*LEAD, D)
     with torch.inference_mode():
         y, aux = moe(x)
-    ref, _ = dense_reference(x.double(), *(p.detach().double() for p in (moe.w_router, moe.w13, moe.w2)),
-                             2, moe.aux_loss_coef)
+    ref, _ = dense_reference(
+        x.double(), *(p.detach().double() for p in (moe.w_router, moe.w13, moe.w2)), 2, moe.aux_loss_coef
+    )
     assert rel_error(y, ref) <= tolerance(torch.float32)
 
 
@@ -267,7 +289,7 @@ def test_aux_loss_over_weighted_tokens_and_pooled_stats(impl):
     _, aux_kept = moe(x[keep.bool()])
     assert rel_error(aux, aux_kept) <= tolerance(torch.float32)
     assert rel_error(aux, aux_all) > 1e-4  # leaving a sample out changes the loss
-    pooled = RouterStats.pool([moe(x[i:i + 1], return_stats=True)[2] for i in (0, 2, 3)])
+    pooled = RouterStats.pool([moe(x[i : i + 1], return_stats=True)[2] for i in (0, 2, 3)])
     assert rel_error(moe.aux_loss_from(pooled), aux_kept) <= tolerance(torch.float32)
     assert float(stats.n_tokens) == 33 and float(stats.counts.sum()) == 33 * 2
     _, aux_none = moe(x, token_weight=torch.zeros(4, 11))
@@ -283,6 +305,7 @@ def test_aux_loss_over_weighted_tokens_and_pooled_stats(impl):
 # ---------------------------------------------------------------------------------------------------
 # Host syncs
 # ---------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("backend", backends())
 def test_grouped_path_has_no_host_syncs(backend):
@@ -300,6 +323,7 @@ def test_triton_launcher_has_no_host_syncs():
     if not _runs("triton", torch.float32):
         pytest.skip("triton cannot run here")
     from mahia.ops.grouped_mm import grouped_mm_triton_launch, grouped_mm_wgrad_launch
+
     a, b = torch.randn(57, 48), torch.randn(5, 48, 40)
     offs = torch.tensor([7, 7, 37, 38, 57], dtype=torch.int32)
     with count_syncs() as r:
@@ -318,6 +342,7 @@ def test_loop_path_syncs_once_per_expert():
 # ---------------------------------------------------------------------------------------------------
 # Statistics, FLOPs, bad configurations
 # ---------------------------------------------------------------------------------------------------
+
 
 def test_routing_stats():
     torch.manual_seed(5)
@@ -340,6 +365,7 @@ def test_routing_stats():
 def test_moe_flops_counts_every_matmul():
     assert moe_flops(3, 4, 5, 2, 6) == 2 * 6 * 4 * 10 + 2 * 6 * 5 * 4 + 2 * 3 * 4 * 6
     from torch.utils.flop_counter import FlopCounterMode
+
     moe = MoE(D, H, E, 2, impl="loop")
     x = torch.randn(*LEAD, D)
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
@@ -347,15 +373,18 @@ def test_moe_flops_counts_every_matmul():
     assert fc.get_total_flops() == moe_flops(x.numel() // D, D, H, 2, E)
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(top_k=6), ValueError, "top_k"),
-    (dict(top_k=0), ValueError, "top_k"),
-    (dict(top_k=2.0), TypeError, "top_k"),
-    (dict(impl="fast"), ValueError, "impl"),
-    (dict(backend="cublas"), ValueError, "backend"),
-    (dict(aux_loss_coef=-1.0), ValueError, "aux_loss_coef"),
-    (dict(n_experts=0, top_k=1), ValueError, "n_experts"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(top_k=6), ValueError, "top_k"),
+        (dict(top_k=0), ValueError, "top_k"),
+        (dict(top_k=2.0), TypeError, "top_k"),
+        (dict(impl="fast"), ValueError, "impl"),
+        (dict(backend="cublas"), ValueError, "backend"),
+        (dict(aux_loss_coef=-1.0), ValueError, "aux_loss_coef"),
+        (dict(n_experts=0, top_k=1), ValueError, "n_experts"),
+    ],
+)
 def test_bad_config_raises(kwargs, exc, match):
     args = dict(dim=D, hidden=H, n_experts=E, top_k=2)
     args.update(kwargs)

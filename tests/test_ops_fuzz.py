@@ -13,6 +13,7 @@ no shrinking (a failure prints its case; under the interpreter shrinking could t
 ``TRITON_INTERPRET=1`` on a CPU (tests/conftest.py) and on the GPU where CUDA is available:
 ``python -m pytest tests/test_ops_fuzz.py``. Marked ``fuzz`` (``-m "not fuzz"`` skips it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,42 +26,55 @@ import torch
 import torch.nn.functional as F
 
 hypothesis = pytest.importorskip("hypothesis")
+from helpers import assert_close  # noqa: E402
 from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mahia import ops  # noqa: E402
-from mahia.ops.grouped_mm import grouped_mm  # noqa: E402
 from mahia.ops.gla_scan import MAX_K, gated_linear_attention  # noqa: E402
-from helpers import assert_close  # noqa: E402
+from mahia.ops.grouped_mm import grouped_mm  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = [
     pytest.mark.fuzz,
-    pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
-                       reason="the Triton kernels cannot run here (no CUDA and TRITON_INTERPRET != 1)"),
+    pytest.mark.skipif(
+        not ops.triton_available_for(torch.empty(0, device=DEVICE)),
+        reason="the Triton kernels cannot run here (no CUDA and TRITON_INTERPRET != 1)",
+    ),
 ]
 
 EXAMPLES = int(os.environ.get("MAHIA_FUZZ_EXAMPLES", "200"))
-FUZZ = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-                phases=(Phase.explicit, Phase.generate), print_blob=False,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    phases=(Phase.explicit, Phase.generate),
+    print_blob=False,
+    suppress_health_check=list(HealthCheck),
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ON_GPU = DEVICE == "cuda"
 # The interpreter runs a few numpy operations per program: keep the tensors and the grids small there.
 ELEMENTS = 1 << 20 if ON_GPU else 24_000  # elements of the largest operand
-PROGRAMS = 1 << 16 if ON_GPU else 256      # rows of kernels that launch one program per row
+PROGRAMS = 1 << 16 if ON_GPU else 256  # rows of kernels that launch one program per row
 
+# hypothesis favours the first element of a sampled_from and the small end of a range: the lists put
+# the common cases first and 0 (an empty tensor) late, and sizes mix a uniform range with boundaries.
 dtypes = st.sampled_from(DTYPES)
 seeds = st.integers(0, 2**31 - 1)
-leading = st.lists(st.sampled_from([0, 1, 1, 2, 3, 5, 17, 64]), max_size=3)
-hidden = st.one_of(st.integers(1, 48), st.integers(1, 9000))
+leading = st.lists(st.sampled_from([3, 1, 2, 5, 17, 64, 0]), max_size=3)
+hidden = st.one_of(
+    st.integers(2, 9000), st.integers(1, 64), st.sampled_from([1, 16, 17, 128, 129, 1024, 4096, 4097, 8192, 9000])
+)
 layouts = st.sampled_from(["contiguous", "row-gap", "transposed", "strided"])
 
 
 # ---------------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------------
+
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
@@ -127,6 +141,7 @@ def _quiet():
 # rms_norm, add_rms_norm
 # ---------------------------------------------------------------------------------------------------
 
+
 def _rms_ref(h, w, eps):
     return h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps) * w
 
@@ -144,8 +159,15 @@ def _check_rms_grads(name, x64, w64, dy64, eps, got_dx, ref_dx, dtype, n):
 
 
 @FUZZ
-@given(lead=leading, n=hidden, dtype=dtypes, w_fp32=st.booleans(), layout=layouts,
-       eps=st.sampled_from([1e-6, 1e-5, 0.1]), seed=seeds)
+@given(
+    lead=leading,
+    n=hidden,
+    dtype=dtypes,
+    w_fp32=st.booleans(),
+    layout=layouts,
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+    seed=seeds,
+)
 @example(lead=[0, 3], n=9000, dtype=torch.bfloat16, w_fp32=False, layout="row-gap", eps=1e-6, seed=0)
 @example(lead=[1], n=1, dtype=torch.float16, w_fp32=True, layout="contiguous", eps=1e-6, seed=1)
 @example(lead=[], n=9000, dtype=torch.float32, w_fp32=False, layout="strided", eps=1e-5, seed=2)
@@ -170,8 +192,15 @@ def test_fuzz_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
 
 
 @FUZZ
-@given(lead=leading, n=hidden, dtype=dtypes, w_fp32=st.booleans(), layout=layouts,
-       eps=st.sampled_from([1e-6, 1e-5, 0.1]), seed=seeds)
+@given(
+    lead=leading,
+    n=hidden,
+    dtype=dtypes,
+    w_fp32=st.booleans(),
+    layout=layouts,
+    eps=st.sampled_from([1e-6, 1e-5, 0.1]),
+    seed=seeds,
+)
 @example(lead=[0], n=4097, dtype=torch.float16, w_fp32=False, layout="transposed", eps=1e-6, seed=0)
 @example(lead=[1, 1], n=9000, dtype=torch.bfloat16, w_fp32=True, layout="strided", eps=1e-6, seed=1)
 def test_fuzz_add_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
@@ -206,9 +235,15 @@ def test_fuzz_add_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
 # swiglu
 # ---------------------------------------------------------------------------------------------------
 
+
 @FUZZ
-@given(lead=leading, n=hidden, dtype=dtypes, layout=st.sampled_from(["contiguous", "row-gap", "transposed",
-                                                                    "strided", "halves"]), seed=seeds)
+@given(
+    lead=leading,
+    n=hidden,
+    dtype=dtypes,
+    layout=st.sampled_from(["contiguous", "row-gap", "transposed", "strided", "halves"]),
+    seed=seeds,
+)
 @example(lead=[0, 2], n=9000, dtype=torch.float32, layout="halves", seed=0)
 @example(lead=[1], n=1, dtype=torch.bfloat16, layout="transposed", seed=1)
 def test_fuzz_swiglu(lead, n, dtype, layout, seed):
@@ -238,6 +273,7 @@ def test_fuzz_swiglu(lead, n, dtype, layout, seed):
 # rope
 # ---------------------------------------------------------------------------------------------------
 
+
 def _rotate(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
@@ -245,14 +281,42 @@ def _rotate(x, cos, sin):
 
 
 @FUZZ
-@given(b=st.sampled_from([0, 1, 2, 3]), t=st.sampled_from([0, 1, 2, 7, 16, 33]), hq=st.integers(1, 6),
-       hkv=st.integers(1, 4), half=st.one_of(st.integers(1, 64), st.integers(1, 4500)), dtype=dtypes,
-       table_fp32=st.booleans(), layout=st.sampled_from(["contiguous", "fused-qkv", "heads-first", "strided"]),
-       table_layout=st.sampled_from(["contiguous", "row-gap", "strided"]), seed=seeds)
-@example(b=0, t=5, hq=2, hkv=1, half=64, dtype=torch.float32, table_fp32=True, layout="contiguous",
-         table_layout="contiguous", seed=0)
-@example(b=1, t=1, hq=1, hkv=1, half=4500, dtype=torch.bfloat16, table_fp32=True, layout="fused-qkv",
-         table_layout="row-gap", seed=1)
+@given(
+    b=st.sampled_from([2, 1, 3, 0]),
+    t=st.sampled_from([7, 16, 1, 33, 2, 0]),
+    hq=st.integers(1, 6),
+    hkv=st.integers(1, 4),
+    half=st.one_of(st.integers(1, 64), st.integers(1, 4500)),
+    dtype=dtypes,
+    table_fp32=st.booleans(),
+    layout=st.sampled_from(["contiguous", "fused-qkv", "heads-first", "strided"]),
+    table_layout=st.sampled_from(["contiguous", "row-gap", "strided"]),
+    seed=seeds,
+)
+@example(
+    b=0,
+    t=5,
+    hq=2,
+    hkv=1,
+    half=64,
+    dtype=torch.float32,
+    table_fp32=True,
+    layout="contiguous",
+    table_layout="contiguous",
+    seed=0,
+)
+@example(
+    b=1,
+    t=1,
+    hq=1,
+    hkv=1,
+    half=4500,
+    dtype=torch.bfloat16,
+    table_fp32=True,
+    layout="fused-qkv",
+    table_layout="row-gap",
+    seed=1,
+)
 def test_fuzz_rope(b, t, hq, hkv, half, dtype, table_fp32, layout, table_layout, seed):
     D = 2 * half
     while b * t * (hq + hkv) * D > ELEMENTS and half > 1:
@@ -262,7 +326,7 @@ def test_fuzz_rope(b, t, hq, hkv, half, dtype, table_fp32, layout, table_layout,
     g = _gen(seed)
     if layout == "fused-qkv":  # views into one (B, T, Hq + 2 Hkv, D) projection
         qkv = _randn([b, t, hq + 2 * hkv, D], dtype, g)
-        q, k = qkv[:, :, :hq].requires_grad_(), qkv[:, :, hq:hq + hkv].requires_grad_()
+        q, k = qkv[:, :, :hq].requires_grad_(), qkv[:, :, hq : hq + hkv].requires_grad_()
     elif layout == "heads-first":  # stored (B, H, T, D), seen as (B, T, H, D)
         q = _randn([b, hq, t, D], dtype, g).transpose(1, 2).requires_grad_()
         k = _randn([b, hkv, t, D], dtype, g).transpose(1, 2).requires_grad_()
@@ -292,20 +356,52 @@ def test_fuzz_rope(b, t, hq, hkv, half, dtype, table_fp32, layout, table_layout,
 # moe_combine
 # ---------------------------------------------------------------------------------------------------
 
+
 @FUZZ
-@given(n=st.sampled_from([0, 1, 2, 3, 17, 64, 300]), k=st.integers(0, 8), d=hidden, dtype=dtypes,
-       gate_dtype=st.sampled_from(["fp32", "same"]), y_dtype=st.sampled_from([None, "fp32", "same"]),
-       out_layout=st.sampled_from(["contiguous", "row-gap", "strided"]),
-       gate_layout=st.sampled_from(["contiguous", "transposed"]), strided_inverse=st.booleans(),
-       gate_grad=st.booleans(), seed=seeds)
-@example(n=0, k=2, d=9000, dtype=torch.float32, gate_dtype="same", y_dtype=None, out_layout="contiguous",
-         gate_layout="contiguous", strided_inverse=False, gate_grad=True, seed=0)
-@example(n=1, k=1, d=1, dtype=torch.bfloat16, gate_dtype="fp32", y_dtype="fp32", out_layout="row-gap",
-         gate_layout="transposed", strided_inverse=True, gate_grad=False, seed=1)
-def test_fuzz_moe_combine(n, k, d, dtype, gate_dtype, y_dtype, out_layout, gate_layout, strided_inverse,
-                          gate_grad, seed):
+@given(
+    n=st.sampled_from([17, 3, 1, 64, 2, 300, 0]),
+    k=st.sampled_from([2, 1, 3, 4, 8, 5, 0, 6, 7]),
+    d=hidden,
+    dtype=dtypes,
+    gate_dtype=st.sampled_from(["fp32", "same"]),
+    y_dtype=st.sampled_from([None, "fp32", "same"]),
+    out_layout=st.sampled_from(["contiguous", "row-gap", "strided"]),
+    gate_layout=st.sampled_from(["contiguous", "transposed"]),
+    strided_inverse=st.booleans(),
+    gate_grad=st.booleans(),
+    seed=seeds,
+)
+@example(
+    n=0,
+    k=2,
+    d=9000,
+    dtype=torch.float32,
+    gate_dtype="same",
+    y_dtype=None,
+    out_layout="contiguous",
+    gate_layout="contiguous",
+    strided_inverse=False,
+    gate_grad=True,
+    seed=0,
+)
+@example(
+    n=1,
+    k=1,
+    d=1,
+    dtype=torch.bfloat16,
+    gate_dtype="fp32",
+    y_dtype="fp32",
+    out_layout="row-gap",
+    gate_layout="transposed",
+    strided_inverse=True,
+    gate_grad=False,
+    seed=1,
+)
+def test_fuzz_moe_combine(
+    n, k, d, dtype, gate_dtype, y_dtype, out_layout, gate_layout, strided_inverse, gate_grad, seed
+):
     d = min(d, max(1, ELEMENTS // max(k, 1)))
-    n, = _fit([n], max(k, 1) * d, max_rows=PROGRAMS * 4)
+    (n,) = _fit([n], max(k, 1) * d, max_rows=PROGRAMS * 4)
     g = _gen(seed)
     gdt = torch.float32 if gate_dtype == "fp32" else dtype
     ydt = {None: None, "fp32": torch.float32, "same": dtype}[y_dtype]
@@ -343,6 +439,7 @@ def test_fuzz_moe_combine(n, k, d, dtype, gate_dtype, y_dtype, out_layout, gate_
 # grouped_mm (the Triton backend)
 # ---------------------------------------------------------------------------------------------------
 
+
 def _gmm_cost(m: int, k: int, n: int, groups: int) -> int:
     """Tile iterations of the forward, the dgrad and the wgrad kernels (the CPU interpreter's cost)."""
     tiles_m = -(-m // 32) + groups
@@ -351,9 +448,16 @@ def _gmm_cost(m: int, k: int, n: int, groups: int) -> int:
 
 
 @FUZZ
-@given(m=st.sampled_from([0, 1, 2, 5, 31, 33, 64, 150]), k=hidden, n=hidden, groups=st.integers(1, 6),
-       dtype=dtypes, a_layout=st.sampled_from(["contiguous", "transposed", "row-gap"]),
-       b_transposed=st.booleans(), seed=seeds)
+@given(
+    m=st.sampled_from([33, 5, 64, 1, 150, 2, 31, 0]),
+    k=hidden,
+    n=hidden,
+    groups=st.integers(1, 6),
+    dtype=dtypes,
+    a_layout=st.sampled_from(["contiguous", "transposed", "row-gap"]),
+    b_transposed=st.booleans(),
+    seed=seeds,
+)
 @example(m=0, k=16, n=16, groups=3, dtype=torch.float32, a_layout="contiguous", b_transposed=False, seed=0)
 @example(m=5, k=9000, n=1, groups=1, dtype=torch.bfloat16, a_layout="transposed", b_transposed=True, seed=1)
 @example(m=2, k=1, n=9000, groups=2, dtype=torch.float16, a_layout="row-gap", b_transposed=False, seed=2)
@@ -368,7 +472,7 @@ def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
             n //= 2
     g = _gen(seed)
     a = _view(_randn([m, k], dtype, g), a_layout)
-    bk = _randn([groups, n, k] if b_transposed else [groups, k, n], dtype, g, scale=k ** -0.5)
+    bk = _randn([groups, n, k] if b_transposed else [groups, k, n], dtype, g, scale=k**-0.5)
     b = (bk.transpose(1, 2) if b_transposed else bk).detach().requires_grad_()
     cuts = sorted(torch.randint(0, m + 1, (groups - 1,), generator=g).tolist()) + [m]  # empty groups too
     offs = torch.tensor(cuts, dtype=torch.int32, device=DEVICE)
@@ -394,6 +498,7 @@ def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
 # The GLA scan (impl="triton")
 # ---------------------------------------------------------------------------------------------------
 
+
 def _gla_recurrence(q, k, v, g):
     """S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, one step at a time (float64)."""
     B, H, T, K = q.shape
@@ -409,15 +514,22 @@ def _gla_recurrence(q, k, v, g):
 
 # GLA's chunked form rounds every tl.dot operand (A, the decayed q and k, the carried state) to the
 # input dtype: a few roundings per element, so its 16-bit element-wise bounds are twice the default.
-_GLA_EW = {torch.float32: {}, torch.float16: dict(rtol=4e-3, atol=4e-3),
-           torch.bfloat16: dict(rtol=3.2e-2, atol=3.2e-2)}
+_GLA_EW = {torch.float32: {}, torch.float16: dict(rtol=4e-3, atol=4e-3), torch.bfloat16: dict(rtol=3.2e-2, atol=3.2e-2)}
 
 
 @FUZZ
-@given(b=st.sampled_from([0, 1, 2]), h=st.sampled_from([1, 2, 3]), t=st.sampled_from([0, 1, 2, 15, 16, 17, 40, 64]),
-       k=st.one_of(st.integers(1, 32), st.integers(1, MAX_K)), v=st.one_of(st.integers(1, 40), st.integers(1, 300)),
-       dtype=dtypes, g_fp32=st.booleans(), temperature=st.sampled_from([1.0, 4.0, 16.0]),
-       layout=st.sampled_from(["contiguous", "heads-first", "strided"]), seed=seeds)
+@given(
+    b=st.sampled_from([1, 2, 0]),
+    h=st.sampled_from([2, 1, 3]),
+    t=st.sampled_from([17, 40, 1, 16, 64, 15, 2, 0]),
+    k=st.one_of(st.integers(1, 32), st.integers(1, MAX_K)),
+    v=st.one_of(st.integers(1, 40), st.integers(1, 300)),
+    dtype=dtypes,
+    g_fp32=st.booleans(),
+    temperature=st.sampled_from([1.0, 4.0, 16.0]),
+    layout=st.sampled_from(["contiguous", "heads-first", "strided"]),
+    seed=seeds,
+)
 @example(b=0, h=2, t=16, k=16, v=16, dtype=torch.float32, g_fp32=False, temperature=4.0, layout="contiguous", seed=0)
 @example(b=1, h=1, t=0, k=8, v=8, dtype=torch.bfloat16, g_fp32=True, temperature=4.0, layout="contiguous", seed=1)
 @example(b=1, h=1, t=1, k=MAX_K, v=1, dtype=torch.float16, g_fp32=False, temperature=1.0, layout="strided", seed=2)
@@ -439,7 +551,7 @@ def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, layout, seed):
         x = _randn([b, h, t, last], torch.float64, gen, scale)
         return _view((x if transform is None else transform(x)).to(dt), layout)
 
-    q = make(k, dtype, k ** -0.5)
+    q = make(k, dtype, k**-0.5)
     kk = make(k, dtype)
     vv = make(v, dtype)
     gg = make(k, gdt, transform=lambda z: F.logsigmoid(2 * z) / temperature)  # log-decays <= 0
@@ -460,5 +572,6 @@ def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, layout, seed):
     assert_close("gla dv", dv, dv64, low, **ew)
     # dg = sum_{s >= t} (q_s dq_s - k_s dk_s): a cancellation (exactly 0 at T = 1); its terms set the scale
     terms = max((q64 * dq64).abs().amax().item(), (k64 * dk64).abs().amax().item()) if dg.numel() else 0.0
-    assert_close("gla dg", dg, dg64, low, scale=max(terms, dg64.abs().amax().item() if dg.numel() else 0.0),
-                 norm=t > 1, **ew)
+    assert_close(
+        "gla dg", dg, dg64, low, scale=max(terms, dg64.abs().amax().item() if dg.numel() else 0.0), norm=t > 1, **ew
+    )

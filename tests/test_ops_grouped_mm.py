@@ -1,5 +1,6 @@
 """The Triton grouped GEMM against float64 per-group matmuls (element-wise and norm-wise), its index
 guards, and the dispatch rules every op of mahia.ops shares (float64, meta, inputs the kernels cannot take)."""
+
 import json
 import os
 import subprocess
@@ -10,15 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import compare
 
 from mahia import ops
 from mahia.ops import dispatch
 from mahia.ops.grouped_mm import grouped_mm, grouped_mm_backend
-from helpers import compare
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-needs_kernels = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
-                                   reason=str(ops.status()["moe_grouped_mm"]))
+needs_kernels = pytest.mark.skipif(
+    not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["moe_grouped_mm"])
+)
 _REPO = Path(__file__).resolve().parents[1]
 
 
@@ -39,8 +41,12 @@ def test_triton_backend_matches_per_group_matmuls(dtype):
     a = torch.randn(45, 24, generator=g).to(DEVICE, dtype)
     b = (torch.randn(4, 24, 40, generator=g) / 5).to(DEVICE, dtype)
     offs = torch.tensor([7, 7, 30, 45], dtype=torch.int32, device=DEVICE)  # an empty group
-    errors = compare(lambda a, b: grouped_mm(a, b, offs, backend="triton"), lambda a, b: per_group(a, b, offs),
-                     [a, b], name=f"grouped_mm triton {dtype}")
+    errors = compare(
+        lambda a, b: grouped_mm(a, b, offs, backend="triton"),
+        lambda a, b: per_group(a, b, offs),
+        [a, b],
+        name=f"grouped_mm triton {dtype}",
+    )
     assert set(errors) == {"out0", "grad0", "grad1"}
 
 
@@ -69,8 +75,9 @@ def test_bad_group_ends_never_read_or_write_out_of_bounds():
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
     env.pop("MAHIA_DISABLE_TRITON", None)
-    proc = subprocess.run([sys.executable, "-c", _BAD_OFFS_SCRIPT, *bad], env=env, cwd=_REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BAD_OFFS_SCRIPT, *bad], env=env, cwd=_REPO, capture_output=True, text=True, timeout=600
+    )
     done = [json.loads(line)["offs"] for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, f"crashed (rc {proc.returncode}) after {done}: {proc.stderr[-2000:]}"
     assert done == bad
@@ -96,6 +103,7 @@ def test_meta_and_float64_take_the_padded_bmm():
 # ---------------------------------------------------------------------------------------------------
 # The dispatch rules (mahia.ops.dispatch.use_triton), shared by every op
 # ---------------------------------------------------------------------------------------------------
+
 
 @needs_kernels
 def test_use_triton_sends_float64_meta_and_non_tensors_to_eager_silently():

@@ -1,5 +1,6 @@
 """Triton MoE combine (un-permute + gated k-sum) against the float64 eager reference: output, both
 gradients, odd shapes, custom ops, torch.compile, errors, fallback."""
+
 import importlib
 import json
 import os
@@ -11,15 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_close, graph_ops
+from helpers import compare as compare_all
 
 from mahia import ops
-from mahia.measure.checks import compare_fn, rel_error, tolerance
+from mahia.measure.checks import tolerance
 from mahia.ops.moe_combine import moe_combine_eager
-from helpers import assert_close, compare as compare_all, graph_ops
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
-                                reason=str(ops.status()["moe_combine"]))
+pytestmark = pytest.mark.skipif(
+    not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["moe_combine"])
+)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -34,9 +37,14 @@ def make_inputs(N, k, D, dtype, gate_dtype=torch.float32, seed=0):
 
 def compare(N, k, D, dtype, y_dtype=None, gate_dtype=torch.float32):
     out, inverse, gates = make_inputs(N, k, D, dtype, gate_dtype)
-    return compare_all(lambda o, g: ops.moe_combine(o, inverse, g, y_dtype),
-                       lambda o, g: moe_combine_eager(o, inverse, g, torch.float64),
-                       [out, gates], tol=tolerance(dtype), dtype=dtype, name=f"moe_combine N={N} k={k} D={D}")
+    return compare_all(
+        lambda o, g: ops.moe_combine(o, inverse, g, y_dtype),
+        lambda o, g: moe_combine_eager(o, inverse, g, torch.float64),
+        [out, gates],
+        tol=tolerance(dtype),
+        dtype=dtype,
+        name=f"moe_combine N={N} k={k} D={D}",
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -87,8 +95,9 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.mahia.moe_combine_fwd.default, (out, inverse, gates, torch.float32))
     dy = torch.randn(6, 70, device=DEVICE)
     for gate_grad in (True, False):
-        torch.library.opcheck(torch.ops.mahia.moe_combine_bwd.default,
-                              (dy, out.detach(), inverse, gates.detach(), gate_grad))
+        torch.library.opcheck(
+            torch.ops.mahia.moe_combine_bwd.default, (dy, out.detach(), inverse, gates.detach(), gate_grad)
+        )
 
 
 def test_torch_compile_fullgraph():
@@ -194,11 +203,18 @@ def test_index_out_of_range_never_reads_or_writes_out_of_bounds():
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
     env.pop("MAHIA_DISABLE_TRITON", None)
-    proc = subprocess.run([sys.executable, "-c", _BAD_INDEX_SCRIPT, *map(str, bad)], env=env, cwd=_REPO,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BAD_INDEX_SCRIPT, *map(str, bad)],
+        env=env,
+        cwd=_REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert proc.returncode == 0, (f"crashed (rc {proc.returncode}) after {[r['bad'] for r in results]}: "
-                                  f"{proc.stderr[-2000:]}")
+    assert proc.returncode == 0, (
+        f"crashed (rc {proc.returncode}) after {[r['bad'] for r in results]}: {proc.stderr[-2000:]}"
+    )
     assert [r["bad"] for r in results] == bad
     for res in results:
         assert res["y"] <= 1e-5 and res["d_out"] <= 1e-5 and res["d_gate_bad"] == 0.0, res
@@ -212,10 +228,14 @@ def test_check_true_rejects_what_is_not_a_permutation(monkeypatch, disabled):
     out, inverse, gates = make_inputs(4, 2, 8, torch.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback's warning
-        torch.testing.assert_close(ops.moe_combine(out, inverse, gates, check=True),
-                                   ops.moe_combine(out, inverse, gates), rtol=0, atol=0)
-    for bad, match in [(-1, r"inverse\[5\] = -1 is out of range"), (8, r"inverse\[5\] = 8 is out of range"),
-                       (10**12, "is out of range")]:
+        torch.testing.assert_close(
+            ops.moe_combine(out, inverse, gates, check=True), ops.moe_combine(out, inverse, gates), rtol=0, atol=0
+        )
+    for bad, match in [
+        (-1, r"inverse\[5\] = -1 is out of range"),
+        (8, r"inverse\[5\] = 8 is out of range"),
+        (10**12, "is out of range"),
+    ]:
         inv = inverse.clone()
         inv[5] = bad
         with pytest.raises(ValueError, match=r"^moe_combine: inverse must be a permutation of 0..7.*" + match):

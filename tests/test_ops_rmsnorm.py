@@ -1,18 +1,20 @@
 """Triton RMSNorm / add+RMSNorm against the float64 eager reference: outputs, gradients, ops, errors."""
+
 import warnings
 
 import pytest
 import torch
-
-from mahia import ops
-from mahia.measure.checks import compare_fn, tolerance
-from mahia.layers.norm import RMSNorm
-from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
 from helpers import assert_close, compare, graph_ops
 
+from mahia import ops
+from mahia.layers.norm import RMSNorm
+from mahia.measure.checks import tolerance
+from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
-                                reason=str(ops.status()["rms_norm"]))
+pytestmark = pytest.mark.skipif(
+    not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["rms_norm"])
+)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # odd hidden sizes, leading dims, a single column, a size just past a power of two
 SHAPES = [(3, 37, 1000), (5, 130), (4, 1), (2, 4097)]
@@ -26,8 +28,7 @@ def test_rms_norm_matches_reference(shape, dtype):
     w = torch.randn(shape[-1], device=DEVICE, dtype=dtype)
     # With N = 1, dx = rstd * w * dy * eps / (x^2 + eps) is a cancellation of two terms ~1 down to ~eps:
     # no float32 computation gets it to 1e-5, eager PyTorch included, so only the forward is compared.
-    compare(ops.rms_norm, rms_norm_eager, [x, w, 1e-6], tol=tolerance(dtype), name="rms_norm",
-            grads=shape[-1] > 1)
+    compare(ops.rms_norm, rms_norm_eager, [x, w, 1e-6], tol=tolerance(dtype), name="rms_norm", grads=shape[-1] > 1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -75,8 +76,9 @@ def test_backward_grid_variants(block_m, programs_per_sm):
 
     x32, w32 = x.float(), w.float()
     _, _, rstd = rms_norm_fwd_launch(x32, w32, None, 1e-6)
-    dx, dw = rms_norm_bwd_launch(dy.float(), x32, w32, rstd, dh.float(), block_m=block_m,
-                                 programs_per_sm=programs_per_sm)
+    dx, dw = rms_norm_bwd_launch(
+        dy.float(), x32, w32, rstd, dh.float(), block_m=block_m, programs_per_sm=programs_per_sm
+    )
     assert_close("dx", dx, x64.grad + dh, torch.float32)
     assert_close("dw", dw, w64.grad, torch.float32)
 
@@ -103,8 +105,7 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
     x = torch.randn(4, 50, device=DEVICE)
-    compare(compiled, _eager_block, [x, torch.randn_like(x), torch.randn(50, device=DEVICE)],
-            name="compiled block")
+    compare(compiled, _eager_block, [x, torch.randn_like(x), torch.randn(50, device=DEVICE)], name="compiled block")
     # the compiled graph calls the custom ops (not the eager-mode autograd.Function)
     names = graph_ops(block, x, x, torch.randn(50, device=DEVICE))
     assert "mahia.add_rms_norm_fwd.default" in names and "mahia.rms_norm_fwd.default" in names, names
@@ -210,8 +211,11 @@ def test_hidden_size_past_the_kernel_limit_takes_the_eager_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         xm = torch.randn(1, MAX_HIDDEN, device=DEVICE)
-        assert_close("rms_norm at MAX_HIDDEN", ops.rms_norm(xm, torch.ones(MAX_HIDDEN, device=DEVICE)),
-                     rms_norm_eager(xm.double(), torch.ones(MAX_HIDDEN, dtype=torch.float64, device=DEVICE)))
+        assert_close(
+            "rms_norm at MAX_HIDDEN",
+            ops.rms_norm(xm, torch.ones(MAX_HIDDEN, device=DEVICE)),
+            rms_norm_eager(xm.double(), torch.ones(MAX_HIDDEN, dtype=torch.float64, device=DEVICE)),
+        )
     ops.reset_fallback_warnings()
 
 

@@ -1,19 +1,21 @@
 """Triton RoPE (q and k in one launch) against the float64 eager reference: outputs, gradients, ops, errors."""
+
 import importlib
 import warnings
 
 import pytest
 import torch
-
-from mahia import ops
-from mahia.measure.checks import compare_fn, rel_error, tolerance
-from mahia.layers.rope import RotaryCache, apply_rope
-from mahia.ops.rope import apply_rope_eager
 from helpers import assert_close, compare, graph_ops
 
+from mahia import ops
+from mahia.layers.rope import RotaryCache, apply_rope
+from mahia.measure.checks import tolerance
+from mahia.ops.rope import apply_rope_eager
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
-                                reason=str(ops.status()["rope"]))
+pytestmark = pytest.mark.skipif(
+    not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["rope"])
+)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -30,15 +32,16 @@ def _inputs(B, T, Hq, Hkv, D, dtype, offset=0, seed=0):
 def test_rope_matches_reference(dims, dtype):
     q, k, cos, sin = _inputs(*dims, dtype, offset=11)
     # cos/sin are constants (no gradient); q and k get theirs through the one backward launch
-    compare(ops.rope, apply_rope_eager, [q, k, cos, sin], tol=tolerance(dtype), name="rope",
-            grad_inputs=[0, 1], dtype=dtype)
+    compare(
+        ops.rope, apply_rope_eager, [q, k, cos, sin], tol=tolerance(dtype), name="rope", grad_inputs=[0, 1], dtype=dtype
+    )
 
 
 def test_strided_q_k_from_fused_qkv():
     """q and k as views into one (B, T, Hq + 2 Hkv, D) projection: no copy, same result."""
     B, T, Hq, Hkv, D = 2, 6, 4, 2, 32
     qkv = torch.randn(B, T, Hq + 2 * Hkv, D, device=DEVICE)
-    q, k = qkv[:, :, :Hq], qkv[:, :, Hq:Hq + Hkv]
+    q, k = qkv[:, :, :Hq], qkv[:, :, Hq : Hq + Hkv]
     assert not q.is_contiguous()
     cos, sin = RotaryCache(D, T, device=DEVICE).get(T)
     qr, kr = ops.rope(q, k, cos, sin)
@@ -68,8 +71,7 @@ def test_torch_compile_fullgraph():
         return qr * 2, kr + 1
 
     compiled = torch.compile(attn_prologue, fullgraph=True, backend="aot_eager")
-    compare(compiled, eager, list(_inputs(2, 5, 4, 2, 24, torch.float32)), grad_inputs=[0, 1],
-            name="compiled rope")
+    compare(compiled, eager, list(_inputs(2, 5, 4, 2, 24, torch.float32)), grad_inputs=[0, 1], name="compiled rope")
     assert "mahia.rope_fwd.default" in graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
 
 

@@ -1,19 +1,21 @@
 """Triton SwiGLU against the float64 eager reference: outputs, gradients, strided views, ops, errors."""
+
 import importlib
 import warnings
 
 import pytest
 import torch
-
-from mahia import ops
-from mahia.measure.checks import compare_fn, rel_error, tolerance
-from mahia.layers.mlp import SwiGLU
-from mahia.ops.swiglu import swiglu_eager
 from helpers import assert_close, compare, graph_ops
 
+from mahia import ops
+from mahia.layers.mlp import SwiGLU
+from mahia.measure.checks import tolerance
+from mahia.ops.swiglu import swiglu_eager
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEVICE)),
-                                reason=str(ops.status()["swiglu"]))
+pytestmark = pytest.mark.skipif(
+    not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["swiglu"])
+)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

@@ -27,6 +27,7 @@ its float mask row all -inf, alone or together with the causal triangle) gives a
 zero gradients, as PyTorch's SDPA kernels do (a plain softmax over nothing would be 0/0 = NaN); an
 empty query block (T = 0) gives an empty (B, Hq, 0, Dv) output.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -36,9 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from mahia.measure.checks import check_float_dtype, check_float_tensor, check_int, check_same_device
 from mahia.layers.rope import IMPLS as ROPE_IMPLS
 from mahia.layers.rope import apply_rope
+from mahia.measure.checks import check_float_dtype, check_float_tensor, check_int, check_same_device
 
 __all__ = [
     "IMPLS",
@@ -76,6 +77,7 @@ DEFAULT_CHUNK_SIZE = 1024
 # Input checks and masks
 # ---------------------------------------------------------------------------------------------------
 
+
 def _check_qkv(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Raise TypeError/ValueError naming the argument unless q (B,Hq,T,D), k (B,Hkv,S,D), v (B,Hkv,S,Dv)
     fit together."""
@@ -88,23 +90,29 @@ def _check_qkv(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
     check_same_device(fn, q=q, k=k, v=v)
     B, Hq, _, D = q.shape
     if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"{fn}: k and v must have the batch size of q ({B}), "
-                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise ValueError(
+            f"{fn}: k and v must have the batch size of q ({B}), got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     if k.shape[-1] != D:
         raise ValueError(f"{fn}: k must have the head dim of q ({D}), got k {tuple(k.shape)}")
     if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"{fn}: v must be (B, Hkv, S, Dv) with (B, Hkv, S) of k {tuple(k.shape[:3])}, "
-                         f"got v {tuple(v.shape)}")
+        raise ValueError(
+            f"{fn}: v must be (B, Hkv, S, Dv) with (B, Hkv, S) of k {tuple(k.shape[:3])}, got v {tuple(v.shape)}"
+        )
     Hkv = k.shape[1]
     if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"{fn}: the number of query heads Hq={Hq} must be a multiple of the number of "
-                         f"kv heads Hkv={Hkv} (dim 1 of k and v)")
+        raise ValueError(
+            f"{fn}: the number of query heads Hq={Hq} must be a multiple of the number of "
+            f"kv heads Hkv={Hkv} (dim 1 of k and v)"
+        )
 
 
 def _check_causal_lengths(fn: str, T: int, S: int, causal: bool) -> None:
     if causal and S < T:
-        raise ValueError(f"{fn}: causal attention aligns the T={T} queries to the end of the S={S} keys and "
-                         "needs S >= T (otherwise the first queries see no key)")
+        raise ValueError(
+            f"{fn}: causal attention aligns the T={T} queries to the end of the S={S} keys and "
+            "needs S >= T (otherwise the first queries see no key)"
+        )
 
 
 def _check_mask(fn: str, attn_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
@@ -113,16 +121,19 @@ def _check_mask(fn: str, attn_mask: torch.Tensor | None, q: torch.Tensor, k: tor
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"{fn}: attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
     if not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
-        raise TypeError(f"{fn}: attn_mask must be bool (True = attend) or floating (added to the scores), "
-                        f"got {attn_mask.dtype}")
+        raise TypeError(
+            f"{fn}: attn_mask must be bool (True = attend) or floating (added to the scores), got {attn_mask.dtype}"
+        )
     full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
     try:
         ok = attn_mask.dim() >= 2 and torch.broadcast_shapes(attn_mask.shape, full) == full
     except RuntimeError:
         ok = False
     if not ok:
-        raise ValueError(f"{fn}: attn_mask must have >= 2 dims and broadcast to (B, Hq, T, S) = {full}, "
-                         f"got shape {tuple(attn_mask.shape)}")
+        raise ValueError(
+            f"{fn}: attn_mask must have >= 2 dims and broadcast to (B, Hq, T, S) = {full}, "
+            f"got shape {tuple(attn_mask.shape)}"
+        )
     check_same_device(fn, q=q, attn_mask=attn_mask)
 
 
@@ -131,8 +142,15 @@ def _check_backend(fn: str, backend: str | None) -> None:
         raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
 
 
-def _checked_sdpa_mask(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       attn_mask: torch.Tensor | None, causal: bool, backend: str | None = None):
+def _checked_sdpa_mask(
+    fn: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    causal: bool,
+    backend: str | None = None,
+):
     """Validate the inputs of an SDPA call; return SDPA's (attn_mask, is_causal) for them."""
     _check_qkv(fn, q, k, v)
     _check_mask(fn, attn_mask, q, k)
@@ -154,8 +172,9 @@ def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> tor
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=S - T)
 
 
-def _combined_mask(q: torch.Tensor, k: torch.Tensor, causal: bool,
-                   attn_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, bool]:
+def _combined_mask(
+    q: torch.Tensor, k: torch.Tensor, causal: bool, attn_mask: torch.Tensor | None
+) -> tuple[torch.Tensor | None, bool]:
     """The (mask, is_causal) pair to hand to SDPA so that it computes bottom-right causal attention.
 
     SDPA's own ``is_causal`` is used only for S == T without a user mask (where top-left and
@@ -181,8 +200,16 @@ def _combined_mask(q: torch.Tensor, k: torch.Tensor, causal: bool,
 # The paths
 # ---------------------------------------------------------------------------------------------------
 
-def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-                     attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+
+def manual_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """softmax(q @ k^T * scale + mask) @ v, the textbook way: the full score matrix is materialized.
 
     q (B, Hq, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> (B, Hq, T, Dv), in the dtype of q.
@@ -199,7 +226,7 @@ def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     _check_mask(fn, attn_mask, q, k)
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
     _check_causal_lengths(fn, T, S, causal)
-    scale = D ** -0.5 if scale is None else scale
+    scale = D**-0.5 if scale is None else scale
     n_rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, Hq, S, D)
 
@@ -228,9 +255,16 @@ def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causa
     return out if dead is None else out.masked_fill(dead, 0.0)
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-                   attn_mask: torch.Tensor | None = None, backend: str | None = None,
-                   scale: float | None = None) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    attn_mask: torch.Tensor | None = None,
+    backend: str | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """The same function as :func:`manual_attention`, through ``F.scaled_dot_product_attention``.
 
     ``backend`` picks the kernel: "flash" (FlashAttention-2 on CUDA sm80+ in fp16/bf16, no arbitrary
@@ -247,16 +281,16 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal:
         return manual_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
     gqa = q.shape[1] != k.shape[1]
     if backend is None:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                             enable_gqa=gqa)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa)
         return _zero_dead_rows(out, mask)
     name, native_gqa = _plan(q, k, v, backend, mask, is_causal)
     if gqa and not native_gqa:
         n_rep = q.shape[1] // k.shape[1]
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     with sdpa_kernel(_SDP_BACKEND[name]):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                             enable_gqa=gqa and native_gqa)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa and native_gqa
+        )
     return _zero_dead_rows(out, mask)
 
 
@@ -279,9 +313,17 @@ def _slice_mask(attn_mask: torch.Tensor, t0: int, t1: int, s1: int) -> torch.Ten
     return attn_mask
 
 
-def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = True,
-                      chunk_size: int = DEFAULT_CHUNK_SIZE, backend: str | None = None,
-                      attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+def chunked_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = True,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    backend: str | None = None,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """The same function as :func:`manual_attention`, ``chunk_size`` queries at a time.
 
     Rows of softmax(q k^T) are independent, so splitting the queries changes nothing but the peak
@@ -312,9 +354,18 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, caus
     return torch.cat(outs, dim=2)  # (B, Hq, T, Dv)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = "sdpa", causal: bool = True,
-              backend: str | None = None, chunk_size: int | None = None,
-              attn_mask: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    impl: str = "sdpa",
+    causal: bool = True,
+    backend: str | None = None,
+    chunk_size: int | None = None,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
     """Dispatch to :func:`sdpa_attention`, :func:`manual_attention` or :func:`chunked_attention`.
 
     ``backend`` applies to "sdpa" and "chunked" (the per-chunk kernel), ``chunk_size`` to "chunked"
@@ -325,8 +376,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, impl: str = 
         return manual_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
     if impl == "sdpa":
         return sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=backend, scale=scale)
-    return chunked_attention(q, k, v, causal=causal, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
-                             backend=backend, attn_mask=attn_mask, scale=scale)
+    return chunked_attention(
+        q,
+        k,
+        v,
+        causal=causal,
+        chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
+        backend=backend,
+        attn_mask=attn_mask,
+        scale=scale,
+    )
 
 
 def _check_impl_args(fn: str, impl: str, backend: str | None, chunk_size: int | None) -> None:
@@ -357,19 +416,33 @@ def clear_backend_cache() -> None:
     _warned.clear()
 
 
-def _props(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           is_causal: bool) -> tuple:
+def _props(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> tuple:
     """What the backends' constraints depend on in practice; the cache key (less the backend name)."""
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return (q.device, q.dtype, q.shape[-1], v.shape[-1], mask is not None, is_causal,
-            q.shape[1] != k.shape[1], k.shape[2] == 1, needs_grad)
+    return (
+        q.device,
+        q.dtype,
+        q.shape[-1],
+        v.shape[-1],
+        mask is not None,
+        is_causal,
+        q.shape[1] != k.shape[1],
+        k.shape[2] == 1,
+        needs_grad,
+    )
 
 
 def _can_use_cuda(name: str, q, k, v, mask, is_causal: bool, gqa: bool) -> bool | None:
     """PyTorch's own capability check for a CUDA backend on these inputs; None if this torch lacks it."""
-    check = getattr(torch.backends.cuda, {"flash": "can_use_flash_attention",
-                                          "efficient": "can_use_efficient_attention",
-                                          "cudnn": "can_use_cudnn_attention"}[name], None)
+    check = getattr(
+        torch.backends.cuda,
+        {
+            "flash": "can_use_flash_attention",
+            "efficient": "can_use_efficient_attention",
+            "cudnn": "can_use_cudnn_attention",
+        }[name],
+        None,
+    )
     params_cls = getattr(torch.backends.cuda, "SDPAParams", None)
     if check is None or params_cls is None:
         return None
@@ -467,12 +540,20 @@ def _plan(q, k, v, requested: str | None, mask, is_causal: bool) -> tuple[str, b
                 f"attention: SDPA backend {requested!r} cannot run on these inputs (device {q.device}, "
                 f"dtype {q.dtype}, head_dim {q.shape[-1]}, mask {'yes' if mask is not None else 'no'}, "
                 f"GQA {'yes' if q.shape[1] != k.shape[1] else 'no'}); using {name!r} instead.",
-                RuntimeWarning, stacklevel=3)
+                RuntimeWarning,
+                stacklevel=3,
+            )
     return name, native_gqa
 
 
-def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requested: str | None,
-                    causal: bool = True, attn_mask: torch.Tensor | None = None) -> str:
+def resolve_backend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    requested: str | None,
+    causal: bool = True,
+    attn_mask: torch.Tensor | None = None,
+) -> str:
     """The backend :func:`sdpa_attention` runs for these inputs: ``requested`` if it can, else the first
     runnable one of ``BACKENDS`` (warning once per kind of input).
 
@@ -485,8 +566,9 @@ def resolve_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, requested
     return _plan(q, k, v, requested, mask, is_causal)[0]
 
 
-def available_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
-                       attn_mask: torch.Tensor | None = None) -> list[str]:
+def available_backends(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, attn_mask: torch.Tensor | None = None
+) -> list[str]:
     """The SDPA backends (in ``BACKENDS`` order) that can run attention on these inputs."""
     mask, is_causal = _checked_sdpa_mask("available_backends", q, k, v, attn_mask, causal)
     return [name for name in BACKENDS if _runs(name, q, k, v, mask, is_causal)[0]]
@@ -495,6 +577,7 @@ def available_backends(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
 # ---------------------------------------------------------------------------------------------------
 # Roofline helpers
 # ---------------------------------------------------------------------------------------------------
+
 
 def attention_flops(B: int, Hq: int, T: int, S: int, D: int, causal: bool) -> int:
     """Forward FLOPs: two matmuls (q k^T and p v) of 2*T*S*D each per head, 4*B*Hq*T*S*D in all.
@@ -510,8 +593,7 @@ def attention_flops(B: int, Hq: int, T: int, S: int, D: int, causal: bool) -> in
     return 4 * B * Hq * T * S * D
 
 
-def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *,
-                    dtype: torch.dtype = torch.bfloat16) -> int:
+def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *, dtype: torch.dtype = torch.bfloat16) -> int:
     """Minimum HBM traffic of a fused kernel: q and k, v read once, the output written once.
 
     (B*Hq*T*D [q] + 2*B*Hkv*S*D [k, v] + B*Hq*T*D [out]) * bytes per element. The manual path moves
@@ -529,13 +611,17 @@ def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *,
 # Decoding helpers: rope rows and mask from a position tensor, and the static KV cache
 # ---------------------------------------------------------------------------------------------------
 
+
 def _check_start_pos(fn: str, start_pos: object, device: torch.device) -> torch.Tensor:
     if not isinstance(start_pos, torch.Tensor):
-        raise TypeError(f"{fn}: start_pos must be a 0-dim int64 tensor on {device} (a Python int would be "
-                        f"baked into a captured CUDA graph), got {type(start_pos).__name__}")
+        raise TypeError(
+            f"{fn}: start_pos must be a 0-dim int64 tensor on {device} (a Python int would be "
+            f"baked into a captured CUDA graph), got {type(start_pos).__name__}"
+        )
     if start_pos.dim() != 0 or start_pos.dtype != torch.int64:
-        raise TypeError(f"{fn}: start_pos must be a 0-dim int64 tensor, got shape {tuple(start_pos.shape)} "
-                        f"dtype {start_pos.dtype}")
+        raise TypeError(
+            f"{fn}: start_pos must be a 0-dim int64 tensor, got shape {tuple(start_pos.shape)} dtype {start_pos.dtype}"
+        )
     if start_pos.device != device:
         raise ValueError(f"{fn}: start_pos must be on {device}, got {start_pos.device}")
     return start_pos
@@ -548,10 +634,12 @@ def rope_rows(cache: nn.Module, positions: torch.Tensor) -> tuple[torch.Tensor, 
     rows a decode step needs from a position *tensor*. Out-of-range positions are not checked (that
     would sync); on CUDA they trip a device-side assert.
     """
-    if not (isinstance(getattr(cache, "cos", None), torch.Tensor) and isinstance(getattr(cache, "sin", None),
-                                                                                  torch.Tensor)):
-        raise TypeError(f"rope_rows: cache must be a RotaryCache (with .cos and .sin tables), "
-                        f"got {type(cache).__name__}")
+    if not (
+        isinstance(getattr(cache, "cos", None), torch.Tensor) and isinstance(getattr(cache, "sin", None), torch.Tensor)
+    ):
+        raise TypeError(
+            f"rope_rows: cache must be a RotaryCache (with .cos and .sin tables), got {type(cache).__name__}"
+        )
     if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.dim() != 1:
         raise TypeError("rope_rows: positions must be a 1-d int64 tensor")
     return cache.cos[positions], cache.sin[positions]  # (T, D/2) each
@@ -578,11 +666,18 @@ class StaticKVCache(nn.Module):
     ``torch.no_grad()`` / ``torch.inference_mode()``.
     """
 
-    def __init__(self, batch: int, max_len: int, n_kv_heads: int, head_dim: int, *,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        batch: int,
+        max_len: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__()
-        for name, val in (("batch", batch), ("max_len", max_len), ("n_kv_heads", n_kv_heads),
-                          ("head_dim", head_dim)):
+        for name, val in (("batch", batch), ("max_len", max_len), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
             check_int("StaticKVCache", name, val)
         check_float_dtype("StaticKVCache", dtype)
         self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
@@ -590,24 +685,28 @@ class StaticKVCache(nn.Module):
         self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
 
-    def update(self, start_pos: torch.Tensor, k_new: torch.Tensor,
-               v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, start_pos: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k_new, v_new (batch, n_kv_heads, T, head_dim) at positions start_pos .. start_pos+T-1."""
         fn = "StaticKVCache.update"
         expected = (self.batch, self.n_kv_heads, None, self.head_dim)
         for name, t in (("k_new", k_new), ("v_new", v_new)):
             check_float_tensor(fn, name, t, min_dim=4)
             if t.dim() != 4 or any(e is not None and s != e for s, e in zip(t.shape, expected)):
-                raise ValueError(f"{fn}: {name} must be (batch, n_kv_heads, T, head_dim) = ({self.batch}, "
-                                 f"{self.n_kv_heads}, T, {self.head_dim}), got {tuple(t.shape)}")
+                raise ValueError(
+                    f"{fn}: {name} must be (batch, n_kv_heads, T, head_dim) = ({self.batch}, "
+                    f"{self.n_kv_heads}, T, {self.head_dim}), got {tuple(t.shape)}"
+                )
             if t.dtype != self.k.dtype:
                 raise TypeError(f"{fn}: {name} must have the cache dtype {self.k.dtype}, got {t.dtype}")
             if t.device != self.k.device:
                 raise ValueError(f"{fn}: {name} must be on the cache device {self.k.device}, got {t.device}")
         T = k_new.shape[2]
         if v_new.shape[2] != T:
-            raise ValueError(f"{fn}: k_new and v_new must hold the same number of positions, got {T} and "
-                             f"{v_new.shape[2]}")
+            raise ValueError(
+                f"{fn}: k_new and v_new must hold the same number of positions, got {T} and {v_new.shape[2]}"
+            )
         if T > self.max_len:
             raise ValueError(f"{fn}: cannot write T={T} positions into a cache of max_len={self.max_len}")
         start_pos = _check_start_pos(fn, start_pos, self.k.device)
@@ -622,13 +721,16 @@ class StaticKVCache(nn.Module):
         self.v.zero_()
 
     def extra_repr(self) -> str:
-        return (f"batch={self.batch}, max_len={self.max_len}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, dtype={self.k.dtype}")
+        return (
+            f"batch={self.batch}, max_len={self.max_len}, n_kv_heads={self.n_kv_heads}, "
+            f"head_dim={self.head_dim}, dtype={self.k.dtype}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
 # The layer
 # ---------------------------------------------------------------------------------------------------
+
 
 class Attention(nn.Module):
     """Multi-head self-attention with GQA and RoPE: fused qkv projection, attention, output projection.
@@ -644,10 +746,20 @@ class Attention(nn.Module):
     (T, head_dim/2) RoPE rows of those positions (``rope_rows`` gathers them from a position tensor).
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int | None = None, *, impl: str = "sdpa",
-                 backend: str | None = None, chunk_size: int | None = None, rope_impl: str = "eager",
-                 bias: bool = False, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        *,
+        impl: str = "sdpa",
+        backend: str | None = None,
+        chunk_size: int | None = None,
+        rope_impl: str = "eager",
+        bias: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         for name, val in (("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
@@ -668,8 +780,14 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(dim, qkv_out, bias=bias, device=device, dtype=dtype)
         self.out_proj = nn.Linear(n_heads * self.head_dim, dim, bias=bias, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: StaticKVCache | None = None, start_pos: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: StaticKVCache | None = None,
+        start_pos: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         check_float_tensor("Attention.forward", "x", x, min_dim=3)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"Attention.forward: x must be (B, T, dim={self.dim}), got {tuple(x.shape)}")
@@ -683,23 +801,33 @@ class Attention(nn.Module):
         if kv_cache is None:
             if start_pos is not None:
                 raise ValueError("Attention.forward: start_pos is only meaningful together with kv_cache")
-            out = attention(q, k, v, impl=self.impl, causal=True, backend=self.backend,
-                            chunk_size=self.chunk_size)
+            out = attention(q, k, v, impl=self.impl, causal=True, backend=self.backend, chunk_size=self.chunk_size)
         else:
             if not isinstance(kv_cache, StaticKVCache):
-                raise TypeError(f"Attention.forward: kv_cache must be a StaticKVCache or None, "
-                                f"got {type(kv_cache).__name__}")
+                raise TypeError(
+                    f"Attention.forward: kv_cache must be a StaticKVCache or None, got {type(kv_cache).__name__}"
+                )
             if start_pos is None:
                 raise ValueError("Attention.forward: kv_cache needs start_pos (a 0-dim int64 tensor)")
             _check_start_pos("Attention.forward", start_pos, x.device)
             k_all, v_all = kv_cache.update(start_pos, k, v)  # (B, Hkv, max_len, D)
             mask = decode_mask(start_pos, T, kv_cache.max_len)  # (T, max_len)
-            out = attention(q, k_all, v_all, impl=self.impl, causal=False, backend=self.backend,
-                            chunk_size=self.chunk_size, attn_mask=mask)
+            out = attention(
+                q,
+                k_all,
+                v_all,
+                impl=self.impl,
+                causal=False,
+                backend=self.backend,
+                chunk_size=self.chunk_size,
+                attn_mask=mask,
+            )
         out = out.transpose(1, 2).reshape(B, T, Hq * D)  # (B, T, Hq*D)
         return self.out_proj(out)
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"head_dim={self.head_dim}, impl={self.impl!r}, backend={self.backend!r}, "
-                f"chunk_size={self.chunk_size}, rope_impl={self.rope_impl!r}")
+        return (
+            f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+            f"head_dim={self.head_dim}, impl={self.impl!r}, backend={self.backend!r}, "
+            f"chunk_size={self.chunk_size}, rope_impl={self.rope_impl!r}"
+        )

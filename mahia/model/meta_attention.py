@@ -36,6 +36,7 @@ Three paths compute this same function (``impl=``):
 
 All paths compute in float32 (float64 for float64 inputs) and return v's dtype.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,6 +55,7 @@ __all__ = ["IMPLS", "MetaAttention"]
 # The module
 # --------------------------------------------------------------------------------------------------
 
+
 class MetaAttention(nn.Module):
     """Multi-head gated linear attention over x (B, T, dim) -> (B, T, dim).
 
@@ -64,33 +66,48 @@ class MetaAttention(nn.Module):
     same function.
     """
 
-    def __init__(self, dim: int, n_heads: int, *, key_dim: int | None = None, value_dim: int | None = None,
-                 impl: str = "triton", gate_temperature: float = 16.0, gate_rank: int = 16,
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        *,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        impl: str = "triton",
+        gate_temperature: float = 16.0,
+        gate_rank: int = 16,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         for name, n in (("dim", dim), ("n_heads", n_heads), ("gate_rank", gate_rank)):
             check_int("MetaAttention", name, n)
         if (key_dim is None or value_dim is None) and dim % n_heads:
-            raise ValueError(f"MetaAttention: dim ({dim}) must be divisible by n_heads ({n_heads}) "
-                             "unless key_dim and value_dim are given")
+            raise ValueError(
+                f"MetaAttention: dim ({dim}) must be divisible by n_heads ({n_heads}) "
+                "unless key_dim and value_dim are given"
+            )
         key_dim = dim // n_heads if key_dim is None else key_dim
         value_dim = dim // n_heads if value_dim is None else value_dim
         for name, n in (("key_dim", key_dim), ("value_dim", value_dim)):
             check_int("MetaAttention", name, n)
         if impl not in IMPLS:
             raise ValueError(f"MetaAttention: impl must be one of {IMPLS}, got {impl!r}")
-        if not (isinstance(gate_temperature, (int, float)) and math.isfinite(gate_temperature)
-                and gate_temperature > 0):
-            raise ValueError(f"MetaAttention: gate_temperature must be a positive finite number, "
-                             f"got {gate_temperature!r}")
+        if not (
+            isinstance(gate_temperature, (int, float)) and math.isfinite(gate_temperature) and gate_temperature > 0
+        ):
+            raise ValueError(
+                f"MetaAttention: gate_temperature must be a positive finite number, got {gate_temperature!r}"
+            )
         self.dim, self.n_heads, self.key_dim, self.value_dim = dim, n_heads, key_dim, value_dim
         self.impl, self.gate_temperature = impl, float(gate_temperature)
         fk = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(dim, n_heads * key_dim, bias=False, **fk)
         self.k_proj = nn.Linear(dim, n_heads * key_dim, bias=False, **fk)
         self.v_proj = nn.Linear(dim, n_heads * value_dim, bias=False, **fk)
-        self.gate_proj = nn.Sequential(nn.Linear(dim, gate_rank, bias=False, **fk),
-                                       nn.Linear(gate_rank, n_heads * key_dim, bias=True, **fk))
+        self.gate_proj = nn.Sequential(
+            nn.Linear(dim, gate_rank, bias=False, **fk), nn.Linear(gate_rank, n_heads * key_dim, bias=True, **fk)
+        )
         self.o_proj = nn.Linear(n_heads * value_dim, dim, bias=False, **fk)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -101,15 +118,17 @@ class MetaAttention(nn.Module):
         if x.device != w.device:
             raise ValueError(f"MetaAttention: x is on {x.device} but the parameters are on {w.device}")
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise TypeError(f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype}; "
-                            "convert one of them (e.g. module.to(x.dtype)) or run under torch.autocast")
+            raise TypeError(
+                f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype}; "
+                "convert one of them (e.g. module.to(x.dtype)) or run under torch.autocast"
+            )
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim
 
         def heads(t: torch.Tensor, d: int) -> torch.Tensor:  # (B, T, H * d) -> (B, H, T, d)
             return t.view(B, T, H, d).transpose(1, 2)
 
-        q = heads(self.q_proj(x), K) * K ** -0.5
+        q = heads(self.q_proj(x), K) * K**-0.5
         k = heads(self.k_proj(x), K)
         v = heads(self.v_proj(x), V)
         g = heads(F.logsigmoid(self.gate_proj(x)) / self.gate_temperature, K)  # <= 0
@@ -117,5 +136,7 @@ class MetaAttention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * V))
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, n_heads={self.n_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}, "
-                f"impl={self.impl!r}, gate_temperature={self.gate_temperature}")
+        return (
+            f"dim={self.dim}, n_heads={self.n_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}, "
+            f"impl={self.impl!r}, gate_temperature={self.gate_temperature}"
+        )

@@ -20,6 +20,7 @@ warning). float64 anywhere among the inputs takes the eager path silently (the k
 float32), and so do ``meta`` tensors (shapes only; never the interpreter). Each op file's docstring
 lists its edge cases. ``status()`` says which kernels are active.
 """
+
 from __future__ import annotations
 
 from mahia.ops.dispatch import KERNELS, reset_fallback_warnings, status, triton_available_for, why_not
@@ -31,8 +32,24 @@ from mahia.ops.rope import apply_rope_eager, rope
 from mahia.ops.swiglu import swiglu, swiglu_eager
 
 __all__ = [
-    "rms_norm", "add_rms_norm", "swiglu", "rope", "moe_combine", "grouped_mm", "gated_linear_attention",
-    "rms_norm_eager", "add_rms_norm_eager", "swiglu_eager", "apply_rope_eager", "moe_combine_eager",
-    "gla_loop", "gla_logspace", "grouped_mm_backend",
-    "status", "triton_available_for", "why_not", "reset_fallback_warnings", "KERNELS",
+    "rms_norm",
+    "add_rms_norm",
+    "swiglu",
+    "rope",
+    "moe_combine",
+    "grouped_mm",
+    "gated_linear_attention",
+    "rms_norm_eager",
+    "add_rms_norm_eager",
+    "swiglu_eager",
+    "apply_rope_eager",
+    "moe_combine_eager",
+    "gla_loop",
+    "gla_logspace",
+    "grouped_mm_backend",
+    "status",
+    "triton_available_for",
+    "why_not",
+    "reset_fallback_warnings",
+    "KERNELS",
 ]

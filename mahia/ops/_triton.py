@@ -5,6 +5,7 @@ machine without it, or a broken install) the stand-in ``jit`` returns the functi
 op file still imports and its eager reference still runs; :mod:`mahia.ops.dispatch` then never
 chooses the kernels. Any other use of the stand-ins raises ImportError with the original reason.
 """
+
 from __future__ import annotations
 
 try:  # importing triton is the expensive part; do it once

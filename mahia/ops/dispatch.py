@@ -23,12 +23,15 @@ Under ``torch.compile`` the decision is taken while tracing and frozen into the 
 warning is skipped (Dynamo cannot trace ``warnings.warn`` without a graph break); ``status()`` still
 tells which path is active.
 """
+
 from __future__ import annotations
 
 import os
 import warnings
 
 import torch
+
+from mahia.ops._triton import IMPORT_ERROR as _TRITON_IMPORT_ERROR
 
 __all__ = [
     "KERNELS",
@@ -44,13 +47,16 @@ __all__ = [
 ]
 
 # Every public kernel of mahia.ops, by the name status() and the warnings use.
-KERNELS: tuple[str, ...] = ("rms_norm", "add_rms_norm", "swiglu", "rope",
-                             "gla",             # gated linear attention scan (ops/gla_scan.py)
-                             "moe_grouped_mm",  # grouped GEMM of the MoE layer (ops/grouped_mm.py)
-                             "moe_combine")     # the MoE layer's un-permute + gated sum (ops/moe_combine.py)
+KERNELS: tuple[str, ...] = (
+    "rms_norm",
+    "add_rms_norm",
+    "swiglu",
+    "rope",
+    "gla",  # gated linear attention scan (ops/gla_scan.py)
+    "moe_grouped_mm",  # grouped GEMM of the MoE layer (ops/grouped_mm.py)
+    "moe_combine",
+)  # the MoE layer's un-permute + gated sum (ops/moe_combine.py)
 DISABLE_ENV = "MAHIA_DISABLE_TRITON"
-
-from mahia.ops._triton import IMPORT_ERROR as _TRITON_IMPORT_ERROR
 
 # Kernels that already warned about falling back (once per process per kernel).
 _warned: set[str] = set()

@@ -66,6 +66,7 @@ output that keeps q, k, v and g in the autograd graph (zero gradients); a key di
 their shapes from the PyTorch paths, never the interpreter. Inputs are validated once, by the public
 function, whose name the errors carry.
 """
+
 from __future__ import annotations
 
 import torch
@@ -106,8 +107,10 @@ LOGSPACE_CHUNK = 16
 # Input checks and the two PyTorch paths: the recurrence (the float64 reference) and the chunked log-space form
 # --------------------------------------------------------------------------------------------------
 
-def check_gla_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                     do: torch.Tensor | None = None) -> None:
+
+def check_gla_inputs(
+    fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor | None = None
+) -> None:
     """q, k, g (B, H, T, K) and v, do (B, H, T, V); floating point; q, k, v of one dtype; one device."""
     named = {"q": q, "k": k, "v": v, "g": g}
     if do is not None:
@@ -119,12 +122,12 @@ def check_gla_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             raise ValueError(f"{fn}: {name} must be 4-D (B, H, T, {last}), got shape {tuple(t.shape)}")
     for name in ("k", "g"):
         if named[name].shape != q.shape:
-            raise ValueError(f"{fn}: {name} must have the shape of q {tuple(q.shape)}, "
-                             f"got {tuple(named[name].shape)}")
+            raise ValueError(f"{fn}: {name} must have the shape of q {tuple(q.shape)}, got {tuple(named[name].shape)}")
     if v.shape[:3] != q.shape[:3]:
         B, H, T, _ = q.shape
-        raise ValueError(f"{fn}: v must be (B, H, T, V) = ({B}, {H}, {T}, V) to match q {tuple(q.shape)}, "
-                         f"got {tuple(v.shape)}")
+        raise ValueError(
+            f"{fn}: v must be (B, H, T, V) = ({B}, {H}, {T}, V) to match q {tuple(q.shape)}, got {tuple(v.shape)}"
+        )
     if do is not None and do.shape != v.shape:
         raise ValueError(f"{fn}: do must have the shape of v {tuple(v.shape)}, got {tuple(do.shape)}")
     for name in ("k", "v"):
@@ -175,6 +178,7 @@ def _gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 # Path 2: vectorized in log space
 # --------------------------------------------------------------------------------------------------
 
+
 def naive_cumprod_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """The tempting vectorization, kept to show why it fails: exp(G_t - G_s) = exp(G_t) * exp(-G_s).
 
@@ -193,8 +197,9 @@ def naive_cumprod_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     return (scores.masked_fill(~causal, 0.0) @ v).to(out_dtype)
 
 
-def gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *,
-                 chunk_size: int = LOGSPACE_CHUNK) -> torch.Tensor:
+def gla_logspace(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, chunk_size: int = LOGSPACE_CHUNK
+) -> torch.Tensor:
     """Chunked log-space form (module docstring): pairwise decays inside a chunk, the state between.
 
     Every exponent is a difference b_i - b_j with j <= i (or b_last - b_j, or b_i), so <= 0: no
@@ -205,8 +210,7 @@ def gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
     return _gla_logspace(q, k, v, g, chunk_size)
 
 
-def _gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                  chunk_size: int) -> torch.Tensor:
+def _gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     B, H, T, K = q.shape
     V = v.shape[-1]
     out_dtype, dt = v.dtype, _compute_dtype(q.dtype)
@@ -289,6 +293,7 @@ def gla_bytes(B: int, H: int, T: int, K: int, V: int, *, element_size: int = 4, 
 # Kernels
 # --------------------------------------------------------------------------------------------------
 
+
 @triton.jit
 def _pairwise_decay(b, pairs):
     """exp(b_i - b_j) where pairs[i, j] (j <= i only), else 0: a (BT, BT, BK) block of values in [0, 1]."""
@@ -322,8 +327,14 @@ def _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok,
 
 @triton.jit
 def _gla_fwd_kernel(
-    Q, K, V, G, O,
-    seq_len, k_dim, v_dim,
+    Q,
+    K,
+    V,
+    G,
+    O,
+    seq_len,
+    k_dim,
+    v_dim,
     BT: tl.constexpr,  # rows per chunk
     BK: tl.constexpr,  # next power of two >= k_dim (the whole key dim lives in one program)
     BV: tl.constexpr,  # value columns per program
@@ -350,8 +361,9 @@ def _gla_fwd_kernel(
 
     state = tl.zeros((BK, BV), dtype=tl.float32)  # S entering the chunk
     for c in range(0, tl.cdiv(seq_len, BT)):
-        qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v,
-                                                        k_ok, v_ok, BT)
+        qk_off, qk_mask, v_off, v_mask = _chunk_offsets(
+            c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
+        )
         # Padding rows and columns load 0: g = 0 keeps b constant, k = v = 0 adds nothing to the state.
         q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
         k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
@@ -367,7 +379,8 @@ def _gla_fwd_kernel(
         # A v takes v with its non-finite entries zeroed (0 * NaN in the dot would reach the whole chunk);
         # each value column is NaN from its first non-finite entry on, as in the recurrence.
         finite = tl.abs(v.to(tl.float32)) < float("inf")  # (BT, BV), False for NaN and +-Inf
-        after_bad = tl.cumsum(tl.where(finite, 0, 1), axis=0) > 0
+        first_bad = tl.min(tl.where(finite, BT, offs_t[:, None]), axis=0)  # (BV,): BT if none
+        after_bad = offs_t[:, None] >= first_bad[None, :]
         o = _dot(A.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
         q_in = (q * tl.exp(b)).to(v.dtype)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
@@ -379,8 +392,9 @@ def _gla_fwd_kernel(
 
 
 @triton.jit
-def _gla_bwd_chunk(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict,
-                   BT: tl.constexpr):
+def _gla_bwd_chunk(
+    Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT: tl.constexpr
+):
     """Load chunk c (rows c * BT ... c * BT + BT - 1) and the decays both backward passes need:
 
         b_i = g_1 + ... + g_i,   b_last = b_BT,   decay_ij = exp(b_i - b_j) for j < i, else 0
@@ -388,8 +402,7 @@ def _gla_bwd_chunk(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, off
     Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay): q, k, b, b_last, decay in
     float32, v and do in the dot operand dtype; padding rows and columns load 0. dA = do v^T stays in the
     passes: computed here, it moves ahead of pass 1's A and changes the compiled schedule (and spills)."""
-    qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v,
-                                                    k_ok, v_ok, BT)
+    qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT)
     q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
     k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
     g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
@@ -404,9 +417,20 @@ def _gla_bwd_chunk(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, off
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q, K, V, G, DO, DQ, DK, DV, DG,  # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K)
+    Q,
+    K,
+    V,
+    G,
+    DO,
+    DQ,
+    DK,
+    DV,
+    DG,  # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K)
     HS,  # float32 scratch (n_vblocks, B*H, n_chunks, BK, BV): the adjoint state at every chunk end
-    seq_len, k_dim, v_dim, n_bh,
+    seq_len,
+    k_dim,
+    v_dim,
+    n_bh,
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
@@ -445,7 +469,8 @@ def _gla_bwd_kernel(
     for i in range(0, n_chunks):
         c = n_chunks - 1 - i
         qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay = _gla_bwd_chunk(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT)
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT
+        )
         # recomputed: pairs j < i (selected, not multiplied by 0: see the forward) ...
         A = tl.sum(tl.where(strict[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
         A += tl.where(eye, tl.sum(q * k, axis=1)[:, None], 0.0)  # ... and j = i
@@ -472,7 +497,8 @@ def _gla_bwd_kernel(
     state = tl.zeros((BK, BV), dtype=tl.float32)
     for c in range(0, n_chunks):
         qk_off, qk_mask, v_off, v_mask, q, k, v, do, b, b_last, decay = _gla_bwd_chunk(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT)
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT
+        )
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)
         diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)
         dq = tl.sum(tl.where(strict[:, :, None], dA[:, :, None] * k[None, :, :] * decay, 0.0), axis=1)  # j < i
@@ -493,31 +519,36 @@ def _gla_bwd_kernel(
 # Launchers
 # --------------------------------------------------------------------------------------------------
 
+
 def _interpreting() -> bool:
     import os
 
     return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
-def check_gla_kernel_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                            do: torch.Tensor | None = None) -> None:
+def check_gla_kernel_inputs(
+    fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor | None = None
+) -> None:
     """q, k, g (B, H, T, K) and v, do (B, H, T, V); float32/bfloat16/float16; q, k, v one dtype; one device."""
     check_gla_inputs(fn, q, k, v, g, do)
     for name, t in {"q": q, "g": g, "do": do}.items():  # k and v have q's dtype (checked above)
         if t is not None and t.dtype not in DTYPES:
-            raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16 for the Triton kernel, "
-                            f"got {t.dtype}")
+            raise TypeError(f"{fn}: {name} must be float32, bfloat16 or float16 for the Triton kernel, got {t.dtype}")
     Kd = q.shape[-1]
     if Kd > MAX_K:
-        raise ValueError(f"{fn}: key dim K={Kd} exceeds the kernel's limit of {MAX_K} (each program keeps a "
-                         f"({CHUNK}, {CHUNK}, K) block of pairwise decays in registers); use more heads or the "
-                         "log-space PyTorch path")
+        raise ValueError(
+            f"{fn}: key dim K={Kd} exceeds the kernel's limit of {MAX_K} (each program keeps a "
+            f"({CHUNK}, {CHUNK}, K) block of pairwise decays in registers); use more heads or the "
+            "log-space PyTorch path"
+        )
 
 
 def _check_runnable(fn: str, q: torch.Tensor) -> None:
     if not (q.is_cuda or _interpreting()):
-        raise ValueError(f"{fn}: inputs are on {q.device}; the Triton kernel needs a CUDA device "
-                         "(or TRITON_INTERPRET=1 for the CPU interpreter)")
+        raise ValueError(
+            f"{fn}: inputs are on {q.device}; the Triton kernel needs a CUDA device "
+            "(or TRITON_INTERPRET=1 for the CPU interpreter)"
+        )
 
 
 def _config(q: torch.Tensor, v_dim: int, block_v: int | None) -> tuple[int, int, int, str]:
@@ -549,8 +580,15 @@ def _contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def gla_fwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *,
-                   block_v: int | None = None, check: bool = True) -> torch.Tensor:
+def gla_fwd_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    block_v: int | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """Run the forward kernel: o (B, H, T, V) in v's dtype (``check=False``: the caller validated)."""
     if check:
         fn = "gla_fwd"
@@ -564,15 +602,34 @@ def gla_fwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
     _gla_fwd_kernel[(triton.cdiv(v_dim, bv) * B * H,)](
-        q, k, v, g, o, T, k_dim, v_dim,
-        BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=_upcast_dots(q), num_warps=num_warps,
+        q,
+        k,
+        v,
+        g,
+        o,
+        T,
+        k_dim,
+        v_dim,
+        BT=CHUNK,
+        BK=bk,
+        BV=bv,
+        PRECISION=precision,
+        UPCAST=_upcast_dots(q),
+        num_warps=num_warps,
     )
     return o
 
 
-def gla_bwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor, *,
-                   block_v: int | None = None,
-                   check: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def gla_bwd_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    block_v: int | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the backward kernel: (dq, dk, dv, dg), each in the dtype and shape of its input."""
     if check:
         fn = "gla_bwd"
@@ -588,12 +645,29 @@ def gla_bwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     if q.numel() == 0 or v.numel() == 0:
         return q.new_zeros(q.shape), k.new_zeros(k.shape), dv.zero_(), g.new_zeros(g.shape)
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns.
-    dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device)
-                  for _ in range(3))
+    dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device) for _ in range(3))
     h_ends = torch.empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), bk, bv), dtype=torch.float32, device=q.device)
     _gla_bwd_kernel[(n_vblocks * B * H,)](
-        q, k, v, g, do, dq, dk, dv, dg, h_ends, T, k_dim, v_dim, B * H,
-        BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=_upcast_dots(q), num_warps=num_warps,
+        q,
+        k,
+        v,
+        g,
+        do,
+        dq,
+        dk,
+        dv,
+        dg,
+        h_ends,
+        T,
+        k_dim,
+        v_dim,
+        B * H,
+        BT=CHUNK,
+        BK=bk,
+        BV=bv,
+        PRECISION=precision,
+        UPCAST=_upcast_dots(q),
+        num_warps=num_warps,
     )
     dq, dk, dg = (t.sum(0) if n_vblocks > 1 else t[0] for t in (dq, dk, dg))  # (B, H, T, K) float32
     return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype)
@@ -602,6 +676,7 @@ def gla_bwd_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
 # --------------------------------------------------------------------------------------------------
 # torch.library custom ops: opaque to torch.compile (no graph break), with fake and autograd rules
 # --------------------------------------------------------------------------------------------------
+
 
 @torch.library.custom_op("mahia::gla_fwd", mutates_args=())
 def gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -616,8 +691,9 @@ def _(q, k, v, g):
 
 
 @torch.library.custom_op("mahia::gla_bwd", mutates_args=())
-def gla_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-            do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def gla_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dg) of gated linear attention, given the inputs and the output's gradient do."""
     return gla_bwd_launch(q, k, v, g, do)
 
@@ -662,8 +738,7 @@ def _gla_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
     return _GLAFunction.apply(q, k, v, g)
 
 
-def gated_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                  g: torch.Tensor) -> torch.Tensor:
+def gated_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """o_t = S_t^T q_t with S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, on the Triton kernels (differentiable).
 
     q, k, g: (B, H, T, K); v: (B, H, T, V); returns (B, H, T, V) in v's dtype. No fallback: inputs the
@@ -678,15 +753,19 @@ def gated_linear_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 # The functional entry point
 # --------------------------------------------------------------------------------------------------
 
+
 def _kernel_limit(q: torch.Tensor) -> str | None:
     if q.shape[-1] > MAX_K:
-        return (f"key dim K={q.shape[-1]} exceeds the kernel's limit of {MAX_K} (a ({CHUNK}, {CHUNK}, K) "
-                "block of pairwise decays lives in registers)")
+        return (
+            f"key dim K={q.shape[-1]} exceeds the kernel's limit of {MAX_K} (a ({CHUNK}, {CHUNK}, K) "
+            "block of pairwise decays lives in registers)"
+        )
     return None
 
 
-def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *,
-                           impl: str) -> torch.Tensor:
+def gated_linear_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, impl: str
+) -> torch.Tensor:
     """o_t = S_t^T q_t with S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T  (module docstring).
 
     q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T, K) log-decays, <= 0 (not checked: a check

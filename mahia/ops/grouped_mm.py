@@ -28,6 +28,7 @@ interpreter). ``offs`` is not checked against M (that needs its values on the ho
 kernels guard every row index (0 <= row < M), so bad group ends never make them read or write out of
 bounds, though the result is then undefined. Any hidden size runs.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -49,6 +50,7 @@ _PAD_BLOCK_M = 32
 # Grouped matrix multiply: c[rows of group g] = a[rows of group g] @ b[g]
 # ---------------------------------------------------------------------------------------------------
 
+
 def _check_grouped_mm_inputs(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
     fn = "grouped_mm"
     for name, t in (("a", a), ("b", b)):
@@ -67,8 +69,10 @@ def _check_grouped_mm_inputs(a: torch.Tensor, b: torch.Tensor, offs: torch.Tenso
     if b.dtype != a.dtype:
         raise TypeError(f"{fn}: a and b must have the same dtype, got a {a.dtype} and b {b.dtype}")
     if offs.dtype != torch.int32 or offs.dim() != 1 or offs.numel() != b.shape[0]:
-        raise ValueError(f"{fn}: offs must be a 1-D int32 tensor of G = {b.shape[0]} group ends, "
-                         f"got dtype {offs.dtype}, shape {tuple(offs.shape)}")
+        raise ValueError(
+            f"{fn}: offs must be a 1-D int32 tensor of G = {b.shape[0]} group ends, "
+            f"got dtype {offs.dtype}, shape {tuple(offs.shape)}"
+        )
     if not (a.device == b.device == offs.device):
         raise ValueError(f"{fn}: a, b and offs must be on one device, got {a.device}, {b.device}, {offs.device}")
 
@@ -139,9 +143,12 @@ def choose_backend(a: torch.Tensor, gemms: list[tuple[int, int]]) -> str:
     if _why_not_triton(a) is None:
         return "triton"
     if a.is_cuda:
-        warnings.warn("grouped_mm: neither torch._grouped_mm nor Triton can run here; using the padded-bmm "
-                      "fallback (sync-free and exact, but it copies one expert weight per tile: slow)",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "grouped_mm: neither torch._grouped_mm nor Triton can run here; using the padded-bmm "
+            "fallback (sync-free and exact, but it copies one expert weight per tile: slow)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return "padded-bmm"
 
 
@@ -175,11 +182,11 @@ def _tile_table(offs: torch.Tensor, n_rows: int, block_m: int) -> tuple[torch.Te
     """
     G = offs.numel()
     ends = offs.long()
-    counts = torch.diff(ends, prepend=ends.new_zeros(1))          # (G,)
-    tiles = (counts + block_m - 1) // block_m                      # (G,) tiles per group
-    tile_end = tiles.cumsum(0)                                     # (G,) one past each group's last tile
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))  # (G,)
+    tiles = (counts + block_m - 1) // block_m  # (G,) tiles per group
+    tile_end = tiles.cumsum(0)  # (G,) one past each group's last tile
     t = torch.arange((n_rows + block_m - 1) // block_m + G, device=offs.device)
-    group = torch.searchsorted(tile_end, t, right=True)           # (T,) group of tile t; G for spares
+    group = torch.searchsorted(tile_end, t, right=True)  # (T,) group of tile t; G for spares
     g = group.clamp(max=G - 1)
     row0 = (ends - counts).gather(0, g) + (t - (tile_end - tiles).gather(0, g)) * block_m
     group = group.masked_fill(group >= G, -1)
@@ -195,12 +202,12 @@ def _grouped_mm_padded(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> 
     T = group.numel()
     valid_tile = group >= 0
     g = group.clamp(min=0).long()
-    src = row0.long()[:, None] + torch.arange(bm, device=a.device)           # (T, bm) source row of each slot
-    valid = valid_tile[:, None] & (src < offs.long().gather(0, g)[:, None])   # slot holds a real row
-    src = torch.where(valid, src, M).reshape(-1)                              # padding slots -> dump row M
-    a_ext = torch.cat([a, a.new_zeros(1, K)])                                 # (M+1, K), row M is zeros
-    a_tiles = a_ext.index_select(0, src).view(T, bm, K)                       # (T, bm, K)
-    c_tiles = torch.bmm(a_tiles, b.index_select(0, g))                        # (T, bm, N)
+    src = row0.long()[:, None] + torch.arange(bm, device=a.device)  # (T, bm) source row of each slot
+    valid = valid_tile[:, None] & (src < offs.long().gather(0, g)[:, None])  # slot holds a real row
+    src = torch.where(valid, src, M).reshape(-1)  # padding slots -> dump row M
+    a_ext = torch.cat([a, a.new_zeros(1, K)])  # (M+1, K), row M is zeros
+    a_tiles = a_ext.index_select(0, src).view(T, bm, K)  # (T, bm, K)
+    c_tiles = torch.bmm(a_tiles, b.index_select(0, g))  # (T, bm, N)
     c_ext = a.new_zeros(M + 1, N).index_add(0, src, c_tiles.reshape(T * bm, N))  # one write per real row
     return c_ext[:M]
 
@@ -230,12 +237,29 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, backend:
 # Triton grouped GEMM: kernels, launchers, custom ops with autograd
 # ---------------------------------------------------------------------------------------------------
 
+
 @triton.jit
 def _grouped_mm_kernel(
-    A, B, C, offs_ptr, tile_group_ptr, tile_row_ptr,
-    M, N, K,
-    stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    A,
+    B,
+    C,
+    offs_ptr,
+    tile_group_ptr,
+    tile_row_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bg,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) tile of C = A[rows of g] @ B[g]; the tile's group comes from the table."""
     pid_m = tl.program_id(0)
@@ -265,12 +289,27 @@ def _grouped_mm_kernel(
     c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
+
 @triton.jit
 def _grouped_mm_wgrad_kernel(
-    A, DC, DB, offs_ptr,
-    M, K, N,
-    stride_am, stride_ak, stride_cm, stride_cn, stride_bg, stride_bk, stride_bn,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+    A,
+    DC,
+    DB,
+    offs_ptr,
+    M,
+    K,
+    N,
+    stride_am,
+    stride_ak,
+    stride_cm,
+    stride_cn,
+    stride_bg,
+    stride_bk,
+    stride_bn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     """One (BLOCK_K, BLOCK_N) tile of dB[g] = A[rows of g]^T @ dC[rows of g], looping over g's rows."""
     g = tl.program_id(0)
@@ -287,10 +326,12 @@ def _grouped_mm_wgrad_kernel(
         rows = m0 + tl.arange(0, BLOCK_M)
         mask_m = rows < end
         rows = rows.to(tl.int64)
-        a_t = tl.load(A + rows[None, :] * stride_am + rk[:, None] * stride_ak,
-                      mask=mask_k[:, None] & mask_m[None, :], other=0.0)      # (BLOCK_K, BLOCK_M)
-        dc = tl.load(DC + rows[:, None] * stride_cm + rn[None, :] * stride_cn,
-                     mask=mask_m[:, None] & mask_n[None, :], other=0.0)       # (BLOCK_M, BLOCK_N)
+        a_t = tl.load(
+            A + rows[None, :] * stride_am + rk[:, None] * stride_ak, mask=mask_k[:, None] & mask_m[None, :], other=0.0
+        )  # (BLOCK_K, BLOCK_M)
+        dc = tl.load(
+            DC + rows[:, None] * stride_cm + rn[None, :] * stride_cn, mask=mask_m[:, None] & mask_n[None, :], other=0.0
+        )  # (BLOCK_M, BLOCK_N)
         if IEEE:
             acc = tl.dot(a_t.to(tl.float32), dc.to(tl.float32), acc, input_precision="ieee")
         else:
@@ -298,23 +339,32 @@ def _grouped_mm_wgrad_kernel(
     db_ptrs = DB + g.to(tl.int64) * stride_bg + rk[:, None] * stride_bk + rn[None, :] * stride_bn
     tl.store(db_ptrs, acc.to(DB.dtype.element_ty), mask=mask_k[:, None] & mask_n[None, :])
 
+
 def _triton_blocks(t: torch.Tensor, kernel: str) -> dict:
     """Tile sizes for ``kernel`` ("mm" or "wgrad"): small under the CPU interpreter (test speed),
     GEMM-sized on a GPU. Rules of thumb, not autotuned (the tile table depends on BLOCK_M)."""
     if not t.is_cuda:
         return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=1)
     wide = t.dtype != torch.float32  # 16-bit operands: twice the tile for the same shared memory
-    if kernel == "mm":    # output tile BLOCK_M x BLOCK_N, reduction over BLOCK_K
-        return dict(BLOCK_M=128 if wide else 64, BLOCK_N=128 if wide else 64, BLOCK_K=64 if wide else 32,
-                    num_warps=8 if wide else 4, num_stages=3)
+    if kernel == "mm":  # output tile BLOCK_M x BLOCK_N, reduction over BLOCK_K
+        return dict(
+            BLOCK_M=128 if wide else 64,
+            BLOCK_N=128 if wide else 64,
+            BLOCK_K=64 if wide else 32,
+            num_warps=8 if wide else 4,
+            num_stages=3,
+        )
     # wgrad: output tile BLOCK_K x BLOCK_N, reduction over the group's rows in steps of BLOCK_M
-    return dict(BLOCK_M=64 if wide else 32, BLOCK_N=128 if wide else 64, BLOCK_K=64,
-                num_warps=8 if wide else 4, num_stages=3)
+    return dict(
+        BLOCK_M=64 if wide else 32, BLOCK_N=128 if wide else 64, BLOCK_K=64, num_warps=8 if wide else 4, num_stages=3
+    )
+
 
 def _ieee_dot(t: torch.Tensor) -> bool:
     """float32 inputs get full-precision products; so do 16-bit ones under the CPU interpreter,
     whose 16-bit tl.dot is wrong (triton 3.9) while the products of 16-bit values are exact in fp32."""
     return t.dtype == torch.float32 or not t.is_cuda
+
 
 def grouped_mm_triton_launch(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """c = grouped_mm(a, b, offs) with the Triton kernel. a (M, K), b (G, K, N) with any strides."""
@@ -328,11 +378,27 @@ def grouped_mm_triton_launch(a: torch.Tensor, b: torch.Tensor, offs: torch.Tenso
     group, row0 = _tile_table(offs, M, cfg["BLOCK_M"])
     grid = (group.numel(), triton.cdiv(N, cfg["BLOCK_N"]))
     _grouped_mm_kernel[grid](
-        a, b, c, offs, group, row0, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
-        IEEE=_ieee_dot(a), **cfg,
+        a,
+        b,
+        c,
+        offs,
+        group,
+        row0,
+        M,
+        N,
+        K,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        b.stride(2),
+        c.stride(0),
+        c.stride(1),
+        IEEE=_ieee_dot(a),
+        **cfg,
     )
     return c
+
 
 def grouped_mm_wgrad_launch(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """db (G, K, N) with db[g] = a[rows of g]^T @ dc[rows of g]. a (M, K), dc (M, N)."""
@@ -345,37 +411,57 @@ def grouped_mm_wgrad_launch(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tenso
     cfg = _triton_blocks(a, "wgrad")
     grid = (G, triton.cdiv(K, cfg["BLOCK_K"]), triton.cdiv(N, cfg["BLOCK_N"]))
     _grouped_mm_wgrad_kernel[grid](
-        a, dc, db, offs, M, K, N,
-        a.stride(0), a.stride(1), dc.stride(0), dc.stride(1), db.stride(0), db.stride(1), db.stride(2),
-        IEEE=_ieee_dot(a), **cfg,
+        a,
+        dc,
+        db,
+        offs,
+        M,
+        K,
+        N,
+        a.stride(0),
+        a.stride(1),
+        dc.stride(0),
+        dc.stride(1),
+        db.stride(0),
+        db.stride(1),
+        db.stride(2),
+        IEEE=_ieee_dot(a),
+        **cfg,
     )
     return db
+
 
 @torch.library.custom_op("mahia::moe_grouped_mm", mutates_args=())
 def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return grouped_mm_triton_launch(a, b, offs)
 
+
 @_grouped_mm_op.register_fake
 def _(a, b, offs):
     return a.new_empty(a.shape[0], b.shape[2])
+
 
 @torch.library.custom_op("mahia::moe_grouped_mm_wgrad", mutates_args=())
 def _grouped_mm_wgrad_op(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     return grouped_mm_wgrad_launch(a, dc, offs)
 
+
 @_grouped_mm_wgrad_op.register_fake
 def _(a, dc, offs):
     return a.new_empty(offs.shape[0], a.shape[1], dc.shape[1])
+
 
 def _grouped_mm_setup(ctx, inputs, output):
     a, b, offs = inputs
     ctx.save_for_backward(a, b, offs)
 
+
 def _grouped_mm_backward(ctx, dc):
     a, b, offs = ctx.saved_tensors
     da = _grouped_mm_op(dc, b.transpose(1, 2), offs) if ctx.needs_input_grad[0] else None  # dC B^T
-    db = _grouped_mm_wgrad_op(a, dc, offs) if ctx.needs_input_grad[1] else None            # A^T dC
+    db = _grouped_mm_wgrad_op(a, dc, offs) if ctx.needs_input_grad[1] else None  # A^T dC
     return da, db, None
+
 
 _grouped_mm_op.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
 

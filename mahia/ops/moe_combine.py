@@ -13,7 +13,7 @@ That it is one is not checked by default (that needs its values on the host, a s
 on :func:`moe_combine` checks it and raises a ValueError naming the offending entry. Without the check,
 whatever the indices, the kernels never read or write out of bounds: every index load is masked to
 0 <= inverse < N*k (two compares per (token, slot) pair, nothing per element). An entry out of that
-range contributes 0 to y and gets no gradient (its d_gates entry is 0). For a ``inverse`` that is not
+range contributes 0 to y and gets no gradient (its d_gates entry is 0). For an ``inverse`` that is not
 a permutation, y is still the formula above (repeated rows are simply read twice), but d_out is
 undefined where the permutation is broken: a row indexed twice gets one of its two terms, a row never
 indexed keeps uninitialised memory (always within d_out). The eager path (``moe_combine_eager``)
@@ -38,24 +38,34 @@ path gates in out's dtype, as documented there); empty inputs (N, k or D of 0) r
 y; ``meta`` tensors get their shapes from the eager reference, never the interpreter. Inputs are
 validated once, by ``moe_combine``, whose name the errors carry.
 """
+
 from __future__ import annotations
 
 import torch
-from mahia.ops._triton import tl, triton
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import KERNEL_DTYPES, use_triton
 
-__all__ = ["moe_combine", "moe_combine_eager", "moe_combine_triton", "check_moe_combine_inputs",
-           "check_inverse_is_permutation", "moe_combine_fwd", "moe_combine_bwd"]
+__all__ = [
+    "moe_combine",
+    "moe_combine_eager",
+    "moe_combine_triton",
+    "check_moe_combine_inputs",
+    "check_inverse_is_permutation",
+    "moe_combine_fwd",
+    "moe_combine_bwd",
+]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # Input checks and the eager reference
 
-def check_moe_combine_inputs(fn: str, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                             dtype: torch.dtype | None = None) -> None:
+
+def check_moe_combine_inputs(
+    fn: str, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None = None
+) -> None:
     """out (N*k, D) and gates (N, k) floating point, inverse (N*k,) int64, one device; dtype None or floating.
 
     That ``inverse`` is a permutation of 0..N*k-1 is not checked (it would need the values on the host).
@@ -66,13 +76,16 @@ def check_moe_combine_inputs(fn: str, out: torch.Tensor, inverse: torch.Tensor, 
         raise ValueError(f"{fn}: gates must be 2-D (N, k), got shape {tuple(gates.shape)}")
     N, k = gates.shape
     if out.dim() != 2 or out.shape[0] != N * k:
-        raise ValueError(f"{fn}: out must be (N*k, D) with N*k = {N}*{k} = {N * k} rows (gates is (N, k) = "
-                         f"{tuple(gates.shape)}), got shape {tuple(out.shape)}")
+        raise ValueError(
+            f"{fn}: out must be (N*k, D) with N*k = {N}*{k} = {N * k} rows (gates is (N, k) = "
+            f"{tuple(gates.shape)}), got shape {tuple(out.shape)}"
+        )
     if not isinstance(inverse, torch.Tensor):
         raise TypeError(f"{fn}: inverse must be a torch.Tensor, got {type(inverse).__name__}")
     if inverse.dtype != torch.int64:
-        raise TypeError(f"{fn}: inverse must be an int64 tensor (row of out for each assignment n*k + j), "
-                        f"got dtype {inverse.dtype}")
+        raise TypeError(
+            f"{fn}: inverse must be an int64 tensor (row of out for each assignment n*k + j), got dtype {inverse.dtype}"
+        )
     if inverse.dim() != 1 or inverse.shape[0] != N * k:
         raise ValueError(f"{fn}: inverse must have shape (N*k,) = ({N * k},), got {tuple(inverse.shape)}")
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -92,26 +105,32 @@ def check_inverse_is_permutation(fn: str, inverse: torch.Tensor) -> None:
     bad = (inverse < 0) | (inverse >= n)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(f"{fn}: inverse must be a permutation of 0..{n - 1} (the row of out of each "
-                         f"assignment); inverse[{i}] = {int(inverse[i])} is out of range")
+        raise ValueError(
+            f"{fn}: inverse must be a permutation of 0..{n - 1} (the row of out of each "
+            f"assignment); inverse[{i}] = {int(inverse[i])} is out of range"
+        )
     counts = torch.bincount(inverse, minlength=n)
     if bool((counts != 1).any()):
         rep = int((counts > 1).nonzero()[0, 0])
         miss = int((counts == 0).nonzero()[0, 0])
-        raise ValueError(f"{fn}: inverse must be a permutation of 0..{n - 1}; row {rep} appears "
-                         f"{int(counts[rep])} times and row {miss} never")
+        raise ValueError(
+            f"{fn}: inverse must be a permutation of 0..{n - 1}; row {rep} appears "
+            f"{int(counts[rep])} times and row {miss} never"
+        )
 
 
-def _moe_combine_eager(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                       dtype: torch.dtype | None) -> torch.Tensor:
+def _moe_combine_eager(
+    out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None
+) -> torch.Tensor:
     N, k = gates.shape
     dtype = out.dtype if dtype is None else dtype
-    out = out.index_select(0, inverse).view(N, k, out.shape[1])              # (N, k, D) back in token order
+    out = out.index_select(0, inverse).view(N, k, out.shape[1])  # (N, k, D) back in token order
     return (out * gates.to(out.dtype).unsqueeze(-1)).to(dtype).sum(dim=1)  # (N, D)
 
 
-def moe_combine_eager(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                      dtype: torch.dtype | None = None) -> torch.Tensor:
+def moe_combine_eager(
+    out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]] in plain PyTorch: three kernels (gather, gate
     multiply, k-sum) and two (N, k, D) intermediates. ``mahia.ops.moe_combine`` fuses them.
 
@@ -122,54 +141,80 @@ def moe_combine_eager(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Ten
     return _moe_combine_eager(out, inverse, gates, dtype)
 
 
-
 @triton.jit
 def _moe_combine_fwd_kernel(
-    OUT, INV, G, Y,
-    n_tokens, n_slots, n_cols, n_rows,  # n_rows = n_tokens * n_slots: the rows of OUT
-    stride_out, stride_gn, stride_gk, stride_y,
-    KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    OUT,
+    INV,
+    G,
+    Y,
+    n_tokens,
+    n_slots,
+    n_cols,
+    n_rows,  # n_rows = n_tokens * n_slots: the rows of OUT
+    stride_out,
+    stride_gn,
+    stride_gk,
+    stride_y,
+    KP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)                       # (BLOCK_T,)
-    slot = tl.arange(0, KP)                                                         # (KP,)
+    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
+    slot = tl.arange(0, KP)  # (KP,)
     cols = tl.arange(0, BLOCK_D)
     tok_ok = tok < n_tokens
-    pair_ok = tok_ok[:, None] & (slot[None, :] < n_slots)                          # (BLOCK_T, KP)
+    pair_ok = tok_ok[:, None] & (slot[None, :] < n_slots)  # (BLOCK_T, KP)
     row = tl.load(INV + tok[:, None] * n_slots + slot[None, :], mask=pair_ok, other=0)  # int64 rows of out
     pair_ok = pair_ok & (row >= 0) & (row < n_rows)  # an index out of range reads nothing, adds 0
     g = tl.load(G + tok[:, None] * stride_gn + slot[None, :] * stride_gk, mask=pair_ok, other=0.0).to(tl.float32)
-    src = OUT + row[:, :, None] * stride_out                                        # (BLOCK_T, KP, 1)
-    dst = Y + tok[:, None] * stride_y                                               # (BLOCK_T, 1)
+    src = OUT + row[:, :, None] * stride_out  # (BLOCK_T, KP, 1)
+    dst = Y + tok[:, None] * stride_y  # (BLOCK_T, 1)
     for d0 in range(0, n_cols, BLOCK_D):
         c = d0 + cols
         col_ok = c < n_cols
-        x = tl.load(src + c[None, None, :], mask=pair_ok[:, :, None] & col_ok[None, None, :],
-                    other=0.0).to(tl.float32)                                       # (BLOCK_T, KP, BLOCK_D)
-        y = tl.sum(x * g[:, :, None], axis=1)                                       # (BLOCK_T, BLOCK_D)
+        x = tl.load(src + c[None, None, :], mask=pair_ok[:, :, None] & col_ok[None, None, :], other=0.0).to(
+            tl.float32
+        )  # (BLOCK_T, KP, BLOCK_D)
+        y = tl.sum(x * g[:, :, None], axis=1)  # (BLOCK_T, BLOCK_D)
         tl.store(dst + c[None, :], y.to(Y.dtype.element_ty), mask=tok_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
 def _moe_combine_bwd_kernel(
-    DY, OUT, INV, G, DOUT, DG,
-    n_tokens, n_slots, n_cols, n_rows,
-    stride_dy, stride_out, stride_gn, stride_gk, stride_dout,
-    GATE_GRAD: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    DY,
+    OUT,
+    INV,
+    G,
+    DOUT,
+    DG,
+    n_tokens,
+    n_slots,
+    n_cols,
+    n_rows,
+    stride_dy,
+    stride_out,
+    stride_gn,
+    stride_gk,
+    stride_dout,
+    GATE_GRAD: tl.constexpr,
+    KP: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     slot = tl.arange(0, KP)
     cols = tl.arange(0, BLOCK_D)
     tok_ok = tok < n_tokens
-    in_gates = tok_ok[:, None] & (slot[None, :] < n_slots)                         # (token, slot) exists
+    in_gates = tok_ok[:, None] & (slot[None, :] < n_slots)  # (token, slot) exists
     row = tl.load(INV + tok[:, None] * n_slots + slot[None, :], mask=in_gates, other=0)
     pair_ok = in_gates & (row >= 0) & (row < n_rows)  # an index out of range writes nothing
     g = tl.load(G + tok[:, None] * stride_gn + slot[None, :] * stride_gk, mask=pair_ok, other=0.0).to(tl.float32)
     src = OUT + row[:, :, None] * stride_out
     dst = DOUT + row[:, :, None] * stride_dout
     dy_ptr = DY + tok[:, None] * stride_dy
-    acc = tl.zeros((BLOCK_T, KP), dtype=tl.float32)                                 # d_g of the tile's pairs
+    acc = tl.zeros((BLOCK_T, KP), dtype=tl.float32)  # d_g of the tile's pairs
     for d0 in range(0, n_cols, BLOCK_D):
         c = d0 + cols
         col_ok = c < n_cols
@@ -220,10 +265,17 @@ def _check_kernel_inputs(fn: str, out, inverse, gates, dtype) -> None:
         raise TypeError(f"{fn}: dtype must be float32, float16 or bfloat16 for the Triton kernel, got {dtype}")
 
 
-def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                           dtype: torch.dtype | None = None, *, block_t: int | None = None,
-                           block_d: int | None = None, num_warps: int | None = None,
-                           check: bool = True) -> torch.Tensor:
+def moe_combine_fwd_launch(
+    out: torch.Tensor,
+    inverse: torch.Tensor,
+    gates: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    *,
+    block_t: int | None = None,
+    block_d: int | None = None,
+    num_warps: int | None = None,
+    check: bool = True,
+) -> torch.Tensor:
     """y (N, D) in ``dtype`` (None: out.dtype) with y[n] = sum_j gates[n, j] * out[inverse[n*k + j]].
 
     ``check=False`` skips the input checks (the caller validated them). Indices are never checked here
@@ -240,16 +292,38 @@ def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torc
     out, inverse = _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _cfg(N, k, D, 4096, block_t, block_d, num_warps)
     _moe_combine_fwd_kernel[(triton.cdiv(N, bt),)](
-        out, inverse, gates, y, N, k, D, N * k,
-        out.stride(0), gates.stride(0), gates.stride(1), y.stride(0),
-        KP=kp, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps,
+        out,
+        inverse,
+        gates,
+        y,
+        N,
+        k,
+        D,
+        N * k,
+        out.stride(0),
+        gates.stride(0),
+        gates.stride(1),
+        y.stride(0),
+        KP=kp,
+        BLOCK_T=bt,
+        BLOCK_D=bd,
+        num_warps=warps,
     )
     return y
 
 
-def moe_combine_bwd_launch(dy: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                           gate_grad: bool = True, *, block_t: int | None = None, block_d: int | None = None,
-                           num_warps: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_combine_bwd_launch(
+    dy: torch.Tensor,
+    out: torch.Tensor,
+    inverse: torch.Tensor,
+    gates: torch.Tensor,
+    gate_grad: bool = True,
+    *,
+    block_t: int | None = None,
+    block_d: int | None = None,
+    num_warps: int | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_out (N*k, D) in out.dtype, d_gates (N, k) in gates.dtype) given dy (N, D).
 
     ``gate_grad=False`` skips reading out (d_gates comes back as zeros): a third fewer bytes.
@@ -272,18 +346,35 @@ def moe_combine_bwd_launch(dy: torch.Tensor, out: torch.Tensor, inverse: torch.T
     dy, out, inverse = _unit_stride(dy), _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _cfg(N, k, D, 2048, block_t, block_d, num_warps)
     _moe_combine_bwd_kernel[(triton.cdiv(N, bt),)](
-        dy, out, inverse, gates, d_out, d_gates, N, k, D, N * k,
-        dy.stride(0), out.stride(0), gates.stride(0), gates.stride(1), d_out.stride(0),
-        GATE_GRAD=bool(gate_grad), KP=kp, BLOCK_T=bt, BLOCK_D=bd, num_warps=warps,
+        dy,
+        out,
+        inverse,
+        gates,
+        d_out,
+        d_gates,
+        N,
+        k,
+        D,
+        N * k,
+        dy.stride(0),
+        out.stride(0),
+        gates.stride(0),
+        gates.stride(1),
+        d_out.stride(0),
+        GATE_GRAD=bool(gate_grad),
+        KP=kp,
+        BLOCK_T=bt,
+        BLOCK_D=bd,
+        num_warps=warps,
     )
     return d_out, d_gates
 
 
 # torch.library custom ops for torch.compile (the fake implementations validate while tracing).
 
+
 @torch.library.custom_op("mahia::moe_combine_fwd", mutates_args=())
-def moe_combine_fwd(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                    dtype: torch.dtype) -> torch.Tensor:
+def moe_combine_fwd(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]], in dtype."""
     return moe_combine_fwd_launch(out, inverse, gates, dtype)
 
@@ -295,8 +386,9 @@ def _(out, inverse, gates, dtype):
 
 
 @torch.library.custom_op("mahia::moe_combine_bwd", mutates_args=())
-def moe_combine_bwd(dy: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                    gate_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def moe_combine_bwd(
+    dy: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, gate_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_out, d_gates) of moe_combine_fwd (d_gates = 0 unless gate_grad)."""
     return moe_combine_bwd_launch(dy, out, inverse, gates, gate_grad)
 
@@ -338,16 +430,18 @@ class _MoECombineFunction(torch.autograd.Function):
         return (d_out if need_out else None), None, (d_gates if need_gates else None), None
 
 
-def _moe_combine_triton(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                        dtype: torch.dtype | None) -> torch.Tensor:
+def _moe_combine_triton(
+    out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None
+) -> torch.Tensor:
     dtype = out.dtype if dtype is None else dtype
     if torch.compiler.is_compiling():
         return moe_combine_fwd(out, inverse, gates, dtype)
     return _MoECombineFunction.apply(out, inverse, gates, dtype)
 
 
-def moe_combine_triton(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                       dtype: torch.dtype | None = None) -> torch.Tensor:
+def moe_combine_triton(
+    out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """y (N, D) = sum_j gates[n, j] * out[inverse[n*k + j]] with the Triton kernels (dtype None: out.dtype).
 
     out: (N*k, D) expert outputs in expert order; inverse: (N*k,) int64 permutation; gates: (N, k).
@@ -357,8 +451,14 @@ def moe_combine_triton(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Te
     return _moe_combine_triton(out, inverse, gates, dtype)
 
 
-def moe_combine(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor,
-                dtype: torch.dtype | None = None, *, check: bool = False) -> torch.Tensor:
+def moe_combine(
+    out: torch.Tensor,
+    inverse: torch.Tensor,
+    gates: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    *,
+    check: bool = False,
+) -> torch.Tensor:
     """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]]: the MoE layer's un-permute + gated sum, one pass.
 
     out (N*k, D) in expert order, inverse (N*k,) int64 permutation, gates (N, k); y (N, D) in ``dtype``

@@ -33,21 +33,31 @@ Behaviour at the edges (the public ``rms_norm`` / ``add_rms_norm``):
 * ``meta`` tensors get their shapes from the eager reference (never the interpreter);
 * inputs are validated once, by the public function, whose name the errors carry.
 """
+
 from __future__ import annotations
 
 import functools
 import numbers
-from typing import Optional
 
 import torch
-from mahia.ops._triton import tl, triton
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
-__all__ = ["rms_norm", "add_rms_norm", "rms_norm_eager", "add_rms_norm_eager", "rms_norm_triton",
-           "add_rms_norm_triton", "check_rms_norm_inputs", "rms_norm_fwd", "add_rms_norm_fwd", "rms_norm_bwd",
-           "MAX_HIDDEN"]
+__all__ = [
+    "rms_norm",
+    "add_rms_norm",
+    "rms_norm_eager",
+    "add_rms_norm_eager",
+    "rms_norm_triton",
+    "add_rms_norm_triton",
+    "check_rms_norm_inputs",
+    "rms_norm_fwd",
+    "add_rms_norm_fwd",
+    "rms_norm_bwd",
+    "MAX_HIDDEN",
+]
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HIDDEN = 65536
@@ -57,20 +67,23 @@ MAX_HIDDEN = 65536
 # Input checks and the eager reference (the readable "before"; float64 inputs make it the reference)
 # --------------------------------------------------------------------------------------------------
 
-def check_rms_norm_inputs(fn: str, x: torch.Tensor, weight: torch.Tensor,
-                          residual: torch.Tensor | None = None, eps: float = 1e-6) -> None:
+
+def check_rms_norm_inputs(
+    fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, eps: float = 1e-6
+) -> None:
     """x (..., N), weight (N,), residual like x, eps >= 0."""
     check_float_tensor(fn, "x", x)
     check_float_tensor(fn, "weight", weight)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(f"{fn}: weight must have shape ({x.shape[-1]},) to match the last dim of x "
-                         f"{tuple(x.shape)}, got {tuple(weight.shape)}")
+        raise ValueError(
+            f"{fn}: weight must have shape ({x.shape[-1]},) to match the last dim of x "
+            f"{tuple(x.shape)}, got {tuple(weight.shape)}"
+        )
     tensors = {"x": x, "weight": weight}
     if residual is not None:
         check_float_tensor(fn, "residual", residual)
         if residual.shape != x.shape:
-            raise ValueError(f"{fn}: residual must have the shape of x {tuple(x.shape)}, "
-                             f"got {tuple(residual.shape)}")
+            raise ValueError(f"{fn}: residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
         if residual.dtype != x.dtype:
             raise TypeError(f"{fn}: residual must have the dtype of x ({x.dtype}), got {residual.dtype}")
         tensors["residual"] = residual
@@ -99,29 +112,40 @@ def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> 
     return _rms_norm_eager(x, weight, eps)
 
 
-def _add_rms_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_rms_norm_eager(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     h = x + residual
     return _rms_norm_eager(h, weight, eps), h
 
 
-def add_rms_norm_eager(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_eager(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual (in ``x.dtype``); y = rms_norm(h).  Returns (y, h), the pre-norm block's pair."""
     check_rms_norm_inputs("add_rms_norm_eager", x, weight, residual, eps)
     return _add_rms_norm_eager(x, residual, weight, eps)
-
 
 
 # --------------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------------
 
+
 @triton.jit
 def _rms_norm_fwd_kernel(
-    X, R, W, Y, H, RSTD,  # R and H are only touched when HAS_RESIDUAL
-    n_rows, n_cols,
-    stride_x, stride_r, stride_y, stride_h,
+    X,
+    R,
+    W,
+    Y,
+    H,
+    RSTD,  # R and H are only touched when HAS_RESIDUAL
+    n_rows,
+    n_cols,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_h,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows per program (>1 only for small hidden sizes)
@@ -150,9 +174,20 @@ def _rms_norm_fwd_kernel(
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DH, DX, DW_PARTIAL,  # DH is only touched when HAS_DH
-    n_rows, n_cols, rows_per_program,  # rows_per_program is a multiple of BLOCK_M
-    stride_dy, stride_x, stride_dh, stride_dx,
+    DY,
+    X,
+    W,
+    RSTD,
+    DH,
+    DX,
+    DW_PARTIAL,  # DH is only touched when HAS_DH
+    n_rows,
+    n_cols,
+    rows_per_program,  # rows_per_program is a multiple of BLOCK_M
+    stride_dy,
+    stride_x,
+    stride_dh,
+    stride_dx,
     HAS_DH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -190,6 +225,7 @@ def _rms_norm_bwd_kernel(
 # Launchers
 # --------------------------------------------------------------------------------------------------
 
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """(..., N) -> (M, N) with a unit stride along N (copies only if it has to)."""
     if t.stride(-1) != 1:
@@ -211,12 +247,14 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fwd_config(n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for the forward kernel."""
     if n_cols > MAX_HIDDEN:
-        raise ValueError(f"rms_norm: hidden size {n_cols} exceeds the kernel's limit of {MAX_HIDDEN} "
-                         "(the whole row is held in registers)")
+        raise ValueError(
+            f"rms_norm: hidden size {n_cols} exceeds the kernel's limit of {MAX_HIDDEN} "
+            "(the whole row is held in registers)"
+        )
     block_n = _next_pow2(n_cols)
     block_m = max(1, 4096 // block_n)  # small rows: several per program, so each moves >= 4096 elements
     # 512 elements per warp (16 per thread), at most 16 warps. On an H100 (bf16, 2^26 elements) this
@@ -226,7 +264,7 @@ def _fwd_config(n_cols: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bwd_config(n_cols: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, programs_per_sm) for the backward kernel."""
     block_m, block_n, num_warps = _fwd_config(n_cols)
@@ -235,15 +273,23 @@ def _bwd_config(n_cols: int) -> tuple[int, int, int, int]:
     return block_m, block_n, num_warps, 2 if block_m * block_n <= 4096 else 1
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # the CPU interpreter: few programs keep it fast
 
 
-def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor], eps: float, *,
-                        block_m: int | None = None, num_warps: int | None = None, check: bool = True):
+def rms_norm_fwd_launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    residual: torch.Tensor | None,
+    eps: float,
+    *,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    check: bool = True,
+):
     """Run the forward kernel. Returns (y, h or None, rstd); y and h have x's shape, rstd x.shape[:-1].
 
     ``check=False`` skips the input checks: for callers that validated already (the public functions).
@@ -268,18 +314,39 @@ def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: Optiona
         return y, h, rstd
     y2 = y.view(-1, n_cols)
     _rms_norm_fwd_kernel[(_cdiv(n_rows, block_m),)](
-        x2, r2, w, y2, h2, rstd,
-        n_rows, n_cols,
-        x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0),
+        x2,
+        r2,
+        w,
+        y2,
+        h2,
+        rstd,
+        n_rows,
+        n_cols,
+        x2.stride(0),
+        r2.stride(0),
+        y2.stride(0),
+        h2.stride(0),
         eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
     )
     return y, h, rstd
 
 
-def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-                        dh: Optional[torch.Tensor], *, block_m: int | None = None, num_warps: int | None = None,
-                        programs_per_sm: int | None = None, check: bool = True):
+def rms_norm_bwd_launch(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    rstd: torch.Tensor,
+    dh: torch.Tensor | None,
+    *,
+    block_m: int | None = None,
+    num_warps: int | None = None,
+    programs_per_sm: int | None = None,
+    check: bool = True,
+):
     """Run the backward kernel. Returns (dx, dw); dx includes dh when it is given.
 
     ``check=False`` skips the checks, for gradients autograd hands back in the shapes of checked outputs.
@@ -292,8 +359,9 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         if dy.shape != x.shape:
             raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
         if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
-            raise ValueError(f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, "
-                             f"got {rstd.dtype} {tuple(rstd.shape)}")
+            raise ValueError(
+                f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, got {rstd.dtype} {tuple(rstd.shape)}"
+            )
         if dh is not None and dh.shape != x.shape:
             raise ValueError(f"{fn}: dh must have the shape of x {tuple(x.shape)}, got {tuple(dh.shape)}")
     n_cols = x.shape[-1]
@@ -317,10 +385,24 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     n_programs = _cdiv(n_rows, rows_per_program)
     dw_partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
     _rms_norm_bwd_kernel[(n_programs,)](
-        dy2, x2, weight.contiguous(), rstd1, dh2, dx2, dw_partial,
-        n_rows, n_cols, rows_per_program,
-        dy2.stride(0), x2.stride(0), dh2.stride(0), dx2.stride(0),
-        HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        dy2,
+        x2,
+        weight.contiguous(),
+        rstd1,
+        dh2,
+        dx2,
+        dw_partial,
+        n_rows,
+        n_cols,
+        rows_per_program,
+        dy2.stride(0),
+        x2.stride(0),
+        dh2.stride(0),
+        dx2.stride(0),
+        HAS_DH=dh is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=num_warps,
     )
     return dx, dw_partial.sum(dim=0).to(weight.dtype)
 
@@ -329,6 +411,7 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 # torch.library custom ops: opaque to torch.compile (no graph break), with fake and autograd rules.
 # The fake implementations also validate, so bad inputs fail clearly while tracing.
 # --------------------------------------------------------------------------------------------------
+
 
 @torch.library.custom_op("mahia::rms_norm_fwd", mutates_args=())
 def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -344,8 +427,9 @@ def _(x, weight, eps):
 
 
 @torch.library.custom_op("mahia::add_rms_norm_fwd", mutates_args=())
-def add_rms_norm_fwd(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def add_rms_norm_fwd(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, h, rstd) with h = x + residual and y = RMSNorm(h)."""
     return rms_norm_fwd_launch(x, weight, residual, eps)
 
@@ -357,8 +441,9 @@ def _(x, residual, weight, eps):
 
 
 @torch.library.custom_op("mahia::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-                 dh: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx (+ dh), dw) of RMSNorm, given the saved x (or h) and rstd."""
     return rms_norm_bwd_launch(dy, x, weight, rstd, dh)
 
@@ -407,6 +492,7 @@ add_rms_norm_fwd.register_autograd(_add_rms_norm_backward, setup_context=_add_rm
 # So eager calls go through the Functions, and the custom ops serve torch.compile (same launchers).
 # --------------------------------------------------------------------------------------------------
 
+
 class _RMSNormFunction(torch.autograd.Function):
     """Inputs are validated by the caller (rms_norm / rms_norm_triton); the launchers do not check again."""
 
@@ -441,22 +527,25 @@ class _AddRMSNormFunction(torch.autograd.Function):
 # The Triton path, and the public functions that choose between it and the eager reference
 # --------------------------------------------------------------------------------------------------
 
+
 def _rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return rms_norm_fwd(x, weight, float(eps))[0]
     return _RMSNormFunction.apply(x, weight, float(eps))
 
 
-def _add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     if torch.compiler.is_compiling():
         y, h, _ = add_rms_norm_fwd(x, residual, weight, float(eps))
         return y, h
     return _AddRMSNormFunction.apply(x, residual, weight, float(eps))
 
 
-def _check_triton_inputs(fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None,
-                         eps: float) -> None:
+def _check_triton_inputs(
+    fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float
+) -> None:
     check_rms_norm_inputs(fn, x, weight, residual, eps)
     _check_kernel_inputs(fn, x=x, weight=weight)
     _fwd_config(x.shape[-1])  # raises past MAX_HIDDEN
@@ -472,8 +561,9 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) ->
     return _rms_norm_triton(x, weight, eps)
 
 
-def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                        eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h), in one pass over the data."""
     _check_triton_inputs("add_rms_norm_triton", x, weight, residual, eps)
     return _add_rms_norm_triton(x, residual, weight, eps)
@@ -499,8 +589,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return _rms_norm_eager(x, weight, eps)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h); h is rounded to x's dtype and
     that rounded h is normalized. Paths and edge cases as :func:`rms_norm`."""
     check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)

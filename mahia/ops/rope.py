@@ -18,12 +18,13 @@ empty inputs (B, T or a head count of 0) return empty outputs; ``meta`` tensors 
 the eager reference, never the interpreter. Inputs are validated once, by ``rope``, whose name the
 errors carry (e.g. an odd head dim).
 """
+
 from __future__ import annotations
 
 import torch
-from mahia.ops._triton import tl, triton
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
 __all__ = ["rope", "apply_rope_eager", "rope_triton", "check_rope_inputs", "rope_fwd", "rope_bwd"]
@@ -32,6 +33,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # Input checks and the eager reference
+
 
 def check_rope_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """q (B, T, Hq, D), k (B, T, Hkv, D) of one dtype, D even, cos and sin (T, D/2), one device."""
@@ -43,8 +45,9 @@ def check_rope_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tens
     check_float_tensor(fn, "sin", sin)
     B, T, _, D = q.shape
     if k.shape[0] != B or k.shape[1] != T or k.shape[3] != D:
-        raise ValueError(f"{fn}: k must be (B, T, Hkv, D) = ({B}, {T}, Hkv, {D}) to match q "
-                         f"{tuple(q.shape)}, got {tuple(k.shape)}")
+        raise ValueError(
+            f"{fn}: k must be (B, T, Hkv, D) = ({B}, {T}, Hkv, {D}) to match q {tuple(q.shape)}, got {tuple(k.shape)}"
+        )
     if k.dtype != q.dtype:
         raise TypeError(f"{fn}: k must have the dtype of q ({q.dtype}), got {k.dtype}")
     if D % 2 != 0:
@@ -62,8 +65,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def apply_rope_eager(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope_eager(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); math in fp32, output in input dtype."""
     check_rope_inputs("apply_rope_eager", q, k, cos, sin)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
@@ -75,11 +79,19 @@ def _check_kernel_dtypes(fn: str, q, k, cos, sin) -> None:
             raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
 
 
-
 @triton.jit
 def _rotate_heads(
-    X, OUT, x_row, out_row, stride_h, n_heads, half, cos, sin,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    X,
+    OUT,
+    x_row,
+    out_row,
+    stride_h,
+    n_heads,
+    half,
+    cos,
+    sin,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     """Rotate the n_heads head vectors of one token: X + x_row is its first element, OUT likewise."""
     h = tl.arange(0, BLOCK_H)
@@ -95,13 +107,28 @@ def _rotate_heads(
 
 @triton.jit
 def _rope_kernel(
-    Q, K, QO, KO, COS, SIN,
-    T, n_qh, n_kh, half,
-    stride_qb, stride_qt, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_cos, stride_sin,
+    Q,
+    K,
+    QO,
+    KO,
+    COS,
+    SIN,
+    T,
+    n_qh,
+    n_kh,
+    half,
+    stride_qb,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_cos,
+    stride_sin,
     BACKWARD: tl.constexpr,
-    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)  # one token: pid = b * T + t
     b = pid // T
@@ -113,10 +140,32 @@ def _rope_kernel(
     if BACKWARD:
         sin = -sin
 
-    _rotate_heads(Q, QO, b * stride_qb + t * stride_qt, pid * n_qh * 2 * half, stride_qh, n_qh, half,
-                  cos, sin, BLOCK_QH, BLOCK_HALF)
-    _rotate_heads(K, KO, b * stride_kb + t * stride_kt, pid * n_kh * 2 * half, stride_kh, n_kh, half,
-                  cos, sin, BLOCK_KH, BLOCK_HALF)
+    _rotate_heads(
+        Q,
+        QO,
+        b * stride_qb + t * stride_qt,
+        pid * n_qh * 2 * half,
+        stride_qh,
+        n_qh,
+        half,
+        cos,
+        sin,
+        BLOCK_QH,
+        BLOCK_HALF,
+    )
+    _rotate_heads(
+        K,
+        KO,
+        b * stride_kb + t * stride_kt,
+        pid * n_kh * 2 * half,
+        stride_kh,
+        n_kh,
+        half,
+        cos,
+        sin,
+        BLOCK_KH,
+        BLOCK_HALF,
+    )
 
 
 def _num_warps(block_qh: int, block_half: int) -> int:
@@ -125,9 +174,16 @@ def _num_warps(block_qh: int, block_half: int) -> int:
     return max(1, min(8, block_qh * block_half // 256))
 
 
-def rope_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *,
-                backward: bool = False, num_warps: int | None = None,
-                check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_launch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    backward: bool = False,
+    num_warps: int | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); ``backward`` negates sin.
 
     ``check=False`` skips the input checks, for gradients that autograd hands back in the shapes of
@@ -151,13 +207,30 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     if B * T == 0 or D == 0:
         return q_out, k_out
     half = D // 2
-    block_qh, block_kh, block_half = 1 << (n_qh - 1).bit_length(), 1 << (n_kh - 1).bit_length(), 1 << (half - 1).bit_length()
+    block_qh, block_kh, block_half = (
+        1 << (n_qh - 1).bit_length(),
+        1 << (n_kh - 1).bit_length(),
+        1 << (half - 1).bit_length(),
+    )
     _rope_kernel[(B * T,)](
-        q, k, q_out, k_out, cos, sin,
-        T, n_qh, n_kh, half,
-        *q.stride()[:3], *k.stride()[:3],
-        cos.stride(0), sin.stride(0),
-        BACKWARD=backward, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half,
+        q,
+        k,
+        q_out,
+        k_out,
+        cos,
+        sin,
+        T,
+        n_qh,
+        n_kh,
+        half,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        cos.stride(0),
+        sin.stride(0),
+        BACKWARD=backward,
+        BLOCK_QH=block_qh,
+        BLOCK_KH=block_kh,
+        BLOCK_HALF=block_half,
         num_warps=num_warps or _num_warps(block_qh, block_half),
     )
     return q_out, k_out
@@ -165,8 +238,11 @@ def rope_launch(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
 
 # torch.library custom ops for torch.compile (the fake implementations validate while tracing).
 
+
 @torch.library.custom_op("mahia::rope_fwd", mutates_args=())
-def rope_fwd(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_fwd(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_rot, k_rot): q and k rotated by the angles whose cos/sin are given."""
     return rope_launch(q, k, cos, sin)
 
@@ -178,7 +254,9 @@ def _(q, k, cos, sin):
 
 
 @torch.library.custom_op("mahia::rope_bwd", mutates_args=())
-def rope_bwd(dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_bwd(
+    dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of q and k: dq and dk rotated by the negated angles."""
     return rope_launch(dq, dk, cos, sin, backward=True)
 
@@ -218,18 +296,22 @@ class _RopeFunction(torch.autograd.Function):
         return dq, dk, None, None
 
 
-def _rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor, fn: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_triton(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fn: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (cos, sin)):
-        raise ValueError(f"{fn}: cos and sin must not require grad (the kernel treats them as constants); "
-                         "pass detached tables, e.g. from RotaryCache.get")
+        raise ValueError(
+            f"{fn}: cos and sin must not require grad (the kernel treats them as constants); "
+            "pass detached tables, e.g. from RotaryCache.get"
+        )
     if torch.compiler.is_compiling():
         return rope_fwd(q, k, cos, sin)
     return _RopeFunction.apply(q, k, cos, sin)
 
 
-def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_triton(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_rot, k_rot) with the Triton kernel.  q (B, T, Hq, D), k (B, T, Hkv, D), cos/sin (T, D/2).
 
     cos and sin are constants here (no gradient flows to them): tables that require grad are refused.
@@ -240,8 +322,7 @@ def rope_triton(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     return _rope_triton(q, k, cos, sin, "rope_triton")
 
 
-def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-         sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2), rotate-half convention.
 
     The Triton kernel where it can run (:mod:`mahia.ops.dispatch`), else :func:`apply_rope_eager` (also

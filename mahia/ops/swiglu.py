@@ -18,13 +18,14 @@ empty gradients; float64 inputs run the eager reference silently (reference prec
 tensors get their shapes from the eager reference, never the interpreter; any hidden size runs (the
 kernel walks a row in blocks). Inputs are validated once, by ``swiglu``, whose name errors carry.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from mahia.ops._triton import tl, triton
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
 __all__ = ["swiglu", "swiglu_eager", "swiglu_triton", "check_swiglu_inputs", "swiglu_fwd", "swiglu_bwd"]
@@ -33,6 +34,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # Input checks and the eager reference
+
 
 def check_swiglu_inputs(fn: str, a: torch.Tensor, b: torch.Tensor) -> None:
     """a and b: same shape, dtype and device."""
@@ -56,12 +58,16 @@ def swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _swiglu_eager(a, b)
 
 
-
 @triton.jit
 def _swiglu_fwd_kernel(
-    A, B, C,
-    n_cols, n_col_blocks,
-    stride_a, stride_b, stride_c,
+    A,
+    B,
+    C,
+    n_cols,
+    n_col_blocks,
+    stride_a,
+    stride_b,
+    stride_c,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -78,9 +84,18 @@ def _swiglu_fwd_kernel(
 
 @triton.jit
 def _swiglu_bwd_kernel(
-    DC, A, B, DA, DB,
-    n_cols, n_col_blocks,
-    stride_dc, stride_a, stride_b, stride_da, stride_db,
+    DC,
+    A,
+    B,
+    DA,
+    DB,
+    n_cols,
+    n_col_blocks,
+    stride_dc,
+    stride_a,
+    stride_b,
+    stride_da,
+    stride_db,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -133,8 +148,9 @@ def _check_dtypes(fn: str, **tensors: torch.Tensor) -> None:
             raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
 
 
-def swiglu_fwd_launch(a: torch.Tensor, b: torch.Tensor, *, block: int | None = None,
-                      num_warps: int | None = None, check: bool = True) -> torch.Tensor:
+def swiglu_fwd_launch(
+    a: torch.Tensor, b: torch.Tensor, *, block: int | None = None, num_warps: int | None = None, check: bool = True
+) -> torch.Tensor:
     """c = silu(a) * b with the Triton kernel; c is contiguous with a's shape (``check=False``: the
     caller validated the inputs)."""
     if check:
@@ -149,14 +165,29 @@ def swiglu_fwd_launch(a: torch.Tensor, b: torch.Tensor, *, block: int | None = N
     block, num_warps = block or cfg_block, num_warps or cfg_warps
     n_col_blocks = -(-n_cols // block)
     _swiglu_fwd_kernel[(n_rows * n_col_blocks,)](
-        a2, b2, c2, n_cols, n_col_blocks, a2.stride(0), b2.stride(0), c2.stride(0),
-        BLOCK=block, num_warps=num_warps,
+        a2,
+        b2,
+        c2,
+        n_cols,
+        n_col_blocks,
+        a2.stride(0),
+        b2.stride(0),
+        c2.stride(0),
+        BLOCK=block,
+        num_warps=num_warps,
     )
     return c
 
 
-def swiglu_bwd_launch(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, block: int | None = None,
-                      num_warps: int | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_bwd_launch(
+    dc: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    block: int | None = None,
+    num_warps: int | None = None,
+    check: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) of c = silu(a) * b given dc; both contiguous with a's shape."""
     if check:
         fn = "swiglu backward"
@@ -174,14 +205,26 @@ def swiglu_bwd_launch(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, blo
     block, num_warps = block or cfg_block, num_warps or cfg_warps
     n_col_blocks = -(-n_cols // block)
     _swiglu_bwd_kernel[(n_rows * n_col_blocks,)](
-        dc2, a2, b2, da2, db2, n_cols, n_col_blocks,
-        dc2.stride(0), a2.stride(0), b2.stride(0), da2.stride(0), db2.stride(0),
-        BLOCK=block, num_warps=num_warps,
+        dc2,
+        a2,
+        b2,
+        da2,
+        db2,
+        n_cols,
+        n_col_blocks,
+        dc2.stride(0),
+        a2.stride(0),
+        b2.stride(0),
+        da2.stride(0),
+        db2.stride(0),
+        BLOCK=block,
+        num_warps=num_warps,
     )
     return da, db
 
 
 # torch.library custom ops for torch.compile (the fake implementations validate while tracing).
+
 
 @torch.library.custom_op("mahia::swiglu_fwd", mutates_args=())
 def swiglu_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

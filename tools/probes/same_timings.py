@@ -74,7 +74,8 @@ def measure(out_path: str) -> None:
                 if backward:
                     for i in grad_idx:
                         args[i].requires_grad_(True)
-                    outs = fn(*args)
+                    with torch.no_grad():  # shapes only: a graph kept from here would tie the leaves to this stream
+                        outs = fn(*args)
                     outs = outs if isinstance(outs, tuple) else (outs,)
                     grads = [torch.randn_like(o) for o in outs]
 
