@@ -117,7 +117,7 @@ import torch.nn.functional as F
 
 from mahia import ops
 from mahia.layers.rope import RotaryCache
-from mahia.measure.checks import Comparison, CorrectnessError, tolerance
+from mahia.measure.checks import Comparison, CorrectnessError, check_close, tolerance
 from mahia.measure.timing import Timing, bench, synchronize
 from mahia.ops.moe_combine import moe_combine_eager
 from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
@@ -564,31 +564,6 @@ def eager_bench(
 # ------------------------------------------------------------------------------------------- checking
 
 
-def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``mahia.measure.checks.rel_error`` (||out - ref|| / ||ref|| in float64; inf for NaN/Inf in out, 0 for
-    two zero tensors), computed on the tensors' device instead of the host."""
-    if out.shape != ref.shape:
-        raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}")
-    o = out.detach().to(torch.float64)
-    r = ref.detach().to(device=o.device, dtype=torch.float64)
-    if not bool(torch.isfinite(o).all()):
-        return float("inf")
-    denom, diff = r.norm().item(), (o - r).norm().item()
-    if denom == 0.0:
-        return 0.0 if diff == 0.0 else float("inf")
-    return diff / denom
-
-
-def _close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float) -> float:
-    err = _rel_error(out, ref)
-    if not err <= tol:  # also catches NaN
-        raise CorrectnessError(
-            f"{name}: relative error {err:.3e} exceeds tolerance {tol:.1e} "
-            f"(shape {tuple(out.shape)}, dtype {out.dtype})"
-        )
-    return err
-
-
 def _compare(
     fast: Callable, ref: Callable, inputs: Sequence, *, grads: bool, grad_inputs: Iterable[int], tol: float, name: str
 ) -> Comparison:
@@ -619,7 +594,7 @@ def _compare(
     if len(fast_out) != len(ref_out):
         raise CorrectnessError(f"{name}: returned {len(fast_out)} outputs, reference {len(ref_out)}")
     errors = {
-        f"out{i}": _close(f"{name} output {i}", o, r, tol)
+        f"out{i}": check_close(f"{name} output {i}", o, r, tol)
         for i, (o, r) in enumerate(zip(fast_out, ref_out, strict=True))
     }
     if grads and any(isinstance(t, torch.Tensor) and t.requires_grad for t in fast_in):
@@ -638,7 +613,7 @@ def _compare(
                         raise CorrectnessError(
                             f"{name}: input {i} got no gradient (fast: {a.grad is not None}, ref: {b.grad is not None})"
                         )
-                    errors[f"grad{i}"] = _close(f"{name} gradient of input {i}", a.grad, b.grad, tol)
+                    errors[f"grad{i}"] = check_close(f"{name} gradient of input {i}", a.grad, b.grad, tol)
     return Comparison(errors, tol)
 
 

@@ -103,9 +103,11 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref||_2 / ||ref||_2`` in float64 (inf if out has NaN/Inf, 0 for two zero tensors)."""
     if out.shape != ref.shape:
         raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}")
-    o = out.detach().to(device="cpu", dtype=torch.float64)
-    r = ref.detach().to(device="cpu", dtype=torch.float64)
-    if not torch.isfinite(o).all():
+    # float64 on out's device: no host copy of a large tensor (MPS has no float64: the host there)
+    dev = out.device if out.device.type != "mps" else torch.device("cpu")
+    o = out.detach().to(device=dev, dtype=torch.float64)
+    r = ref.detach().to(device=dev, dtype=torch.float64)
+    if not bool(torch.isfinite(o).all()):
         return float("inf")
     denom = r.norm().item()
     diff = (o - r).norm().item()
