@@ -5,7 +5,7 @@ shapes fixed here, in bfloat16, float16 and float32, each variant timed two ways
 user could call instead.
 
 Variants, each checked against a float64 run of the eager reference on fresh random inputs at every
-shape before it is timed (``compare_fn``'s check, its errors computed on the GPU: see ``_compare``); a
+shape before it is timed (``mahia.measure.checks.compare_fn``, errors computed on the device); a
 wrong one is not timed, the others go on, and the suite ends with a ``CorrectnessError`` naming it:
 
     eager          the readable reference of mahia.ops (``*_eager``)       role "baseline"
@@ -117,7 +117,7 @@ import torch.nn.functional as F
 
 from mahia import ops
 from mahia.layers.rope import RotaryCache
-from mahia.measure.checks import Comparison, CorrectnessError, check_close, tolerance
+from mahia.measure.checks import CorrectnessError, compare_fn, tolerance
 from mahia.measure.timing import Timing, bench, synchronize
 from mahia.ops.moe_combine import moe_combine_eager
 from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
@@ -564,59 +564,6 @@ def eager_bench(
 # ------------------------------------------------------------------------------------------- checking
 
 
-def _compare(
-    fast: Callable, ref: Callable, inputs: Sequence, *, grads: bool, grad_inputs: Iterable[int], tol: float, name: str
-) -> Comparison:
-    """``mahia.measure.checks.compare_fn`` (same reference in float64, same norm-wise errors and tolerance,
-    outputs and the gradients of one backward of sum(out_i * g_i) with the same random g_i for both
-    paths), with the errors and the g_i computed on the inputs' device. compare_fn moves every output and
-    gradient to the host in float64: on the H100 machine that took 85% of a sweep's time (8-10 s per
-    variant at 16384 x 8192), the timings 15%."""
-    idx = set(grad_inputs)
-    float_inputs = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
-    ref_dtype = torch.float32 if float_inputs[0].device.type == "mps" else torch.float64
-
-    def prep(cast):
-        out = []
-        for i, x in enumerate(inputs):
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                y = x.detach().to(cast) if cast is not None else x.detach().clone()
-                y.requires_grad_(grads and i in idx)
-                out.append(y)
-            else:
-                out.append(x)
-        return out
-
-    fast_in, ref_in = prep(None), prep(ref_dtype)
-    fast_out, ref_out = fast(*fast_in), ref(*ref_in)
-    fast_out = tuple(fast_out) if isinstance(fast_out, (tuple, list)) else (fast_out,)
-    ref_out = tuple(ref_out) if isinstance(ref_out, (tuple, list)) else (ref_out,)
-    if len(fast_out) != len(ref_out):
-        raise CorrectnessError(f"{name}: returned {len(fast_out)} outputs, reference {len(ref_out)}")
-    errors = {
-        f"out{i}": check_close(f"{name} output {i}", o, r, tol)
-        for i, (o, r) in enumerate(zip(fast_out, ref_out, strict=True))
-    }
-    if grads and any(isinstance(t, torch.Tensor) and t.requires_grad for t in fast_in):
-        gen = torch.Generator(device=float_inputs[0].device).manual_seed(1234)
-        pairs = [
-            (o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device))
-            for o, r in zip(fast_out, ref_out, strict=True)
-            if o.requires_grad and o.is_floating_point()
-        ]
-        if pairs:
-            sum((o * g.to(o.dtype)).sum() for o, _, g in pairs).backward()
-            sum((r * g.to(r.device, r.dtype)).sum() for _, r, g in pairs).backward()
-            for i, (a, b) in enumerate(zip(fast_in, ref_in, strict=True)):
-                if isinstance(a, torch.Tensor) and a.requires_grad:
-                    if a.grad is None or b.grad is None:
-                        raise CorrectnessError(
-                            f"{name}: input {i} got no gradient (fast: {a.grad is not None}, ref: {b.grad is not None})"
-                        )
-                    errors[f"grad{i}"] = check_close(f"{name} gradient of input {i}", a.grad, b.grad, tol)
-    return Comparison(errors, tol)
-
-
 # ------------------------------------------------------------------------------------------- measuring
 
 
@@ -679,7 +626,7 @@ def _measure(
     budget: dict | None = None,
     failures: list | None = None,
 ) -> None:
-    """Check (:func:`_compare`: compare_fn's check, on the device), then time each variant: forward only,
+    """Check (:func:`mahia.measure.checks.compare_fn`, errors on the device), then time each variant: forward only,
     or forward + backward with fixed output grads.
 
     ``modes`` maps a timing mode to the experiment it is recorded under: 'device' (``bench``, on CUDA a
@@ -701,10 +648,10 @@ def _measure(
         todo = {m: e for m, e in modes.items() if _key(e, v.name, shape, dtype) not in done}
         if not todo:
             continue
-        # Correct first, on fresh inputs (_compare upcasts them to float64 for the reference).
+        # Correct first, on fresh inputs (compare_fn upcasts them to float64 for the reference).
         t0 = time.perf_counter()
         try:
-            cmp = _compare(
+            cmp = compare_fn(
                 lambda *a, v=v: v.fn(*v.adapt(a)),
                 reference,
                 make_inputs(),

@@ -198,9 +198,11 @@ def compare_fn(
         errors[f"out{i}"] = check_close(f"{name} output {i}", o, r, tol)
 
     if grads and any(t.requires_grad for t in fast_in if isinstance(t, torch.Tensor)):
-        gen = torch.Generator(device="cpu").manual_seed(1234)
+        # Seeded cotangents drawn where the outputs are: no host-sized tensor crosses to the device.
+        dev = fast_out[0].device if fast_out[0].device.type != "mps" else torch.device("cpu")
+        gen = torch.Generator(device=dev).manual_seed(1234)
         pairs = [
-            (o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64))
+            (o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64, device=dev))
             for o, r in zip(fast_out, ref_out)
             if o.requires_grad and o.is_floating_point()
         ]
