@@ -21,6 +21,8 @@ import importlib
 
 import torch
 
+from mahia.ops import rmsnorm
+
 __all__ = [
     "KERNELS",
     "LISTINGS",
@@ -36,6 +38,7 @@ LISTINGS: dict[str, tuple[str, str]] = {
     # @triton.jit kernels of mahia.ops (a show_source of one shows the Python function it compiles)
     "rms_norm_fwd_kernel": ("mahia.ops.rmsnorm", "_rms_norm_fwd_kernel"),
     "rms_norm_bwd_kernel": ("mahia.ops.rmsnorm", "_rms_norm_bwd_kernel"),
+    "sum_partials_kernel": ("mahia.ops.rmsnorm", "_sum_partials_kernel"),  # dw from the backward's partials
     "swiglu_fwd_kernel": ("mahia.ops.swiglu", "_swiglu_fwd_kernel"),
     "swiglu_bwd_kernel": ("mahia.ops.swiglu", "_swiglu_bwd_kernel"),
     "rope_kernel": ("mahia.ops.rope", "_rope_kernel"),
@@ -93,14 +96,14 @@ def production_kernels() -> dict[str, object]:
 
 def rms_norm_fwd_config(n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) the production RMSNorm forward launches with for rows of ``n_cols``."""
-    return tuple(_resolve("mahia.ops.rmsnorm", "_fwd_config")(int(n_cols)))
+    return tuple(rmsnorm.fwd_config(int(n_cols)))
 
 
 def rms_norm_bwd_config(n_cols: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the production RMSNorm backward (persistent grid)."""
-    return tuple(_resolve("mahia.ops.rmsnorm", "_bwd_config")(int(n_cols)))
+    return tuple(rmsnorm.bwd_config(int(n_cols)))
 
 
 def sm_count(device: str | torch.device) -> int:
     """The SM count the production RMSNorm backward sizes its grid with (on a CPU: the interpreter's 4)."""
-    return int(_resolve("mahia.ops.rmsnorm", "_num_sms")(torch.device(device)))
+    return int(rmsnorm.sm_count(torch.device(device)))

@@ -29,7 +29,8 @@ dx is per row, but dw sums over all M rows, so programs must combine their contr
 
 The production backward (:func:`mahia.ops.rmsnorm.rms_norm_bwd_launch`) runs a persistent grid:
 a few programs per SM, each keeps a float32 partial dw for its block of rows in registers and
-writes it once; a (programs, N) ``sum(0)`` finishes dw. Three passes, no atomics, deterministic.
+writes it once; a second small kernel sums the (programs, N) partials into dw. It recomputes rstd from
+the x it loads instead of reading a saved one. Three passes, no atomics, deterministic.
 
 The helpers at the end (:func:`measure`, :func:`op_traffic`, :func:`min_bytes`, ...) wrap
 :mod:`mahia.bench.kernels` so that the notebook measures exactly what the benchmark suite measures.

@@ -80,9 +80,10 @@ def check_float_tensor(fn: str, name: str, t: object, *, min_dim: int = 1) -> to
 
 def check_same_device(fn: str, **tensors: torch.Tensor) -> None:
     """Raise ValueError naming the tensors if they are not all on one device."""
-    devices = {name: t.device for name, t in tensors.items()}
-    if len(set(devices.values())) > 1:
-        listing = ", ".join(f"{name} on {dev}" for name, dev in devices.items())
+    values = iter(tensors.values())
+    first = next(values).device
+    if any(t.device != first for t in values):
+        listing = ", ".join(f"{name} on {t.device}" for name, t in tensors.items())
         raise ValueError(f"{fn}: all inputs must be on the same device, got {listing}")
 
 

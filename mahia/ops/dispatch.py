@@ -119,15 +119,19 @@ def use_triton(kernel: str, *tensors: torch.Tensor, unsupported: str | None = No
     never sent to the interpreter). Integer tensors (indices) are allowed.
     """
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+        if not isinstance(t, torch.Tensor) or t.is_meta:
             return False
         if t.is_floating_point() and t.dtype not in KERNEL_DTYPES:
             return False
-    if not triton_available_for(tensors[0]):
-        warn_fallback_once(kernel, tensors[0])
+    first = tensors[0]
+    # the common case in few attribute reads: this runs on every call of every op
+    if unsupported is None and _TRITON_IMPORT_ERROR is None and first.is_cuda and not _disabled_by_env():
+        return True
+    if not triton_available_for(first):
+        warn_fallback_once(kernel, first)
         return False
     if unsupported is not None:
-        warn_fallback_once(kernel, tensors[0], reason=unsupported)
+        warn_fallback_once(kernel, first, reason=unsupported)
         return False
     return True
 

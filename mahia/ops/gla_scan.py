@@ -73,6 +73,7 @@ import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_float_tensor, check_int, check_same_device
+from mahia.ops._launch import Launcher
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -515,6 +516,10 @@ def _gla_bwd_kernel(
         tl.store(DG + qk_off, dg, mask=qk_mask)
 
 
+_launch_fwd = Launcher(_gla_fwd_kernel)
+_launch_bwd = Launcher(_gla_bwd_kernel)
+
+
 # --------------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------------
@@ -601,7 +606,8 @@ def gla_fwd_launch(
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
-    _gla_fwd_kernel[(triton.cdiv(v_dim, bv) * B * H,)](
+    _launch_fwd(
+        (triton.cdiv(v_dim, bv) * B * H,),
         q,
         k,
         v,
@@ -647,7 +653,8 @@ def gla_bwd_launch(
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns.
     dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device) for _ in range(3))
     h_ends = torch.empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), bk, bv), dtype=torch.float32, device=q.device)
-    _gla_bwd_kernel[(n_vblocks * B * H,)](
+    _launch_bwd(
+        (n_vblocks * B * H,),
         q,
         k,
         v,

@@ -35,6 +35,7 @@ import warnings
 
 import torch
 
+from mahia.ops._launch import Launcher
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import why_not
 
@@ -340,6 +341,10 @@ def _grouped_mm_wgrad_kernel(
     tl.store(db_ptrs, acc.to(DB.dtype.element_ty), mask=mask_k[:, None] & mask_n[None, :])
 
 
+_launch_mm = Launcher(_grouped_mm_kernel)
+_launch_wgrad = Launcher(_grouped_mm_wgrad_kernel)
+
+
 def _triton_blocks(t: torch.Tensor, kernel: str) -> dict:
     """Tile sizes for ``kernel`` ("mm" or "wgrad"): small under the CPU interpreter (test speed),
     GEMM-sized on a GPU. Rules of thumb, not autotuned (the tile table depends on BLOCK_M)."""
@@ -377,7 +382,8 @@ def grouped_mm_triton_launch(a: torch.Tensor, b: torch.Tensor, offs: torch.Tenso
     cfg = _triton_blocks(a, "mm")
     group, row0 = _tile_table(offs, M, cfg["BLOCK_M"])
     grid = (group.numel(), triton.cdiv(N, cfg["BLOCK_N"]))
-    _grouped_mm_kernel[grid](
+    _launch_mm(
+        grid,
         a,
         b,
         c,
@@ -410,7 +416,8 @@ def grouped_mm_wgrad_launch(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tenso
         return db.zero_()
     cfg = _triton_blocks(a, "wgrad")
     grid = (G, triton.cdiv(K, cfg["BLOCK_K"]), triton.cdiv(N, cfg["BLOCK_N"]))
-    _grouped_mm_wgrad_kernel[grid](
+    _launch_wgrad(
+        grid,
         a,
         dc,
         db,

@@ -44,6 +44,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._launch import Launcher
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import KERNEL_DTYPES, use_triton
 
@@ -228,6 +229,10 @@ def _moe_combine_bwd_kernel(
         tl.store(DG + tok[:, None] * n_slots + slot[None, :], acc.to(DG.dtype.element_ty), mask=in_gates)
 
 
+_launch_fwd = Launcher(_moe_combine_fwd_kernel)
+_launch_bwd = Launcher(_moe_combine_bwd_kernel)
+
+
 def _config(n_tokens: int, k: int, n_cols: int, tile: int) -> tuple[int, int, int, int]:
     """(KP, BLOCK_T, BLOCK_D, num_warps): tiles of about ``tile`` gathered elements, 4 warps at most.
 
@@ -291,7 +296,8 @@ def moe_combine_fwd_launch(
         return y
     out, inverse = _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _cfg(N, k, D, 4096, block_t, block_d, num_warps)
-    _moe_combine_fwd_kernel[(triton.cdiv(N, bt),)](
+    _launch_fwd(
+        (triton.cdiv(N, bt),),
         out,
         inverse,
         gates,
@@ -345,7 +351,8 @@ def moe_combine_bwd_launch(
         return d_out, d_gates
     dy, out, inverse = _unit_stride(dy), _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _cfg(N, k, D, 2048, block_t, block_d, num_warps)
-    _moe_combine_bwd_kernel[(triton.cdiv(N, bt),)](
+    _launch_bwd(
+        (triton.cdiv(N, bt),),
         dy,
         out,
         inverse,

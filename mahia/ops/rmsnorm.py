@@ -2,7 +2,7 @@
 
 Forward, per row x of length N (math in float32):
 
-    rstd = 1 / sqrt(mean(x^2) + eps)          (saved for backward: one float32 per row)
+    rstd = 1 / sqrt(mean(x^2) + eps)          (recomputed by the backward from the x it loads anyway)
     y    = x * rstd * w
 
 With a residual (``add_rms_norm``) the kernel first forms h = x + residual, writes it (rounded to the
@@ -16,9 +16,15 @@ Backward, with x_hat = x * rstd and g = w * dy:
 ``add_rms_norm`` adds the incoming gradient of h to dx; the sum is the gradient of both x and residual.
 
 The backward kernel runs a persistent grid (a few programs per SM): each program walks a contiguous
-block of rows, keeps its partial dw in float32 registers and writes it once; a small ``sum(0)`` over
-the (programs, N) partials finishes dw. Byte count: forward reads x and writes y; backward reads x and
-dy and writes dx: 5 passes over an (M, N) tensor, everything else is O(M + N).
+block of rows, keeps its partial dw in float32 registers and writes it once; a second small kernel
+sums the (programs, N) partials into dw in the weight's dtype (a single program writes dw itself).
+Byte count: forward reads x and writes y; backward reads x and dy and writes dx: 5 passes over an
+(M, N) tensor, everything else is O(M + N).
+
+Host cost: in an eager model a call is host-bound below about 100 MB of data, so the eager path does
+per call only what it must: one validation, one autograd.Function, one output allocation (rstd is not
+saved but recomputed in the backward), and a direct launch of the compiled kernel
+(:class:`mahia.ops._launch.Launcher`). Under torch.compile the custom ops run the same launchers.
 
 Layout: any leading dims; the last dim is made contiguous (a copy) if it is not. Hidden sizes up to
 ``MAX_HIDDEN`` = 65536 (the whole row lives in registers).
@@ -42,6 +48,7 @@ import numbers
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._launch import Launcher
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -56,6 +63,11 @@ __all__ = [
     "rms_norm_fwd",
     "add_rms_norm_fwd",
     "rms_norm_bwd",
+    "rms_norm_fwd_launch",
+    "rms_norm_bwd_launch",
+    "fwd_config",
+    "bwd_config",
+    "sm_count",
     "MAX_HIDDEN",
 ]
 
@@ -88,7 +100,7 @@ def check_rms_norm_inputs(
             raise TypeError(f"{fn}: residual must have the dtype of x ({x.dtype}), got {residual.dtype}")
         tensors["residual"] = residual
     check_same_device(fn, **tensors)
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):
         raise TypeError(f"{fn}: eps must be a real number >= 0, got {type(eps).__name__} {eps!r}")
     if not eps >= 0.0:  # also rejects NaN
         raise ValueError(f"{fn}: eps must be >= 0, got {eps}")
@@ -138,8 +150,7 @@ def _rms_norm_fwd_kernel(
     R,
     W,
     Y,
-    H,
-    RSTD,  # R and H are only touched when HAS_RESIDUAL
+    H,  # R and H are only touched when HAS_RESIDUAL (else None)
     n_rows,
     n_cols,
     stride_x,
@@ -166,7 +177,6 @@ def _rms_norm_fwd_kernel(
         x = h.to(tl.float32)  # normalize the h we return, exactly as eager does
 
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # (BLOCK_M,)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -177,10 +187,9 @@ def _rms_norm_bwd_kernel(
     DY,
     X,
     W,
-    RSTD,
     DH,
     DX,
-    DW_PARTIAL,  # DH is only touched when HAS_DH
+    DW,  # DH is only touched when HAS_DH (else None)
     n_rows,
     n_cols,
     rows_per_program,  # rows_per_program is a multiple of BLOCK_M
@@ -188,6 +197,7 @@ def _rms_norm_bwd_kernel(
     stride_x,
     stride_dh,
     stride_dx,
+    eps,
     HAS_DH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -207,7 +217,9 @@ def _rms_norm_bwd_kernel(
 
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)  # (BLOCK_M,) float32
+        # rstd again, from the x this pass loads anyway: the same float32 math as the forward, and one
+        # allocation and one store fewer per call than saving it
+        rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # (BLOCK_M,)
 
         x_hat = x * rstd[:, None]
         g = dy * w[None, :]
@@ -218,7 +230,26 @@ def _rms_norm_bwd_kernel(
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         dw_acc += dy * x_hat
 
-    tl.store(DW_PARTIAL + pid * n_cols + cols, tl.sum(dw_acc, axis=0), mask=col_ok)
+    # One program: this is dw itself, in the weight's dtype. Several: float32 partials, one row each.
+    tl.store(DW + pid * n_cols + cols, tl.sum(dw_acc, axis=0).to(DW.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _sum_partials_kernel(P, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    """OUT[j] = sum_i P[i, j] in float32, stored in OUT's dtype: dw from the backward's partials."""
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < n_cols
+    acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    for start in range(0, n_parts, BLOCK_P):
+        parts = start + tl.arange(0, BLOCK_P)
+        mask = (parts < n_parts)[:, None] & col_ok[None, :]
+        acc += tl.load(P + parts[:, None] * n_cols + cols[None, :], mask=mask, other=0.0)
+    tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=col_ok)
+
+
+_launch_fwd = Launcher(_rms_norm_fwd_kernel)
+_launch_bwd = Launcher(_rms_norm_bwd_kernel)
+_launch_sum = Launcher(_sum_partials_kernel)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,10 +258,18 @@ def _rms_norm_bwd_kernel(
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    """(..., N) -> (M, N) with a unit stride along N (copies only if it has to)."""
+    """(..., N) -> (M, N) with a unit stride along N (copies only if it has to). A contiguous tensor is
+    returned as it is: the kernels only need its row stride, N (a reshape costs host time)."""
+    if t.is_contiguous():
+        return t
     if t.stride(-1) != 1:
         t = t.contiguous()
     return t.reshape(-1, t.shape[-1])
+
+
+def _row_stride(t: torch.Tensor) -> int:
+    """The row stride of what :func:`_rows` returned: N for a contiguous tensor of any rank."""
+    return t.stride(-2) if t.dim() == 2 else t.shape[-1]
 
 
 def _check_kernel_inputs(fn: str, **tensors: torch.Tensor) -> None:
@@ -248,8 +287,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 @functools.cache
-def _fwd_config(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) for the forward kernel."""
+def fwd_config(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel for hidden size ``n_cols``."""
     if n_cols > MAX_HIDDEN:
         raise ValueError(
             f"rms_norm: hidden size {n_cols} exceeds the kernel's limit of {MAX_HIDDEN} "
@@ -265,19 +304,33 @@ def _fwd_config(n_cols: int) -> tuple[int, int, int]:
 
 
 @functools.cache
-def _bwd_config(n_cols: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs_per_sm) for the backward kernel."""
-    block_m, block_n, num_warps = _fwd_config(n_cols)
+def bwd_config(n_cols: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs_per_sm) of the backward kernel for hidden size ``n_cols``."""
+    block_m, block_n, num_warps = fwd_config(n_cols)
     # Programs per SM: all programs of the persistent grid must be resident at once, or the last
     # wave runs alone. Measured on an H100 (bf16): 2 per SM best up to N = 4096, 1 from N = 8192.
     return block_m, block_n, num_warps, 2 if block_m * block_n <= 4096 else 1
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 4  # the CPU interpreter: few programs keep it fast
+_sms: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 for the CPU interpreter: few programs keep it fast)."""
+    index = device.index if device.type == "cuda" else -1
+    n = _sms.get(index)
+    if n is None:
+        n = _sms[index] = torch.cuda.get_device_properties(device).multi_processor_count if index >= 0 else 4
+    return n
+
+
+def backward_grid(n_rows: int, n_cols: int, device: torch.device, block_m: int, programs_per_sm: int):
+    """(programs, rows per program) of the persistent backward grid: at most ``programs_per_sm`` per SM,
+    each taking a contiguous run of whole row blocks."""
+    row_blocks = _cdiv(n_rows, block_m)
+    n_programs = min(sm_count(device) * programs_per_sm, row_blocks)
+    rows_per_program = _cdiv(row_blocks, n_programs) * block_m
+    return _cdiv(n_rows, rows_per_program), rows_per_program
 
 
 def rms_norm_fwd_launch(
@@ -290,7 +343,7 @@ def rms_norm_fwd_launch(
     num_warps: int | None = None,
     check: bool = True,
 ):
-    """Run the forward kernel. Returns (y, h or None, rstd); y and h have x's shape, rstd x.shape[:-1].
+    """Run the forward kernel. Returns (y, h or None); both have x's shape and dtype.
 
     ``check=False`` skips the input checks: for callers that validated already (the public functions).
     """
@@ -299,47 +352,43 @@ def rms_norm_fwd_launch(
         check_rms_norm_inputs(fn, x, weight, residual, eps)
         _check_kernel_inputs(fn, x=x, weight=weight)
     n_cols = x.shape[-1]
-    cfg_m, block_n, cfg_warps = _fwd_config(n_cols)
+    cfg_m, block_n, cfg_warps = fwd_config(n_cols)
     block_m, num_warps = block_m or cfg_m, num_warps or cfg_warps
 
     x2 = _rows(x)
-    w = weight.contiguous()
-    n_rows = x2.shape[0]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    h = torch.empty(x.shape, dtype=x.dtype, device=x.device) if residual is not None else None
-    r2 = _rows(residual) if residual is not None else x2
-    h2 = h.view(-1, n_cols) if h is not None else x2
+    n_rows = x2.numel() // n_cols if n_cols else 0
+    y = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    h = torch.empty_like(y) if residual is not None else None
+    r2 = _rows(residual) if residual is not None else None  # None: not touched without a residual
     if n_rows == 0:
-        return y, h, rstd
-    y2 = y.view(-1, n_cols)
-    _rms_norm_fwd_kernel[(_cdiv(n_rows, block_m),)](
+        return y, h
+    _launch_fwd(
+        (_cdiv(n_rows, block_m),),
         x2,
         r2,
-        w,
-        y2,
-        h2,
-        rstd,
+        weight if weight.is_contiguous() else weight.contiguous(),
+        y,
+        h,
         n_rows,
         n_cols,
-        x2.stride(0),
-        r2.stride(0),
-        y2.stride(0),
-        h2.stride(0),
+        _row_stride(x2),
+        _row_stride(r2) if r2 is not None else 0,
+        n_cols,  # y and h are contiguous
+        n_cols,
         eps,
+        num_warps=num_warps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        num_warps=num_warps,
     )
-    return y, h, rstd
+    return y, h
 
 
 def rms_norm_bwd_launch(
     dy: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor,
-    rstd: torch.Tensor,
+    eps: float,
     dh: torch.Tensor | None,
     *,
     block_m: int | None = None,
@@ -347,7 +396,8 @@ def rms_norm_bwd_launch(
     programs_per_sm: int | None = None,
     check: bool = True,
 ):
-    """Run the backward kernel. Returns (dx, dw); dx includes dh when it is given.
+    """Run the backward kernel on the forward's input x (or h) and eps. Returns (dx, dw); dx includes dh
+    when it is given; dw has the weight's dtype.
 
     ``check=False`` skips the checks, for gradients autograd hands back in the shapes of checked outputs.
     """
@@ -358,53 +408,48 @@ def rms_norm_bwd_launch(
             raise ValueError(f"{fn}: weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
         if dy.shape != x.shape:
             raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
-        if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
-            raise ValueError(
-                f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, got {rstd.dtype} {tuple(rstd.shape)}"
-            )
         if dh is not None and dh.shape != x.shape:
             raise ValueError(f"{fn}: dh must have the shape of x {tuple(x.shape)}, got {tuple(dh.shape)}")
     n_cols = x.shape[-1]
-    cfg_m, block_n, cfg_warps, cfg_per_sm = _bwd_config(n_cols)
+    cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols)
     block_m = block_m or cfg_m
     num_warps, programs_per_sm = num_warps or cfg_warps, programs_per_sm or cfg_per_sm
 
     x2, dy2 = _rows(x), _rows(dy)
-    dh2 = _rows(dh) if dh is not None else dy2
-    rstd1 = rstd.reshape(-1).contiguous()
-    n_rows = x2.shape[0]
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dh2 = _rows(dh) if dh is not None else None  # None: not touched without dh
+    n_rows = x2.numel() // n_cols if n_cols else 0
+    dx = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
-    dx2 = dx.view(-1, n_cols)
 
-    # Persistent grid: each program takes rows_per_program consecutive rows (a multiple of BLOCK_M).
-    row_blocks = _cdiv(n_rows, block_m)
-    n_programs = min(_num_sms(x.device) * programs_per_sm, row_blocks)
-    rows_per_program = _cdiv(row_blocks, n_programs) * block_m
-    n_programs = _cdiv(n_rows, rows_per_program)
-    dw_partial = torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
-    _rms_norm_bwd_kernel[(n_programs,)](
+    n_programs, rows_per_program = backward_grid(n_rows, n_cols, x.device, block_m, programs_per_sm)
+    # A single program writes dw itself; several write float32 partials that a second kernel sums.
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    partials = dw if n_programs == 1 else torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
+    _launch_bwd(
+        (n_programs,),
         dy2,
         x2,
-        weight.contiguous(),
-        rstd1,
+        weight if weight.is_contiguous() else weight.contiguous(),
         dh2,
-        dx2,
-        dw_partial,
+        dx,
+        partials,
         n_rows,
         n_cols,
         rows_per_program,
-        dy2.stride(0),
-        x2.stride(0),
-        dh2.stride(0),
-        dx2.stride(0),
+        _row_stride(dy2),
+        _row_stride(x2),
+        _row_stride(dh2) if dh2 is not None else 0,
+        n_cols,  # dx is contiguous
+        eps,
+        num_warps=num_warps,
         HAS_DH=dh is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        num_warps=num_warps,
     )
-    return dx, dw_partial.sum(dim=0).to(weight.dtype)
+    if n_programs > 1:
+        _launch_sum((_cdiv(n_cols, 256),), partials, dw, n_programs, n_cols, num_warps=4, BLOCK_P=8, BLOCK_N=256)
+    return dx, dw
 
 
 # --------------------------------------------------------------------------------------------------
@@ -414,54 +459,52 @@ def rms_norm_bwd_launch(
 
 
 @torch.library.custom_op("mahia::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, rstd) = RMSNorm forward of x (..., N) with weight (N,)."""
-    y, _, rstd = rms_norm_fwd_launch(x, weight, None, eps)
-    return y, rstd
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """y = RMSNorm forward of x (..., N) with weight (N,)."""
+    return rms_norm_fwd_launch(x, weight, None, eps)[0]
 
 
 @rms_norm_fwd.register_fake
 def _(x, weight, eps):
     check_rms_norm_inputs("rms_norm", x, weight, eps=eps)
-    return x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("mahia::add_rms_norm_fwd", mutates_args=())
 def add_rms_norm_fwd(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, h, rstd) with h = x + residual and y = RMSNorm(h)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, h) with h = x + residual and y = RMSNorm(h)."""
     return rms_norm_fwd_launch(x, weight, residual, eps)
 
 
 @add_rms_norm_fwd.register_fake
 def _(x, residual, weight, eps):
     check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
-    return x.new_empty(x.shape), x.new_empty(x.shape), x.new_empty(x.shape[:-1], dtype=torch.float32)
+    return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 @torch.library.custom_op("mahia::rms_norm_bwd", mutates_args=())
 def rms_norm_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, dh: torch.Tensor | None
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, dh: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx (+ dh), dw) of RMSNorm, given the saved x (or h) and rstd."""
-    return rms_norm_bwd_launch(dy, x, weight, rstd, dh)
+    """(dx (+ dh), dw) of RMSNorm, given the saved x (or h) and eps."""
+    return rms_norm_bwd_launch(dy, x, weight, eps, dh)
 
 
 @rms_norm_bwd.register_fake
-def _(dy, x, weight, rstd, dh):
+def _(dy, x, weight, eps, dh):
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
 def _rms_norm_setup(ctx, inputs, output):
-    x, weight, _eps = inputs
-    _y, rstd = output
-    ctx.save_for_backward(x, weight, rstd)
+    x, weight, ctx.eps = inputs
+    ctx.save_for_backward(x, weight)
 
 
-def _rms_norm_backward(ctx, dy, _drstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = rms_norm_bwd(dy, x, weight, rstd, None)
+def _rms_norm_backward(ctx, dy):
+    x, weight = ctx.saved_tensors
+    dx, dw = rms_norm_bwd(dy, x, weight, ctx.eps, None)
     return dx, dw, None
 
 
@@ -469,14 +512,14 @@ rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup
 
 
 def _add_rms_norm_setup(ctx, inputs, output):
-    _x, _residual, weight, _eps = inputs
-    _y, h, rstd = output
-    ctx.save_for_backward(h, weight, rstd)  # h is what was normalized; it is an output, so no extra memory
+    _x, _residual, weight, ctx.eps = inputs
+    _y, h = output
+    ctx.save_for_backward(h, weight)  # h is what was normalized; it is an output, so no extra memory
 
 
-def _add_rms_norm_backward(ctx, dy, dh, _drstd):
-    h, weight, rstd = ctx.saved_tensors
-    dx, dw = rms_norm_bwd(dy, h, weight, rstd, dh)
+def _add_rms_norm_backward(ctx, dy, dh):
+    h, weight = ctx.saved_tensors
+    dx, dw = rms_norm_bwd(dy, h, weight, ctx.eps, dh)
     return dx, dx, dw, None  # h = x + residual: both get the same gradient
 
 
@@ -498,28 +541,30 @@ class _RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        y, _, rstd = rms_norm_fwd_launch(x, weight, None, eps, check=False)
-        ctx.save_for_backward(x, weight, rstd)
+        y, _ = rms_norm_fwd_launch(x, weight, None, eps, check=False)
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd_launch(dy, x, weight, rstd, None, check=False)
+        x, weight = ctx.saved_tensors
+        dx, dw = rms_norm_bwd_launch(dy, x, weight, ctx.eps, None, check=False)
         return dx, dw, None
 
 
 class _AddRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, residual, weight, eps):
-        y, h, rstd = rms_norm_fwd_launch(x, weight, residual, eps, check=False)
-        ctx.save_for_backward(h, weight, rstd)
+        y, h = rms_norm_fwd_launch(x, weight, residual, eps, check=False)
+        ctx.save_for_backward(h, weight)
+        ctx.eps = eps
         return y, h
 
     @staticmethod
     def backward(ctx, dy, dh):
-        h, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd_launch(dy, h, weight, rstd, dh, check=False)
+        h, weight = ctx.saved_tensors
+        dx, dw = rms_norm_bwd_launch(dy, h, weight, ctx.eps, dh, check=False)
         return dx, dx, dw, None
 
 
@@ -528,19 +573,28 @@ class _AddRMSNormFunction(torch.autograd.Function):
 # --------------------------------------------------------------------------------------------------
 
 
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return any(t.requires_grad for t in tensors) and torch.is_grad_enabled()
+
+
 def _rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    eps = float(eps)
     if torch.compiler.is_compiling():
-        return rms_norm_fwd(x, weight, float(eps))[0]
-    return _RMSNormFunction.apply(x, weight, float(eps))
+        return rms_norm_fwd(x, weight, eps)
+    if (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
+        return _RMSNormFunction.apply(x, weight, eps)
+    return rms_norm_fwd_launch(x, weight, None, eps, check=False)[0]  # no graph to record: no Function
 
 
 def _add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    eps = float(eps)
     if torch.compiler.is_compiling():
-        y, h, _ = add_rms_norm_fwd(x, residual, weight, float(eps))
-        return y, h
-    return _AddRMSNormFunction.apply(x, residual, weight, float(eps))
+        return add_rms_norm_fwd(x, residual, weight, eps)
+    if _needs_grad(x, residual, weight):
+        return _AddRMSNormFunction.apply(x, residual, weight, eps)
+    return rms_norm_fwd_launch(x, weight, residual, eps, check=False)
 
 
 def _check_triton_inputs(
@@ -548,7 +602,7 @@ def _check_triton_inputs(
 ) -> None:
     check_rms_norm_inputs(fn, x, weight, residual, eps)
     _check_kernel_inputs(fn, x=x, weight=weight)
-    _fwd_config(x.shape[-1])  # raises past MAX_HIDDEN
+    fwd_config(x.shape[-1])  # raises past MAX_HIDDEN
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -584,7 +638,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     for ``meta`` tensors. Inputs are checked once, here; errors name ``rms_norm`` and the argument.
     """
     check_rms_norm_inputs("rms_norm", x, weight, eps=eps)
-    if use_triton("rms_norm", x, weight, unsupported=_too_wide(x)):
+    if use_triton("rms_norm", x, weight, unsupported=_too_wide(x) if x.shape[-1] > MAX_HIDDEN else None):
         return _rms_norm_triton(x, weight, eps)
     return _rms_norm_eager(x, weight, eps)
 
@@ -595,6 +649,6 @@ def add_rms_norm(
     """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h); h is rounded to x's dtype and
     that rounded h is normalized. Paths and edge cases as :func:`rms_norm`."""
     check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
-    if use_triton("add_rms_norm", x, residual, weight, unsupported=_too_wide(x)):
+    if use_triton("add_rms_norm", x, residual, weight, unsupported=_too_wide(x) if x.shape[-1] > MAX_HIDDEN else None):
         return _add_rms_norm_triton(x, residual, weight, eps)
     return _add_rms_norm_eager(x, residual, weight, eps)

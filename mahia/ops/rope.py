@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._launch import Launcher
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -168,10 +169,18 @@ def _rope_kernel(
     )
 
 
+_launch_rope = Launcher(_rope_kernel)
+
+
 def _num_warps(block_qh: int, block_half: int) -> int:
     """~8 elements of each q half-tile per thread: 8 warps for 32 heads of 128 (H100, bf16: 2% faster
     than 4 warps, 0.93 of copy bandwidth per pass; 16 warps lost 10%)."""
     return max(1, min(8, block_qh * block_half // 256))
+
+
+def _empty(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor like t (empty_like keeps t's strides when t is a permuted dense view)."""
+    return torch.empty_like(t) if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def rope_launch(
@@ -202,8 +211,8 @@ def rope_launch(
         cos, sin = cos.contiguous(), sin.contiguous()
     B, T, n_qh, D = q.shape
     n_kh = k.shape[2]
-    q_out = torch.empty((B, T, n_qh, D), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((B, T, n_kh, D), dtype=k.dtype, device=k.device)
+    q_out = _empty(q)
+    k_out = _empty(k)
     if B * T == 0 or D == 0:
         return q_out, k_out
     half = D // 2
@@ -212,7 +221,8 @@ def rope_launch(
         1 << (n_kh - 1).bit_length(),
         1 << (half - 1).bit_length(),
     )
-    _rope_kernel[(B * T,)](
+    _launch_rope(
+        (B * T,),
         q,
         k,
         q_out,
@@ -299,14 +309,16 @@ class _RopeFunction(torch.autograd.Function):
 def _rope_triton(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fn: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (cos, sin)):
+    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():  # tensors: checked by the caller
         raise ValueError(
             f"{fn}: cos and sin must not require grad (the kernel treats them as constants); "
             "pass detached tables, e.g. from RotaryCache.get"
         )
     if torch.compiler.is_compiling():
         return rope_fwd(q, k, cos, sin)
-    return _RopeFunction.apply(q, k, cos, sin)
+    if (q.requires_grad or k.requires_grad) and torch.is_grad_enabled():
+        return _RopeFunction.apply(q, k, cos, sin)
+    return rope_launch(q, k, cos, sin, check=False)  # no graph to record: no Function
 
 
 def rope_triton(

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.ops._launch import Launcher
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -114,6 +115,10 @@ def _swiglu_bwd_kernel(
     tl.store(DB + row * stride_db + col0 + offs, db.to(DB.dtype.element_ty), mask=mask)
 
 
+_launch_fwd = Launcher(_swiglu_fwd_kernel)
+_launch_bwd = Launcher(_swiglu_bwd_kernel)
+
+
 def _config(n_cols: int) -> tuple[int, int]:
     """(BLOCK, num_warps): 2048 elements per program, 8 warps (8 per thread) for long rows.
 
@@ -126,20 +131,27 @@ def _config(n_cols: int) -> tuple[int, int]:
     return block, max(1, min(8, block // 256))
 
 
-def _as_2d(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """View same-shape operands as (rows, N) with unit stride along N.
+def _as_rows(*tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list[int]]:
+    """(rows, N, operands, row strides): same-shape operands seen as (rows, N) with unit stride along N.
 
-    All contiguous: one row of numel elements. Otherwise each keeps its own row stride; an operand whose
-    last dim is strided is copied to contiguous first.
+    All contiguous: one row of numel elements, the tensors passed as they are (no view: a view costs
+    host time, and the kernel only needs the pointer). Otherwise each keeps its own row stride; an
+    operand whose last dim is strided is copied to contiguous first.
     """
     if all(t.is_contiguous() for t in tensors):
-        return [t.view(1, -1) for t in tensors]
+        n = tensors[0].numel()
+        return 1, n, list(tensors), [n] * len(tensors)
     out = []
     for t in tensors:
         if t.stride(-1) != 1:
             t = t.contiguous()
         out.append(t.reshape(-1, t.shape[-1]))
-    return out
+    return out[0].shape[0], out[0].shape[1], out, [t.stride(0) for t in out]
+
+
+def _empty(a: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor like a (empty_like keeps a's strides when a is a permuted dense view)."""
+    return torch.empty_like(a) if a.is_contiguous() else torch.empty(a.shape, dtype=a.dtype, device=a.device)
 
 
 def _check_dtypes(fn: str, **tensors: torch.Tensor) -> None:
@@ -156,23 +168,21 @@ def swiglu_fwd_launch(
     if check:
         check_swiglu_inputs("swiglu", a, b)
         _check_dtypes("swiglu", a=a, b=b)
-    c = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    c = _empty(a)
     if c.numel() == 0:
         return c
-    a2, b2, c2 = _as_2d(a, b, c)
-    n_rows, n_cols = a2.shape
+    n_rows, n_cols, (a2, b2, c2), strides = _as_rows(a, b, c)
     cfg_block, cfg_warps = _config(n_cols)
     block, num_warps = block or cfg_block, num_warps or cfg_warps
     n_col_blocks = -(-n_cols // block)
-    _swiglu_fwd_kernel[(n_rows * n_col_blocks,)](
+    _launch_fwd(
+        (n_rows * n_col_blocks,),
         a2,
         b2,
         c2,
         n_cols,
         n_col_blocks,
-        a2.stride(0),
-        b2.stride(0),
-        c2.stride(0),
+        *strides,
         BLOCK=block,
         num_warps=num_warps,
     )
@@ -195,16 +205,15 @@ def swiglu_bwd_launch(
         _check_dtypes(fn, dc=dc, a=a, b=b)
         if dc.shape != a.shape:
             raise ValueError(f"{fn}: dc must have the shape of a {tuple(a.shape)}, got {tuple(dc.shape)}")
-    da = torch.empty(a.shape, dtype=a.dtype, device=a.device)
-    db = torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    da, db = _empty(a), _empty(a)
     if da.numel() == 0:
         return da, db
-    dc2, a2, b2, da2, db2 = _as_2d(dc, a, b, da, db)
-    n_rows, n_cols = a2.shape
+    n_rows, n_cols, (dc2, a2, b2, da2, db2), strides = _as_rows(dc, a, b, da, db)
     cfg_block, cfg_warps = _config(n_cols)
     block, num_warps = block or cfg_block, num_warps or cfg_warps
     n_col_blocks = -(-n_cols // block)
-    _swiglu_bwd_kernel[(n_rows * n_col_blocks,)](
+    _launch_bwd(
+        (n_rows * n_col_blocks,),
         dc2,
         a2,
         b2,
@@ -212,11 +221,7 @@ def swiglu_bwd_launch(
         db2,
         n_cols,
         n_col_blocks,
-        dc2.stride(0),
-        a2.stride(0),
-        b2.stride(0),
-        da2.stride(0),
-        db2.stride(0),
+        *strides,
         BLOCK=block,
         num_warps=num_warps,
     )
@@ -280,7 +285,9 @@ class _SwiGLUFunction(torch.autograd.Function):
 def _swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if torch.compiler.is_compiling():
         return swiglu_fwd(a, b)
-    return _SwiGLUFunction.apply(a, b)
+    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+        return _SwiGLUFunction.apply(a, b)
+    return swiglu_fwd_launch(a, b, check=False)  # no graph to record: no Function
 
 
 def swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

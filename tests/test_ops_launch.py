@@ -1,0 +1,154 @@
+"""The direct launch of compiled Triton kernels (mahia.ops._launch): its key, its fallbacks, and on a GPU
+that it runs what Triton's own launch runs."""
+
+import importlib
+
+import pytest
+import torch
+
+from mahia import ops
+from mahia.measure.instruments import count_ops
+from mahia.ops import _launch
+from mahia.ops._launch import _key
+
+# the modules (mahia.ops re-exports functions of the same names as some of them)
+gla_scan, grouped_mm, moe_combine, rmsnorm, rope, swiglu = (
+    importlib.import_module(f"mahia.ops.{name}")
+    for name in ("gla_scan", "grouped_mm", "moe_combine", "rmsnorm", "rope", "swiglu")
+)
+
+CUDA = torch.cuda.is_available()
+LAUNCHERS = {
+    "rmsnorm fwd": rmsnorm._launch_fwd,
+    "rmsnorm bwd": rmsnorm._launch_bwd,
+    "rmsnorm dw sum": rmsnorm._launch_sum,
+    "swiglu fwd": swiglu._launch_fwd,
+    "swiglu bwd": swiglu._launch_bwd,
+    "rope": rope._launch_rope,
+    "moe_combine fwd": moe_combine._launch_fwd,
+    "moe_combine bwd": moe_combine._launch_bwd,
+    "grouped_mm": grouped_mm._launch_mm,
+    "grouped_mm wgrad": grouped_mm._launch_wgrad,
+    "gla fwd": gla_scan._launch_fwd,
+    "gla bwd": gla_scan._launch_bwd,
+}
+
+
+def _triton_spec(a):
+    """Triton's own specialization of one argument (its binder calls the same function)."""
+    libtriton = pytest.importorskip("triton._C.libtriton")
+    backend = pytest.importorskip("triton.backends.compiler").BaseBackend
+    if not hasattr(libtriton, "native_specialize_impl"):
+        pytest.skip("this triton has no native_specialize_impl")
+    return libtriton.native_specialize_impl(backend, a, False, True, True)
+
+
+def test_the_key_determines_tritons_specialization():
+    """Arguments with one key must get one specialization from Triton, or a direct launch could run a
+    kernel compiled for other arguments (e.g. one that assumes a stride divisible by 16)."""
+    base = torch.empty(64, dtype=torch.bfloat16)
+    args = [0, 1, 2, 15, 16, 17, 32, 48, 1000, 4096, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16, 2**40 + 3]
+    args += [-1, -16, -17, 2**63, 2**63 + 16, 0.5, 1e-6, True, False]
+    args += [base, base[1:], base[8:], base[9:], base.float(), base.float()[2:], base.float()[4:], base.half()]
+    seen: dict = {}
+    for a in args:
+        key, spec = repr(_key([a])[0]), _triton_spec(a)
+        assert seen.setdefault(key, spec) == spec, f"{a!r}: key {key} maps to {seen[key]} and {spec}"
+    # a Parameter is keyed like the tensor it wraps (by dtype and alignment, never by identity)
+    param = torch.nn.Parameter(base.float()[2:])
+    assert _key([param]) == [(torch.float32, param.data_ptr() & 15)]
+
+
+def test_under_the_interpreter_every_launch_is_a_jit_launch():
+    if CUDA:
+        pytest.skip("kernels are compiled on a GPU machine")
+    assert not _launch.direct_launch_available()
+    x = torch.randn(5, 40)
+    w = torch.randn(40)
+    y = ops.rms_norm(x, w)
+    torch.testing.assert_close(y, rmsnorm.rms_norm_eager(x, w), rtol=1e-5, atol=1e-5)
+    assert all(launcher.cache_size() == 0 for launcher in LAUNCHERS.values())
+
+
+def test_a_constexpr_mismatch_keeps_the_jit_launch():
+    """A launcher called with constexprs that are not exactly the kernel's tail parameters never
+    launches directly (it would pass them in the wrong places)."""
+    assert _launch._entry(object(), ("BLOCK",), {"OTHER": 1}) is None
+    assert _launch._entry(object(), ("BLOCK",), {"BLOCK": 1}) is None  # no compiled kernel attributes
+
+
+needs_gpu = pytest.mark.skipif(not CUDA, reason="direct launches need compiled kernels (a CUDA GPU)")
+
+
+def _misaligned(shape, dtype, offset=1):
+    """A contiguous tensor whose data pointer is not 16-byte aligned."""
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(n + offset, device="cuda", dtype=dtype)[offset:].view(shape)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("rows,cols", [(1, 64), (16, 17), (17, 4096), (300, 1000)])
+def test_direct_launch_matches_the_jit_launch(rows, cols, dtype):
+    """The second call of a key launches directly; it must give bit-identical results to the first
+    (JIT) call, for aligned and misaligned pointers, rows and columns of 1, 16 and 17."""
+    for make in (lambda s: torch.randn(s, device="cuda", dtype=dtype), lambda s: _misaligned(s, dtype)):
+        x = make((rows, cols)).requires_grad_()
+        w = make((cols,)).requires_grad_()
+        dy = make((rows, cols))
+        results = []
+        for _ in range(3):  # JIT launch (compiles if new), then direct launches
+            x.grad = w.grad = None
+            y = ops.rms_norm(x, w)
+            y.backward(dy)
+            results.append((y.detach().clone(), x.grad.clone(), w.grad.clone()))
+        for later in results[1:]:
+            for a, b in zip(results[0], later):
+                assert torch.equal(a, b)
+    assert rmsnorm._launch_fwd.cache_size() > 0 and rmsnorm._launch_bwd.cache_size() > 0
+
+
+@needs_gpu
+def test_launch_hooks_see_every_launch():
+    """With a Triton launch hook installed (count_ops, profilers), launches go through Triton's JIT path,
+    so the hook counts them even when the key is cached for a direct launch."""
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    ops.rms_norm(x, w)
+    ops.rms_norm(x, w)  # now cached
+    with count_ops() as report:
+        ops.rms_norm(x, w)
+    assert sum(n for name, n in report.by_op.items() if name.startswith("triton.")) >= 1, report
+
+
+@needs_gpu
+def test_every_op_launches_directly_once_warm():
+    """Each op's launchers get a direct entry after two calls: their constexprs match the kernels'
+    signatures (a mismatch would silently keep the slower JIT launch)."""
+    dev = "cuda"
+    x = torch.randn(64, 512, device=dev, requires_grad=True)
+    w = torch.randn(512, device=dev, requires_grad=True)
+    a, b = torch.randn(64, 1024, device=dev, requires_grad=True), torch.randn(64, 1024, device=dev, requires_grad=True)
+    q = torch.randn(2, 16, 4, 64, device=dev, requires_grad=True)
+    k = torch.randn(2, 16, 2, 64, device=dev, requires_grad=True)
+    cos, sin = torch.randn(16, 32, device=dev), torch.randn(16, 32, device=dev)
+    out = torch.randn(32 * 2, 128, device=dev, requires_grad=True)
+    inverse = torch.randperm(64, device=dev)
+    gates = torch.rand(32, 2, device=dev, requires_grad=True)
+    mm_a = torch.randn(96, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    mm_b = torch.randn(3, 64, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    offs = torch.tensor([32, 64, 96], device=dev, dtype=torch.int32)
+    gq, gk = torch.randn(1, 2, 64, 32, device=dev, requires_grad=True), torch.randn(1, 2, 64, 32, device=dev)
+    gv, gg = torch.randn(1, 2, 64, 32, device=dev, requires_grad=True), -torch.rand(1, 2, 64, 32, device=dev)
+    for _ in range(2):
+        ops.rms_norm(x, w).sum().backward()
+        ops.swiglu(a, b).sum().backward()
+        sum(t.sum() for t in ops.rope(q, k, cos, sin)).backward()
+        ops.moe_combine(out, inverse, gates).sum().backward()
+        ops.grouped_mm(mm_a, mm_b, offs, backend="triton").float().sum().backward()
+        ops.gated_linear_attention(gq, gk, gv, gg, impl="triton").sum().backward()
+    missing = [name for name, launcher in LAUNCHERS.items() if launcher.cache_size() == 0]
+    # the dw sum runs only when the backward has several programs (64 rows of 512: one per SM pair)
+    assert missing in ([], ["rmsnorm dw sum"]), missing
