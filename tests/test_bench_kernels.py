@@ -1,6 +1,7 @@
 """mahia.bench.kernels: byte counts, the sweep and its parts, eager timing, the quick run (which resumes),
 the summary keys on synthetic records, and the figures."""
 
+import json
 import math
 import os
 
@@ -386,3 +387,26 @@ def test_a_wrong_variant_is_not_timed_and_the_others_go_on(tmp_path, capsys):
         ("rmsnorm_fwd_eager", "eager"),
     ]
     assert "FAILED its check, not timed" in capsys.readouterr().out
+
+
+def test_summary_keys_reach_the_folders_summary(tmp_path, monkeypatch):
+    """The suite writes its keys to bench_kernels_summary.json; results.headline merges them into the
+    folder's summary, with the records' commit as their source, per profile."""
+    from mahia.measure import results
+
+    rows = _peers("rmsnorm_host_fwd", (4, 64), "bfloat16", 0.020, {"F.rms_norm": 0.030})
+    rows += _peers("rmsnorm_host_fwd", (4, 64), "bfloat16", 0.010, {"F.rms_norm": 0.030})  # another notebook's
+    df = pd.DataFrame(rows)
+    df["notebook"] = ["bench_kernels"] * 3 + ["other"] * 3
+    df["profile"], df["commit"] = "full", "abc1234"
+    monkeypatch.setattr(results, "load_records", lambda folder: df)
+    path = bk.write_summary(tmp_path, "full")
+    doc = json.loads(path.read_text())
+    assert doc["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(1.5)  # not the other notebook's 3.0
+    assert doc["commits"] == ["abc1234"] and doc["where"]["rmsnorm_host_fwd_vs_native"]["shape"] == "4x64"
+    monkeypatch.undo()
+    head = results.headline(tmp_path, "full")
+    assert head["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(1.5)
+    assert head["sources"]["rmsnorm_host_fwd_vs_native"] == ["abc1234"]
+    assert results.goal_status("rmsnorm_host_fwd_vs_native", 1.5) == "met"
+    assert results.headline(tmp_path, "quick")["metrics"]["rmsnorm_host_fwd_vs_native"] is None

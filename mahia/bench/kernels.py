@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import statistics
@@ -117,6 +118,7 @@ import torch.nn.functional as F
 
 from mahia import ops
 from mahia.layers.rope import RotaryCache
+from mahia.measure import files, results
 from mahia.measure.checks import CorrectnessError, compare_fn, tolerance
 from mahia.measure.timing import Timing, bench, synchronize
 from mahia.ops.moe_combine import moe_combine_eager
@@ -994,6 +996,9 @@ def run(recorder, ceilings, *, quick: bool, parts: Iterable[str] | str | None = 
         paths = plot_recorded(recorder, chosen)
         if paths:
             print(f"  figures: {', '.join(str(p) for p in paths[::2])} (+ .svg)")
+    if recorder.rows or stats["skipped"]:
+        path = write_summary(recorder.folder, recorder.profile)
+        print(f"  summary keys: {path} (merged into the folder's summary by mahia.measure.results)")
     if failures:
         raise CorrectnessError(
             f"kernels: {len(failures)} variant(s) failed their check and were not timed "
@@ -1003,15 +1008,8 @@ def run(recorder, ceilings, *, quick: bool, parts: Iterable[str] | str | None = 
 
 # ------------------------------------------------------------------------------------------- summary
 
-SUMMARY_KEYS = [
-    "rmsnorm_host_fwd_vs_native",
-    "rmsnorm_host_fwdbwd_vs_native",
-    *[f"{k}_fwdbwd_eager_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
-    *[f"{k}_fwdbwd_eager_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
-    *[f"{k}_device_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
-    "rmsnorm_fwdbwd_frac_of_copy",
-    "rmsnorm_fwd_worst_frac_of_copy",
-]
+SUMMARY_STEM = "bench_kernels_summary"  # mahia.measure.results reads <folder>/<stem>[-<profile>].json
+SUMMARY_KEYS = results.SUITE_SUMMARIES[SUMMARY_STEM]
 EAGER_WORST_MIN_BYTES = 16 * MB
 DEVICE_WORST_MIN_BYTES = 8 * MB
 COPY_FRAC_MIN_BYTES = 64 * MB
@@ -1154,6 +1152,27 @@ def summary_keys(records, *, where: bool = False) -> dict:
     )
     put("rmsnorm_fwd_worst_frac_of_copy", *_over_shapes(df, ["rmsnorm_fwd"], _frac_of_copy, COPY_FRAC_MIN_BYTES))
     return out
+
+
+def write_summary(folder: str | Path, profile: str) -> Path:
+    """Write :func:`summary_keys` of the folder's kernel records of ``profile`` to ``<folder>/
+    bench_kernels_summary.json`` (``-<profile>`` for other than full), with where each worst case is
+    and the commits of the records. :func:`mahia.measure.results.headline` merges these keys into the
+    folder's ``summary.json``: the rules live here, beside the experiments they read, and the results
+    floor reads only the file."""
+    df = results.load_records(folder)
+    if not df.empty:
+        df = df[(df["notebook"] == "bench_kernels") & (df["profile"] == profile)]
+    keys = summary_keys(df, where=True)
+    doc = {
+        "profile": profile,
+        "commits": sorted(set(df["commit"].astype(str))) if not df.empty else [],
+        "metrics": {k: v["value"] for k, v in keys.items()},
+        "where": {k: {f: v[f] for f in ("experiment", "shape", "dtype") if f in v} for k, v in keys.items()},
+    }
+    path = files.profile_file(folder, SUMMARY_STEM, profile)
+    files.atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+    return path
 
 
 # ------------------------------------------------------------------------------------------- plots

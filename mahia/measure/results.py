@@ -457,7 +457,21 @@ HEADLINES: dict[str, Callable[[pd.DataFrame], float | None]] = {
     "full_stack_speedup": ratio("full_stack_train", "baseline", "all"),
     "full_stack_mfu": field("mfu", "dense-350m", "value"),
 }
-HEADLINE_KEYS = ["copy_gbps", "matmul_bf16_tflops", *HEADLINES]
+# Keys a benchmark suite derives from its own records with rules that live beside its experiments; the
+# suite writes them to <folder>/<stem>.json (<stem>-<profile>.json for other profiles) and headline()
+# merges them. mahia.bench.kernels.write_summary writes the kernel benchmark's (issue 13's goals).
+SUITE_SUMMARIES: dict[str, list[str]] = {
+    "bench_kernels_summary": [
+        "rmsnorm_host_fwd_vs_native",
+        "rmsnorm_host_fwdbwd_vs_native",
+        *[f"{k}_fwdbwd_eager_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
+        *[f"{k}_fwdbwd_eager_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
+        *[f"{k}_device_worst_vs_best_peer" for k in ("rmsnorm", "swiglu", "rope")],
+        "rmsnorm_fwdbwd_frac_of_copy",
+        "rmsnorm_fwd_worst_frac_of_copy",
+    ],
+}
+HEADLINE_KEYS = ["copy_gbps", "matmul_bf16_tflops", *HEADLINES, *(k for ks in SUITE_SUMMARIES.values() for k in ks)]
 
 # The project's goals for the headline metrics on an H100/H200 (direction, bound).
 GOALS: dict[str, tuple[str, float]] = {
@@ -481,6 +495,14 @@ GOALS: dict[str, tuple[str, float]] = {
     "meta_attention_vs_loop": (">=", 100.0),
     "full_stack_speedup": (">=", 5.0),
     "full_stack_mfu": (">=", 0.65),
+    # the kernel benchmark's (issue 13): x_vs_y = time(y) / time(x)
+    "rmsnorm_host_fwd_vs_native": (">=", 0.8),
+    "rmsnorm_host_fwdbwd_vs_native": (">=", 0.8),
+    **{f"{k}_fwdbwd_eager_vs_best_peer": (">=", 1.0) for k in ("rmsnorm", "swiglu", "rope")},
+    **{f"{k}_fwdbwd_eager_worst_vs_best_peer": (">=", 0.8) for k in ("rmsnorm", "swiglu", "rope")},
+    **{f"{k}_device_worst_vs_best_peer": (">=", 0.97) for k in ("rmsnorm", "swiglu", "rope")},
+    "rmsnorm_fwdbwd_frac_of_copy": (">=", 0.9),
+    "rmsnorm_fwd_worst_frac_of_copy": (">=", 0.97),
 }
 
 
@@ -500,6 +522,14 @@ def _ceilings_doc(folder: Path, profile: str) -> dict | None:
         return None
     c = json.loads(path.read_text())
     return c if c.get("profile", "full") == profile else None  # files without a profile are full runs'
+
+
+def _suite_summary(folder: Path, stem: str, profile: str) -> dict | None:
+    path = files.profile_file(folder, stem, profile)
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    return doc if doc.get("profile", "full") == profile else None
 
 
 def headline(folder: str | Path, profile: str = "full") -> dict:
@@ -534,6 +564,15 @@ def headline(folder: str | Path, profile: str = "full") -> dict:
             metrics[k] = None if v is None or v != v else round(float(v), 6)
             if metrics[k] is not None:
                 sources[k] = sorted(set(df.loc[used, "commit"].astype(str))) or [UNKNOWN]
+    for stem, keys in SUITE_SUMMARIES.items():
+        suite = _suite_summary(folder, stem, profile)
+        if suite is None:
+            continue
+        for k in keys:
+            v = suite.get("metrics", {}).get(k)
+            metrics[k] = None if v is None else round(float(v), 6)
+            if metrics[k] is not None:
+                sources[k] = list(suite.get("commits") or [UNKNOWN])
     newest = records.sort_values("date").iloc[-1] if not records.empty else None
     newest_commit = (
         str(newest["commit"]) if newest is not None else ((ceil.get("commit") or UNKNOWN) if ceil is not None else None)
