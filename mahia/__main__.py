@@ -19,85 +19,146 @@ import argparse
 import sys
 from pathlib import Path
 
+EXAMPLES = """examples:
+  python -m mahia run                                # every notebook: full profile on a GPU, else quick on the CPU
+  python -m mahia run -n 00 -n 03 --device cpu       # two notebooks on the CPU (or -n 00,03)
+  python -m mahia run -n 08 -p n_experts=16          # set a parameter of notebook 08's parameters cell
+  python -m mahia run --out runs/mine                # the executed notebooks and report in a folder you name
+  python -m mahia reference --bench kernels -n none  # on a GPU, from a clean tree: one part of the reference
+  python -m mahia list                               # the notebooks
+  python -m mahia run --help                         # a command's options and their defaults
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mahia", description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="execute notebooks headlessly")
-    r.add_argument("--profile", default="auto", help="quick | full | auto (full on a GPU, quick on a CPU)")
-    r.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]")
-    r.add_argument(
+Ctrl-C (or SIGTERM) stops the running notebook and its kernel, writes the report of what ran and exits
+130 (143). Bad input gets one clear line on stderr and exit code 2, before anything runs."""
+
+
+def _sub(sub, name: str, help: str, description: str | None = None) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name, help=help, description=description or help, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+
+
+def _notebooks_option(p: argparse.ArgumentParser, default_help: str) -> None:
+    p.add_argument(
         "--notebooks",
         "-n",
+        action="append",
         default=None,
-        help="comma-separated numbers or names (e.g. 00,03 or 03_triton_fusion); default all",
+        metavar="NB",
+        help="notebooks to run: numbers or names, comma-separated (00,03 or 03_triton_fusion) or repeated "
+        f"(-n 00 -n 03), or all; an empty or unknown name is refused (default: {default_help})",
     )
-    r.add_argument(
-        "--out",
-        default=None,
-        help="folder for executed notebooks and the report (default: a new runs/<date>-<time>-<device>-<profile>/)",
-    )
-    r.add_argument("--timeout", type=float, default=1800, help="seconds allowed per notebook")
-    r.add_argument("--results-dir", default=None, help="results root (default runs/results)")
-    r.add_argument("--figures-dir", default=None, help="figures root (default runs/figures)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.add_argument(
+
+
+def _param_option(p: argparse.ArgumentParser, extra: str) -> None:
+    p.add_argument(
         "--param",
         "-p",
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="set a notebook parameter, e.g. -p batch=8 -p \"modes=['default']\" (repeatable)",
+        help="set a parameter of the notebooks' cell tagged 'parameters', e.g. -p batch=8 -p \"modes=['default']\" "
+        "(repeatable; VALUE is read as JSON or a Python literal, else a string, and must match the type the "
+        f"notebook declares){extra} (default: none, the notebooks' own values)",
     )
-    f = sub.add_parser("reference", help="write the committed reference (GPU, clean tree, full profile)")
-    f.add_argument(
-        "--notebooks",
-        "-n",
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m mahia",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    r = _sub(sub, "run", "execute notebooks headlessly (papermill) and write results, figures and a report to runs/")
+    r.add_argument(
+        "--profile",
+        default="auto",
+        help="quick | full | auto: full on a GPU, quick on a CPU (default: %(default)s)",
+    )
+    r.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: %(default)s, a GPU if any)")
+    _notebooks_option(r, "all")
+    r.add_argument(
+        "--out",
         default=None,
-        help="notebooks to run (numbers or names, or all); with neither this nor --bench: everything",
+        help="folder for the executed notebooks, logs and report; where it holds an earlier run, <out>-2 "
+        "(default: a new runs/<date>-<time>-<device>-<profile>/)",
     )
-    f.add_argument("--bench", default=None, help="benchmark suites to run: all or e.g. kernels,moe")
-    f.add_argument("--device", default="cuda", help="cuda[:N] (a CPU run is never the reference)")
-    f.add_argument("--timeout", type=float, default=1800, help="seconds allowed per notebook or suite")
+    r.add_argument("--timeout", type=float, default=1800, help="seconds allowed per notebook (default: %(default)s)")
+    r.add_argument("--results-dir", default=None, help="results root (default: runs/results, or MAHIA_RESULTS_DIR)")
+    r.add_argument("--figures-dir", default=None, help="figures root (default: runs/figures, or MAHIA_FIGURES_DIR)")
+    r.add_argument("--seed", type=int, default=0, help="random seed every notebook starts from (default: %(default)s)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on stderr)")
+    _param_option(r, "")
+    f = _sub(
+        sub,
+        "reference",
+        "write the committed reference data/results/<gpu>/ and figures/<gpu>/ (GPU, clean tree, full profile)",
+    )
+    _notebooks_option(f, "all when --bench is not given either, else none")
+    f.add_argument(
+        "--bench",
+        default=None,
+        help="benchmark suites to run: all, none or e.g. kernels,moe "
+        "(default: all when --notebooks is not given either, else none)",
+    )
+    f.add_argument("--device", default="cuda", help="cuda[:N]; a CPU run is never the reference (default: %(default)s)")
+    f.add_argument(
+        "--timeout", type=float, default=1800, help="seconds allowed per notebook or suite (default: %(default)s)"
+    )
     f.add_argument(
         "--out",
         default=None,
-        help="folder for executed notebooks, logs and the run's report "
+        help="folder for executed notebooks, logs and the run's report; where it holds an earlier run, <out>-2 "
         "(default: a new runs/<date>-<time>-<device>-reference/)",
     )
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--force", action="store_true", help="run parts already recorded for this commit again")
+    f.add_argument("--seed", type=int, default=0, help="random seed every notebook starts from (default: %(default)s)")
+    f.add_argument(
+        "--force", action="store_true", help="run parts already recorded for this commit again (default: skip them)"
+    )
     f.add_argument(
         "--allow-dirty",
         action="store_true",
-        help="run although mahia/ or notebooks/ have uncommitted changes (the records say -dirty)",
+        help="run although mahia/ or notebooks/ have uncommitted changes, the records say -dirty (default: refuse)",
     )
-    f.add_argument("--no-progress", action="store_true", help="no progress bar")
-    f.add_argument(
-        "--param",
-        "-p",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="set a notebook parameter (recorded in parts/<notebook>.json), repeatable",
-    )
-    sub.add_parser("list", help="list the notebooks")
-    rep = sub.add_parser("report", help="rebuild the summaries and report.md from the records")
+    f.add_argument("--no-progress", action="store_true", help="no progress bar (default: a bar on stderr)")
+    _param_option(f, "; recorded in parts/<notebook>.json")
+    _sub(sub, "list", "list the notebooks")
+    rep = _sub(sub, "report", "rebuild the summaries and report.md of a device folder from its records")
     rep.add_argument(
-        "folder", nargs="?", default=None, help="device folder (default: every folder of the reference, data/results)"
+        "folder",
+        nargs="?",
+        default=None,
+        help="device folder, e.g. runs/results/<device> (default: every device folder of the reference, data/results)",
     )
-    rd = sub.add_parser("readme", help="headline table of the committed reference (full profile)")
-    rd.add_argument("folder", help="device folder, e.g. data/results/nvidia-h200")
-    sub.add_parser("commit", help="print the commit records get here")
-    rd.add_argument("--write", action="store_true", help="replace the table between the markers in README.md")
-    c = sub.add_parser("clean-notebooks", help="strip outputs from the notebooks")
-    c.add_argument("--check", action="store_true", help="only check; exit 1 if any notebook has outputs")
+    rd = _sub(sub, "readme", "print the headline table of the committed reference (full profile)")
+    rd.add_argument("folder", help="device folder, e.g. data/results/nvidia-h200 (required)")
+    rd.add_argument(
+        "--write",
+        action="store_true",
+        help="replace the table between the markers in README.md (default: print it)",
+    )
+    _sub(sub, "commit", "print the commit records get here (MAHIA_COMMIT or git's, -dirty if so)")
+    c = _sub(sub, "clean-notebooks", "strip outputs from notebooks/*.ipynb")
+    c.add_argument(
+        "--check",
+        action="store_true",
+        help="only check; exit 1 if any notebook has outputs (default: strip them in place)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _command(args)
+    except KeyboardInterrupt:  # before a run's own handler is in place (a run handles Ctrl-C itself)
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _command(args: argparse.Namespace) -> int:
     from mahia import runner
 
     try:

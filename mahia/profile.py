@@ -190,34 +190,79 @@ def block_parts(model) -> dict[str, list[nn.Module]]:
     return parts
 
 
-def main(argv=None) -> int:
-    from mahia.measure.hardware import resolve_device
-    from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
+# The default sequence length: this, or the preset's max_seq_len where that is shorter (tiny: 128).
+SEQ_LEN = 512
+
+
+def _parser() -> argparse.ArgumentParser:
     from mahia.model.config import CHECKPOINT_POLICIES, PRESETS
     from mahia.model.optimize import AMP, COMPILE
 
-    p = argparse.ArgumentParser(prog="python -m mahia.profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    p = argparse.ArgumentParser(
+        prog="python -m mahia.profile",
+        description=__doc__.split("\n\n")[0],
+        epilog="example:\n  python -m mahia.profile --preset small --batch 16 --seq-len 1024 --amp bf16 "
+        "--checkpoint full",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--preset",
+        default="small",
+        choices=sorted(PRESETS),
+        help="model size, HybridConfig.preset (default: %(default)s)",
+    )
     p.add_argument(
         "--impl",
         default="optimized",
         choices=("optimized", "baseline"),
-        help="every layer on its fast path, or on its reference path",
+        help="every layer on its fast path, or on its reference path (default: %(default)s)",
     )
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--amp", default=None, choices=[a for a in AMP if a])
-    p.add_argument("--checkpoint", default=None, choices=[c for c in CHECKPOINT_POLICIES if c])
-    p.add_argument("--compile", default=None, choices=[c for c in COMPILE if c])
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--rows", type=int, default=15)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--by-module", action="store_true", help="also the forward time of each block part")
-    a = p.parse_args(argv)
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (default: %(default)s)")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help=f"tokens per sequence (default: {SEQ_LEN}, or the preset's max_seq_len where that is shorter)",
+    )
+    p.add_argument(
+        "--amp", default=None, choices=[a for a in AMP if a], help="autocast dtype (default: none, the weights' fp32)"
+    )
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        choices=[c for c in CHECKPOINT_POLICIES if c],
+        help="activation checkpointing of every block (default: none)",
+    )
+    p.add_argument(
+        "--compile",
+        default=None,
+        choices=[c for c in COMPILE if c],
+        help="torch.compile mode of the model's forward (default: none, eager)",
+    )
+    p.add_argument("--steps", type=int, default=3, help="profiled steps, after 2 warm-up steps (default: %(default)s)")
+    p.add_argument("--rows", type=int, default=15, help="operators listed, the busiest first (default: %(default)s)")
+    p.add_argument(
+        "--device", default="auto", help="auto (CUDA if present), cpu, cuda or cuda:N (default: %(default)s)"
+    )
+    p.add_argument(
+        "--by-module",
+        action="store_true",
+        help="also the forward time of each block part; not with --checkpoint (default: off)",
+    )
+    return p
+
+
+def main(argv=None) -> int:
+    from mahia.measure.hardware import resolve_device
+    from mahia.model import HybridConfig, HybridModel, SyntheticTokens, make_train_step
+
+    a = _parser().parse_args(argv)
     try:
         dev = resolve_device(a.device)
         cfg = HybridConfig.preset(a.preset)
         cfg = cfg.optimized() if a.impl == "optimized" else cfg.baseline()
+        if a.seq_len is None:
+            a.seq_len = min(SEQ_LEN, cfg.max_seq_len)
         for name in ("batch", "seq_len", "steps"):
             if getattr(a, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")

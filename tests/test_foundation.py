@@ -312,7 +312,7 @@ def test_failing_notebook_is_reported_with_its_cell_and_the_run_goes_on(tmp_path
     assert rc == 1
     outcomes = {o["name"]: o for o in json.loads((tmp_path / "out" / "outcomes.json").read_text())}
     assert outcomes["01_breaks"]["status"] == "failed"
-    assert outcomes["01_breaks"]["cell"] == 4  # parameters, injected parameters, x = 1, the raise
+    assert outcomes["01_breaks"]["cell"] == 3  # parameters, x = 1, the raise: papermill's injected cell not counted
     assert "planted failure" in outcomes["01_breaks"]["error"]
     assert outcomes["02_fine"]["status"] == "ok"
     assert outcomes["03_other"]["status"] == "ok", outcomes["03_other"]

@@ -467,7 +467,7 @@ def test_each_run_gets_its_own_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "select_notebooks", lambda spec, folder=nbdir: [nbdir / "01_quick.ipynb"])
     for _ in range(2):
         assert runner.run(device="cpu", profile="quick", progress=False) == 1
-    folders = sorted(p for p in (tmp_path / "runs").iterdir() if p.name != "results")
+    folders = sorted(p for p in (tmp_path / "runs").iterdir() if p.name not in ("results", "figures"))
     assert len(folders) == 2 and all((f / "outcomes.json").exists() for f in folders)
     assert all(f.name.endswith(f"{hardware.device_slug('cpu')}-quick") or f.name.endswith("-quick-2") for f in folders)
 
