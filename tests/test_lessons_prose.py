@@ -31,6 +31,29 @@ def test_bound_name():
     assert prose.bound_name(False) == prose.bound_name(False, explain=True) == "device-bound"
 
 
+# --- 00 ------------------------------------------------------------------------------------------------
+
+
+def test_copy_timing_modes_follows_the_run():
+    mib = [0.0625, 1.0, 16.0, 1024.0]
+    # warm slower (host-paced) at the two small sizes, faster at the two large ones: both are said
+    text = prose.copy_timing_modes(
+        mib, [4.8, 4.9, 13.1, 505.2], [11.7, 10.2, 12.1, 504.6], [9.5, 9.8, 10.0, 10.4], l2_mib=60
+    )
+    assert "the smallest takes 4.8 µs" in text and "9.5 µs per copy" in text and "not in it" in text
+    assert "at 0.0625, 1 MiB each took longer" in text and "*below*" in text
+    assert "At 16, 1024 MiB the warm copy was faster, by up to 1.08× at 16 MiB" in text
+    assert "(32 MiB) fit in the 60 MiB L2 cache" in text
+    # warm never slower: no host-paced claim; never faster: no cache claim; no L2 size: no fit clause
+    only_faster = prose.copy_timing_modes([1.0, 2.0], [5.0, 6.0], [4.0, 5.0], [3.0, 3.0])
+    assert "*below*" not in only_faster and "faster, by up to 1.25× at 1 MiB:" in only_faster
+    only_slower = prose.copy_timing_modes([1.0], [5.0], [9.0], [8.0])
+    assert "*below*" in only_slower and "was faster" not in only_slower
+    assert "do not fit" in prose.copy_timing_modes([64.0], [40.0], [35.0], [9.0], l2_mib=50)
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        prose.copy_timing_modes([1.0], [1.0, 2.0], [1.0], [1.0])
+
+
 # --- 01 ------------------------------------------------------------------------------------------------
 
 
@@ -53,6 +76,19 @@ def test_sync_gain_verdict(speedup, cuda, expect):
 
 
 # --- 02 ------------------------------------------------------------------------------------------------
+
+
+def test_flash_backend_note():
+    kw = dict(shape="4x16x4096x128")
+    assert prose.flash_backend_note(None, 600.0, capability="9.0", flash_impl=None, **kw) == ""
+    assert prose.flash_backend_note(340.0, None, capability="9.0", flash_impl=None, **kw) == ""
+    hopper = prose.flash_backend_note(300.0, 600.0, capability="9.0", flash_impl=None, **kw)
+    assert "2.00× the rate" in hopper and "600 against 300 TFLOP/s" in hopper
+    assert "bundled FlashAttention-2" in hopper and "wgmma" in hopper and "compute capability 9.0" in hopper
+    other = prose.flash_backend_note(300.0, 270.0, capability="8.0", flash_impl=None, **kw)
+    assert "0.90× the rate" in other and "bundled FlashAttention-2" in other and "wgmma" not in other
+    fa3 = prose.flash_backend_note(500.0, 600.0, capability="9.0", flash_impl="FA3", **kw)
+    assert "FA3 implementation" in fa3 and "bundled" not in fa3
 
 
 def test_attention_gain_trend():
@@ -195,6 +231,14 @@ def test_moe_model_misses(loop, grouped, work, launch, expect):
     assert all(e in text for e in expect)
 
 
+def test_moe_model_misses_on_a_cpu_claims_no_overlap_and_no_idle_device():
+    slow = prose.moe_model_misses(1.6, 1.0, grouped_work_ms=1.0, grouped_launch_ms=0.1, cuda=False)
+    assert "1.6× its prediction" in slow and "idles" not in slow
+    assert "idles" in prose.moe_model_misses(1.6, 1.0, grouped_work_ms=1.0, grouped_launch_ms=0.1)
+    fast = prose.moe_model_misses(0.5, 1.0, grouped_work_ms=1.0, grouped_launch_ms=0.1, cuda=False)
+    assert "already contains the dispatch" in fast and "overlap" not in fast
+
+
 def test_topk_gain_clause():
     assert "still syncs 8 times, but each expert's matmuls get 4× longer" in prose.topk_gain_clause(
         5.0, 3.0, 4.0, syncs=8
@@ -258,10 +302,6 @@ def test_in_context_reason():
 def test_same_tokens_phrase():
     assert prose.same_tokens_phrase(True) == "with exactly the same tokens"
     assert prose.same_tokens_phrase(False) == "with tokens that differ only at near-ties"
-
-
-def test_met_or_not():
-    assert prose.met_or_not(0.7, 0.65) == "met" and prose.met_or_not(0.6, 0.65) == "not met"
 
 
 def test_small_step_pace():

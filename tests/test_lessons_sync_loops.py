@@ -10,6 +10,7 @@ from mahia.lessons.sync_loops import (
     ResidualMLP,
     count_ops,
     gpu_activity,
+    host_issue_ms,
     idle_fraction,
     launch_chain,
     make_batches,
@@ -171,3 +172,13 @@ def test_bad_inputs_raise():
         launch_chain(torch.zeros(1), 0)
     with pytest.raises(ValueError, match="read_every"):
         launch_chain(torch.zeros(1), 3, read_every=-2)
+
+
+def test_host_issue_ms_is_the_median_call_and_checks_its_arguments():
+    calls = []
+    ms = host_issue_ms(lambda: calls.append(1), "cpu", repeats=3)
+    assert len(calls) == 3 and 0 <= ms < 1000
+    with pytest.raises(TypeError, match="callable"):
+        host_issue_ms(1, "cpu")
+    with pytest.raises(ValueError, match="repeats"):
+        host_issue_ms(lambda: None, "cpu", repeats=0)

@@ -6,13 +6,13 @@ made here, in one small function per decision, each branch unit-tested
 (tests/test_lessons_prose.py); the notebook keeps the numbers it reports in sight. Every number in a
 sentence below comes from an argument: nothing is typed in.
 
-Sections follow the notebooks that use them (01, 02, 03, ...).
+Sections follow the notebooks that use them (00, 01, 02, ...).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "amp_gain_verdict",
@@ -22,18 +22,19 @@ __all__ = [
     "bound_name",
     "checkpoint_notes",
     "compile_gain_verdict",
+    "copy_timing_modes",
     "decode_bound_clause",
     "disturbed_ceiling_note",
     "eager_efficiency_note",
     "extra_ops_clause",
     "first_failure_phrase",
+    "flash_backend_note",
     "foreach_bandwidth_clause",
     "fp16_sum_overflow_note",
     "graph_gain_verdict",
     "in_context_reason",
     "manual_oom_note",
     "memory_model_overshoot_note",
-    "met_or_not",
     "misjudged_rung_reason",
     "moe_model_misses",
     "no_gain_note",
@@ -66,6 +67,65 @@ def bound_name(launch_bound: bool, *, explain: bool = False) -> str:
     if launch_bound:
         return "launch-bound (host time > device time)" if explain else "launch-bound"
     return "device-bound"
+
+
+# ---------------------------------------------------------------------------------------------------
+# 00 · environment and roofline
+# ---------------------------------------------------------------------------------------------------
+
+
+def copy_timing_modes(
+    mib: Sequence[float],
+    flushed_us: Sequence[float],
+    warm_us: Sequence[float],
+    host_us: Sequence[float],
+    *,
+    l2_mib: float | None = None,
+) -> str:
+    """What the two timing modes of the copy sweep measured (GPU), size by size (ascending ``mib``).
+
+    With the L2 flush each repetition is one copy after the flush, which gives the host time to queue it:
+    the events time the kernel on the device, without the host's launch. Without it the copies run back to
+    back, so a copy shorter than its launch runs at the host's pace, and data the previous repetition left
+    in L2 can be read from there. ``host_us``: the host's time to launch one copy (no sync); ``l2_mib``: the
+    L2 cache's size (the device report's ``l2_cache_mb``, which counts MiB)."""
+    n = len(mib)
+    if not (n and len(flushed_us) == len(warm_us) == len(host_us) == n):
+        raise ValueError("copy_timing_modes: mib, flushed_us, warm_us and host_us need the same, non-zero length")
+    text = (
+        f"With the flush, each repetition times one copy on the device alone: the smallest takes "
+        f"{flushed_us[0]:.1f} µs, the device's fixed cost of starting a kernel and reaching its first bytes. "
+        f"The host's launch ({host_us[0]:.1f} µs per copy, host clock, no sync) is not in it: the flush before "
+        f"each repetition gives the host time to queue the call (notebook 05 measures the device floor as "
+        f"`t_floor`). "
+    )
+    slower = [i for i in range(n) if warm_us[i] > flushed_us[i]]
+    if slower:
+        w = [warm_us[i] for i in slower]
+        h = [host_us[i] for i in slower]
+        text += (
+            f"Without the flush the copies run back to back, and at {_sizes(mib, slower)} MiB each took longer "
+            f"than with it ({min(w):.1f}–{max(w):.1f} µs per copy, against {min(h):.1f}–{max(h):.1f} µs for the "
+            f"host to launch one): there the host's launches set the pace, which puts the warm curve *below* "
+            f"the flushed one. "
+        )
+    faster = [i for i in range(n) if warm_us[i] < flushed_us[i]]
+    if faster:
+        i = max(faster, key=lambda j: flushed_us[j] / warm_us[j])
+        where = ""
+        if l2_mib:
+            fits = "fit" if 2 * mib[i] <= l2_mib else "do not fit"
+            where = f"; its source and destination ({2 * mib[i]:g} MiB) {fits} in the {l2_mib:g} MiB L2 cache"
+        text += (
+            f"At {_sizes(mib, faster)} MiB the warm copy was faster, by up to {flushed_us[i] / warm_us[i]:.2f}× "
+            f"at {mib[i]:g} MiB{where}: without the flush, bytes the previous repetition left in L2 can be "
+            f"read from there, and the next copy is already queued when one ends. "
+        )
+    return text
+
+
+def _sizes(mib: Sequence[float], idx: Sequence[int]) -> str:
+    return ", ".join(f"{mib[i]:g}" for i in idx)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -117,6 +177,40 @@ def manual_oom_note(oom_t: int | None, predicted_t: int | None) -> str:
             f"{predicted_t if predicted_t else 'no OOM in this sweep'}). "
         )
     return f"The manual path never ran out of memory in this sweep (predicted first OOM: {predicted_t}). "
+
+
+def flash_backend_note(
+    flash_tflops: float | None,
+    cudnn_tflops: float | None,
+    *,
+    capability: str | None,
+    flash_impl: str | None,
+    shape: str,
+) -> str:
+    """The measured rate of the cuDNN backend against the flash backend, and what differs between the two
+    kernels in this PyTorch build. ``flash_impl``: ``torch.nn.attention.current_flash_attention_impl()``
+    (None: PyTorch's bundled FlashAttention-2); ``capability``: the GPU's compute capability, "9.0" on
+    Hopper. Empty unless both backends were timed."""
+    if flash_tflops is None or cudnn_tflops is None:
+        return ""
+    text = (
+        f"At {shape}, causal, cuDNN's fused attention runs at {cudnn_tflops / flash_tflops:.2f}× the rate of the "
+        f"`flash` backend ({cudnn_tflops:.3g} against {flash_tflops:.3g} TFLOP/s). They are different kernels: "
+    )
+    if flash_impl is not None:
+        return text + f"the `flash` backend runs the {flash_impl} implementation activated in this process. "
+    text += (
+        "the `flash` backend is PyTorch's bundled FlashAttention-2 (no other implementation is activated: "
+        "`torch.nn.attention.current_flash_attention_impl()` is None)"
+    )
+    if capability and capability.split(".")[0] == "9":
+        text += (
+            f", written for the tensor-core instructions of the generation before Hopper. It uses none of "
+            f"Hopper's own (warpgroup `wgmma` matrix instructions, TMA copies), which FlashAttention-3 and "
+            f"cuDNN's attention kernels use on this compute capability {capability} GPU. "
+        )
+        return text
+    return text + ". "
 
 
 def decode_bound_clause(frac_of_copy: float) -> str:
@@ -331,22 +425,28 @@ def aux_loss_cost_clause(task_loss_without: float, task_loss_strongest: float) -
 
 
 def moe_model_misses(
-    loop_ratio: float, grouped_ratio: float, *, grouped_work_ms: float, grouped_launch_ms: float
+    loop_ratio: float, grouped_ratio: float, *, grouped_work_ms: float, grouped_launch_ms: float, cuda: bool = True
 ) -> str:
     """Where the launch model misses each path (``*_ratio`` = measured / predicted time; within 0.8–1.25
-    counts as a hit). ``grouped_work_ms`` / ``grouped_launch_ms``: the grouped path's predicted terms."""
+    counts as a hit). ``grouped_work_ms`` / ``grouped_launch_ms``: the grouped path's predicted terms.
+    ``cuda=False``: a CPU run, where nothing overlaps and a sync waits for nothing."""
     why = []
     if loop_ratio > 1.25:
         why.append(
             f"the loop took {loop_ratio:.1f}× its prediction: its ops (boolean compare, `nonzero`, "
             f"integer-index gathers, `index_add_`) cost more to dispatch than the one-element add "
-            f"`t_launch` was measured on, and after each sync the device idles while the host prepares "
-            f"the next expert"
+            f"`t_launch` was measured on"
+            + (", and after each sync the device idles while the host prepares the next expert" if cuda else "")
         )
     elif loop_ratio < 0.8:
         why.append(
-            f"the loop took only {loop_ratio:.2f}× its prediction: some of its ops overlap with the "
-            f"previous expert's matmuls, which the per-expert sum does not credit"
+            f"the loop took only {loop_ratio:.2f}× its prediction: "
+            + (
+                "some of its ops overlap with the previous expert's matmuls, which the per-expert sum does not credit"
+                if cuda
+                else "`t_expert`, timed on its own, already contains the dispatch of the expert's ops, which the "
+                "model counts again as launches"
+            )
         )
     if grouped_ratio > 1.25:
         why.append(
@@ -479,11 +579,6 @@ def in_context_reason(*, alone: float, in_ladder: float) -> str:
 def same_tokens_phrase(same: bool) -> str:
     """How the CUDA-graph decoder's tokens compare with the eager decoder's."""
     return "with exactly the same tokens" if same else "with tokens that differ only at near-ties"
-
-
-def met_or_not(value: float, goal: float) -> str:
-    """ "met" when ``value`` reaches ``goal``, else "not met"."""
-    return "met" if value >= goal else "not met"
 
 
 def small_step_pace(measured_gain: float, predicted_gain: float, *, launches_ms: float, work_ms: float) -> str:

@@ -5,9 +5,10 @@ A *sync* is a point where the CPU waits for the GPU to finish everything queued 
 drains that queue: the GPU finishes and idles, the result crosses to the host, and the GPU waits again
 until the CPU has launched the next kernel. Per sync this costs roughly
 
-    drain + device-to-host copy + launch latency of the next kernel     (tens of microseconds)
+    drain + device-to-host copy + launch latency of the next kernel     (measured by launch_chain)
 
-plus, when CPU and GPU work were overlapping, the overlap itself.
+plus, when CPU and GPU work were overlapping, the overlap itself: a step then takes host time + device
+time instead of the larger of the two, which costs most when the two are about equal.
 
 The loop (for each batch x (B, F), y (B,) int64):
 
@@ -32,7 +33,8 @@ zeros of the non-hard examples take part in the reduction tree), so their parame
 rounding, not bit for bit.
 
 Also here: :func:`launch_chain`, a loop of tiny kernels with an optional read-back, to measure what one
-sync costs on a machine; :func:`gpu_activity` / :func:`idle_fraction`, which read GPU kernels out of a
+sync costs on a machine; :func:`host_issue_ms`, how long the host takes to issue a call that never waits;
+:func:`gpu_activity` / :func:`idle_fraction`, which read GPU kernels out of a
 ``torch.profiler`` Chrome trace; and, re-exported for notebook 01, :func:`mahia.measure.instruments.count_ops`,
 the number of ops that launch a kernel.
 """
@@ -41,6 +43,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mahia.measure.checks import check_float_dtype, check_int
+from mahia.measure.timing import synchronize
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -63,6 +68,7 @@ __all__ = [
     "train_syncing",
     "train_sync_free",
     "launch_chain",
+    "host_issue_ms",
     "count_ops",  # re-exported from mahia.measure.instruments: notebook 01 imports it from here
     "GPU_CATEGORIES",
     "gpu_activity",
@@ -352,6 +358,27 @@ def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> tor
         if read_every and (i + 1) % read_every == 0:
             flat[0].item()  # sync
     return x
+
+
+def host_issue_ms(fn, device: torch.device | str, *, repeats: int = 5) -> float:
+    """Median host time, in ms, of ``fn()`` started on an idle device and not waited for.
+
+    The device is synchronized before each call and after it, outside the timed span: for a call that
+    never syncs this is the time the host needs to *issue* its kernels (Python, dispatch, launches) while
+    the device queue is empty, the host's share of a step. On a CPU, where the work runs inside the call,
+    it is the call's whole time.
+    """
+    if not callable(fn):
+        raise TypeError(f"host_issue_ms: fn must be callable, got {type(fn).__name__}")
+    check_int("host_issue_ms", "repeats", repeats, minimum=1)
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+        synchronize(device)
+    return statistics.median(times)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,12 @@
 """The run report: one row per before/after pair, generated from the records (never typed in).
 
 Written as Markdown and HTML beside the executed notebooks, and as ``report.md`` in the device's
-results folder. ``readme_table`` renders the headline metrics of the committed reference (the full
+results folder. The report opens with what it is and what its columns mean; the pairs are grouped by
+notebook and sorted (experiment, then shape in numeric order), and each row names the run and the commit
+that made it. A pair is a baseline and an optimized row of one experiment and shape: of the same dtype
+where the experiment has a baseline in it, else across dtypes, when the change of precision is the
+optimization (notebook 06's fp32 → bf16, notebook 10's ladder). A fraction of a ceiling above 1 is
+marked and explained; a CPU run's headline metrics are not graded against the goals, which are GPU goals. ``readme_table`` renders the headline metrics of the committed reference (the full
 profile's ``summary.json``) for the README.
 
 Each headline metric says which commit made its records. A metric is marked *stale* when it comes from
@@ -12,7 +17,9 @@ and this metric was not), and *not HEAD* when a ``head`` commit is given and dif
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -25,13 +32,22 @@ from mahia.measure.results import (
     headline,
     latest,
     load_records,
-    pairs,
     profiles,
     read_summary,
     write_summaries,
 )
 
-__all__ = ["NotebookOutcome", "build_report", "write_report", "readme_table", "report_profile", "commit_marks"]
+__all__ = [
+    "NotebookOutcome",
+    "ReportPair",
+    "build_report",
+    "write_report",
+    "readme_table",
+    "report_pairs",
+    "report_profile",
+    "commit_marks",
+    "grade",
+]
 
 
 class NotebookOutcome(dict):
@@ -44,14 +60,192 @@ def _fmt(x, spec=".3g", none="—"):
     return format(x, spec)
 
 
+def _is_cpu(df: pd.DataFrame, folder: Path | None = None) -> bool:
+    """True when the records are a CPU's (every device slug starts with 'cpu'), or, without records, when the
+    device folder is a CPU's."""
+    slugs = [str(x) for x in df["device_slug"].dropna()] if "device_slug" in df and not df.empty else []
+    if slugs:
+        return all(x.startswith("cpu") for x in slugs)
+    return folder is not None and Path(folder).name.startswith("cpu")
+
+
 def _device_line(df: pd.DataFrame) -> str:
     if df.empty:
         return "no records"
     devs = sorted(set(df["device"].dropna().astype(str)))
     date = str(df["date"].max())[:10]
-    cpu = not any("cpu" not in str(s) for s in df["device_slug"].dropna()) if "device_slug" in df else False
-    note = " (a CPU run: timings say nothing about a GPU)" if cpu else ""
+    note = " (a CPU run: timings say nothing about a GPU)" if _is_cpu(df) else ""
     return f"verified on {', '.join(devs)}, {date}{note}"
+
+
+CPU_NOT_GRADED = "not graded (CPU run)"
+
+
+def grade(key: str, value: float | None, *, cpu: bool) -> str:
+    """``goal_status`` of a headline value, except on a CPU: the goals are an H100/H200's, so a CPU run's
+    value is reported and not graded."""
+    if cpu and key in GOALS and value is not None:
+        return CPU_NOT_GRADED
+    return goal_status(key, value)
+
+
+@dataclass
+class ReportPair:
+    """One row of the before/after table: the baseline and one optimized row of an experiment and shape."""
+
+    notebook: str
+    experiment: str
+    shape: str
+    dtype: str  # the optimized row's
+    base_dtype: str
+    baseline: str
+    optimized: str
+    speedup: float
+    low: float
+    high: float
+    frac_of_limit: float | None
+    limit: str | None
+    rel_err: float | None
+    date: str
+    run_id: str
+    commit: str
+    base_run_id: str
+    base_commit: str
+
+    @property
+    def significant(self) -> bool:
+        return not (self.low <= 1.0 <= self.high)
+
+    @property
+    def above_ceiling(self) -> bool:
+        return self.frac_of_limit is not None and self.frac_of_limit > 1.0
+
+
+def _str(v) -> str:
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def report_pairs(df: pd.DataFrame) -> list[ReportPair]:
+    """Every optimized row of the newest records (``latest``) with its baseline: the same experiment and
+    shape, and the baseline of the optimized row's dtype when the experiment has one there, else the
+    experiment's newest baseline of another dtype (a change of precision as the optimization). The speedup's
+    spread is [base.p20 / opt.p80, base.p80 / opt.p20]."""
+    out: list[ReportPair] = []
+    if df.empty:
+        return out
+    df = latest(df)
+    df = df[df["median_ms"].notna()]
+    for (exp, shape), g in df.groupby(["experiment", "shape"], sort=False):
+        base, opt = g[g["role"] == "baseline"], g[g["role"] == "optimized"]
+        if base.empty or opt.empty:
+            continue
+        for _, o in opt.iterrows():
+            same = base[base["dtype"] == o["dtype"]]
+            b = (same if not same.empty else base).sort_values("date").iloc[-1]
+            out.append(
+                ReportPair(
+                    notebook=str(o["notebook"]),
+                    experiment=str(exp),
+                    shape=_str(shape),
+                    dtype=_str(o["dtype"]),
+                    base_dtype=_str(b["dtype"]),
+                    baseline=str(b["variant"]),
+                    optimized=str(o["variant"]),
+                    speedup=b["median_ms"] / o["median_ms"],
+                    low=b["p20_ms"] / o["p80_ms"],
+                    high=b["p80_ms"] / o["p20_ms"],
+                    frac_of_limit=None if pd.isna(o["frac_of_limit"]) else float(o["frac_of_limit"]),
+                    limit=None if pd.isna(o["limit"]) or not str(o["limit"]) else str(o["limit"]),
+                    rel_err=None if pd.isna(o["rel_err"]) else float(o["rel_err"]),
+                    date=str(o["date"])[:10],
+                    run_id=_str(o.get("run_id")),
+                    commit=_str(o.get("commit")),
+                    base_run_id=_str(b.get("run_id")),
+                    base_commit=_str(b.get("commit")),
+                )
+            )
+    return sorted(out, key=lambda p: (p.notebook, p.experiment, _natural(p.shape), p.dtype, p.optimized))
+
+
+def _natural(text: str) -> tuple:
+    """A sort key that orders the numbers in a shape by value: 4x256 before 4x1024."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.findall(r"\d+|\D+", text))
+
+
+INTRO = (
+    "Generated from the result records of one device folder by `mahia.measure.report`; no number here is "
+    "typed in. Every notebook (and benchmark) times a *before* path (role `baseline`) and an *after* path "
+    "(role `optimized`) on the same inputs, after checking that they compute the same function; peers (other "
+    "libraries, other modes) are in the records and the notebooks, not here."
+)
+PAIR_COLUMNS = [
+    "**experiment**, **shape**: what was timed, at which size (the notebook's notation).",
+    "**dtype**: the compute dtype; `before → after` when the change of precision is the optimization (a pair "
+    "is of one dtype wherever the experiment has a baseline in it).",
+    "**before → after**: the baseline and the optimized variant.",
+    "**speedup [20–80%]**: baseline median time over optimized median time; in brackets the same ratio of the "
+    "crossed 20th and 80th percentiles (slowest after against fastest before, and the reverse). *not "
+    "significant* when that range contains 1.",
+    "**fraction of limit**: the optimized path's GB/s or TFLOP/s over the ceiling of this device measured at "
+    "set-up (`copy`, `matmul_bf16`, `matmul_fp32`); ↑ marks a value above 1 (see the note below the tables).",
+    "**rel. error**: norm-wise relative error of the optimized output against the notebook's reference.",
+    "**date**, **run**, **commit**: when the optimized row was recorded, by which run (`run_id`), and the "
+    "commit of the code (`-dirty`: uncommitted changes; `unknown`: no git). A baseline from another run or "
+    "commit is named after it.",
+]
+ABOVE_ONE = (
+    "↑ Above 1 of a ceiling: the ceilings are measurements on this device (one large copy; the best of a few "
+    "large square matmuls), not hardware limits. A kernel exceeds one when its shape suits the library better "
+    "than the ceiling's shapes, when its bytes come from a cache the ceiling's copy is too large for, or when "
+    "the ceiling was measured while the machine was busy with other work; on a CPU, a ceiling measured at one "
+    "size bounds other sizes only loosely."
+)
+HEADLINE_COLUMNS = (
+    "**value**: the metric, computed from the newest records by its rule (`mahia.measure.results.HEADLINES`); "
+    "**goal**: the project's goal on an H100/H200 (README); the next column: met or missed, *not graded* on a "
+    "CPU; **commit**: the commit(s) whose records made the value (*stale*: older than the newest record; "
+    "*not HEAD*: not the commit this report was made for)."
+)
+
+
+def _frac(p: ReportPair) -> str:
+    if p.frac_of_limit is None:
+        return "—"
+    if p.above_ceiling:
+        return f"{p.frac_of_limit:.3f} ↑ of {p.limit}"
+    return f"{p.frac_of_limit:.2f} of {p.limit}"
+
+
+def _with_base(opt: str, base: str) -> str:
+    return opt if base == opt or not base else f"{opt} (before: {base})"
+
+
+def _pair_lines(ps: list[ReportPair]) -> list[str]:
+    lines = ["## Before / after", "", *[f"- {c}" for c in PAIR_COLUMNS], ""]
+    if not ps:
+        return [*lines, "No before/after pairs were recorded."]
+    for nb in dict.fromkeys(p.notebook for p in ps):
+        lines += [
+            f"### {nb}",
+            "",
+            "| experiment | shape | dtype | before → after | speedup [20–80%] | fraction of limit | rel. error | "
+            "date | run | commit |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in (q for q in ps if q.notebook == nb):
+            sig = "" if p.significant else " (not significant)"
+            dt = p.dtype if p.base_dtype == p.dtype else f"{p.base_dtype} → {p.dtype}"
+            lines.append(
+                f"| {p.experiment} | {p.shape or '—'} | {dt or '—'} | {p.baseline} → {p.optimized} | "
+                f"{p.speedup:.2f}× [{p.low:.2f}, {p.high:.2f}]{sig} | {_frac(p)} | {_fmt(p.rel_err, '.1e')} | "
+                f"{p.date} | {_with_base(p.run_id, p.base_run_id)} | {_with_base(p.commit, p.base_commit)} |"
+            )
+        lines.append("")
+    if any(p.above_ceiling for p in ps):
+        lines.append(ABOVE_ONE)
+    while lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def report_profile(df: pd.DataFrame) -> str:
@@ -109,7 +303,24 @@ def build_report(
     if not df.empty:
         df = df[df["profile"] == profile]
     doc = headline(folder, profile)
-    lines = [f"# {title}", "", f"_{_device_line(df)}_", "", f"_{_commits_line(doc, head)}_", ""]
+    cpu = _is_cpu(df, folder)
+    scope = f"the records of run `{run_id}`" if run_id is not None else "all its records"
+    lines = [
+        f"# {title}",
+        "",
+        f"_{_device_line(df)}_",
+        "",
+        f"_{_commits_line(doc, head)}_",
+        "",
+        f"{INTRO} This report shows the {profile} profile of `{Path(folder).name}`, {scope}.",
+        "",
+    ]
+    if cpu:
+        lines += [
+            "**A CPU run.** Its speedups describe this CPU, where nothing runs asynchronously and there are no "
+            "tensor cores; the project's goals are an H100/H200's, so its headline metrics are not graded.",
+            "",
+        ]
     if outcomes:
         lines += ["## Notebooks", "", "| notebook | status | time (s) | where it failed |", "|---|---|---|---|"]
         for o in outcomes:
@@ -122,43 +333,33 @@ def build_report(
                 f"| {o['name']} | {o['status']} | {_fmt(o.get('seconds'), '.0f')} | {where.replace('|', '/')[:200]} |"
             )
         lines.append("")
-    ps = pairs(df) if not df.empty else []
-    lines += ["## Before / after", ""]
-    if ps:
-        lines += [
-            "| notebook | experiment | shape | dtype | before → after | speedup [20–80%] | "
-            "fraction of limit | rel. error | verified on |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for p in ps:
-            sig = "" if p.significant else " (not significant)"
-            frac = f"{p.frac_of_limit:.2f} of {p.limit}" if p.frac_of_limit is not None else "—"
-            lines.append(
-                f"| {p.notebook} | {p.experiment} | {p.shape or '—'} | {p.dtype or '—'} | "
-                f"{p.baseline} → {p.optimized} | {p.speedup:.2f}× [{p.low:.2f}, {p.high:.2f}]{sig} | "
-                f"{frac} | {_fmt(p.rel_err, '.1e')} | {p.device}, {p.date} |"
-            )
-    else:
-        lines.append("No before/after pairs were recorded.")
+    lines += _pair_lines(report_pairs(df))
     lines += [
         "",
         f"## Headline metrics ({profile} profile, all its records)",
         "",
+        HEADLINE_COLUMNS,
+        "",
         "| key | value | goal | | commit |",
         "|---|---|---|---|---|",
     ]
+    above = False
     for k, v in doc["metrics"].items():
         goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
+        up = " ↑" if "frac" in k and v is not None and v > 1 else ""
+        above = above or bool(up)
         lines.append(
-            f"| `{k}` | {_fmt(v, '.4g', 'not measured')} | {goal} | {goal_status(k, v)} | "
+            f"| `{k}` | {_fmt(v, '.4g', 'not measured')}{up} | {goal} | {grade(k, v, cpu=cpu)} | "
             f"{commit_marks(doc, k, head)} |"
         )
+    if above:
+        lines += ["", ABOVE_ONE]
     return "\n".join(lines) + "\n"
 
 
 def _md_to_html(md: str, title: str) -> str:
     """A small Markdown-table-to-HTML rendering (no extra dependency)."""
-    out, in_table = [], False
+    out, in_table, in_list = [], False, False
     for line in md.splitlines():
         if line.startswith("|"):
             cells = [c.strip() for c in line.strip("|").split("|")]
@@ -173,8 +374,18 @@ def _md_to_html(md: str, title: str) -> str:
         if in_table:
             out.append("</table>")
             in_table = False
+        if in_list and not line.startswith("- "):
+            out.append("</ul>")
+            in_list = False
         if line.startswith("# "):
             out.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.startswith("### "):
+            out.append(f"<h3>{html.escape(line[4:])}</h3>")
+        elif line.startswith("- "):
+            if not in_list:
+                out.append("<ul>")
+                in_list = True
+            out.append(f"<li>{html.escape(line[2:])}</li>")
         elif line.startswith("## "):
             out.append(f"<h2>{html.escape(line[3:])}</h2>")
         elif line.startswith("_") and line.endswith("_"):
@@ -183,6 +394,8 @@ def _md_to_html(md: str, title: str) -> str:
             out.append(f"<p>{html.escape(line)}</p>")
     if in_table:
         out.append("</table>")
+    if in_list:
+        out.append("</ul>")
     style = (
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}th{background:#eee}"
@@ -218,6 +431,7 @@ def readme_table(folder: Path) -> str:
     df = load_records(folder)
     df = latest(df[df["profile"] == "full"]) if not df.empty else df
     commits = ", ".join(summary["commits"]) or "none"
+    cpu = _is_cpu(df, folder)
     lines = [
         f"_{_device_line(df)}; full profile, commit {commits}; generated by `python -m mahia readme`_",
         "",
@@ -228,7 +442,7 @@ def readme_table(folder: Path) -> str:
         v = summary["metrics"].get(k)
         goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
         stale = " †" if k in summary["stale"] else ""
-        lines.append(f"| `{k}` | {_fmt(v, '.4g', 'not measured yet')}{stale} | {goal} | {goal_status(k, v)} |")
+        lines.append(f"| `{k}` | {_fmt(v, '.4g', 'not measured yet')}{stale} | {goal} | {grade(k, v, cpu=cpu)} |")
     if summary["stale"]:
         older = sorted({c for k in summary["stale"] for c in summary["sources"][k]} - {summary["newest_commit"]})
         lines += [
