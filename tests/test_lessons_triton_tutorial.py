@@ -126,3 +126,42 @@ def test_measure_records_the_benchmark_rows(tmp_path):
     assert (df["rel_err"] <= tolerance(torch.float32)).all() and (df["median_ms"] > 0).all()
     with pytest.raises(ValueError, match="skip names unknown variants"):
         tu.measure(rec, "swiglu_fwd", (4, 40), torch.float32, skip=("cublas",))
+
+
+def test_host_crossover_reads_a_rows_sweep():
+    import pandas as pd
+
+    def rows(variant, mode, times):
+        exp = "rms_rows_eager" if mode == "eager" else "rms_rows"
+        return [
+            {"experiment": exp, "variant": variant, "shape": f"{m}x4096", "median_ms": t}
+            for m, t in zip((8, 1024, 16384), times)
+        ]
+
+    df = pd.DataFrame(
+        rows("mahia_triton", "eager", [0.30, 0.31, 0.40])
+        + rows("F.rms_norm", "eager", [0.12, 0.20, 0.60])
+        + rows("mahia_triton", "device", [0.01, 0.05, 0.39])
+        + rows("F.rms_norm", "device", [0.02, 0.10, 0.59])
+    )
+    out = tu.host_crossover(df)
+    assert out["rows"] == [8, 1024, 16384]
+    assert out["floor_ms"] == {"F.rms_norm": 0.12, "mahia_triton": 0.30}
+    assert out["crossover_rows"] == 16384  # mahia's eager time first at most F.rms_norm's there
+    assert out["host_bound_rows"] == {"F.rms_norm": 1024, "mahia_triton": 1024}
+    never = tu.host_crossover(df[~((df["variant"] == "mahia_triton") & (df["shape"] == "16384x4096"))])
+    assert never["crossover_rows"] is None
+    with pytest.raises(ValueError, match="need columns"):
+        tu.host_crossover(pd.DataFrame({"experiment": ["x"]}))
+
+
+def test_measure_records_eager_time_beside_device_time(tmp_path):
+    from mahia.measure import hardware
+    from mahia.measure.results import Recorder
+
+    ceil = hardware.Ceilings(hardware.device_slug("cpu"), copy_gbps=10.0, matmul_bf16_tflops=1.0,
+                             matmul_fp32_tflops=1.0, measured_at="now")  # fmt: skip
+    rec = Recorder("test_tu", "cpu", results_dir=tmp_path, ceilings=ceil, profile="quick", commit="c0ffee")
+    df = tu.measure(rec, "rmsnorm_fwd", (8, 64), torch.float32, skip=["torch.compile"], eager_time=True)
+    assert set(df["experiment"]) == {"rmsnorm_fwd", "rmsnorm_fwd_eager"}
+    assert (df["median_ms"] > 0).all()

@@ -272,6 +272,27 @@ def test_checkpointing_gives_the_same_gradients(no_triton, mode, gating):
         apply_checkpointing(model, "some")
 
 
+@pytest.mark.parametrize("optimized", [False, True], ids=["reference", "optimized"])
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_checkpointing_from_the_first_step(no_triton, monkeypatch, mode, optimized):
+    """Checkpointing applied before any forward, on both paths. Two bugs broke this: the grouped GEMM's
+    CPU capability probe ran its backward inside the first checkpointed forward, and a matmul of a
+    vector on the reference path squeezed its product in place (selective checkpointing keeps it)."""
+    import importlib
+
+    grouped_mm = importlib.import_module("mahia.ops.grouped_mm")
+    monkeypatch.setattr(grouped_mm, "_cpu_grouped_mm_probe", {})  # the first call comes from the forward
+    cfg = HybridConfig.preset("tiny")
+    model = _model(cfg.optimized() if optimized else cfg)
+    apply_checkpointing(model, mode)
+    idx, targets = _tokens(2, 16)
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        loss = model(idx, targets)[1]
+        loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 @pytest.fixture
 def checkpoint_calls(monkeypatch):
     """Counts the calls of torch.utils.checkpoint.checkpoint (run_checkpointed's only way to checkpoint)."""

@@ -152,3 +152,13 @@ def test_every_op_launches_directly_once_warm():
     missing = [name for name, launcher in LAUNCHERS.items() if launcher.cache_size() == 0]
     # the dw sum runs only when the backward has several programs (64 rows of 512: one per SM pair)
     assert missing in ([], ["rmsnorm dw sum"]), missing
+
+
+@needs_gpu
+def test_sm_count_of_a_device_without_an_index():
+    """torch.device("cuda") has no index: the current device's SM count (notebook 03 passes it so)."""
+    from mahia.lessons.kernel_listings import sm_count
+
+    expect = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    assert sm_count("cuda") == sm_count(torch.device("cuda", torch.cuda.current_device())) == expect
+    assert sm_count("cpu") == 4

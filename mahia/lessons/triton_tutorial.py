@@ -64,6 +64,7 @@ __all__ = [
     "make_inputs",
     "liger_ops",
     "measure",
+    "host_crossover",
 ]
 
 DW_STRATEGIES = ("atomic", "second_pass")
@@ -502,9 +503,14 @@ def measure(
     experiment: str | None = None,
     liger=None,
     skip: Sequence[str] = (),
+    eager_time: bool = False,
 ) -> pd.DataFrame:
     """Check, then time every variant of ``kind`` at ``shape`` exactly as ``python -m mahia.bench
     kernels`` does, and record one row per variant in ``recorder``; returns those rows.
+
+    ``eager_time=True`` also records the time an eager program sees (back-to-back calls from Python,
+    one synchronize: host overhead included where the host is slower), under ``<experiment>_eager``,
+    beside the device time (on a GPU a CUDA-graph replay, which hides the host).
 
     Variants (from :mod:`mahia.bench.kernels`): eager (baseline), F.rms_norm (peer, RMSNorm only),
     torch.compile (peer), liger (peer, CUDA, when ``liger`` is what :func:`liger_ops` returned),
@@ -540,8 +546,42 @@ def measure(
         eager,
         backward=backward,
         grad_inputs=[0, 1],
+        modes={"device": experiment or kind, **({"eager": f"{experiment or kind}_eager"} if eager_time else {})},
         nbytes=min_bytes(kind, shape, dtype),
         shape=shape,
         dtype=dtype,
     )
     return pd.DataFrame(recorder.rows[before:])
+
+
+def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.rms_norm") -> dict:
+    """From rows of one sweep over row counts (``experiment`` ending in ``_eager`` for eager time, else
+    device time; ``shape`` "MxN"): per variant the host floor (eager time at the fewest rows), and the
+    fewest rows at which ``mine``'s eager time is at most ``peer``'s (None: never in the sweep).
+
+    Returns ``{"floor_ms": {variant: ms}, "crossover_rows": int | None, "rows": [...], "host_bound_rows":
+    {variant: the largest row count where eager time > 1.5 x device time}}``.
+    """
+    need = {"experiment", "variant", "shape", "median_ms"}
+    if not need <= set(df.columns):
+        raise ValueError(f"host_crossover: rows need columns {sorted(need)}, got {sorted(df.columns)}")
+    d = df[df["median_ms"].notna()].copy()
+    d["rows"] = d["shape"].astype(str).str.split("x").str[0].astype(int)
+    d["mode"] = d["experiment"].astype(str).str.endswith("_eager").map({True: "eager", False: "device"})
+    t = d.pivot_table(index="rows", columns=["mode", "variant"], values="median_ms")
+    rows = sorted(t.index)
+    out: dict = {"rows": rows, "floor_ms": {}, "crossover_rows": None, "host_bound_rows": {}}
+    if "eager" not in t.columns.get_level_values(0):
+        return out
+    eager = t["eager"]
+    out["floor_ms"] = {v: float(eager[v].iloc[0]) for v in eager.columns}
+    if mine in eager.columns and peer in eager.columns:
+        wins = [r for r in rows if eager.loc[r, mine] <= eager.loc[r, peer]]
+        out["crossover_rows"] = wins[0] if wins else None
+    if "device" in t.columns.get_level_values(0):
+        device = t["device"]
+        for v in eager.columns:
+            if v in device.columns:
+                bound = [r for r in rows if eager.loc[r, v] > 1.5 * device.loc[r, v]]
+                out["host_bound_rows"][v] = bound[-1] if bound else None
+    return out

@@ -160,7 +160,9 @@ def _write_loop(x, memory, write_q, write_k, write_v):
     v = F.linear(x, write_v)  # (B, T, D)
     rows = []
     for n in range(memory.shape[0]):
-        q_n = F.linear(memory[n], write_q)  # (D,)
+        # W v rather than F.linear on a vector, whose matmul squeezes its product in place (which
+        # selective checkpointing refuses: it keeps that product and sees it mutated)
+        q_n = write_q @ memory[n]  # (D,)
         w_n = torch.softmax((k @ q_n) * scale, dim=-1)  # (B, T): softmax over tokens
         rows.append(torch.einsum("bt,btd->bd", w_n, v))  # (B, D)
     return torch.stack(rows, dim=1)  # (B, N, D)

@@ -31,6 +31,7 @@ bounds, though the result is then undefined. Any hidden size runs.
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import torch
@@ -82,21 +83,31 @@ def _check_grouped_mm_inputs(a: torch.Tensor, b: torch.Tensor, offs: torch.Tenso
 _cpu_grouped_mm_probe: dict[torch.dtype, bool] = {}
 
 
+def _probe_native_cpu(dtype: torch.dtype, result: list) -> None:
+    try:
+        a = torch.zeros(4, 8, dtype=dtype, requires_grad=True)
+        b = torch.zeros(2, 8, 8, dtype=dtype, requires_grad=True)
+        c = torch._grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32))
+        c.backward(torch.ones_like(c))
+        result.append(True)
+    except (RuntimeError, NotImplementedError, TypeError):
+        result.append(False)
+
+
 @torch.compiler.assume_constant_result  # torch.compile calls the probe instead of tracing it
 def _native_cpu_supported(dtype: torch.dtype) -> bool:
     """Whether this torch build has a CPU kernel (and autograd) for torch._grouped_mm in ``dtype``."""
     if dtype not in _cpu_grouped_mm_probe:
         ok = hasattr(torch, "_grouped_mm")
         if ok:
-            try:
-                # The first call may come from inside no_grad / inference_mode; the probe needs autograd.
-                with torch.inference_mode(False), torch.enable_grad():
-                    a = torch.zeros(4, 8, dtype=dtype, requires_grad=True)
-                    b = torch.zeros(2, 8, 8, dtype=dtype, requires_grad=True)
-                    c = torch._grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32))
-                    c.backward(torch.ones_like(c))
-            except (RuntimeError, NotImplementedError, TypeError):
-                ok = False
+            # The first call may come from inside a model's forward: under no_grad, inference_mode or
+            # activation checkpointing, whose state (grad mode, saved-tensor hooks, dispatch modes) is
+            # per thread. A thread of its own runs the probe's backward outside all of them.
+            result: list[bool] = []
+            thread = threading.Thread(target=_probe_native_cpu, args=(dtype, result), name="mahia-grouped-mm-probe")
+            thread.start()
+            thread.join()
+            ok = bool(result and result[0])
         _cpu_grouped_mm_probe[dtype] = ok
     return _cpu_grouped_mm_probe[dtype]
 

@@ -322,10 +322,12 @@ _sms: dict[int, int] = {}
 
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (4 for the CPU interpreter: few programs keep it fast)."""
-    index = device.index if device.type == "cuda" else -1
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda": the current one
     n = _sms.get(index)
     if n is None:
-        n = _sms[index] = torch.cuda.get_device_properties(device).multi_processor_count if index >= 0 else 4
+        n = _sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return n
 
 
