@@ -32,4 +32,8 @@ def test_rms_norm_configs():
     assert kl.rms_norm_fwd_config(16384)[:2] == (1, 16384)
     assert kl.rms_norm_bwd_config(1000)[:3] == (bm, bn, nw)
     assert kl.rms_norm_bwd_config(1000)[3] == 2 and kl.rms_norm_bwd_config(16384)[3] == 1
+    # by row count: few rows of a narrow hidden size take 4-row tiles, one program per SM
+    assert kl.rms_norm_bwd_config(2048, 512) == (4, 2048, 8, 1)
+    assert kl.rms_norm_bwd_config(2048, 8192) == kl.rms_norm_bwd_config(2048) == (2, 2048, 8, 2)
+    assert kl.rms_norm_bwd_config(8192, 16384)[0] == 2 and kl.rms_norm_bwd_config(8192, 1024)[0] == 1
     assert kl.sm_count("cpu") == 4  # the interpreter's stand-in

@@ -42,7 +42,8 @@ LISTINGS: dict[str, tuple[str, str]] = {
     "swiglu_fwd_kernel": ("mahia.ops.swiglu", "_swiglu_fwd_kernel"),
     "swiglu_bwd_kernel": ("mahia.ops.swiglu", "_swiglu_bwd_kernel"),
     "rope_kernel": ("mahia.ops.rope", "_rope_kernel"),
-    "rope_rotate_heads": ("mahia.ops.rope", "_rotate_heads"),  # @triton.jit: one token's heads
+    "rope_load_halves": ("mahia.ops.rope", "_load_halves"),  # @triton.jit: one token's heads, loaded
+    "rope_rotate_heads": ("mahia.ops.rope", "_rotate_heads"),  # @triton.jit: ... rotated and stored
     "gla_fwd_kernel": ("mahia.ops.gla_scan", "_gla_fwd_kernel"),
     "gla_bwd_kernel": ("mahia.ops.gla_scan", "_gla_bwd_kernel"),
     # the tutorial's v1 kernels (notebook 03, section 2)
@@ -69,6 +70,7 @@ KERNELS: tuple[str, ...] = (
     "swiglu_fwd_kernel",
     "swiglu_bwd_kernel",
     "rope_kernel",
+    "rope_load_halves",
     "rope_rotate_heads",
     "gla_fwd_kernel",
     "gla_bwd_kernel",
@@ -99,9 +101,10 @@ def rms_norm_fwd_config(n_cols: int) -> tuple[int, int, int]:
     return tuple(rmsnorm.fwd_config(int(n_cols)))
 
 
-def rms_norm_bwd_config(n_cols: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the production RMSNorm backward (persistent grid)."""
-    return tuple(rmsnorm.bwd_config(int(n_cols)))
+def rms_norm_bwd_config(n_cols: int, n_rows: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the production RMSNorm backward (persistent grid)
+    for ``n_rows`` rows (None: a large batch)."""
+    return tuple(rmsnorm.bwd_config(int(n_cols), None if n_rows is None else int(n_rows)))
 
 
 def sm_count(device: str | torch.device) -> int:

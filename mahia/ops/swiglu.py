@@ -120,15 +120,16 @@ _launch_bwd = Launcher(_swiglu_bwd_kernel)
 
 
 def _config(n_cols: int) -> tuple[int, int]:
-    """(BLOCK, num_warps): 2048 elements per program, 8 warps (8 per thread) for long rows.
+    """(BLOCK, num_warps): 1024 elements per program, 2 warps (16 per thread) for long rows.
 
-    On an H200 (bf16, 16384 x 11008, 2026-11-22, tools/probes/issue7_s3.py) a grid of BLOCK 1024-16384 x
-    4-16 warps put this choice (with 1024 x 4) at the top for both passes: forward 251.6 us (torch.compile
-    251.1), backward 420.6 us, where 4096 x 8 took 253.2 and 428.5 us; 16 or more elements per thread
-    lose up to 2.5x.
+    On an H100 (bf16, 2026-11-24, tools/probes/config_sweep.py; BLOCK 256-4096 x 1-16 warps at eight
+    shapes from 1024 x 2048 to 16384 x 2048, contiguous operands being one row of rows x N elements)
+    this choice was within 1% of the best configuration of each pass at every shape but one (the
+    backward at 1024 x 2048, 4%); the earlier 2048 x 8 lost 11% in the forward at 1024 x 4096. On an
+    H200 at 16384 x 11008 (2026-11-22) 2048 x 8 and 1024 x 4 had tied within 0.5%.
     """
-    block = min(2048, max(128, 1 << (n_cols - 1).bit_length()))
-    return block, max(1, min(8, block // 256))
+    block = min(1024, max(128, 1 << (n_cols - 1).bit_length()))
+    return block, max(1, min(2, block // 256))
 
 
 def _as_rows(*tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list[int]]:
