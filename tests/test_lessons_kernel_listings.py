@@ -3,6 +3,7 @@
 import inspect
 
 import pytest
+import torch
 
 from mahia.lessons import kernel_listings as kl
 
@@ -36,4 +37,5 @@ def test_rms_norm_configs():
     assert kl.rms_norm_bwd_config(2048, 512) == (4, 2048, 8, 1)
     assert kl.rms_norm_bwd_config(2048, 8192) == kl.rms_norm_bwd_config(2048) == (2, 2048, 8, 2)
     assert kl.rms_norm_bwd_config(8192, 16384)[0] == 2 and kl.rms_norm_bwd_config(8192, 1024)[0] == 1
+    assert kl.rms_norm_bwd_config(8192, 16384, torch.float32)[0] == 1  # fp32: one row (registers)
     assert kl.sm_count("cpu") == 4  # the interpreter's stand-in

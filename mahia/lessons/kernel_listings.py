@@ -49,6 +49,9 @@ LISTINGS: dict[str, tuple[str, str]] = {
     # the tutorial's v1 kernels (notebook 03, section 2)
     "rms_norm_v1_kernel": ("mahia.lessons.triton_tutorial", "_rms_norm_v1_kernel"),
     "rms_norm_v1_bwd_kernel": ("mahia.lessons.triton_tutorial", "_rms_norm_v1_bwd_kernel"),
+    # the solutions of its exercises
+    "add_rms_norm_v1_kernel": ("mahia.lessons.triton_tutorial", "_add_rms_norm_v1_kernel"),
+    "rms_norm_v1_bwd_persistent_kernel": ("mahia.lessons.triton_tutorial", "_rms_norm_v1_bwd_persistent_kernel"),
     # eager code the kernels are compared with, and internal methods of the model
     "rope_rotate_eager": ("mahia.ops.rope", "_rotate"),  # eager RoPE of q or k
     "block_mix": ("mahia.model.hybrid", "Block._mix"),
@@ -101,10 +104,13 @@ def rms_norm_fwd_config(n_cols: int) -> tuple[int, int, int]:
     return tuple(rmsnorm.fwd_config(int(n_cols)))
 
 
-def rms_norm_bwd_config(n_cols: int, n_rows: int | None = None) -> tuple[int, int, int, int]:
+def rms_norm_bwd_config(
+    n_cols: int, n_rows: int | None = None, dtype: torch.dtype = torch.bfloat16
+) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the production RMSNorm backward (persistent grid)
-    for ``n_rows`` rows (None: a large batch)."""
-    return tuple(rmsnorm.bwd_config(int(n_cols), None if n_rows is None else int(n_rows)))
+    for ``n_rows`` rows (None: a large batch) of ``dtype``."""
+    rows = None if n_rows is None else int(n_rows)
+    return tuple(rmsnorm.bwd_config(int(n_cols), rows, torch.empty(0, dtype=dtype).element_size()))
 
 
 def sm_count(device: str | torch.device) -> int:

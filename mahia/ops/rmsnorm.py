@@ -308,26 +308,27 @@ def fwd_config(n_cols: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def bwd_config(n_cols: int, n_rows: int | None = None) -> tuple[int, int, int, int]:
+def bwd_config(n_cols: int, n_rows: int | None = None, element_size: int = 2) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, programs_per_sm) of the backward kernel for ``n_rows`` rows of
-    ``n_cols`` (``n_rows`` None: a large batch)."""
+    ``n_cols`` elements of ``element_size`` bytes (``n_rows`` None: a large batch)."""
     rows = 2 if n_rows is None else (0 if n_rows <= 1024 else 1 if n_rows < 4096 else 2)
-    return _bwd_config(n_cols, rows)
+    return _bwd_config(n_cols, rows, element_size)
 
 
 @functools.cache
-def _bwd_config(n_cols: int, rows: int) -> tuple[int, int, int, int]:
+def _bwd_config(n_cols: int, rows: int, element_size: int) -> tuple[int, int, int, int]:
     """``rows``: 0 up to 1024 rows, 1 below 4096, 2 from 4096."""
     block_m, block_n, num_warps = fwd_config(n_cols)
     # Programs per SM: all programs of the persistent grid must be resident at once, or the last
     # wave runs alone. Measured on an H100 (bf16): 2 per SM best up to N = 4096, 1 from N = 8192.
     per_sm = 2 if block_m * block_n <= 4096 else 1
-    # Per row count (H100, bf16, 2026-11-24, tools/probes/config_sweep.py and fwd_variants.py):
+    # Per row count and dtype (H100, 2026-11-24, tools/probes/config_sweep.py and fwd_variants.py):
     # up to 1024 rows of 512 < N <= 2048, 4-row tiles on one program per SM (fewer dw partials to sum)
-    # were 6-13% faster; from 4096 rows of 4096 < N <= 8192, 2-row tiles were 3-7% faster.
+    # were 6-13% faster in bf16; from 4096 rows of 4096 < N <= 8192, 2-row tiles were 3-7% faster in
+    # bf16 and 9-27% slower in fp32 (twice the registers per element), where one row was best.
     if rows == 0 and 1024 <= block_n <= 2048:
         block_m, num_warps, per_sm = 4, 8, 1
-    elif rows == 2 and 4096 < block_n <= 8192:
+    elif rows == 2 and 4096 < block_n <= 8192 and element_size <= 2:
         block_m = 2
     return block_m, block_n, num_warps, per_sm
 
@@ -433,7 +434,7 @@ def rms_norm_bwd_launch(
         if dh is not None and dh.shape != x.shape:
             raise ValueError(f"{fn}: dh must have the shape of x {tuple(x.shape)}, got {tuple(dh.shape)}")
     n_cols = x.shape[-1]
-    cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols, x.numel() // n_cols if n_cols else 0)
+    cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols, x.numel() // n_cols if n_cols else 0, x.element_size())
     block_m = block_m or cfg_m
     num_warps, programs_per_sm = num_warps or cfg_warps, programs_per_sm or cfg_per_sm
 
