@@ -1,8 +1,9 @@
 # Two commands do all the set-up (see README):
 #   make run    execute every notebook headlessly and write results, figures and a report
 #   make test   lint (ruff, import floors) + unit tests (Triton kernels under the interpreter on a CPU) +
-#               the kernel fuzz suite + every notebook, quick profile
-# Both create .venv on first use and reuse it afterwards; it is rebuilt only when pyproject.toml changes.
+#               the kernel fuzz suite + every notebook, quick profile + the browser tests (Chromium)
+#   make lab    JupyterLab on the notebooks (--allow-root added when run as root)
+# All create .venv on first use and reuse it afterwards; it is rebuilt only when pyproject.toml changes.
 # To use an environment you already have (conda, a GPU image), pass PYTHON=python and nothing is installed.
 VENV    ?= .venv
 EXTRAS  ?= notebooks,triton,dev
@@ -16,13 +17,27 @@ else
   READY := $(VENV)/.installed
 endif
 
-.PHONY: run test test-fast lint format env lab clean-venv
+.PHONY: run test test-fast lint format env lab browser clean-venv
 
 run: $(READY)
 	$(PY) -m mahia run $(ARGS)
 
-test: lint
+test: lint browser
 	$(PY) -m pytest $(ARGS)
+
+# The browser tests (tests/test_site.py, tests/test_lab.py) drive Debian's Chromium through Playwright, which
+# cannot download a browser of its own here. As root, install it when it is missing; otherwise say how (the
+# browser tests skip, saying why, when there is no Chromium).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ -x "$(CHROMIUM)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium for the browser tests (apt-get, a minute)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } \
+	    >/dev/null 2>&1 || echo "chromium could not be installed: the browser tests will be skipped"; \
+	else \
+	  echo "no $(CHROMIUM): the browser tests will be skipped (install it: sudo apt-get install chromium)"; \
+	fi
 
 # Style and structure: ruff (lint and format) and the import floors (import-linter, pyproject.toml).
 lint: $(READY)

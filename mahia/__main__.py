@@ -7,6 +7,8 @@
     list              list the notebooks
     report            rebuild the summaries and report.md of a device folder from its records
     readme            print (or --write into README.md) the headline table of the committed reference
+    site              build a static HTML site (index, headline table, figures, one page per executed
+                      notebook) from a results folder, to read a run without a GPU
     commit            print the commit records get here (``MAHIA_COMMIT`` or git's, -dirty if so)
     clean-notebooks   strip outputs from notebooks/*.ipynb (--check: fail if any has outputs)
 
@@ -26,6 +28,7 @@ EXAMPLES = """examples:
   python -m mahia run --out runs/mine                # the executed notebooks and report in a folder you name
   python -m mahia reference --bench kernels -n none  # on a GPU, from a clean tree: one part of the reference
   python -m mahia list                               # the notebooks
+  python -m mahia site                               # the committed run's notebooks as HTML, in runs/site/
   python -m mahia run --help                         # a command's options and their defaults
 
 Ctrl-C (or SIGTERM) stops the running notebook and its kernel, writes the report of what ran and exits
@@ -139,6 +142,23 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace the table between the markers in README.md (default: print it)",
     )
+    st = _sub(
+        sub,
+        "site",
+        "build a static HTML site of a run: headline table, figures, one page per executed notebook",
+    )
+    st.add_argument(
+        "--results",
+        default=None,
+        help="results folder with executed notebooks (notebooks/*.ipynb, or *.ipynb as in a runs/<run>/ folder) "
+        "and summary.json (default: the folder of data/results/ that has notebooks/)",
+    )
+    st.add_argument(
+        "--figures",
+        default=None,
+        help="folder of PNG figures to show (default: figures/<results folder name>/ when it exists)",
+    )
+    st.add_argument("--out", default=None, help="folder for the site, replaced on each build (default: runs/site/)")
     _sub(sub, "commit", "print the commit records get here (MAHIA_COMMIT or git's, -dirty if so)")
     c = _sub(sub, "clean-notebooks", "strip outputs from notebooks/*.ipynb")
     c.add_argument(
@@ -188,6 +208,12 @@ def _command(args: argparse.Namespace) -> int:
                 progress=not args.no_progress,
                 params=args.param,
             )
+        if args.cmd == "site":
+            from mahia.site import build_site
+
+            index = build_site(args.results, args.out, args.figures)
+            print(f"site: {index} (open it in a browser, or serve {index.parent} from any static host)")
+            return 0
         if args.cmd == "commit":
             from mahia.measure.files import run_commit
 

@@ -10,9 +10,11 @@ on; the exit code is non-zero at the end if any failed.
 <device>-<profile>/``. ``reference`` (``python -m mahia reference``) is the only writer of the
 committed reference, ``data/results/<gpu>/`` and ``figures/<gpu>/``: full profile, on a GPU, from a
 clean tree, in parts (a notebook, a benchmark suite) that resume: a part already recorded for this
-commit (``parts/<part>.json`` in the results folder) is skipped unless ``force``. Every notebook and
-suite of one run gets the commit the run started from (``MAHIA_COMMIT``) and its profile
-(``MAHIA_PROFILE``), which the records carry.
+commit (``parts/<part>.json`` in the results folder) is skipped unless ``force``; a notebook that
+finishes is copied, trimmed by ``mahia.measure.executed``'s size policy, to ``notebooks/`` in the
+results folder (what ``python -m mahia site`` renders). Every notebook and suite of one run gets the
+commit the run started from (``MAHIA_COMMIT``) and its profile (``MAHIA_PROFILE``), which the records
+carry.
 
 Bad input (``--out``, ``--notebooks``, ``-p`` whose value does not match the type the notebook's
 parameters cell declares) is refused before anything runs. Ctrl-C or SIGTERM stops the running part's
@@ -42,6 +44,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mahia.measure import files
+from mahia.measure.executed import copy_executed
 from mahia.measure.files import REPO_ROOT
 
 __all__ = [
@@ -870,7 +873,8 @@ def reference(
     profile, on a GPU, from a clean tree. Neither given: every suite and every notebook. A part already
     recorded for this commit is skipped unless ``force``; each part that finishes writes
     ``parts/<part>.json`` (commit, run, date, parameters), so a reference can be made in parts, on
-    several machines."""
+    several machines, and a notebook that finishes is copied to ``notebooks/`` beside the records,
+    trimmed (``mahia.measure.executed.copy_executed``; each trim is printed)."""
     from mahia.measure import hardware
 
     commit = reference_commit(allow_dirty)
@@ -946,6 +950,9 @@ def reference(
             "params": mine.get(outcome["name"], {}),
         }
         files.atomic_write_text(_part_file(folder, outcome["name"]), json.dumps(doc, indent=2) + "\n")
+        if str(outcome.get("output", "")).endswith(".ipynb"):  # a notebook: its executed copy, trimmed
+            for note in copy_executed([Path(outcome["output"])], folder / "notebooks"):
+                print(f"  committed copy: {note}")
 
     with sess.stop.installed():
         outcomes = _run_parts(sess, parts, progress, on_ok=mark) if parts else []

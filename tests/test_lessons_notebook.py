@@ -54,3 +54,163 @@ def test_a_note_alone_is_printed(fake_ceilings, tmp_path, capsys):
 def test_cpu_threads_must_be_a_positive_int(bad, tmp_path):
     with pytest.raises(ValueError, match="cpu_threads"):
         notebook.setup("nb", device="cpu", results_dir=str(tmp_path), cpu_threads=bad)
+
+
+# -- listings: readable whatever the page's stylesheet says -------------------------------------------------
+def _styles(markup: str, tag: str) -> list[dict[str, str]]:
+    """The inline style of every ``tag`` in ``markup``, as {property: value}."""
+    import re
+
+    found = re.findall(rf"<{tag}\b[^>]*\bstyle='([^']*)'", markup)
+    return [dict(tuple(p.strip() for p in d.split(":", 1)) for d in s.split(";") if d.strip()) for s in found]
+
+
+def _indented(x):
+    if x:
+        return [x, x]
+    return None
+
+
+LEFT_UNWRAPPED = {"text-align": "left", "white-space": "pre", "word-break": "normal", "overflow-x": "auto"}
+
+
+def test_side_by_side_listings_keep_their_indentation_against_lab_css():
+    html = notebook.side_by_side(_indented, "def after(x):\n    return [x] * 2\n", titles=("before", "after"))
+    pres, cells = _styles(html, "pre"), _styles(html, "td")
+    assert len(pres) == 2 and len(cells) == 2
+    for style in pres:  # JupyterLab's CSS: td/pre right-aligned, pre-wrap, break-all; inline styles win
+        assert LEFT_UNWRAPPED.items() <= style.items(), style
+    for style in cells:
+        assert style["text-align"] == "left" and style["vertical-align"] == "top"
+    assert _styles(html, "table")[0]["table-layout"] == "fixed"  # a long line scrolls in its half, not widens it
+    assert "\n        return [x, x]" in html and "\n    return [x] * 2" in html  # indentation kept as written
+
+
+def test_a_single_listing_has_the_same_styles_and_escapes_its_code():
+    html = notebook.source_html("if a < b:\n    pass\n")
+    assert LEFT_UNWRAPPED.items() <= _styles(html, "pre")[0].items()
+    assert "if a &lt; b:\n    pass" in html
+
+
+def test_show_source_displays_those_listings(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
+    notebook.show_source("x = 1")
+    notebook.show_source("x = 1", "y = 2")
+    assert shown[0] == notebook.source_html("x = 1") and shown[1] == notebook.side_by_side("x = 1", "y = 2")
+
+
+# -- explorers: which settings made the output, and that it is running --------------------------------------
+def _update(widget, **state):
+    """What the front end sends when a reader moves a control (the kernel's comm handler calls this)."""
+    widget._handle_msg({"content": {"data": {"method": "update", "state": state}}, "buffers": []})
+
+
+def _explorer():
+    """An explorer as most notebooks build one: controls whose callbacks print into an Output."""
+    import ipywidgets as w
+
+    size = w.IntSlider(value=6, min=2, max=9, description="log2 size")
+    part = w.Dropdown(options=["GLA (T)", "graph memory"], description="component")
+    out = w.Output()
+    seen = []
+
+    def rerun(_=None):
+        seen.append(_plain(status.value) if status is not None else "")  # what the reader sees meanwhile
+        out.outputs = ({"output_type": "stream", "name": "stdout", "text": f"{part.value} at {2**size.value}\n"},)
+
+    size.observe(rerun, "value")
+    part.observe(rerun, "value")
+    box = w.VBox([w.HBox([size, part]), out])
+    status = None
+    rerun()  # build() runs the explorer once, before it is watched
+    shown = notebook.watch_settings(box)
+    status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
+    return shown, size, part, out, status, seen
+
+
+def _plain(markup: str) -> str:
+    import html
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+def test_an_explorer_says_running_then_heads_its_output_with_the_settings():
+    shown, size, part, out, status, seen = _explorer()
+    kids = list(shown.children)
+    assert kids.index(status) == kids.index(out) - 1  # the line sits right above the output
+    assert _plain(status.value) == "log2 size=6, component=GLA (T)"  # the first run's settings
+    seen.clear()
+    _update(size, value=8)  # a slider moved in the browser
+    assert seen == ["running: log2 size=8, component=GLA (T) ..."]  # said before the explorer computed
+    assert _plain(status.value).startswith("log2 size=8, component=GLA (T) (") and _plain(status.value).endswith(" s)")
+    assert out.outputs[0]["text"] == "GLA (T) at 256\n"
+    _update(part, index=1)  # a dropdown: the front end sends the index, the line shows the label
+    assert seen[-1] == "running: log2 size=8, component=graph memory ..."
+    assert _plain(status.value).startswith("log2 size=8, component=graph memory (")
+    before = status.value
+    _update(size, description="log2 size")  # an update that sets nothing: nothing runs, the line stays
+    assert status.value == before and len(seen) == 2
+    size.value = 3  # a change made from code: no running line, the output is headed after
+    assert _plain(status.value) == "log2 size=3, component=graph memory" and len(seen) == 3
+
+
+def test_an_explorer_run_by_a_button_says_what_the_output_is_for():
+    import ipywidgets as w
+
+    dim = w.Dropdown(options=[64, 128], description="dim")
+    go = w.Button(description="time")
+    out = w.Output()
+    seen = []
+    go.on_click(lambda _b: seen.append(_plain(status.value)))
+    shown = notebook.watch_settings(w.VBox([w.HBox([dim, go]), out]))
+    status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
+    assert _plain(status.value) == "press 'time' to run: dim=64"  # nothing ran yet
+    _update(dim, index=1)  # a setting alone runs nothing here
+    assert _plain(status.value) == "set: dim=128 (press 'time' to run)" and seen == []
+    go._handle_custom_msg({"event": "click"}, [])  # the button, clicked in the browser
+    assert seen == ["running: dim=128 ..."]
+    done = _plain(status.value)
+    assert done.startswith("dim=128 (") and done.endswith(" s)")
+    _update(dim, index=0)
+    assert _plain(status.value) == f"output: {done}; set: dim=64 (press 'time' to run)"
+
+
+def test_an_explorer_that_fails_says_so_on_its_line():
+    import ipywidgets as w
+
+    size = w.IntSlider(value=1, description="n")
+    out = w.Output()
+
+    def rerun(change):
+        raise RuntimeError("out of memory")
+
+    size.observe(rerun, "value")
+    shown = notebook.watch_settings(w.VBox([size, out]))
+    status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
+    _update(size, value=2)  # the comm handler logs the traceback; the reader sees the line
+    assert _plain(status.value) == "n=2: failed, RuntimeError: out of memory"
+
+
+def test_explorer_shows_the_watched_widget_only_when_interactive(monkeypatch, capsys):
+    import IPython.display
+    import ipywidgets as w
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    monkeypatch.delenv("MAHIA_HEADLESS", raising=False)
+    build = lambda: w.VBox([w.IntSlider(description="k"), w.Output()])  # noqa: E731
+    notebook.explorer(False, build)
+    assert "explorer skipped" in capsys.readouterr().out and not shown
+    monkeypatch.setenv("MAHIA_HEADLESS", "1")
+    notebook.explorer(True, build)
+    assert "explorer skipped" in capsys.readouterr().out and not shown
+    monkeypatch.delenv("MAHIA_HEADLESS")
+    notebook.explorer(True, build)
+    (box,) = shown
+    assert any(isinstance(x, w.HTML) and _plain(x.value) == "k=0" for x in notebook._walk(box))
+    notebook.explorer(True, lambda: "not a widget")  # shown as it is
+    assert shown[-1] == "not a widget"

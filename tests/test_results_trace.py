@@ -441,6 +441,10 @@ def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
     marker = json.loads((parts / "01_rec.json").read_text())
     assert marker["commit"] == "abc123" and marker["params"] == {"batch": 2}
     assert not (parts / "02_broken.json").exists()  # a part that failed is run again next time
+    # The executed notebook that finished is committed beside the records (trimmed); the failed one is not.
+    assert sorted(p.name for p in (ref / slug / "notebooks").iterdir()) == ["01_rec.ipynb"]
+    executed = json.loads((ref / slug / "notebooks" / "01_rec.ipynb").read_text())
+    assert all(c.get("execution_count") for c in executed["cells"] if c["cell_type"] == "code")
     assert runner.recorded_parts(ref / slug, "abc123").keys() == {"01_rec"}
     assert runner.recorded_parts(ref / slug, "def456") == {}
 

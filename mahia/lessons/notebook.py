@@ -14,6 +14,7 @@ import html
 import inspect
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,19 @@ from mahia.measure.checks import check_int
 from mahia.measure.results import Recorder, default_figures_dir
 from mahia.measure.timing import Timing, bench
 
-__all__ = ["PROFILES", "Context", "setup", "show_source", "side_by_side", "headless", "md", "explorer"]
+__all__ = [
+    "PROFILES",
+    "Context",
+    "setup",
+    "show_source",
+    "side_by_side",
+    "source_html",
+    "headless",
+    "md",
+    "explorer",
+    "watch_settings",
+    "SettingsLine",
+]
 
 PROFILES = ("quick", "full")
 
@@ -163,14 +176,33 @@ def _source(obj) -> str:
     return inspect.getsource(obj)
 
 
+# JupyterLab's stylesheet gives rendered HTML's cells and listings text-align: right, white-space: pre-wrap
+# and word-break: break-all: a listing would lose its indentation and wrap mid-word. Inline styles win.
+PRE_STYLE = (
+    "font-size:11px;text-align:left;white-space:pre;word-break:normal;overflow-wrap:normal;"
+    "overflow-x:auto;margin:0;padding:4px"
+)
+CELL_STYLE = "vertical-align:top;text-align:left;width:50%;padding:4px;overflow:hidden"
+TABLE_STYLE = "width:100%;table-layout:fixed;border-collapse:collapse"
+
+
+def _listing(code: str) -> str:
+    return f"<pre style='{PRE_STYLE}'>{html.escape(code)}</pre>"
+
+
 def side_by_side(before, after, *, titles=("before", "after")) -> str:
-    """HTML with the source of two functions (or code strings) side by side."""
+    """HTML with the source of two functions (or code strings) side by side, each in a scrollable,
+    left-aligned, unwrapped listing (whatever the page's stylesheet says about tables and ``pre``)."""
     cells = "".join(
-        f"<td style='vertical-align:top;width:50%'><b>{html.escape(t)}</b>"
-        f"<pre style='font-size:11px'>{html.escape(_source(o))}</pre></td>"
+        f"<td style='{CELL_STYLE}'><b>{html.escape(t)}</b>{_listing(_source(o))}</td>"
         for t, o in zip(titles, (before, after))
     )
-    return f"<table style='width:100%'><tr>{cells}</tr></table>"
+    return f"<table style='{TABLE_STYLE}'><tr>{cells}</tr></table>"
+
+
+def source_html(obj) -> str:
+    """HTML of one object's source (or a code string): the listing ``show_source(obj)`` displays."""
+    return _listing(_source(obj))
 
 
 def show_source(before, after=None, *, titles=("before", "after")) -> None:
@@ -181,13 +213,17 @@ def show_source(before, after=None, *, titles=("before", "after")) -> None:
         print(_source(before) + ("\n# ---- after ----\n" + _source(after) if after is not None else ""))
         return
     if after is None:
-        display(HTML(f"<pre style='font-size:11px'>{html.escape(_source(before))}</pre>"))
+        display(HTML(source_html(before)))
     else:
         display(HTML(side_by_side(before, after, titles=titles)))
 
 
 def explorer(interactive: bool, build: Callable[[], object]) -> None:
-    """Show an ipywidgets explorer in JupyterLab; skip it (saying so) headless or without widgets."""
+    """Show an ipywidgets explorer in JupyterLab; skip it (saying so) headless or without widgets.
+
+    ``build()`` makes the explorer (its controls, an ``Output`` its callbacks print into) and runs it once;
+    the explorer shown says what it runs (``watch_settings``): above its output, "running: <settings>"
+    while a change of a control is being computed, then the settings that produced the output."""
     if not interactive or headless():
         print("explorer skipped: not an interactive session (set interactive=True in JupyterLab)")
         return
@@ -197,4 +233,151 @@ def explorer(interactive: bool, build: Callable[[], object]) -> None:
     except ImportError:
         print("explorer skipped: ipywidgets is not installed (pip install 'mahia[notebooks]')")
         return
-    display(build())
+    display(watch_settings(build()))
+
+
+def _walk(widget) -> list:
+    """``widget`` and every widget inside it, depth first, in display order."""
+    import ipywidgets as w
+
+    out = [widget]
+    if isinstance(widget, w.Box):
+        for child in widget.children:
+            out += _walk(child)
+    return out
+
+
+def _is_control(widget) -> bool:
+    """A widget a reader sets: a slider, a checkbox, a dropdown, toggle buttons (not a label or an output)."""
+    import ipywidgets as w
+
+    return isinstance(widget, w.ValueWidget) and not isinstance(widget, (w.Label, w.HTML, w.HTMLMath, w.Output))
+
+
+def _shown_value(control, state: dict | None = None):
+    """The value a control shows: a selection's label, else its value; with ``state`` (an update from the
+    front end not yet applied), the value that update sets."""
+    state = state or {}
+    labels = getattr(control, "_options_labels", None)  # a selection's labels (synced with the front end)
+    if labels is not None:
+        index = state.get("index", control.index)
+        return None if index is None else labels[index]
+    return state.get("value", control.value)
+
+
+class SettingsLine:
+    """The line above an explorer's output: ``running: <settings>`` while a change is computed, then the
+    settings that produced the output (and how long it took). In an explorer run by a button (``trigger``,
+    its label), a control that changes runs nothing: the line says so and keeps naming the output's settings.
+    """
+
+    def __init__(self, controls: list, status, trigger: str | None = None) -> None:
+        self.controls, self.status, self.trigger = controls, status, trigger
+        self._started: float | None = None
+        self._last: str | None = None  # the settings (and time) of the output shown
+        if trigger is None:
+            self.finish()  # build() ran the explorer once: its output is the current settings'
+        else:
+            self._show(f"press '{trigger}' to run: {self.settings()}", GREY)
+
+    def settings(self, pending=None, state: dict | None = None) -> str:
+        """'name=value, ...' of every control; ``pending``'s value from ``state`` (an update not yet applied)."""
+        parts = []
+        for c in self.controls:
+            name = c.description or type(c).__name__.lower()
+            value = _shown_value(c, state if c is pending else None)
+            parts.append(f"{name}={value}")
+        return ", ".join(parts) or "no settings"
+
+    def _show(self, text: str, color: str) -> None:
+        self.status.value = (
+            f"<code style='color:{color};white-space:pre-wrap;text-align:left'>{html.escape(text)}</code>"
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._started is not None
+
+    def start(self, pending=None, state: dict | None = None) -> None:
+        self._started = time.perf_counter()
+        self._show(f"running: {self.settings(pending, state)} ...", AMBER)
+
+    def finish(self) -> None:
+        """Head the output with the settings that made it (and how long that took, after ``start``)."""
+        took = ""
+        if self._started is not None:
+            took = f" ({time.perf_counter() - self._started:.2f} s)"
+            self._started = None
+        self._last = f"{self.settings()}{took}"
+        self._show(self._last, INK)
+
+    def changed(self, _change=None) -> None:
+        """A control's value changed (called after the explorer's own callbacks)."""
+        if self.trigger is None:
+            self.finish()  # the explorer's callbacks ran with it: a change made from code, or the front end's
+        elif not self.running:
+            shown = f"output: {self._last}; " if self._last else ""
+            self._show(f"{shown}set: {self.settings()} (press '{self.trigger}' to run)", GREY)
+
+    def failed(self, error: BaseException) -> None:
+        self._started = None
+        self._show(f"{self.settings()}: failed, {type(error).__name__}: {error}", RED)
+
+
+INK, GREY, AMBER, RED = "#333", "#777", "#a60", "#b00"
+
+
+def watch_settings(widget):
+    """Add a ``SettingsLine`` to an explorer widget, above its (first) ``Output``, and return the widget to
+    display. An update from the front end (a slider moved, an option picked) or a button's click first
+    shows "running: <the new settings>", then runs the explorer's own callbacks, then heads their output
+    with the settings; a change made from code re-heads it after the callbacks. Where a button runs the
+    explorer, a control that changes only says that the button runs it."""
+    import ipywidgets as w
+
+    if not isinstance(widget, w.Widget):  # something else to display: shown as it is
+        return widget
+    everything = _walk(widget)
+    controls = [x for x in everything if _is_control(x)]
+    buttons = [x for x in everything if isinstance(x, w.Button)]
+    status = w.HTML(layout=w.Layout(margin="2px 0"))
+    line = SettingsLine(controls, status, trigger=(buttons[0].description or "run") if buttons else None)
+    for c in controls:
+        c.observe(line.changed, names="value")  # after the explorer's own callbacks: they were registered first
+        if not buttons:
+            _wrap(c, "set_state", line, lambda c=c: c)
+    for b in buttons:
+        _wrap(b, "click", line, lambda: None)
+    outputs = [x for x in everything if isinstance(x, w.Output)]
+    parent = next((x for x in everything if isinstance(x, w.Box) and outputs and outputs[0] in x.children), None)
+    if parent is not None:
+        kids = list(parent.children)
+        kids.insert(kids.index(outputs[0]), status)
+        parent.children = tuple(kids)
+        return widget
+    return w.VBox([widget, status])
+
+
+SETTING_KEYS = frozenset({"value", "index", "label"})  # what the front end sends when a reader sets a control
+
+
+def _wrap(widget, method: str, line: SettingsLine, pending: Callable[[], object]) -> None:
+    """Replace ``widget.<method>`` (the entry point of the front end's updates and clicks) by one that says
+    "running" first and heads the output after."""
+    original = getattr(widget, method)
+
+    def wrapped(*args, **kwargs):
+        state = args[0] if method == "set_state" and args and isinstance(args[0], dict) else None
+        if method == "set_state" and not (state and SETTING_KEYS & state.keys()):
+            return original(*args, **kwargs)  # not a setting (layout, focus...): nothing runs
+        line.start(pending(), state)
+        try:
+            result = original(*args, **kwargs)
+        except Exception as e:
+            line.failed(e)
+            raise
+        if line.running:  # no value changed (no observer ran): still head the output
+            line.finish()
+        return result
+
+    setattr(widget, method, wrapped)

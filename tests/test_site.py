@@ -1,0 +1,240 @@
+"""``python -m mahia site``: a static site of a run that reads without a GPU, checked in a real browser.
+
+The site is built from a small executed-notebook fixture (Markdown, a code cell with printed output and a
+matplotlib PNG, widget state and an SVG copy the policy drops), a ``summary.json`` and a figure. Headless
+Chromium then opens every page from ``file://``: each has a title and renders its cells, every image
+loads, every link is relative and resolves (to a file of the site, or an anchor on the page), nothing is
+fetched from outside and nothing is logged to the console as an error. Bad input is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import matplotlib
+import nbformat
+import pytest
+from browser import chromium, needs_chromium
+
+from mahia.__main__ import main as cli
+from mahia.site import build_site
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+SLUG = "cpu-test-machine"
+
+
+def _png() -> bytes:
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1, 2], [1, 3, 2])
+    ax.set_title("fixture plot")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _executed(title: str, printed: str, png: bytes, math: bool = False) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    md = f"# {title}\n\nWhat this notebook measures." + (" The ratio is $t_b / t_a$." if math else "")
+    code = nbformat.v4.new_code_cell("print('hello')\nplot()", execution_count=1)
+    code.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=printed),
+        nbformat.v4.new_output(
+            "display_data",
+            data={
+                "image/png": base64.b64encode(png).decode(),
+                "image/svg+xml": "<svg xmlns='http://www.w3.org/2000/svg'></svg>",
+                "text/plain": "<Figure size 300x200>",
+            },
+        ),
+    ]
+    nb.cells = [nbformat.v4.new_markdown_cell(md), code]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}, "version_major": 2}}
+    return nb
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> tuple[Path, Path]:
+    """A results folder (two executed notebooks, summary.json) and its figures folder."""
+    root = tmp_path_factory.mktemp("site")
+    folder, figures = root / "results" / SLUG, root / "figures" / SLUG
+    (folder / "notebooks").mkdir(parents=True)
+    figures.mkdir(parents=True)
+    png = _png()
+    long = "".join(f"step {i}\n" for i in range(300))
+    nbformat.write(_executed("00 · First", "hello\n" + long, png), folder / "notebooks" / "00_first.ipynb")
+    nbformat.write(_executed("01 · Second", "hello\n", png, math=True), folder / "notebooks" / "01_second.ipynb")
+    summary = {
+        "device": "CPU test machine",
+        "device_slug": SLUG,
+        "profile": "full",
+        "newest_record": "2026-11-24T10:00:00+00:00",
+        "newest_commit": "abc123",
+        "commits": ["abc123"],
+        "stale": [],
+        "metrics": {"copy_gbps": 12.5, "amp_speedup": 2.0, "moe_vs_loop": None},
+        "sources": {"copy_gbps": ["abc123"], "amp_speedup": ["abc123"]},
+    }
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (figures / "00_first_plot.png").write_bytes(png)
+    (figures / "00_first_plot.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'></svg>")
+    return folder, figures
+
+
+@pytest.fixture(scope="module")
+def site(results, tmp_path_factory) -> Path:
+    folder, figures = results
+    out = tmp_path_factory.mktemp("out") / "site"
+    index = build_site(folder, out, figures)
+    assert index == out / "index.html"
+    return out
+
+
+def test_the_site_has_an_index_a_page_per_notebook_and_the_pngs(site):
+    assert sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html")) == [
+        "index.html",
+        "notebooks/00_first.html",
+        "notebooks/01_second.html",
+    ]
+    assert [p.name for p in (site / "figures").iterdir()] == ["00_first_plot.png"]  # PNGs only
+    index = (site / "index.html").read_text()
+    for text in ("CPU test machine", "<code>copy_gbps</code>", "12.5", "&gt;= 3.0", "not graded (CPU run)", "abc123"):
+        assert text in index, text
+    assert "not measured" in index  # moe_vs_loop: None
+    page = (site / "notebooks" / "00_first.html").read_text()
+    assert "... 201 lines trimmed ..." in page  # 301 lines printed: the policy keeps the first 60 and the last 40
+    assert 'class="jp-RenderedSVG' not in page and page.count('class="jp-RenderedImage') == 1  # PNG, no SVG copy
+    assert "require.min.js" not in page and "mathjax" not in page.lower()  # nothing from outside without math
+    assert "mathjax" in (site / "notebooks" / "01_second.html").read_text().lower()  # a page with math gets it
+
+
+def _local_file(url: str) -> Path:
+    return Path(unquote(urlparse(url).path))
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_every_page_renders_in_chromium_with_its_images_and_links(site, tmp_path):
+    pages = sorted(site.rglob("*.html"))
+    problems, outside = [], []
+    with chromium(tmp_path / "profile") as context:
+        page = context.new_page()
+        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
+
+        def route(r):
+            if r.request.url.startswith(("file:", "data:")):
+                return r.continue_()
+            outside.append(r.request.url)  # the site must not need the network: refuse and note it
+            return r.abort()
+
+        # MathJax (a page with math) is the one thing a page may fetch: answer it with an empty script.
+        page.route(
+            "https://cdnjs.cloudflare.com/ajax/libs/mathjax/**",
+            lambda r: r.fulfill(body="", content_type="text/javascript"),
+        )
+        page.route(lambda url: "cdnjs.cloudflare.com/ajax/libs/mathjax/" not in url, route)
+        for path in pages:
+            page.goto(path.as_uri())
+            page.wait_for_load_state("load")
+            name = path.relative_to(site).as_posix()
+            title = page.title()
+            assert title.strip(), f"{name}: no title"
+            if path.parent.name == "notebooks":
+                assert path.stem in title, f"{name}: title {title!r}"
+                text = page.inner_text("body")
+                assert "What this notebook measures." in text and "hello" in text, f"{name}: cells not rendered"
+                assert page.locator(".jp-Cell").count() == 2, f"{name}: not the notebook's two cells"
+            body = page.inner_text("body")
+            for bad in ("Traceback", "No renderer could be found", "Error"):
+                assert bad not in body, f"{name}: {bad!r} on the page"
+            images = page.eval_on_selector_all(
+                "img", "els => els.map(e => [e.getAttribute('src').slice(0, 40), e.complete, e.naturalWidth])"
+            )
+            assert images, f"{name}: no image"
+            for src, complete, width in images:
+                assert complete and width > 0, f"{name}: image {src} did not load"
+            links = page.eval_on_selector_all("a[href]", "els => els.map(e => [e.getAttribute('href'), e.href])")
+            assert links, f"{name}: no link"
+            for raw, resolved in links:
+                assert "://" not in raw and not raw.startswith("/"), f"{name}: link {raw!r} is not relative"
+                if raw.startswith("#"):  # an anchor: the id as written or decoded, as a browser looks it up
+                    ids = [raw[1:], unquote(raw[1:])]
+                    found = page.evaluate("ids => ids.some(i => !!document.getElementById(i))", ids)
+                    assert found, f"{name}: anchor {raw} has no target"
+                    continue
+                target = _local_file(resolved)
+                assert target.is_file() and site in target.parents, f"{name}: link {raw!r} -> missing {target}"
+    assert not outside, f"the site fetched from outside: {outside}"
+    assert not problems, "\n".join(problems)
+
+
+def _hrefs(path: Path) -> set[str]:
+    return set(re.findall(r"""href=["']([^"']+)["']""", path.read_text()))
+
+
+def test_the_index_links_every_notebook_page_and_the_pages_link_back(site):
+    assert {"notebooks/00_first.html", "notebooks/01_second.html", "figures/00_first_plot.png"} <= _hrefs(
+        site / "index.html"
+    )
+    assert {"../index.html", "01_second.html"} <= _hrefs(site / "notebooks" / "00_first.html")
+    assert {"../index.html", "00_first.html"} <= _hrefs(site / "notebooks" / "01_second.html")
+
+
+def test_a_rebuild_replaces_the_site_and_other_folders_are_refused(results, tmp_path, capsys):
+    folder, figures = results
+    out = tmp_path / "site"
+    build_site(folder, out, figures)
+    (out / "notebooks" / "stale.html").write_text("from an earlier build")
+    build_site(folder, out, figures)
+    assert not (out / "notebooks" / "stale.html").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert cli(["site", "--results", str(folder), "--out", str(mine)]) == 2
+    assert "holds other files" in capsys.readouterr().err
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_bad_results_are_one_line_and_exit_2(results, tmp_path, capsys):
+    folder, _ = results
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "00_x.ipynb").write_text("{not json")
+    cases = [
+        (["--results", str(tmp_path / "nope")], "no such folder"),
+        (["--results", str(empty)], "has no executed notebooks"),
+        (["--results", str(broken)], "00_x.ipynb: not a readable notebook"),
+        (["--results", str(folder), "--figures", str(tmp_path / "nofigs")], "--figures"),
+    ]
+    for args, message in cases:
+        assert cli(["site", *args, "--out", str(tmp_path / "out")]) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_the_default_is_the_one_reference_folder_with_notebooks(results, tmp_path, monkeypatch, capsys):
+    from mahia.measure import files
+
+    folder, _ = results
+    root = tmp_path / "data" / "results"
+    root.mkdir(parents=True)
+    monkeypatch.setattr(files, "reference_results_dir", lambda: root)
+    monkeypatch.setattr(files, "runs_dir", lambda: tmp_path / "runs")
+    assert cli(["site"]) == 2
+    assert "no executed notebooks in" in capsys.readouterr().err
+    (root / SLUG).symlink_to(folder, target_is_directory=True)
+    assert cli(["site"]) == 0
+    assert (tmp_path / "runs" / "site" / "notebooks" / "01_second.html").is_file()
+    assert "site: " in capsys.readouterr().out
