@@ -6,7 +6,8 @@
                       clean tree, the full profile, in parts that resume
     list              list the notebooks
     report            rebuild the summaries and report.md of a device folder from its records
-    readme            print (or --write into README.md) the headline table of the committed reference
+    readme            print (or --write into README.md) the headline table of the committed reference and
+                      the test block from the committed test record (--test-record: copy one in first)
     site              build a static HTML site (index, headline table, figures, one page per executed
                       notebook) from a results folder, to read a run without a GPU
     commit            print the commit records get here (``MAHIA_COMMIT`` or git's, -dirty if so)
@@ -135,12 +136,33 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="device folder, e.g. runs/results/<device> (default: every device folder of the reference, data/results)",
     )
-    rd = _sub(sub, "readme", "print the headline table of the committed reference (full profile)")
-    rd.add_argument("folder", help="device folder, e.g. data/results/nvidia-h200 (required)")
+    rd = _sub(
+        sub,
+        "readme",
+        "print (or --write into README.md) the headline table of the committed reference and the test block",
+        "print (or --write into README.md) the README's generated parts: the headline table of a results folder "
+        "(full profile) and the test block, rendered from the committed test record data/test-record.json (or "
+        "saying there is none)",
+    )
+    rd.add_argument(
+        "folder",
+        nargs="?",
+        default=None,
+        help="device folder of the headline table, e.g. data/results/nvidia-h200 (default: none, the table is "
+        "left as it is and only the test block is printed or written)",
+    )
     rd.add_argument(
         "--write",
         action="store_true",
-        help="replace the table between the markers in README.md (default: print it)",
+        help="replace the parts between their markers in README.md (default: print them)",
+    )
+    rd.add_argument(
+        "--test-record",
+        default=None,
+        metavar="PATH",
+        help="a test session's record, e.g. runs/last-test.json after `make test`: refused unless it is a full "
+        "run where nothing failed; with --write first copied to data/test-record.json, else only printed "
+        "(default: the committed data/test-record.json)",
     )
     st = _sub(
         sub,
@@ -226,7 +248,7 @@ def _command(args: argparse.Namespace) -> int:
         if args.cmd == "report":
             return _report(Path(args.folder) if args.folder else None)
         if args.cmd == "readme":
-            return _readme(Path(args.folder), args.write)
+            return _readme(Path(args.folder) if args.folder else None, args.write, args.test_record)
         if args.cmd == "clean-notebooks":
             dirty = [nb for nb in runner.list_notebooks() if not runner.notebook_is_clean(nb)]
             if args.check:
@@ -282,8 +304,47 @@ def _report(folder: Path | None) -> int:
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
 
-def _readme(folder: Path, write: bool) -> int:
+def _readme(folder: Path | None, write: bool, test_record: str | None = None) -> int:
+    """The README's generated parts: the headline table of ``folder`` (when given) and the test block from
+    the committed test record, or from ``test_record``, checked first and with ``write`` copied in."""
+    from mahia.measure import testrecord
     from mahia.measure.files import REPO_ROOT
+    from mahia.runner import UsageError
+
+    readme = REPO_ROOT / "README.md"
+    try:  # every refusal before anything is written
+        if test_record is not None:
+            record = testrecord.load_record(test_record)
+            testrecord.check_publishable(record, test_record)
+        else:
+            record = testrecord.committed_record(REPO_ROOT)
+        block = testrecord.render_block(record)
+        text = testrecord.replace_block(readme.read_text(), block) if write else ""
+    except testrecord.RecordError as e:
+        raise UsageError(str(e)) from None
+    if write and folder is not None and (BEGIN not in text or END not in text):
+        raise UsageError(f"README.md has no {BEGIN} ... {END} markers")
+    table = _headline_table(folder) if folder is not None else None
+    if not write:
+        print(f"{table}\n{block}" if table is not None else block, end="")
+        return 0
+    if table is not None:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        text = f"{head}{BEGIN}\n{table}{END}{tail}"
+    if test_record is not None:
+        testrecord.publish(test_record, REPO_ROOT)
+    readme.write_text(text)
+    parts = [f"headline table from {folder}"] if table is not None else []
+    if test_record is not None:
+        parts.append(f"test block from {test_record} (copied to {testrecord.COMMITTED})")
+    else:
+        parts.append(f"test block from {testrecord.COMMITTED}" + ("" if record else " (none committed yet)"))
+    print(f"README.md: {'; '.join(parts)}")
+    return 0
+
+
+def _headline_table(folder: Path) -> str:
     from mahia.measure.report import readme_table
     from mahia.measure.results import load_records, write_summary
     from mahia.runner import UsageError
@@ -297,19 +358,7 @@ def _readme(folder: Path, write: bool) -> int:
             "(`python -m mahia reference` on a GPU)"
         )
     write_summary(folder, "full")
-    table = readme_table(folder)
-    if not write:
-        print(table, end="")
-        return 0
-    readme = REPO_ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise UsageError(f"README.md has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
-    print(f"README.md: headline table from {folder}")
-    return 0
+    return readme_table(folder)
 
 
 if __name__ == "__main__":
