@@ -11,9 +11,11 @@ from mahia.lessons.graphs_and_compile import (
     BucketedGraphs,
     CompileCounter,
     GraphedStep,
+    GraphedTrainStep,
     break_even_steps,
     clip_by_norm,
     clip_by_norm_logged,
+    cuda_memory,
     generated_kernels,
     library_calls,
     next_bucket,
@@ -167,6 +169,54 @@ def test_graphed_step_replays_new_inputs_on_cuda():
         x = torch.randn(n, K, device="cuda")
         check_close("bucketed replay", bucketed(x).clone(), fn(x), tolerance(torch.float32, tf32=True))
     assert sorted(bucketed.graphs) == [8, 64]
+
+
+def _mlp_and_batch(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(K, 32), torch.nn.ReLU(), torch.nn.Linear(32, M)).to(device)
+    loss_fn = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
+    return model, loss_fn, (torch.randn(N, K, device=device), torch.randn(N, M, device=device))
+
+
+def test_graphed_train_step_refuses_what_cannot_be_captured():
+    model, loss_fn, batch = _mlp_and_batch("cpu")
+    with pytest.raises(ValueError, match="capturable=True"):
+        GraphedTrainStep(model, torch.optim.AdamW(model.parameters()), batch, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(model.parameters(), capturable=True)
+    with pytest.raises(ValueError, match="CUDA graphs need CUDA tensors"):
+        GraphedTrainStep(model, opt, batch, loss_fn=loss_fn)
+    with pytest.raises(TypeError, match="optimizer must be"):
+        GraphedTrainStep(model, "adam", batch, loss_fn=loss_fn)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        cuda_memory("cpu")
+
+
+@pytest.mark.gpu
+def test_graphed_train_step_trains_like_eager_on_cuda():
+    model, loss_fn, batch = _mlp_and_batch("cuda")
+    twin, _, _ = _mlp_and_batch("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
+    opt_twin = torch.optim.AdamW(twin.parameters(), lr=1e-2, capturable=True)
+
+    def eager(b):
+        opt_twin.zero_grad(set_to_none=True)
+        loss = loss_fn(twin, *b)
+        loss.backward()
+        opt_twin.step()
+        return loss.detach()
+
+    before = cuda_memory("cuda")
+    step = GraphedTrainStep(model, opt, batch, loss_fn=loss_fn, warmup=3)
+    assert cuda_memory("cuda")["reserved"] >= before["reserved"]  # the graph keeps its pool
+    for _ in range(3):  # the same warm-up steps for the twin
+        eager(batch)
+    for _ in range(4):
+        b = (torch.randn(N, K, device="cuda"), torch.randn(N, M, device="cuda"))
+        check_close("graphed loss", step(b).clone(), eager(b), tolerance(torch.float32, tf32=True))
+    for p, q in zip(model.parameters(), twin.parameters()):
+        check_close("weights after training", p, q, tolerance(torch.float32, tf32=True))
+    with pytest.raises(ValueError, match="captured for"):
+        step((torch.randn(N + 1, K, device="cuda"), torch.randn(N + 1, M, device="cuda")))
 
 
 Q = "'" * 3

@@ -54,6 +54,41 @@ def test_copy_timing_modes_follows_the_run():
         prose.copy_timing_modes([1.0], [1.0, 2.0], [1.0], [1.0])
 
 
+# --- 00 (cont.) -----------------------------------------------------------------------------------------
+
+
+def test_copy_sweep_cpu_names_the_sizes_above_the_ceiling():
+    text = prose.copy_sweep_cpu([0.015625, 1.0, 16.0], [28.0, 143.0, 70.0], 55.0)
+    assert "the smallest copy (16 KiB) moved 28.0 GB/s, 0.51 of the ceiling" in text
+    assert "the largest (16 MiB) 70.0 GB/s, 1.27 of it" in text
+    assert "Faster than the ceiling at 1 MiB, 16 MiB:" in text and "caches" in text
+    assert "Faster" not in prose.copy_sweep_cpu([1.0], [10.0], 55.0)
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        prose.copy_sweep_cpu([1.0], [1.0, 2.0], 5.0)
+
+
+def test_exp_bound_verdict_splits_by_pace():
+    both = prose.exp_bound_verdict({"exp float32": 0.9, "exp float64": 0.3})
+    assert both.startswith("exp float32 run at the memory's pace (at least 70% of copy bandwidth): memory-bound")
+    assert "exp float64 run below it: there the arithmetic of exp sets the time" in both
+    assert "below it" not in prose.exp_bound_verdict({"exp bfloat16": 0.95})
+    assert "memory's pace" not in prose.exp_bound_verdict({"exp float32": 0.25}, pace=0.7)
+    with pytest.raises(ValueError, match="no measurements"):
+        prose.exp_bound_verdict({})
+
+
+def test_matmul_above_ceiling_note():
+    assert prose.matmul_above_ceiling_note(0.95) == ""
+    assert "ran 1.07× slower than this one" in prose.matmul_above_ceiling_note(1.07)
+
+
+def test_matmul_tiles_clause_counts_tiles_for_the_sms():
+    text = prose.matmul_tiles_clause(256, "sm90_xmma_gemm", (128, 128), 132)
+    assert "computes 128×128 output tiles, so a 256×256 product is 4 tile(s) for 132 SMs: 4 of them get work" in text
+    assert "132 of them get work" in prose.matmul_tiles_clause(8192, "k", (128, 256), 132)
+    assert "states no tile size" in prose.matmul_tiles_clause(256, "gemv2T_kernel", None, 132)
+
+
 # --- 01 ------------------------------------------------------------------------------------------------
 
 
@@ -62,17 +97,53 @@ def test_extra_ops_clause():
     assert prose.extra_ops_clause(12, 12) == ""
 
 
-@pytest.mark.parametrize(
-    "speedup, cuda, expect",
-    [
-        (1.0, False, "*CPU run:*"),
-        (1.5, True, "larger than the fixed cost"),
-        (0.5, True, "The measured gain is smaller"),
-        (1.05, True, "within 10%"),
-    ],
-)
-def test_sync_gain_verdict(speedup, cuda, expect):
-    assert expect in prose.sync_gain_verdict(speedup, 1.0, cuda=cuda)
+def test_sync_gain_evidence_states_the_busy_fractions():
+    assert prose.sync_gain_evidence(1.2, 1.0, cuda=False).startswith("*CPU run:* nothing runs asynchronously")
+    larger = prose.sync_gain_evidence(1.43, 1.02, busy_before=0.55, busy_after=0.92, cuda=True)
+    assert "busy 55% of the syncing loop's wall time and 92% of the sync-free loop's" in larger
+    assert "1.43×, is larger than the drain model's 1.02×" in larger
+    same = prose.sync_gain_evidence(0.82, 1.02, busy_before=0.6, busy_after=0.58, cuda=True)
+    assert "no larger than the drain model's" in same and "keeps the device no busier" in same
+    busier = prose.sync_gain_evidence(0.95, 1.02, busy_before=0.5, busy_after=0.7, cuda=True)
+    assert "the device is busier without syncs" in busier
+    with pytest.raises(ValueError, match="busy_before and busy_after"):
+        prose.sync_gain_evidence(1.0, 1.0, cuda=True)
+
+
+def test_gain_cutoff_sentence():
+    steps, pred = [0.1, 1.0, 10.0], [1.2, 1.02, 1.002]
+    rising = prose.gain_cutoff_sentence(steps, [0.82, 1.43, 1.01], pred, cut=1.05, model_cut_ms=0.4)
+    assert (
+        "for every step longer than 0.4 ms" in rising and "(at the measured sizes it predicts 1.002–1.200×)" in rising
+    )
+    assert "under 1.05× at step times of 0.1 ms (0.82×), 10 ms (1.01×), and above it at 1 ms (1.43×)" in rising
+    assert "the overlap it breaks" in rising
+    falling = prose.gain_cutoff_sentence(steps, [1.4, 1.1, 1.01], pred, cut=1.05, model_cut_ms=0.4)
+    assert falling.endswith("it falls with the step time, as the model's does.")
+    never = prose.gain_cutoff_sentence(steps, [1.4, 1.3, 1.2], pred, cut=1.05, model_cut_ms=0.4)
+    assert "stayed at 1.05× or more at every size (1.20× at the least)" in never
+    cpu = prose.gain_cutoff_sentence(steps, [0.82, 1.43, 1.01], pred, cut=1.05, model_cut_ms=0.4, cuda=False)
+    assert "*CPU run:*" in cpu and "overlap it breaks" not in cpu
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        prose.gain_cutoff_sentence([], [], [], cut=1.05, model_cut_ms=1.0)
+
+
+def test_skip_step_summary_says_what_each_way_did():
+    key = "weights after the NaN batch"
+    rows = [
+        {"step": "if", "syncs": 1, key: "unchanged"},
+        {"step": "select + put back", "syncs": 0, key: "unchanged"},
+        {"step": "select", "syncs": 0, key: "changed"},
+        {"step": "multiply", "syncs": 0, key: "NaN"},
+    ]
+    text = prose.skip_step_summary(rows)
+    assert "`if` 1 sync(s), weights unchanged" in text
+    assert "Skipped without a sync and without a trace: `select + put back`." in text
+    assert "momentum still moved them" in text and "`nan * 0` is `nan`" in text
+    only_if = prose.skip_step_summary(rows[:1])
+    assert "none of them" in only_if and "momentum" not in only_if and "nan * 0" not in only_if
+    with pytest.raises(ValueError, match="no rows"):
+        prose.skip_step_summary([])
 
 
 # --- 02 ------------------------------------------------------------------------------------------------
@@ -91,9 +162,11 @@ def test_flash_backend_note():
     assert "FA3 implementation" in fa3 and "bundled" not in fa3
 
 
-def test_attention_gain_trend():
-    assert prose.attention_gain_trend(2.0, 5.0).startswith("grows with T")
-    assert prose.attention_gain_trend(5.0, 2.0) == "does not grow with T here. "
+def test_window_mask_note():
+    gpu = prose.window_mask_note(["efficient", "math"])
+    assert gpu.startswith("FlashAttention's kernel takes no mask at all: it has only `is_causal`")
+    cpu = prose.window_mask_note(["flash", "math"])
+    assert cpu.startswith("Here `flash` ran the mask: on a CPU") and "The CUDA FlashAttention kernel does not" in cpu
 
 
 def test_manual_oom_note():
@@ -102,54 +175,73 @@ def test_manual_oom_note():
     assert "never ran out of memory in this sweep (predicted first OOM: None)" in prose.manual_oom_note(None, None)
 
 
-def test_decode_bound_clause():
-    assert prose.decode_bound_clause(0.7).startswith("reading k and v")
-    assert "launch overhead dominates" in prose.decode_bound_clause(0.2)
-
-
 # --- 03 ------------------------------------------------------------------------------------------------
 
 
-def test_second_pass_note():
-    kw = {"programs": 128, "block_n": 32, "sms": 132, "rows": 16384}
-    assert "only 128 programs, one per 32 columns, for 132 SMs, each walking all 16,384 rows" in prose.second_pass_note(
-        2.0, 1.5, **kw
-    )
-    assert prose.second_pass_note(1.6, 1.5, **kw) == ""
-
-
-def test_eager_efficiency_note():
-    weak = prose.eager_efficiency_note("rope_fwdbwd", 0.41, n_ops=30, tiny_ops=4, gain_ratio=2.5)
-    assert "least efficient on rope_fwdbwd, 0.41" in weak and "4 of which" in weak and "2.50×" in weak
-    assert "of which" not in prose.eager_efficiency_note("x", 0.41, n_ops=30, tiny_ops=0, gain_ratio=2.5)
-    assert prose.eager_efficiency_note("x", 0.9, n_ops=30, tiny_ops=4, gain_ratio=1.0).startswith(
-        "Eager's ops stream close"
-    )
-
-
-def test_no_gain_note():
-    assert prose.no_gain_note([], None) == ""
-    high = prose.no_gain_note([512, 1024], 0.9)
-    assert high.startswith("No gain (under 5%) at N = 512, 1024: there the best peer already reaches 0.90")
-    assert prose.no_gain_note([512], 0.5) == "No gain (under 5%) at N = 512. "
+def test_above_copy_note_uses_the_plain_stream():
+    fracs = {"rmsnorm_fwd": 0.88, "swiglu_fwd": 1.01}
+    rpw = {"rmsnorm_fwd": 1.0, "swiglu_fwd": 2.0}
+    assert prose.above_copy_note({"rmsnorm_fwd": 0.88}, rpw, 1.02, cuda=True) == ""
+    gpu = prose.above_copy_note(fracs, rpw, 1.02, cuda=True)
+    assert "Above 1: swiglu_fwd at 1.01 (reads 2× the bytes it writes)" in gpu and "rmsnorm_fwd" not in gpu
+    assert "ran at 1.02 of it" in gpu and "not a ceiling for a read-heavy mix" in gpu
+    assert "does not explain these fractions" in prose.above_copy_note(fracs, rpw, 0.97, cuda=True)
+    cpu = prose.above_copy_note(fracs, rpw, 10.9, cuda=False)
+    assert cpu.startswith("*CPU run:* above 1") and "it is the size, not the kernel" in cpu
+    assert "the caches alone do not explain" in prose.above_copy_note(fracs, rpw, 0.5, cuda=False)
 
 
 # --- 04 ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ratio, expect", [(0.5, "gains less"), (1.5, "gains more"), (1.0, "within 25%")])
-def test_compile_gain_verdict(ratio, expect):
-    assert expect in prose.compile_gain_verdict(ratio)
+def _summary(cuda, launches, busy, wall):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(cuda=cuda, launches=launches, busy_ms=busy, wall_ms=wall)
+
+
+def test_compile_evidence_splits_the_time_saved():
+    gpu = prose.compile_evidence(0.8, _summary(True, 74, 0.9, 2.0), _summary(True, 12, 0.6, 0.9))
+    assert "`default` measured 0.80× the predicted gain" in gpu and "74 kernel launches eager and 12 compiled" in gpu
+    assert "Of the 1.1 ms saved per call, 0.3 ms is kernel time and 0.8 ms the host's" in gpu and gpu.endswith(".")
+    cpu = prose.compile_evidence(1.0, _summary(False, 74, 0.45, 0.79), _summary(False, 2, 0.32, 0.4))
+    assert "operator launches" in cpu and "*CPU run:" in cpu
+    slower = prose.compile_evidence(0.5, _summary(True, 10, 1.0, 1.0), _summary(True, 5, 1.0, 1.2))
+    assert slower.endswith("Under the profiler the compiled call was not faster.")
+
+
+def test_train_vs_inference():
+    train = prose.train_vs_inference(1.5, 1000, 1.2, 5000)
+    assert "the training step gained more per call and paid its compile time back sooner" in train
+    assert "Training is the better case" in train
+    infer = prose.train_vs_inference(1.2, 48000, 1.9, 19000)
+    assert "the inference forward gained more per call and paid" in infer and "Per call, inference" in infer
+    mixed = prose.train_vs_inference(1.5, 9000, 1.2, 5000)
+    assert "the training step gained more per call, but the inference forward paid" in mixed
+
+
+def test_reorder_print_summary():
+    rows = [
+        {"print": "print(h.shape)", "reorderable": False, "graphs": 2, "graph breaks": 1},
+        {"print": "print(h.shape)", "reorderable": True, "graphs": 2, "graph breaks": 1},
+        {"print": "print(h.norm())", "reorderable": False, "graphs": 3, "graph breaks": 2},
+        {"print": "print(h.norm())", "reorderable": True, "graphs": 1, "graph breaks": 0},
+    ]
+    text = prose.reorder_print_summary(rows)
+    assert text.startswith("`print(h.shape)`: 2 graph(s) and 1 break(s); registered as reorderable, 2 graph(s)")
+    assert "the break stays" in text and "`print(h.norm())`: 3 graph(s) and 2 break(s)" in text
+    assert "replays it after the graph, so it no longer splits the function." in text
+    with pytest.raises(ValueError, match="no rows"):
+        prose.reorder_print_summary([])
+
+
+def test_specialization_verdict():
+    assert "Specialization bought 1.19–1.79× per call" in prose.specialization_verdict(1.19, 1.79)
+    assert "bought nothing measurable" in prose.specialization_verdict(0.8, 0.95)
+    assert prose.specialization_verdict(0.9, 1.2).startswith("Mixed")
 
 
 # --- 05 ------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "speedup, expect", [(1.0, "Less than predicted"), (3.0, "More than predicted"), (2.0, "within 25%")]
-)
-def test_graph_gain_verdict(speedup, expect):
-    assert expect in prose.graph_gain_verdict(speedup, 2.0)
 
 
 def test_padding_cost_note():
@@ -168,37 +260,7 @@ def test_fp16_sum_overflow_note():
     assert "error nan" in prose.fp16_sum_overflow_note(500_000.0, 65504.0, math.nan)
 
 
-@pytest.mark.parametrize(
-    "speedup, expect", [(2.0, "larger than that"), (1.0, "smaller even than that"), (1.5, "within 10%")]
-)
-def test_amp_gain_verdict(speedup, expect):
-    assert expect in prose.amp_gain_verdict(speedup, 1.5)
-
-
 # --- 07 ------------------------------------------------------------------------------------------------
-
-
-def test_checkpoint_notes():
-    both = prose.checkpoint_notes(selective_overhead=0.4, full_overhead=0.3, full_saving=0.4, predicted_full_saving=0.6)
-    assert "Selective costs *more* time" in both and "saves less than predicted" in both
-    assert (
-        prose.checkpoint_notes(selective_overhead=0.1, full_overhead=0.3, full_saving=0.58, predicted_full_saving=0.6)
-        == ""
-    )
-    only_saving = prose.checkpoint_notes(
-        selective_overhead=0.1, full_overhead=0.3, full_saving=0.4, predicted_full_saving=0.6
-    )
-    assert only_saving.startswith("Full checkpointing saves less")
-
-
-def test_saved_excess_note():
-    assert "the largest excess, in the ffn," in prose.saved_excess_note("ffn", 1.5)
-    assert prose.saved_excess_note("ffn", 1.05) == ""
-
-
-def test_memory_model_overshoot_note():
-    assert "predicts too large a batch" in prose.memory_model_overshoot_note(True)
-    assert prose.memory_model_overshoot_note(False) == ""
 
 
 # --- 08 ------------------------------------------------------------------------------------------------
@@ -209,43 +271,6 @@ def test_disturbed_ceiling_note():
     assert "(1.5×)" in prose.disturbed_ceiling_note(30.0, 20.0)
 
 
-def test_aux_loss_cost_clause():
-    assert prose.aux_loss_cost_clause(1.0, 1.1) == "without hurting this fit."
-    assert prose.aux_loss_cost_clause(1.0, 1.3).startswith("at some cost")
-
-
-@pytest.mark.parametrize(
-    "loop, grouped, work, launch, expect",
-    [
-        (1.0, 1.0, 1.0, 1.0, ["Both paths are within 25% of the model."]),
-        (2.0, 1.0, 1.0, 1.0, ["the loop took 2.0× its prediction", "`t_launch` was measured on"]),
-        (0.5, 1.0, 1.0, 1.0, ["the loop took only 0.50× its prediction"]),
-        (1.0, 2.0, 1.0, 1.0, ["the grouped path took 2.0× its prediction"]),
-        (1.0, 0.5, 2.0, 1.0, ["the grouped path took only 0.50×", "ceiling measured at setup is too low"]),
-        (1.0, 0.5, 1.0, 2.0, ["the launch estimate overcounts"]),
-        (2.0, 2.0, 1.0, 1.0, ["Where the model misses: the loop took 2.0×", "; the grouped path took 2.0×"]),
-    ],
-)
-def test_moe_model_misses(loop, grouped, work, launch, expect):
-    text = prose.moe_model_misses(loop, grouped, grouped_work_ms=work, grouped_launch_ms=launch)
-    assert all(e in text for e in expect)
-
-
-def test_moe_model_misses_on_a_cpu_claims_no_overlap_and_no_idle_device():
-    slow = prose.moe_model_misses(1.6, 1.0, grouped_work_ms=1.0, grouped_launch_ms=0.1, cuda=False)
-    assert "1.6× its prediction" in slow and "idles" not in slow
-    assert "idles" in prose.moe_model_misses(1.6, 1.0, grouped_work_ms=1.0, grouped_launch_ms=0.1)
-    fast = prose.moe_model_misses(0.5, 1.0, grouped_work_ms=1.0, grouped_launch_ms=0.1, cuda=False)
-    assert "already contains the dispatch" in fast and "overlap" not in fast
-
-
-def test_topk_gain_clause():
-    assert "still syncs 8 times, but each expert's matmuls get 4× longer" in prose.topk_gain_clause(
-        5.0, 3.0, 4.0, syncs=8
-    )
-    assert "does not shrink here" in prose.topk_gain_clause(3.0, 5.0, 4.0, syncs=8)
-
-
 # --- 09 ------------------------------------------------------------------------------------------------
 
 
@@ -254,58 +279,14 @@ def test_first_failure_phrase():
     assert prose.first_failure_phrase(None, 4096) == "nowhere up to T = 4096"
 
 
-def test_short_sequence_verdict():
-    assert prose.short_sequence_verdict(2.0, 50.0).startswith("The loop's cost grows linearly")
-    assert prose.short_sequence_verdict(50.0, 50.0).startswith("Here the gain does not shrink")
-
-
 def test_uncounted_sync_clause():
     assert prose.uncounted_sync_clause(1) == ""
     assert prose.uncounted_sync_clause(0) == ", invisible to the counter on a CPU"
 
 
-def test_foreach_bandwidth_clause():
-    assert "more passes than the minimum" in prose.foreach_bandwidth_clause(0.6)
-    assert "stay in a cache" in prose.foreach_bandwidth_clause(1.3)
-
-
-def test_big_weights_clause():
-    assert "fixed cost" in prose.big_weights_clause(5.0, 1.1)
-    assert prose.big_weights_clause(1.1, 5.0) == "."
-
-
 # --- 10 ------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "below, bound, amp_changed, compiled, cuda, expect",
-    [
-        ("launches", "device work", False, False, True, "from being bound by launches to being bound by device work"),
-        ("launches", "launches", True, False, True, "bytes only."),
-        ("launches", "launches", True, False, False, "slower than its float32 ones."),
-        ("launches", "launches", False, True, True, "ideal compiler's"),
-        ("device work", "device work", False, False, True, "The model calls it device-bound"),
-        ("launches", "launches", False, False, True, "The model counts ops"),
-    ],
-)
-def test_misjudged_rung_reason(below, bound, amp_changed, compiled, cuda, expect):
-    assert expect in prose.misjudged_rung_reason(
-        bound_below=below, bound=bound, ratio_below=3.0, amp_changed=amp_changed, compiled=compiled, cuda=cuda
-    )
-
-
-def test_in_context_reason():
-    assert prose.in_context_reason(alone=1.2, in_ladder=3.0).startswith("it helps more")
-    assert prose.in_context_reason(alone=3.0, in_ladder=1.2).startswith("part of what it removes")
 
 
 def test_same_tokens_phrase():
     assert prose.same_tokens_phrase(True) == "with exactly the same tokens"
     assert prose.same_tokens_phrase(False) == "with tokens that differ only at near-ties"
-
-
-def test_small_step_pace():
-    assert prose.small_step_pace(1.0, 1.0, launches_ms=2.0, work_ms=1.0).endswith("adds cast kernels); ")
-    far = prose.small_step_pace(2.0, 1.0, launches_ms=2.0, work_ms=1.0)
-    assert "this far from the prediction is host time" in far
-    assert prose.small_step_pace(2.0, 1.0, launches_ms=1.0, work_ms=2.0) == "the device work sets the pace. "

@@ -165,3 +165,61 @@ def test_measure_records_eager_time_beside_device_time(tmp_path):
     df = tu.measure(rec, "rmsnorm_fwd", (8, 64), torch.float32, skip=["torch.compile"], eager_time=True)
     assert set(df["experiment"]) == {"rmsnorm_fwd", "rmsnorm_fwd_eager"}
     assert (df["median_ms"] > 0).all()
+
+
+# --- the solutions of the notebook's exercises ------------------------------------------------------
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_add_rms_norm_v1_matches_the_eager_pair(dtype):
+    from mahia.ops.rmsnorm import add_rms_norm_eager
+
+    torch.manual_seed(2)
+    x, r = (torch.randn(3, 37, 300, device=DEVICE, dtype=dtype) for _ in range(2))
+    w = torch.randn(300, device=DEVICE, dtype=dtype) * 0.1 + 1.0
+    y, h = tu.add_rms_norm_v1_fwd(x, r, w)
+    y_ref, h_ref = add_rms_norm_eager(x, r, w)
+    # the sum is rounded to the input dtype before the norm, as eager rounds it: in float32 exactly the same;
+    # in bf16 within one unit in the last place (Triton's interpreter truncates where a GPU rounds to nearest)
+    torch.testing.assert_close(h, h_ref, rtol=0 if dtype == torch.float32 else 2**-7, atol=0)
+    cmp = compare_fn(lambda x, r, w: tu.add_rms_norm_v1_fwd(x, r, w), add_rms_norm_eager, [x, r, w], grads=False)
+    assert cmp.max_error <= tolerance(dtype)
+    with pytest.raises(ValueError, match="residual"):
+        tu.add_rms_norm_v1_fwd(x, r[:, :, :10], w)
+
+
+@needs_triton
+@pytest.mark.parametrize("programs", [None, 1, 7, 500])
+def test_persistent_v1_backward_agrees_and_is_reproducible(programs):
+    torch.manual_seed(3)
+    x = torch.randn(67, 130, device=DEVICE)
+    w = torch.randn(130, device=DEVICE)
+    dy = torch.randn_like(x)
+    _, rstd = tu.rms_norm_v1_fwd(x, w)
+    dx_ref, dw_ref = rms_norm_bwd_launch(dy, x, w, 1e-6, None)
+    dx, dw = tu.rms_norm_v1_bwd_persistent(dy, x, w, rstd, programs=programs)
+    torch.testing.assert_close(dx, dx_ref)
+    torch.testing.assert_close(dw, dw_ref, rtol=1e-5, atol=1e-4)
+    assert torch.equal(dw, tu.rms_norm_v1_bwd_persistent(dy, x, w, rstd, programs=programs)[1])
+    with pytest.raises(ValueError, match="programs must be None or a positive int"):
+        tu.rms_norm_v1_bwd_persistent(dy, x, w, rstd, programs=0)
+
+
+@needs_triton
+def test_v1_forward_takes_a_warp_count():
+    x, w = torch.randn(5, 300, device=DEVICE), torch.randn(300, device=DEVICE)
+    y4, _ = tu.rms_norm_v1_fwd(x, w)
+    y8, _ = tu.rms_norm_v1_fwd(x, w, num_warps=8)
+    torch.testing.assert_close(y8, y4)
+    with pytest.raises(ValueError, match="num_warps must be None or a power of two"):
+        tu.rms_norm_v1_fwd(x, w, num_warps=3)
+
+
+@pytest.mark.parametrize("kind", sorted(tu.KINDS))
+def test_min_traffic_splits_min_bytes(kind):
+    shape = (2, 16, 4, 2, 64) if kind.startswith("rope") else (48, 200)
+    for dtype in (torch.float32, torch.bfloat16):
+        read, written = tu.min_traffic(kind, shape, dtype)
+        assert read + written == tu.min_bytes(kind, shape, dtype) and read >= written > 0
+    assert tu.min_traffic("swiglu_fwd", (4, 8), torch.float32) == (2 * 4 * 8 * 4, 4 * 8 * 4)

@@ -144,6 +144,17 @@ def test_live_tensor_memory_tracks_allocations_and_frees():
     assert mem.current == 0
 
 
+def test_live_memory_ignores_in_place_and_views_of_tensors_made_before():
+    x = torch.zeros(1000)  # 4000 bytes, allocated before the mode
+    with LiveTensorMemory() as mem:
+        x.mul_(2).add_(1)  # in place: nothing new
+        v = x.view(10, 100)  # a view: nothing new
+        torch.add(x, 1, out=x)  # out= into an old tensor: nothing new
+        y = x * 2  # +4000
+    assert mem.peak == 4000 and v.shape == (10, 100)
+    del y
+
+
 # --- op traces -------------------------------------------------------------------------------------
 
 

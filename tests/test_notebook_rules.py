@@ -5,7 +5,16 @@
   arguments (``HybridConfig(kernels=...)``, ``impl=``, ``mahia.model.apply``), not the environment;
 * only public names of ``mahia``: no ``from mahia.x import _y``, no ``import mahia.x._y``, no ``m._y``
   on a name bound to a mahia import (``mahia.lessons.kernel_listings`` shows private code by name);
-* committed clean: no outputs, no execution counts, and the first code cell is tagged ``parameters``.
+* committed clean: no outputs, no execution counts, and the first code cell is tagged ``parameters``;
+* every exercise has a worked solution: each markdown cell with a ``## Exercise`` heading is followed, before
+  the next level-2 heading, by a code cell tagged ``solution`` whose source is hidden
+  (``"jupyter": {"source_hidden": true}``, collapsed in JupyterLab); it runs with the lesson;
+* every number in the prose is computed by the run: no number with a unit of time, bandwidth, size, rate,
+  speed-up or percentage (``13.9 µs``, ``611 TFLOP/s``, ``8%``, ``1.43×``) and no hedged number
+  (``about 350``, ``≈ 0.2``) typed into a markdown cell or into the prose strings of a code cell (its string
+  constants that contain a space: the literal parts of the f-strings ``md`` renders). Code spans
+  (`` `...` ``), indented code blocks and math (``$...$``) are code, not prose; ``ALLOWED_NUMBERS`` lists
+  the few definitions that may be typed (the 20-80% band ``bench`` reports, powers of two such as ``2^-8``).
 
 Each checker is also run on a bad example, so that every rule can fail.
 """
@@ -120,6 +129,88 @@ def first_code_cell_tagged(nb: dict) -> bool:
     return bool(code) and "parameters" in code[0].get("metadata", {}).get("tags", [])
 
 
+EXERCISE = re.compile(r"^## Exercises?\b", re.MULTILINE)
+LEVEL2 = re.compile(r"^## ", re.MULTILINE)
+
+
+def _is_hidden_solution(cell: dict) -> bool:
+    meta = cell.get("metadata", {})
+    return (
+        cell["cell_type"] == "code"
+        and "solution" in meta.get("tags", [])
+        and meta.get("jupyter", {}).get("source_hidden") is True
+    )
+
+
+def exercises_without_solution(nb: dict) -> list[str]:
+    """The ``## Exercise`` cells with no hidden ``solution`` code cell before the next level-2 heading."""
+    found = []
+    cells = nb["cells"]
+    for i, c in enumerate(cells):
+        src = "".join(c["source"])
+        m = EXERCISE.search(src) if c["cell_type"] == "markdown" else None
+        if not m:
+            continue
+        ok = False
+        if not LEVEL2.search(src, m.end()):  # the exercise section goes on past this cell
+            for nxt in cells[i + 1 :]:
+                if nxt["cell_type"] == "markdown" and LEVEL2.search("".join(nxt["source"])):
+                    break
+                if _is_hidden_solution(nxt):
+                    ok = True
+                    break
+        if not ok:
+            found.append(f"cell {i}: an exercise without a hidden solution cell after it")
+    return found
+
+
+UNITS = (
+    r"µs|us|ns|ms|s|min|h|GB/s|TB/s|GiB/s|GiB|MiB|KiB|GB|MB|KB|kB|TFLOP/s|GFLOP/s|FLOP/s|TFLOPs?|GFLOPs?|FLOPs?"
+    r"|bytes?|%|×|x|percent|microseconds?|milliseconds?|seconds?|minutes?|hours?|tokens/s|it/s"
+)
+NUMBER_WITH_UNIT = re.compile(r"(?<![\w.^/-])\d+(?:[.,]\d+)*\s?(?:" + UNITS + r")(?![\w/])")
+HEDGED_NUMBER = re.compile(
+    r"(?i)\b(?:about|roughly|around|nearly|approximately|almost|some)\s+\d|(?:≈|~)\s?\d", re.UNICODE
+)
+ALLOWED_NUMBERS = (
+    re.compile(r"20\s?[–-]\s?80\s?%"),  # the percentile band of mahia.measure.timing.bench: a definition
+    re.compile(r"\b\d+\^-?\d+"),  # powers such as 2^-8: a definition
+)
+CODE_SPAN = re.compile(r"`[^`]*`|\$[^$]*\$")
+
+
+def _prose(text: str) -> str:
+    """``text`` without code spans, math, indented code blocks and fenced code."""
+    text = re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
+    text = "\n".join(" " if ln.startswith(("    ", "\t")) else ln for ln in text.splitlines())
+    text = CODE_SPAN.sub(" ", text)
+    for allowed in ALLOWED_NUMBERS:
+        text = allowed.sub(" ", text)
+    return text
+
+
+def _prose_strings(src: str) -> list[str]:
+    """The prose of a code cell: its string constants (f-string literal parts included) with a space."""
+    return [
+        n.value
+        for n in ast.walk(_parse(src))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and " " in n.value
+    ]
+
+
+def typed_numbers(nb: dict) -> list[str]:
+    """Numbers with a unit, and hedged numbers, typed into the prose of a notebook (see the module docstring)."""
+    found = []
+    for i, c in enumerate(nb["cells"]):
+        src = "".join(c["source"])
+        texts = [src] if c["cell_type"] == "markdown" else _prose_strings(src) if c["cell_type"] == "code" else []
+        for text in texts:
+            prose = _prose(text)
+            for m in list(NUMBER_WITH_UNIT.finditer(prose)) + list(HEDGED_NUMBER.finditer(prose)):
+                found.append(f"cell {i}: {prose[max(0, m.start() - 30) : m.end() + 10].strip()!r}")
+    return found
+
+
 # ---------------------------------------------------------------------------------------------------
 # The checkers can fail
 # ---------------------------------------------------------------------------------------------------
@@ -185,6 +276,54 @@ def test_clean_checker_fails_on_outputs_counts_and_a_missing_tag():
     assert first_code_cell_tagged(_nb("x = 1"))
 
 
+def _cell(kind: str, source: str, **meta) -> dict:
+    cell = {"cell_type": kind, "metadata": meta, "source": source}
+    if kind == "code":
+        cell.update(execution_count=None, outputs=[])
+    return cell
+
+
+SOLUTION = {"tags": ["solution"], "jupyter": {"source_hidden": True}}
+
+
+def test_solution_checker_fails_without_a_hidden_solution_before_the_next_section():
+    ex = _cell("markdown", "## Exercise\n\n1. Time it.")
+    good = {"cells": [ex, _cell("code", "print(1)", **SOLUTION), _cell("markdown", "## Next")]}
+    assert exercises_without_solution(good) == []
+    later = {"cells": [ex, _cell("code", "explorer()"), _cell("markdown", "### Hint"), _cell("code", "x", **SOLUTION)]}
+    assert exercises_without_solution(later) == []  # a level-3 heading does not end the section
+    shown = {"cells": [ex, _cell("code", "print(1)", tags=["solution"])]}  # not hidden
+    untagged = {"cells": [ex, _cell("code", "print(1)", jupyter={"source_hidden": True})]}
+    too_late = {"cells": [ex, _cell("markdown", "## Next"), _cell("code", "print(1)", **SOLUTION)]}
+    markdown_only = {"cells": [ex, _cell("markdown", "The answer is ...", **SOLUTION)]}
+    none = {"cells": [_cell("markdown", "## When it doesn't help\n\ntext\n\n## Exercises\n\n1. Do.\n\n## Next")]}
+    for bad in (shown, untagged, too_late, markdown_only, none):
+        assert exercises_without_solution(bad) == ["cell 0: an exercise without a hidden solution cell after it"]
+    assert exercises_without_solution({"cells": [_cell("markdown", "### Exercise in a section")]}) == []
+
+
+def test_number_checker_fails_on_typed_numbers_in_markdown_and_in_prose_strings():
+    bad = {
+        "cells": [
+            _cell("markdown", "A sync costs 13.9 µs; cuDNN reaches 611 TFLOP/s, 1.43× faster, 8% idle."),
+            _cell("markdown", "The model has about 350 M parameters; one rounding costs ≈ 0.2 of it."),
+            _cell("code", 'show_md(f"measured {x:.2f} ms against 25.3 GB predicted")'),
+            _cell("code", 'text = "copies under 4 MiB stay in the cache"\nshow_md(text)'),
+        ]
+    }
+    assert [f.split(":")[0] for f in typed_numbers(bad)] == ["cell 0"] * 4 + ["cell 1"] * 2 + ["cell 2", "cell 3"]
+    fine = {
+        "cells": [
+            _cell("markdown", "median and 20–80% spread; unit roundoff 2^-8 in bf16; `min(M, 2 × SMs)` programs"),
+            _cell(
+                "markdown", "Two ceilings, measured, in fp32 and bf16, on 4 query heads per kv head:\n\n    t = 2N / bw"
+            ),
+            _cell("code", 'show_md(f"{ms:.3g} ms, {frac:.0%} of the {gbps:,.0f} GB/s ceiling")\nx = 2 * 1024'),
+        ]
+    }
+    assert typed_numbers(fine) == []
+
+
 # ---------------------------------------------------------------------------------------------------
 # The notebooks keep them
 # ---------------------------------------------------------------------------------------------------
@@ -214,3 +353,11 @@ def test_only_public_mahia_names(notebook):
 def test_committed_clean_with_a_parameters_cell(notebook):
     assert dirty_cells(notebook) == []
     assert first_code_cell_tagged(notebook)
+
+
+def test_every_exercise_has_a_hidden_solution(notebook):
+    assert exercises_without_solution(notebook) == []
+
+
+def test_numbers_in_the_prose_are_computed(notebook):
+    assert typed_numbers(notebook) == []

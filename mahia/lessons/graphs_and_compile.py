@@ -21,7 +21,8 @@ bytes (fusion); matmul-bound ones from neither.
 :func:`mahia.measure.timing.capture_graph`: warm-up on a side stream, capture) and replays it after copying
 new inputs into the static buffers: one launch instead of one per kernel. :class:`BucketedGraphs` serves
 variable sizes with one graph per bucket, padding each input up to the next bucket and slicing the outputs
-back.
+back. :class:`GraphedTrainStep` captures a whole training step (forward, backward, optimizer update);
+:func:`cuda_memory` reads what the allocator holds, to show the memory a graph keeps in its pool.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ __all__ = [
     "next_bucket",
     "pad_to",
     "BucketedGraphs",
+    "GraphedTrainStep",
+    "cuda_memory",
 ]
 
 # ---------------------------------------------------------------------------------------------------
@@ -449,3 +452,105 @@ class BucketedGraphs:
             return t
 
         return tree_map(narrow, out)
+
+
+def _same_layout(fn: str, static: Sequence[torch.Tensor], inputs: Sequence[Any]) -> None:
+    if len(inputs) != len(static):
+        raise ValueError(f"{fn}: expected {len(static)} inputs, got {len(inputs)}")
+    for i, (s, x) in enumerate(zip(static, inputs)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{fn}: input {i} must be a torch.Tensor, got {type(x).__name__}")
+        if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
+            raise ValueError(
+                f"{fn}: input {i} is {x.dtype} {tuple(x.shape)} on {x.device}, but the graph was captured for "
+                f"{s.dtype} {tuple(s.shape)} on {s.device}"
+            )
+
+
+class GraphedTrainStep:
+    """A whole training step (forward, backward and the optimizer's update) captured in one CUDA graph and
+    replayed: PyTorch's "whole-network capture".
+
+        step = GraphedTrainStep(model, opt, (idx, targets))    # warm-up steps, then one captured step
+        loss = step((idx2, targets2))                           # copy into the static batch, one replay
+
+    What capture asks of a training step, and how this class meets it:
+
+    * **static inputs**: every call copies the batch into buffers the graph owns (``static_batch``);
+    * **a device-only optimizer step**: ``capturable=True`` keeps the optimizer's step count and its
+      arithmetic on the device (checked here; without it ``step()`` refuses to be captured);
+    * **gradients in the graph's memory**: ``zero_grad(set_to_none=True)`` before the captured backward,
+      so the backward allocates the gradients from the graph's pool; every replay rewrites them in place;
+    * **warm-up outside capture**: ``warmup`` real steps on a side stream (the optimizer creates its
+      state, kernels are chosen, the allocator grows). They *train the model* on the example batch: give
+      an eager twin the same steps before comparing the two.
+
+    ``loss_fn(model, *batch)`` gives the loss (default ``model(*batch)[1]``, a HybridModel's loss). The
+    loss returned by a call is the graph's static output: the next replay overwrites it. ``pool`` is the
+    graph's memory pool (:func:`mahia.measure.timing.capture_graph`). Nothing in the step may need the
+    host (``.item()``, ``nonzero``, a Python branch on a tensor): count its syncs first
+    (:func:`mahia.measure.instruments.count_syncs`), a failed capture can leave CUDA unusable.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        example_batch: Sequence[torch.Tensor],
+        *,
+        warmup: int = 3,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        pool=None,
+    ):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"GraphedTrainStep: model must be an nn.Module, got {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"GraphedTrainStep: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}"
+            )
+        if not all(group.get("capturable", False) for group in optimizer.param_groups):
+            raise ValueError(
+                "GraphedTrainStep: the optimizer must be built with capturable=True (its step count and update "
+                "then stay on the device); e.g. torch.optim.AdamW(params, lr=..., capturable=True)"
+            )
+        _check_tensors("GraphedTrainStep", tuple(example_batch))
+        if not all(t.is_cuda for t in example_batch):
+            raise ValueError("GraphedTrainStep: CUDA graphs need CUDA tensors, got a batch on the CPU")
+        check_int("GraphedTrainStep", "warmup", warmup)
+        loss_of = loss_fn or (lambda m, *batch: m(*batch)[1])
+        self.model, self.optimizer = model, optimizer
+        self.static_batch = tuple(t.detach().clone() for t in example_batch)
+
+        def step() -> torch.Tensor:
+            optimizer.zero_grad(set_to_none=True)  # at capture: the backward allocates the grads in the pool
+            loss = loss_of(model, *self.static_batch)
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        model.train()
+        self.graph, self.static_loss = capture_graph(step, warmup=warmup, pool=pool)
+
+    def __call__(self, batch: Sequence[torch.Tensor]) -> torch.Tensor:
+        _same_layout("GraphedTrainStep", self.static_batch, tuple(batch))
+        for s, x in zip(self.static_batch, batch):
+            if x is not s:
+                s.copy_(x)
+        self.graph.replay()
+        return self.static_loss
+
+
+def cuda_memory(device: torch.device | str) -> dict[str, int]:
+    """What the CUDA caching allocator holds on ``device`` after a sync, in bytes: ``allocated`` (live
+    tensors), ``reserved`` (allocated plus the free blocks it keeps cached, including the private pools
+    of live CUDA graphs) and ``segments`` (memory obtained from the driver, ``cudaMalloc`` calls kept)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"cuda_memory: needs a CUDA device, got {device}")
+    torch.cuda.synchronize(device)
+    stats = torch.cuda.memory_stats(device)
+    return {
+        "allocated": torch.cuda.memory_allocated(device),
+        "reserved": torch.cuda.memory_reserved(device),
+        "segments": int(stats.get("segment.all.current", 0)),
+    }

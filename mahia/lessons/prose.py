@@ -12,42 +12,34 @@ Sections follow the notebooks that use them (00, 01, 02, ...).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = [
-    "amp_gain_verdict",
-    "attention_gain_trend",
-    "aux_loss_cost_clause",
-    "big_weights_clause",
+    "above_copy_note",
     "bound_name",
-    "checkpoint_notes",
-    "compile_gain_verdict",
+    "compile_evidence",
+    "copy_sweep_cpu",
     "copy_timing_modes",
-    "decode_bound_clause",
     "disturbed_ceiling_note",
-    "eager_efficiency_note",
+    "exp_bound_verdict",
     "extra_ops_clause",
     "first_failure_phrase",
     "flash_backend_note",
-    "foreach_bandwidth_clause",
+    "gain_cutoff_sentence",
     "fp16_sum_overflow_note",
-    "graph_gain_verdict",
-    "in_context_reason",
     "manual_oom_note",
-    "memory_model_overshoot_note",
-    "misjudged_rung_reason",
-    "moe_model_misses",
-    "no_gain_note",
+    "matmul_above_ceiling_note",
+    "matmul_tiles_clause",
     "padding_cost_note",
+    "reorder_print_summary",
     "same_tokens_phrase",
-    "saved_excess_note",
-    "second_pass_note",
-    "short_sequence_verdict",
-    "small_step_pace",
+    "skip_step_summary",
+    "specialization_verdict",
     "spread_note",
-    "sync_gain_verdict",
-    "topk_gain_clause",
+    "sync_gain_evidence",
+    "train_vs_inference",
     "uncounted_sync_clause",
+    "window_mask_note",
     "yes_no",
 ]
 
@@ -128,6 +120,75 @@ def _sizes(mib: Sequence[float], idx: Sequence[int]) -> str:
     return ", ".join(f"{mib[i]:g}" for i in idx)
 
 
+def _size(mib: float) -> str:
+    return f"{mib * 1024:g} KiB" if mib < 1 else f"{mib:g} MiB"
+
+
+def copy_sweep_cpu(mib: Sequence[float], gbps: Sequence[float], ceiling_gbps: float) -> str:
+    """CPU run: the copy sweep's rate at its smallest and largest size against the ceiling (ascending ``mib``),
+    and the sizes where it ran above the ceiling (measured once, at setup, on a large copy)."""
+    n = len(mib)
+    if not (n and len(gbps) == n) or not ceiling_gbps > 0:
+        raise ValueError("copy_sweep_cpu: mib and gbps need the same, non-zero length, and the ceiling must be > 0")
+    text = (
+        f"*CPU run:* the smallest copy ({_size(mib[0])}) moved {gbps[0]:,.1f} GB/s, {gbps[0] / ceiling_gbps:.2f} "
+        f"of the ceiling; the largest ({_size(mib[-1])}) {gbps[-1]:,.1f} GB/s, {gbps[-1] / ceiling_gbps:.2f} of it. "
+    )
+    above = [i for i in range(n) if gbps[i] > ceiling_gbps]
+    if above:
+        text += (
+            f"Faster than the ceiling at {', '.join(_size(mib[i]) for i in above)}: the ceiling is one large copy "
+            f"measured at setup, and a copy beats it when its data are served from the CPU's caches, or when the "
+            f"ceiling's own measurement was slowed by other work on the machine. "
+        )
+    return text
+
+
+def exp_bound_verdict(fracs: Mapping[str, float], *, pace: float = 0.7) -> str:
+    """What bounds each ``torch.exp`` of notebook 00's exercise, from its fraction of the copy bandwidth (by
+    dtype name): at least ``pace`` of it, the memory sets its time; below, something else does (its arithmetic,
+    or at a small size the cost of a call), although its intensity puts it under the bandwidth slope."""
+    if not fracs:
+        raise ValueError("exp_bound_verdict: no measurements")
+    fast = [k for k, f in fracs.items() if f >= pace]
+    slow = [k for k, f in fracs.items() if f < pace]
+    parts = []
+    if fast:
+        parts.append(
+            f"{', '.join(fast)} run at the memory's pace (at least {pace:.0%} of copy bandwidth): memory-bound"
+        )
+    if slow:
+        parts.append(
+            f"{', '.join(slow)} run below it: there the arithmetic of exp sets the time (a few instructions per "
+            f"element, more in float64), so the op is compute-bound in practice although its intensity is far "
+            f"below the ridge point, which describes the matrix units, not exp's instructions"
+        )
+    return "; ".join(parts) + "."
+
+
+def matmul_above_ceiling_note(frac: float) -> str:
+    """Said of a matmul that ran above the matmul ceiling measured at setup (``frac`` of it); empty otherwise."""
+    if frac <= 1:
+        return ""
+    return (
+        f" Above 1: the ceiling, the best of a few large matmuls measured once at setup, ran {frac:.2f}× slower "
+        f"than this one; on a busy machine that measurement was disturbed, so fractions of it overstate."
+    )
+
+
+def matmul_tiles_clause(n: int, kernel: str, tile: tuple[int, int] | None, sms: int | None) -> str:
+    """What the profiler's kernel name says about an (n, n) x (n, n) product: its output tiles against the
+    GPU's SMs, when the name states a tile size (:func:`mahia.lessons.profiler_summary.tile_shape`)."""
+    if tile is None or not sms:
+        return f"its kernel is `{kernel}` (the name states no tile size). "
+    tm, tn = tile
+    tiles = -(-n // tm) * -(-n // tn)
+    return (
+        f"its kernel, `{kernel}`, computes {tm}×{tn} output tiles, so a {n}×{n} product is {tiles} tile(s) for "
+        f"{sms} SMs: {min(tiles, sms)} of them get work. "
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # 01 · sync elimination
 # ---------------------------------------------------------------------------------------------------
@@ -138,25 +199,105 @@ def extra_ops_clause(ops_before: int, ops_after: int) -> str:
     return " (the masked arithmetic and `torch.where` are extra kernels)" if ops_after > ops_before else ""
 
 
-def sync_gain_verdict(speedup: float, predicted: float, *, cuda: bool) -> str:
-    """Why the measured gain of the sync-free loop differs from the model's (``predicted``), if it does."""
+def sync_gain_evidence(
+    speedup: float, predicted: float, *, busy_before: float | None = None, busy_after: float | None = None, cuda: bool
+) -> str:
+    """Why the measured gain of the sync-free loop differs from the drain-only model's (``predicted``), stated
+    with the profiler's device-busy fractions of the two loops (GPU); on a CPU, where the evidence is by
+    operator, said to be no waiting at all."""
     if not cuda:
         return (
-            "*CPU run:* the CPU executes each op when it is called, so there is no queue to drain and a "
-            "'sync' costs only the read itself: the two loops differ by their extra ops, not by waiting. "
-            "The counts above are what matters here; the gain is a GPU effect."
+            "*CPU run:* nothing runs asynchronously here, so a sync waits for nothing and there is no overlap to "
+            "lose: the two loops differ by the operators they run, which the table below compares (ms per call of "
+            "each loop, by operator)."
         )
-    if speedup > predicted * 1.1:
+    if busy_before is None or busy_after is None:
+        raise ValueError("sync_gain_evidence: a GPU run needs busy_before and busy_after")
+    text = (
+        f"The profiler has the device busy {busy_before:.0%} of the syncing loop's wall time and {busy_after:.0%} "
+        f"of the sync-free loop's. "
+    )
+    if speedup > predicted:
+        return text + (
+            f"The gain, {speedup:.2f}×, is larger than the drain model's {predicted:.2f}×: after each sync the "
+            f"device also waits while the host launches the next kernels, time the model does not charge; the "
+            f"busy fractions show that idle time."
+        )
+    return text + (
+        f"The gain, {speedup:.2f}×, is no larger than the drain model's {predicted:.2f}×: "
+        + (
+            "the sync-free loop keeps the device no busier, so the syncs cost less here than the drain measured "
+            "on the chain of tiny kernels, and the sync-free step runs more ops."
+            if busy_after <= busy_before
+            else "the device is busier without syncs, but the sync-free step also runs more ops, which takes back "
+            "part of the gain."
+        )
+    )
+
+
+def gain_cutoff_sentence(
+    step_ms: Sequence[float],
+    measured: Sequence[float],
+    predicted: Sequence[float],
+    *,
+    cut: float,
+    model_cut_ms: float,
+    cuda: bool = True,
+) -> str:
+    """Where the measured gain of the sync sweep (ascending ``step_ms``) is under ``cut``, against where the
+    drain-only model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut).
+    ``cuda=False``: a CPU run, where nothing overlaps, so no reason is given for the shape of the curve."""
+    if not (len(step_ms) == len(measured) == len(predicted)) or not len(step_ms):
+        raise ValueError("gain_cutoff_sentence: step_ms, measured and predicted need the same, non-zero length")
+    under = [i for i, m in enumerate(measured) if m < cut]
+    text = (
+        f"The drain-only model gives less than {cut:g}× for every step longer than {model_cut_ms:.3g} ms "
+        f"(at the measured sizes it predicts {min(predicted):.3f}–{max(predicted):.3f}×). "
+    )
+    if not under:
         return (
-            "The measured gain is larger than the fixed cost of the syncs: each sync also serializes the "
-            "CPU's launches and the GPU's work of the next segment (lost overlap), which the model leaves out."
+            text + f"Measured, the gain stayed at {cut:g}× or more at every size ({min(measured):.2f}× at the least)."
         )
-    if speedup < predicted * 0.9:
+    where = ", ".join(f"{step_ms[i]:.3g} ms ({measured[i]:.2f}×)" for i in under)
+    text += f"Measured, it is under {cut:g}× at step times of {where}"
+    over = [i for i in range(len(measured)) if i not in under]
+    if over:
+        text += ", and above it at " + ", ".join(f"{step_ms[i]:.3g} ms ({measured[i]:.2f}×)" for i in over)
+    if not cuda:
         return (
-            "The measured gain is smaller: part of the sync cost measured on the chain of tiny kernels "
-            "overlaps with work here, and the sync-free step launches extra kernels."
+            text
+            + ". *CPU run:* nothing is asynchronous here, so these ratios are the loops' different ops and the machine's noise; the question is about a GPU."
         )
-    return "The model accounts for the gain within 10%."
+    return text + (
+        ": the measured gain does not fall steadily with the step time as the model's does, because what a sync "
+        "costs is mostly the overlap it breaks, largest where host and device times are about equal (the host "
+        "share in the sweep's table)."
+        if over and under and max(over) > min(under)
+        else ": it falls with the step time, as the model's does."
+    )
+
+
+def skip_step_summary(rows: Sequence[Mapping]) -> str:
+    """Notebook 01's first exercise: each way of skipping a non-finite step (``step``), its ``syncs`` and what a
+    NaN batch did to the weights (``weights after the NaN batch``: "unchanged", "changed" or "NaN")."""
+    if not rows:
+        raise ValueError("skip_step_summary: no rows")
+    key = "weights after the NaN batch"
+    text = (
+        "With a batch whose loss is NaN: "
+        + "; ".join(f"`{r['step']}` {r['syncs']} sync(s), weights {r[key]}" for r in rows)
+        + ". "
+    )
+    good = [r["step"] for r in rows if r["syncs"] == 0 and r[key] == "unchanged"]
+    text += f"Skipped without a sync and without a trace: {', '.join(f'`{g}`' for g in good) or 'none of them'}. "
+    if any(r[key] == "changed" for r in rows):
+        text += (
+            "Where the weights changed, the gradient was zero but SGD's momentum still moved them (the update is "
+            "lr × (μ · buffer + g)): the buffers have to be put back too. "
+        )
+    if any(r[key] == "NaN" for r in rows):
+        text += "Where they became NaN, the 0/1 multiply let the NaN through: `nan * 0` is `nan`, a select is not. "
+    return text
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -164,9 +305,22 @@ def sync_gain_verdict(speedup: float, predicted: float, *, cuda: bool) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def attention_gain_trend(first: float, last: float) -> str:
-    """Completes "the gain ...": the manual/SDPA time ratio at the shortest and the longest T."""
-    return "grows with T, as the T² score traffic takes over. " if last > first else "does not grow with T here. "
+def window_mask_note(runs_masked: Sequence[str]) -> str:
+    """Notebook 02's first exercise: why FlashAttention cannot take a sliding-window mask, and what it means when
+    a backend named ``flash`` ran one anyway (on a CPU, PyTorch's own CPU kernel of that name takes any mask)."""
+    text = ""
+    if "flash" in runs_masked:
+        text = (
+            "Here `flash` ran the mask: on a CPU that backend is PyTorch's own CPU kernel, which takes any mask. "
+            "The CUDA FlashAttention kernel does not: "
+        )
+    else:
+        text = "FlashAttention's kernel takes no mask at all: "
+    return text + (
+        "it has only `is_causal`, a pattern its loop builds into which tiles it visits, with no input for an "
+        "arbitrary one. A window is a block-sparse pattern a kernel could skip tile by tile (FlexAttention "
+        "generates such kernels)."
+    )
 
 
 def manual_oom_note(oom_t: int | None, predicted_t: int | None) -> str:
@@ -213,62 +367,46 @@ def flash_backend_note(
     return text + ". "
 
 
-def decode_bound_clause(frac_of_copy: float) -> str:
-    """What bounds one decoding step, from SDPA's fraction of the copy bandwidth."""
-    if frac_of_copy > 0.5:
-        return "reading k and v, not the score matrix, is the work: "
-    return (
-        "far from the bandwidth limit: launch overhead dominates a step this small (notebook 05 removes it "
-        "with CUDA graphs); "
-    )
-
-
 # ---------------------------------------------------------------------------------------------------
 # 03 · Triton fusion
 # ---------------------------------------------------------------------------------------------------
 
 
-def second_pass_note(
-    measured_ratio: float, predicted_ratio: float, *, programs: int, block_n: int, sms: int, rows: int
+def above_copy_note(
+    fracs: Mapping[str, float], reads_per_write: Mapping[str, float], reference: float, *, cuda: bool
 ) -> str:
-    """Why the dw second pass is slower than its bytes predict, when it is (more than 15% over)."""
-    if measured_ratio > 1.15 * predicted_ratio:
-        return (
-            f" (its dw kernel has only {programs} programs, one per {block_n} columns, "
-            f"for {sms} SMs, each walking all {rows:,} rows in turn)"
-        )
-    return ""
-
-
-def eager_efficiency_note(experiment: str, frac: float, *, n_ops: int, tiny_ops: int, gain_ratio: float) -> str:
-    """Where eager is least efficient (``frac`` of copy bandwidth) and what that does to the bytes model."""
-    if frac < 0.8:
-        return (
-            f"Eager is least efficient on {experiment}, {frac:.2f} of copy bandwidth over its {n_ops} ops"
-            + (
-                f", {tiny_ops} of which move under 1% of its bytes each (a launch apiece for almost no data)"
-                if tiny_ops
-                else ""
-            )
-            + f": the bytes model charges only bytes, so it underestimates eager's time there, and the "
-            f"measured gain is {gain_ratio:.2f}× the predicted one."
-        )
-    return "Eager's ops stream close to the bandwidth, so the bytes model predicts its time well."
-
-
-def no_gain_note(hidden_sizes: Iterable[int], best_peer_frac: float | None) -> str:
-    """The hidden sizes where the fused kernel gains under 5% over the best peer, and why (if the peer is
-    already at 0.85 of copy bandwidth or more); empty when there are none."""
-    sizes = list(hidden_sizes)
-    if not sizes:
+    """Why fused kernels ran above 1 of the copy bandwidth (``fracs`` by experiment), if any did: their reads per
+    write against a copy's one, and a plain ``a + b`` stream at the SwiGLU shape (``reference``: its fraction of
+    the copy bandwidth; two reads per write, no arithmetic) measured in the same run. Empty when none did."""
+    above = {e: f for e, f in fracs.items() if f > 1}
+    if not above:
         return ""
-    why = (
-        f": there the best peer already reaches {best_peer_frac:.2f} of copy bandwidth or more, and a "
-        "fused forward has nothing left to win. "
-        if best_peer_frac >= 0.85
-        else ". "
+    listed = ", ".join(
+        f"{e} at {f:.2f} (reads {reads_per_write[e]:.2g}× the bytes it writes)" for e, f in above.items()
     )
-    return f"No gain (under 5%) at N = {', '.join(map(str, sizes))}" + why
+    if not cuda:
+        text = (
+            f"*CPU run:* above 1: {listed}. A plain `a + b` at the SwiGLU shape ran at {reference:.2f} of the ceiling. "
+        )
+        if reference > 1:
+            return text + (
+                "A stream with no arithmetic passes the ceiling too, so it is the size, not the kernel: these "
+                "tensors are served from the CPU's caches, while the ceiling is one copy larger than them."
+            )
+        return text + "The plain stream did not pass it, so the caches alone do not explain these fractions."
+    text = (
+        f"Above 1: {listed}. The ceiling is a copy, one read per write; a plain `a + b` at the SwiGLU shape, two "
+        f"reads per write and no arithmetic, ran at {reference:.2f} of it. "
+    )
+    if reference > 1:
+        return text + (
+            "So the copy is not a ceiling for a read-heavy mix: device memory serves a stream of mostly reads "
+            "faster than one with as many writes as reads, and these kernels are at that mix's rate, not above it."
+        )
+    return text + (
+        "The plain stream stayed below the ceiling, so the mix does not explain these fractions: compare them "
+        "with the spread of their timings (the table above)."
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -276,42 +414,97 @@ def no_gain_note(hidden_sizes: Iterable[int], best_peer_frac: float | None) -> s
 # ---------------------------------------------------------------------------------------------------
 
 
-def compile_gain_verdict(ratio: float) -> str:
-    """The measured gain of ``default`` mode over the predicted one (``ratio`` = measured / predicted)."""
-    if ratio < 0.8:
+def compile_evidence(ratio: float, eager, compiled) -> str:
+    """`default`'s measured gain over the predicted one (``ratio``), with the profiler's account of one eager and
+    one compiled call (two :class:`mahia.lessons.profiler_summary.ProfileSummary`): launches, busy and wall time,
+    and how the time saved splits between the device (operators on a CPU) and the host."""
+    what = "kernel" if eager.cuda else "operator"
+    text = (
+        f"`default` measured {ratio:.2f}× the predicted gain. Per call, the profiler counts {eager.launches:.0f} "
+        f"{what} launches eager and {compiled.launches:.0f} compiled; {what} time {eager.busy_ms:.3g} → "
+        f"{compiled.busy_ms:.3g} ms, wall time {eager.wall_ms:.3g} → {compiled.wall_ms:.3g} ms. "
+    )
+    saved_wall, saved_busy = eager.wall_ms - compiled.wall_ms, eager.busy_ms - compiled.busy_ms
+    if saved_wall <= 0:
+        return text + "Under the profiler the compiled call was not faster."
+    text += (
+        f"Of the {saved_wall:.3g} ms saved per call, {saved_busy:.3g} ms is {what} time and {saved_wall - saved_busy:.3g} "
+        f"ms the host's (Python, dispatch, launches)"
+    )
+    if not eager.cuda:
         return (
-            "`default` gains less than the model says: the generated kernels do not run at copy "
-            "bandwidth at these sizes, and Inductor splits some chains the model fuses (reductions "
-            "followed by broadcasts, the attention layout changes)."
+            text
+            + ": *CPU run: Inductor's C++ code runs inside a few calls the profiler does not split into operators.*"
         )
-    if ratio > 1.25:
+    return text + "."
+
+
+def train_vs_inference(train_gain: float, train_break_even: float, infer_gain: float, infer_break_even: float) -> str:
+    """Notebook 04's first exercise: which of a compiled training step and a compiled inference forward of the same
+    block gained more per call and paid its compile time back sooner, as measured."""
+    more = "the training step" if train_gain > infer_gain else "the inference forward"
+    sooner = "the training step" if train_break_even < infer_break_even else "the inference forward"
+    if more == sooner:
+        text = f"Measured here, {more} gained more per call and paid its compile time back sooner. "
+    else:
+        text = f"Measured here, {more} gained more per call, but {sooner} paid its compile time back sooner. "
+    if sooner == "the training step":
+        return text + (
+            "Training is the better case: it repeats one step of one shape for a whole run, so the compile time is "
+            "paid once, and its backward adds elementwise work that fusion removes too."
+        )
+    return text + (
+        "Per call, inference is the better case at this size; training still repeats one step of one shape for a "
+        "whole run, so its compile time is paid once against far more calls than a short inference job makes."
+    )
+
+
+def reorder_print_summary(rows: Sequence[Mapping]) -> str:
+    """Notebook 04's second exercise: for each print (``print``), the graphs and breaks Dynamo made without and
+    with ``print`` as a reorderable logging function (``reorderable``, ``graphs``, ``graph breaks``)."""
+    kinds = list(dict.fromkeys(r["print"] for r in rows))
+    if not kinds:
+        raise ValueError("reorder_print_summary: no rows")
+    parts = []
+    for k in kinds:
+        plain = next(r for r in rows if r["print"] == k and not r["reorderable"])
+        moved = next(r for r in rows if r["print"] == k and r["reorderable"])
+        said = (
+            f"`{k}`: {plain['graphs']} graph(s) and {plain['graph breaks']} break(s); registered as reorderable, "
+            f"{moved['graphs']} graph(s) and {moved['graph breaks']} break(s)"
+        )
+        if moved["graph breaks"] < plain["graph breaks"]:
+            said += ": Dynamo records the call and replays it after the graph, so it no longer splits the function"
+        else:
+            said += (
+                ": the break stays, because Dynamo reorders a logging call only when it can replay its arguments after "
+                "the graph, and in this PyTorch it could not replay these"
+            )
+        parts.append(said)
+    return "; ".join(parts) + "."
+
+
+def specialization_verdict(lo: float, hi: float) -> str:
+    """What static-shape specialization bought, from the range ``lo``-``hi`` of dynamic / static time per call."""
+    if lo > 1:
         return (
-            "`default` gains more than the model says: the compiled code also drops work the op count "
-            "does not see (dtype casts folded into loads, layout copies removed), and its launches are "
-            "cheaper than eager PyTorch's dispatch of one op."
+            f"Specialization bought {lo:.2f}–{hi:.2f}× per call: kernels compiled for known sizes (sizes as constants, "
+            f"no guards on symbolic sizes, block sizes chosen for the shape)."
         )
-    return "The model accounts for the `default` gain within 25%."
+    if hi < 1:
+        return (
+            "The dynamic compile was faster at every length here: specialization bought nothing measurable at these "
+            "sizes, and the static compiles cost one compilation per length."
+        )
+    return (
+        "Mixed: the dynamic compile was faster at some lengths and slower at others, so specialization bought "
+        "nothing consistent here; what it certainly costs is one compilation per length."
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
 # 05 · CUDA graphs
 # ---------------------------------------------------------------------------------------------------
-
-
-def graph_gain_verdict(speedup: float, predicted: float) -> str:
-    """The measured gain of a CUDA graph against the launch model's prediction."""
-    if speedup < 0.8 * predicted:
-        return (
-            "Less than predicted: the replayed kernels take longer than the floor-or-roofline estimate "
-            "(small matmuls and attention kernels run far below peak), so the graph is slower than the "
-            "model's device time."
-        )
-    if speedup > 1.25 * predicted:
-        return (
-            "More than predicted: eager costs more per op than the tiny-op chain measured (module "
-            "calls and input checks in Python add to every launch of the real model)."
-        )
-    return "The launch model accounts for the gain within 25%."
 
 
 def padding_cost_note(within_spread: bool) -> str:
@@ -335,71 +528,6 @@ def fp16_sum_overflow_note(total: float, fp16_max: float, fp16_error: float) -> 
     return f"In fp16 the same sum ({total:,.0f}) does not fit under {fp16_max:,.0f}: error {fp16_error}. "
 
 
-def amp_gain_verdict(speedup: float, amdahl: float) -> str:
-    """The measured bf16 speedup against the Amdahl estimate (only the matmuls sped up)."""
-    if speedup > amdahl * 1.1:
-        return (
-            "The measured gain is larger than that: the memory-bound ops also got faster, because their "
-            "bf16 activations move half the bytes. "
-        )
-    if speedup < amdahl * 0.9:
-        return (
-            "The measured gain is smaller even than that. Likely causes: the model's matmuls are smaller than "
-            "the square matmul the rate was measured on (lower efficiency), and autocast adds cast kernels "
-            "(every weight is cast to bf16 in each forward). "
-        )
-    return "The Amdahl estimate accounts for the measurement within 10%. "
-
-
-# ---------------------------------------------------------------------------------------------------
-# 07 · gradient checkpointing
-# ---------------------------------------------------------------------------------------------------
-
-
-def checkpoint_notes(
-    *, selective_overhead: float, full_overhead: float, full_saving: float, predicted_full_saving: float
-) -> str:
-    """What stands out in the measured policies: selective slower than full; full saving less than predicted
-    (by more than 5 points). Empty when neither."""
-    text = ""
-    if selective_overhead > full_overhead:
-        text += (
-            "Selective costs *more* time than full here. Its policy runs in a Python dispatch mode that sees "
-            "every op of the forward and of the recompute; with ops this small, that per-op bookkeeping can "
-            "cost more than the matmuls full checkpointing recomputes. "
-        )
-    if full_saving < predicted_full_saving - 0.05:
-        text += (
-            "Full checkpointing saves less than predicted because those temporaries and the head, which "
-            "are not checkpointed, are a larger share of what is left. "
-        )
-    return text
-
-
-def saved_excess_note(part: str, ratio: float) -> str:
-    """Where autograd keeps the most beyond the memory model (``ratio`` measured/modelled of that part),
-    when it is more than 10% over."""
-    if ratio > 1.1:
-        return (
-            f"The model counts what the fused paths keep; the largest excess, in the {part}, is what its path "
-            f"on this device keeps beyond that (an eager reference keeps intermediates a kernel recomputes: "
-            f"the log-space scan its pairwise decays, the eager norm its normalized input, eager RoPE both "
-            f"rotations). "
-        )
-    return ""
-
-
-def memory_model_overshoot_note(overshoots: bool) -> str:
-    """Said when the memory model alone predicts a larger batch than the one that ran, for some policy."""
-    if overshoots:
-        return (
-            " The memory model alone predicts too large a batch where it misses the backward pass's "
-            "temporaries (the logits' gradient, the eager paths' copies), which grow with the batch too; "
-            "two measured steps capture them."
-        )
-    return ""
-
-
 # ---------------------------------------------------------------------------------------------------
 # 08 · MoE routing
 # ---------------------------------------------------------------------------------------------------
@@ -416,70 +544,6 @@ def disturbed_ceiling_note(small_tflops: float, ceiling_tflops: float) -> str:
     )
 
 
-def aux_loss_cost_clause(task_loss_without: float, task_loss_strongest: float) -> str:
-    """Completes "the balancing term spreads the load ...": whether the strongest coefficient's task loss
-    stayed within 20% of the run without the aux loss."""
-    if task_loss_strongest <= 1.2 * task_loss_without:
-        return "without hurting this fit."
-    return "at some cost in this fit: the coefficient trades balance against the task."
-
-
-def moe_model_misses(
-    loop_ratio: float, grouped_ratio: float, *, grouped_work_ms: float, grouped_launch_ms: float, cuda: bool = True
-) -> str:
-    """Where the launch model misses each path (``*_ratio`` = measured / predicted time; within 0.8–1.25
-    counts as a hit). ``grouped_work_ms`` / ``grouped_launch_ms``: the grouped path's predicted terms.
-    ``cuda=False``: a CPU run, where nothing overlaps and a sync waits for nothing."""
-    why = []
-    if loop_ratio > 1.25:
-        why.append(
-            f"the loop took {loop_ratio:.1f}× its prediction: its ops (boolean compare, `nonzero`, "
-            f"integer-index gathers, `index_add_`) cost more to dispatch than the one-element add "
-            f"`t_launch` was measured on"
-            + (", and after each sync the device idles while the host prepares the next expert" if cuda else "")
-        )
-    elif loop_ratio < 0.8:
-        why.append(
-            f"the loop took only {loop_ratio:.2f}× its prediction: "
-            + (
-                "some of its ops overlap with the previous expert's matmuls, which the per-expert sum does not credit"
-                if cuda
-                else "`t_expert`, timed on its own, already contains the dispatch of the expert's ops, which the "
-                "model counts again as launches"
-            )
-        )
-    if grouped_ratio > 1.25:
-        why.append(
-            f"the grouped path took {grouped_ratio:.1f}× its prediction: besides the two grouped GEMMs it "
-            f"moves the tokens (the gather, the `N·k` rows of SwiGLU, the combine) and the grouped GEMM "
-            f"itself runs below the ceiling of one large square matmul"
-        )
-    elif grouped_ratio < 0.8:
-        why.append(
-            f"the grouped path took only {grouped_ratio:.2f}× its prediction: "
-            + (
-                "the prediction is its FLOPs at the matmul ceiling, and a layer cannot beat the ceiling: the ceiling "
-                "measured at setup is too low (see the note above)"
-                if grouped_work_ms >= grouped_launch_ms
-                else "the launch estimate overcounts the cost of its few ops"
-            )
-        )
-    return "Where the model misses: " + "; ".join(why) + "." if why else "Both paths are within 25% of the model."
-
-
-def topk_gain_clause(gain_low_k: float, gain_high_k: float, k_ratio: float, *, syncs: int) -> str:
-    """Why the gain changed from the smallest to the largest top-k of the sweep (``k_ratio`` between them)."""
-    if gain_high_k < gain_low_k:
-        return (
-            f": the loop still syncs {syncs} times, but each expert's matmuls get {k_ratio:.0f}× longer and "
-            f"hide more of the fixed cost. "
-        )
-    return (
-        f": the gain does not shrink here, because the loop's gathers and `index_add_` also grow with the "
-        f"{k_ratio:.0f}× more assignments. "
-    )
-
-
 # ---------------------------------------------------------------------------------------------------
 # 09 · hybrid components
 # ---------------------------------------------------------------------------------------------------
@@ -490,37 +554,9 @@ def first_failure_phrase(first_t: int | None, largest_t: int) -> str:
     return f"from T = {first_t} on" if first_t else f"nowhere up to T = {largest_t}"
 
 
-def short_sequence_verdict(gain_shortest: float, gain_longest: float) -> str:
-    """Whether the gain over the loop shrinks at short sequence lengths, and why."""
-    if gain_shortest < gain_longest:
-        return (
-            "The loop's cost grows linearly with T from the first step, while the fused or chunked path pays a "
-            "fixed cost that dominates short sequences. For a few tokens at a time (decoding, say) the recurrence "
-            "itself, one step per token with the state in hand, is the right tool."
-        )
-    return (
-        "Here the gain does not shrink at short T: both paths are dominated by fixed per-call costs of the same "
-        "order, so their ratio stays flat."
-    )
-
-
 def uncounted_sync_clause(counted: int) -> str:
     """Said of the plan's read-back when the sync counter did not see it (a CPU tensor's ``.tolist()``)."""
     return "" if counted else ", invisible to the counter on a CPU"
-
-
-def foreach_bandwidth_clause(frac_of_copy: float) -> str:
-    """Why the foreach update is below, or above, the copy bandwidth on its minimum traffic."""
-    if frac_of_copy < 1:
-        return " (it makes more passes than the minimum: the temporary θ·g, and a separate scale and add)."
-    return " (above 1: these tensors stay in a cache between calls, which the ceiling's large copy does not)."
-
-
-def big_weights_clause(gain_smallest: float, gain_largest: float) -> str:
-    """Ends the weight-size sweep's sentence: says why the gain shrank, if it did."""
-    if gain_largest < gain_smallest:
-        return ": the loop's syncs and launches are a fixed cost that the bytes of big weights hide."
-    return "."
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -528,68 +564,6 @@ def big_weights_clause(gain_smallest: float, gain_largest: float) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
-def misjudged_rung_reason(
-    *, bound_below: str, bound: str, ratio_below: float, amp_changed: bool, compiled: bool, cuda: bool
-) -> str:
-    """Why the cost model misjudges the gain of one rung of the ladder, from what the rung changes.
-
-    ``bound_below`` / ``bound``: what the model says bounds the step below the rung and with it
-    ("launches", "device work" or "syncs"); ``ratio_below``: the measured / predicted time of the rung
-    below; ``amp_changed``: the rung switches autocast; ``compiled``: the rung is torch.compile.
-    """
-    if bound != bound_below:
-        return (
-            f"In the model this rung moves the step from being bound by {bound_below} to being bound by {bound}, "
-            f"so the bias no longer cancels: the rung below it took {ratio_below:.2g}× its predicted time, mostly "
-            f"launches, and the launches are what this rung removes."
-        )
-    if amp_changed:
-        return (
-            "Autocast changes more than the matmul rate: it adds a cast kernel before matmuls whose inputs are "
-            "float32, and the elementwise kernels between matmuls run in bf16, which the model counts as launches "
-            "and bytes only"
-            + ("." if cuda else "; this CPU's bf16 elementwise and cast kernels are slower than its float32 ones.")
-        )
-    if compiled:
-        return (
-            "The fusion estimate is an ideal compiler's: it merges every chain of pointwise ops; inductor also "
-            "picks its own matmul kernels and leaves some ops unfused."
-        )
-    if bound == "device work":
-        return (
-            "The model calls it device-bound: the trace counts bytes as if every kernel streamed at the copy "
-            "bandwidth and every matmul ran at the rate of a large square one, which small kernels do not reach."
-        )
-    return (
-        "The model counts ops, not what each costs: a `nonzero` waits for the device, a `topk`, an "
-        "`index_add_` or a large copy is more than a launch, and a rung changes the mix of ops."
-    )
-
-
-def in_context_reason(*, alone: float, in_ladder: float) -> str:
-    """Completes "... alone and ... in the ladder, because": why an optimization's gain depends on context."""
-    if in_ladder > alone:
-        return (
-            "it helps more once the bottlenecks below it are gone: a faster kernel cannot show while the host "
-            "waits in a Python loop."
-        )
-    return "part of what it removes alone is already gone in the ladder (or what it adds costs more on a faster step)."
-
-
 def same_tokens_phrase(same: bool) -> str:
     """How the CUDA-graph decoder's tokens compare with the eager decoder's."""
     return "with exactly the same tokens" if same else "with tokens that differ only at near-ties"
-
-
-def small_step_pace(measured_gain: float, predicted_gain: float, *, launches_ms: float, work_ms: float) -> str:
-    """Completes "..., so": what sets the pace of the smallest float32 step of the bf16 sweep, and whether the
-    measured gain is far (over 25%) from the prediction there."""
-    if launches_ms > work_ms:
-        far = abs(math.log(measured_gain / predicted_gain)) > math.log(1.25)
-        return "the launches set the pace and faster matmuls cannot help (autocast even adds cast kernels); " + (
-            "a measured gain this far from the prediction is host time, which varies from run to run on "
-            "a launch-bound step (see the spread of the ladder's timings). "
-            if far
-            else ""
-        )
-    return "the device work sets the pace. "

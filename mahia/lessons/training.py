@@ -18,6 +18,12 @@ What a training step costs besides time, measured or modelled:
   measured on the CPU);
   :func:`fits` tries a call and reports whether it ran out of GPU memory, and :func:`largest_fitting`
   searches the largest batch that fits with a few such calls.
+* what is resident at the peak, measured: :func:`peak_composition` labels the live tensors a call made by
+  the op that made them, their dtype and the phase (forward, or backward and optimizer), as they were
+  at the call's peak; :func:`allocator_summary` reads the CUDA caching allocator's statistics and memory
+  snapshot (reserved against allocated, fragmentation, ``cudaMalloc`` calls); :func:`state_bytes` sums
+  the weights, gradients and optimizer state that live outside a step.
+* which dtype each op ran in: :func:`op_dtypes` (what autocast, or the model's own casts, chose).
 """
 
 from __future__ import annotations
@@ -26,10 +32,14 @@ import contextlib
 import dataclasses
 import gc
 import math
+import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from mahia.measure.checks import check_int
 from mahia.measure.cost import training_peak_bytes
@@ -50,6 +60,11 @@ __all__ = [
     "with_peak",
     "fits",
     "largest_fitting",
+    "PeakComposition",
+    "peak_composition",
+    "allocator_summary",
+    "state_bytes",
+    "op_dtypes",
 ]
 
 
@@ -413,3 +428,182 @@ def largest_fitting(
         else:
             n = max(1, min(n - 1, int(n * shrink)))
     return ok, bad
+
+
+# ---------------------------------------------------------------------------------------------------
+# What is resident at the peak, and in which dtype each op ran
+# ---------------------------------------------------------------------------------------------------
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass
+class PeakComposition:
+    """The live tensors a call had made, as they were at its peak (bytes of storage, each counted once).
+
+    ``by_label`` and ``count`` are keyed by ``"<phase>: <op> (<dtype>)"``: the phase is ``forward`` where
+    grad mode was on when the op ran, ``backward/optimizer`` where it was off (the backward pass and
+    ``optimizer.step()`` run without grad mode); the op is the ATen op that made the tensor."""
+
+    peak: int
+    by_label: dict[str, int] = field(default_factory=dict)
+    count: dict[str, int] = field(default_factory=dict)
+
+    def top(self, n: int = 8) -> list[tuple[str, int, int]]:
+        """The ``n`` largest labels at the peak: (label, bytes, tensors), largest first."""
+        ranked = sorted(self.by_label.items(), key=lambda kv: kv[1], reverse=True)[:n]
+        return [(k, v, self.count.get(k, 0)) for k, v in ranked]
+
+    def phase_bytes(self) -> dict[str, int]:
+        """Bytes at the peak per phase."""
+        out: dict[str, int] = {}
+        for label, n in self.by_label.items():
+            phase = label.split(":", 1)[0]
+            out[phase] = out.get(phase, 0) + n
+        return out
+
+
+class _PeakTracker(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.current = 0
+        self.result = PeakComposition(0)
+        self._by_label: dict[str, int] = {}
+        self._count: dict[str, int] = {}
+        self._alive: dict[int, weakref.ref] = {}
+
+    def _track(self, t: torch.Tensor, label: str) -> None:
+        st = t.untyped_storage()
+        ptr, n = st.data_ptr(), st.nbytes()
+        if n == 0 or ptr in self._alive:
+            return
+
+        def freed(_, ptr=ptr, n=n, label=label):
+            self.current -= n
+            self._by_label[label] -= n
+            self._count[label] -= 1
+            self._alive.pop(ptr, None)
+
+        self._alive[ptr] = weakref.ref(st, freed)
+        self.current += n
+        self._by_label[label] = self._by_label.get(label, 0) + n
+        self._count[label] = self._count.get(label, 0) + 1
+        if self.current > self.result.peak:
+            self.result = PeakComposition(
+                self.current,
+                {k: v for k, v in self._by_label.items() if v > 0},
+                {k: v for k, v in self._count.items() if v > 0},
+            )
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        phase = "forward" if torch.is_grad_enabled() else "backward/optimizer"
+        # an output on an input's storage (in place, out=, a view) is no new memory
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr() not in inputs:
+                self._track(t, f"{phase}: {func.overloadpacket.__name__} ({_dtype_name(t.dtype)})")
+        return out
+
+
+def peak_composition(fn: Callable[[], object]) -> PeakComposition:
+    """Run ``fn()`` and return what it had allocated and still held at its peak, by label
+    (:class:`PeakComposition`): the same peak :class:`mahia.measure.instruments.LiveTensorMemory` measures
+    (storages made inside ``fn``, each at its full size; what existed before is not counted), itemized.
+    Eager code only (a compiled region's buffers do not pass through the dispatcher)."""
+    if not callable(fn):
+        raise TypeError(f"peak_composition: fn must be callable, got {type(fn).__name__}")
+    tracker = _PeakTracker()
+    with tracker:
+        fn()
+    return tracker.result
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes of what lives across steps: the weights, the gradients that exist now, the optimizer's state
+    tensors (``optimizer.state``), each storage counted once."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"state_bytes: model must be an nn.Module, got {type(model).__name__}")
+    seen: set[int] = set()
+
+    def total(tensors) -> int:
+        n = 0
+        for t in tensors:
+            st = t.untyped_storage()
+            if st.data_ptr() not in seen:
+                seen.add(st.data_ptr())
+                n += st.nbytes()
+        return n
+
+    params = list(model.parameters())
+    out = {"weights": total(params), "gradients": total(p.grad for p in params if p.grad is not None)}
+    if optimizer is not None:
+        out["optimizer state"] = total(
+            v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
+        )
+    return out
+
+
+def allocator_summary(device: torch.device | str) -> dict[str, float]:
+    """The CUDA caching allocator on ``device``, from ``torch.cuda.memory_stats`` and
+    ``torch.cuda.memory_snapshot`` (bytes unless named otherwise):
+
+    * ``allocated``, ``allocated peak``: live tensors now and at the peak since the last reset;
+    * ``reserved``, ``reserved peak``: what the allocator holds from the driver (cached free blocks too);
+    * ``inactive split``: free pieces of partly used blocks (fragmentation), now and ``... peak``;
+    * ``segments``, ``cudaMalloc calls``, ``alloc retries`` (a retry frees the cache and tries again: the
+      sign of memory pressure); ``largest free block``: the largest cached free block in the snapshot.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"allocator_summary: needs a CUDA device, got {device}")
+    torch.cuda.synchronize(device)
+    st = torch.cuda.memory_stats(device)
+    free_blocks = [
+        b.get("size", 0)
+        for seg in torch.cuda.memory_snapshot()
+        if seg.get("device", device.index or 0) == (device.index or 0)
+        for b in seg.get("blocks", [])
+        if b.get("state") == "inactive"
+    ]
+    return {
+        "allocated": st.get("allocated_bytes.all.current", 0),
+        "allocated peak": st.get("allocated_bytes.all.peak", 0),
+        "reserved": st.get("reserved_bytes.all.current", 0),
+        "reserved peak": st.get("reserved_bytes.all.peak", 0),
+        "inactive split": st.get("inactive_split_bytes.all.current", 0),
+        "inactive split peak": st.get("inactive_split_bytes.all.peak", 0),
+        "segments": st.get("segment.all.current", 0),
+        "cudaMalloc calls": st.get("num_device_alloc", st.get("segment.all.allocated", 0)),
+        "alloc retries": st.get("num_alloc_retries", 0),
+        "largest free block": max(free_blocks, default=0),
+    }
+
+
+class _DtypeCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, dict[str, int]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        first = next((t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+        if first is not None:
+            by = self.seen.setdefault(func.overloadpacket.__name__, {})
+            by[_dtype_name(first.dtype)] = by.get(_dtype_name(first.dtype), 0) + 1
+        return out
+
+
+def op_dtypes(fn: Callable[[], object]) -> dict[str, dict[str, int]]:
+    """``{op: {dtype: calls}}``: the ATen ops ``fn()`` ran and the dtype of each call's first floating
+    output, as dispatched (after autocast has chosen: autocast's casts show as ``_to_copy``)."""
+    if not callable(fn):
+        raise TypeError(f"op_dtypes: fn must be callable, got {type(fn).__name__}")
+    counter = _DtypeCounter()
+    with counter:
+        fn()
+    return counter.seen

@@ -47,7 +47,7 @@ import triton.language as tl
 
 from mahia.measure.instruments import ByteTraffic
 from mahia.ops.dispatch import why_not
-from mahia.ops.rmsnorm import MAX_HIDDEN, check_rms_norm_inputs
+from mahia.ops.rmsnorm import MAX_HIDDEN, check_rms_norm_inputs, sm_count
 
 __all__ = [
     "DW_STRATEGIES",
@@ -56,6 +56,10 @@ __all__ = [
     "rms_norm_v1",
     "rms_norm_v1_fwd",
     "rms_norm_v1_bwd",
+    "rms_norm_v1_bwd_persistent",
+    "add_rms_norm_v1_fwd",
+    "min_traffic",
+    "HOST_BOUND_FACTOR",
     "dw_second_pass_programs",
     "check_kernels",
     "op_traffic",
@@ -71,6 +75,7 @@ DW_STRATEGIES = ("atomic", "second_pass")
 DW_BLOCK_N = 32  # columns per program of the dw second pass: N / 32 programs (128 for N = 4096)
 DW_BLOCK_M = 64  # rows per step of the dw second pass (a 64 x 32 tile, 4 warps)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+HOST_BOUND_FACTOR = 1.5  # host_crossover: a call is host-bound where its eager time exceeds this x its device time
 
 
 # --------------------------------------------------------------------------------------------------
@@ -128,6 +133,42 @@ def _rms_norm_dw_kernel(
     tl.store(DW + cols, tl.sum(acc, axis=0), mask=col_ok)
 
 
+@triton.jit
+def _add_rms_norm_v1_kernel(X, R, W, H, Y, n_cols, stride_x, stride_r, stride_h, stride_y, eps, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # the v1 kernel with a residual: h = x + r is stored and normalized
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+    h = (x + r).to(H.dtype.element_ty)  # rounded to the input dtype, as the eager add_rms_norm rounds it
+    tl.store(H + row * stride_h + cols, h, mask=mask)
+    hf = h.to(tl.float32)  # normalized from registers: h is not read back
+    rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / n_cols + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (hf * rstd * w).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rms_norm_v1_bwd_persistent_kernel(
+    DY, X, W, RSTD, DX, PARTIAL, n_rows, n_cols, n_programs, stride_dy, stride_x, stride_dx, BLOCK_N: tl.constexpr
+):
+    pid = tl.program_id(0).to(tl.int64)  # a fixed grid: program pid takes rows pid, pid + n_programs, ...
+    cols = tl.arange(0, BLOCK_N)
+    mask = cols < n_cols
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_N,), dtype=tl.float32)  # this program's share of dw, in registers
+    for row in range(pid, n_rows, n_programs):  # int64 from pid: row * stride can pass 2**31
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + row * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + row)
+        x_hat = x * rstd
+        g = dy * w
+        dx = (g - x_hat * (tl.sum(x_hat * g, axis=0) / n_cols)) * rstd
+        tl.store(DX + row * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * x_hat
+    tl.store(PARTIAL + pid * n_cols + cols, dw, mask=mask)  # one float32 row per program, written once
+
+
 # --------------------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------------------
@@ -155,10 +196,15 @@ def _as_rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def rms_norm_v1_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, rstd): the v1 forward, one program per row.  x (..., N), weight (N,); rstd is x.shape[:-1] float32."""
+def rms_norm_v1_fwd(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, num_warps: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd): the v1 forward, one program per row.  x (..., N), weight (N,); rstd is x.shape[:-1] float32.
+    ``num_warps``: the warps of each program (None: Triton's default, 4)."""
     fn = "rms_norm_v1"
     check_rms_norm_inputs(fn, x, weight, eps=eps)
+    if num_warps is not None and (isinstance(num_warps, bool) or num_warps not in (1, 2, 4, 8, 16, 32)):
+        raise ValueError(f"{fn}: num_warps must be None or a power of two from 1 to 32, got {num_warps!r}")
     _check_kernel_dtypes(fn, x=x, weight=weight)
     if x.shape[-1] > MAX_HIDDEN:
         raise ValueError(f"{fn}: hidden size {x.shape[-1]} exceeds {MAX_HIDDEN} (the row is held in registers)")
@@ -179,8 +225,43 @@ def rms_norm_v1_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) ->
         y2.stride(0),
         eps,
         BLOCK_N=triton.next_power_of_2(x2.shape[1]),
+        **({} if num_warps is None else {"num_warps": num_warps}),
     )
     return y, rstd
+
+
+def add_rms_norm_v1_fwd(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, h) with h = x + residual and y = rms_norm(h) * weight, as ``add_rms_norm_eager``: the v1 kernel with a
+    residual add in the same pass (notebook 03, exercise 1). Reads x and r once, writes h and y once."""
+    fn = "add_rms_norm_v1"
+    check_rms_norm_inputs(fn, x, weight, residual, eps)
+    _check_kernel_dtypes(fn, x=x, residual=residual, weight=weight)
+    if x.shape[-1] > MAX_HIDDEN:
+        raise ValueError(f"{fn}: hidden size {x.shape[-1]} exceeds {MAX_HIDDEN} (the row is held in registers)")
+    _require_triton(fn, x)
+    x2, r2 = _as_rows(x), _as_rows(residual)
+    h = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0] == 0:
+        return y, h
+    h2, y2 = h.view(-1, x.shape[-1]), y.view(-1, x.shape[-1])
+    _add_rms_norm_v1_kernel[(x2.shape[0],)](
+        x2,
+        r2,
+        weight.contiguous(),
+        h2,
+        y2,
+        x2.shape[1],
+        x2.stride(0),
+        r2.stride(0),
+        h2.stride(0),
+        y2.stride(0),
+        eps,
+        BLOCK_N=triton.next_power_of_2(x2.shape[1]),
+    )
+    return y, h
 
 
 def dw_second_pass_programs(n_cols: int) -> int:
@@ -243,6 +324,51 @@ def rms_norm_v1_bwd(
             BLOCK_N=DW_BLOCK_N,
         )
     return dx, (dw_acc.to(weight.dtype) if dw is not None else None)
+
+
+def rms_norm_v1_bwd_persistent(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, *, programs: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dw) like :func:`rms_norm_v1_bwd`, on a persistent grid (notebook 03, exercise 2): ``programs``
+    programs (None: min(M, 2 x the SM count)), each walking every ``programs``-th row, keeping its share of dw
+    in float32 registers and writing it once; dw is the sum of those (programs, N) partials. No atomics:
+    the summation order is fixed, so dw is the same bit for bit on every run."""
+    fn = "rms_norm_v1 backward (persistent)"
+    check_rms_norm_inputs(fn, x, weight)
+    _check_kernel_dtypes(fn, dy=dy, x=x, weight=weight)
+    if dy.shape != x.shape:
+        raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
+    if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
+        raise ValueError(
+            f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, got {rstd.dtype} {tuple(rstd.shape)}"
+        )
+    if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
+        raise ValueError(f"{fn}: programs must be None or a positive int, got {programs!r}")
+    _require_triton(fn, x)
+    x2, dy2 = _as_rows(x), _as_rows(dy)
+    n_rows, n_cols = x2.shape
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if n_rows == 0:
+        return dx, torch.zeros(n_cols, dtype=weight.dtype, device=x.device)
+    n_prog = min(n_rows, programs or 2 * sm_count(x.device))
+    partial = torch.empty((n_prog, n_cols), dtype=torch.float32, device=x.device)
+    dx2 = dx.view(-1, n_cols)
+    _rms_norm_v1_bwd_persistent_kernel[(n_prog,)](
+        dy2,
+        x2,
+        weight.contiguous(),
+        rstd.reshape(-1).contiguous(),
+        dx2,
+        partial,
+        n_rows,
+        n_cols,
+        n_prog,
+        dy2.stride(0),
+        x2.stride(0),
+        dx2.stride(0),
+        BLOCK_N=triton.next_power_of_2(n_cols),
+    )
+    return dx, partial.sum(0).to(weight.dtype)
 
 
 class _RMSNormV1(torch.autograd.Function):
@@ -430,6 +556,25 @@ def min_bytes(kind: str, shape: Sequence[int], dtype: torch.dtype) -> int:
     return bench_min_bytes(kind, _check_shape(kind, shape), dtype)
 
 
+def min_traffic(kind: str, shape: Sequence[int], dtype: torch.dtype) -> tuple[int, int]:
+    """:func:`min_bytes` split into (bytes read, bytes written): the read-to-write mix of each kind, e.g. SwiGLU's
+    forward reads two tensors for each one it writes, while a copy (the copy ceiling) reads one."""
+    shape = _check_shape(kind, shape)
+    es = torch.empty((), dtype=dtype).element_size()
+    if kind.startswith("rope"):
+        B, T, Hq, Hkv, D = shape
+        qk = B * T * (Hq + Hkv) * D * es
+        return 2 * (qk + T * D * 4), 2 * qk  # each way: read q, k and the float32 tables; write q, k
+    M, N = shape
+    reads, writes, w_reads, w_writes = {
+        "rmsnorm_fwd": (1, 1, 1, 0),
+        "rmsnorm_fwdbwd": (3, 2, 2, 1),
+        "swiglu_fwd": (2, 1, 0, 0),
+        "swiglu_fwdbwd": (5, 3, 0, 0),
+    }[kind]
+    return (reads * M * N + w_reads * N) * es, (writes * M * N + w_writes * N) * es
+
+
 def op_flops(kind: str, shape: Sequence[int]) -> int:
     """Floating-point operations of ``kind``, counting exp, rsqrt and division as one each:
 
@@ -560,7 +705,7 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
     fewest rows at which ``mine``'s eager time is at most ``peer``'s (None: never in the sweep).
 
     Returns ``{"floor_ms": {variant: ms}, "crossover_rows": int | None, "rows": [...], "host_bound_rows":
-    {variant: the largest row count where eager time > 1.5 x device time}}``.
+    {variant: the largest row count where eager time > HOST_BOUND_FACTOR x device time}}``.
     """
     need = {"experiment", "variant", "shape", "median_ms"}
     if not need <= set(df.columns):
@@ -582,6 +727,6 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
         device = t["device"]
         for v in eager.columns:
             if v in device.columns:
-                bound = [r for r in rows if eager.loc[r, v] > 1.5 * device.loc[r, v]]
+                bound = [r for r in rows if eager.loc[r, v] > HOST_BOUND_FACTOR * device.loc[r, v]]
                 out["host_bound_rows"][v] = bound[-1] if bound else None
     return out

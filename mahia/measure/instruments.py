@@ -472,8 +472,13 @@ class LiveTensorMemory(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # An output on an input's storage (in place, out=, a view) is not new memory, even when that storage
+        # existed before entry and so is not tracked.
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr() not in inputs:
                 self._track(t)
         return out
 

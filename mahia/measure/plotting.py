@@ -94,12 +94,14 @@ def sweep(
     device_note: str | None = None,
     limit: float | None = None,
     limit_label: str | None = None,
+    palette: dict | None = None,
 ):
-    """Lines of ``y`` against ``x`` (a column, e.g. a size parsed from ``shape``) per ``hue``."""
+    """Lines of ``y`` against ``x`` (a column, e.g. a size parsed from ``shape``) per ``hue``. ``palette``
+    ({hue value: colour}) fixes each line's colour, so that it is the same in every panel of a figure."""
     if df.empty:
         raise ValueError("sweep(): no records to plot")
     ax = ax or plt.subplots(figsize=(7, 4))[1]
-    sns.lineplot(data=df, x=x, y=y, hue=hue, marker="o", ax=ax)
+    sns.lineplot(data=df, x=x, y=y, hue=hue, marker="o", ax=ax, palette=palette)
     if limit is not None:
         ax.axhline(limit, color="black", ls="--", lw=1)
         ax.annotate(limit_label or "measured limit", (ax.get_xlim()[0], limit), va="bottom", fontsize=9)

@@ -1,0 +1,137 @@
+"""The checkpoint timeline (notebook 07): one training step of ``n`` blocks under each policy, the work
+in time order (forward F, the loss, backward B, recompute R) above the activation memory kept for
+backward at each moment.
+
+* **none**: every forward keeps its block's activations until that block's backward frees them: the
+  memory climbs to ``n`` blocks' worth at the loss;
+* **full**: a forward keeps only its block's input; just before a block's backward its forward runs
+  again (R) and its activations live until that backward ends: the peak is ``n`` inputs plus one
+  block, for one extra forward per block;
+* **selective**: a forward keeps the matmul and attention outputs (a share of the activations); the
+  recompute reruns only the cheap pointwise ops that rebuild the rest.
+
+The proportions are the arguments (``input_share``, ``selective_share``: a block input and what selective
+keeps, as shares of one block's activations), not measurements; section 1 of the notebook measures them.
+
+    fig = draw(n_blocks=4)
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from mahia.lessons.diagrams._sketch import DEVICE, HOST, MEMORY
+from mahia.measure.checks import check_int
+
+__all__ = ["POLICIES", "draw", "timeline"]
+
+POLICIES = ("none", "full", "selective")
+BACKWARD = "#55a868"
+_TITLES = {
+    "none": "no checkpointing: every block's activations stay until its backward",
+    "full": "full: keep each block's input, rerun its forward (R) just before its backward",
+    "selective": "selective: keep matmul and attention outputs, rerun only the pointwise ops (r)",
+}
+# Durations in units of one block's forward: a backward costs about two forwards; the loss (head) and a
+# selective recompute (pointwise ops only) less than one.
+_T_FWD, _T_BWD, _T_LOSS, _T_SEL = 1.0, 2.0, 0.6, 0.35
+
+
+def timeline(policy: str, n_blocks: int, *, input_share: float = 0.15, selective_share: float = 0.6) -> list[dict]:
+    """The step as a list of ``{"label", "kind", "start", "end", "memory"}``, ``memory`` being the
+    activations kept (in blocks' worth) once that piece of work has ended."""
+    if policy not in POLICIES:
+        raise ValueError(f"checkpoint.timeline: policy must be one of {POLICIES}, got {policy!r}")
+    check_int("checkpoint.timeline", "n_blocks", n_blocks)
+    for name, v in (("input_share", input_share), ("selective_share", selective_share)):
+        if not (isinstance(v, (int, float)) and 0 < v < 1):
+            raise ValueError(f"checkpoint.timeline: {name} must be in (0, 1), got {v!r}")
+    kept = {"none": 1.0, "full": input_share, "selective": selective_share}[policy]
+    out, t, mem = [], 0.0, 0.0
+
+    def add(label, kind, dt, dmem):
+        nonlocal t, mem
+        mem += dmem
+        out.append({"label": label, "kind": kind, "start": t, "end": t + dt, "memory": mem})
+        t += dt
+
+    for i in range(1, n_blocks + 1):
+        add(f"F{i}", "forward", _T_FWD, kept)
+    add("loss", "loss", _T_LOSS, 0.0)
+    for i in range(n_blocks, 0, -1):
+        if policy == "full":
+            add(f"R{i}", "recompute", _T_FWD, 1.0)
+        elif policy == "selective":
+            add(f"r{i}", "recompute", _T_SEL, 1.0 - kept)
+        # the backward frees the block's activations (and, under full checkpointing, its kept input too)
+        add(f"B{i}", "backward", _T_BWD, -(1.0 + kept if policy == "full" else 1.0))
+    return out
+
+
+def draw(
+    n_blocks: int = 4, policies=POLICIES, *, input_share: float = 0.15, selective_share: float = 0.6
+):  # -> matplotlib.figure.Figure
+    """The timelines of ``policies`` (any of "none", "full", "selective"), one above the other; returns the Figure."""
+    policies = tuple(policies)
+    if not policies or any(p not in POLICIES for p in policies):
+        raise ValueError(f"checkpoint.draw: policies must be a non-empty subset of {POLICIES}, got {policies!r}")
+    steps = {p: timeline(p, n_blocks, input_share=input_share, selective_share=selective_share) for p in policies}
+    t_max = max(s[-1]["end"] for s in steps.values())
+    m_max = max(r["memory"] for s in steps.values() for r in s)
+    fig = plt.figure(figsize=(10, 2.2 * len(policies) + 0.7))
+    # One flat grid (a tight layout, used when saving, handles it): the legend's thin row, then per policy a
+    # timeline row and a memory row, with an empty row between policies.
+    ratios = [0.3] + [r for k in range(len(policies)) for r in ([0.5] if k else []) + [1.0, 1.3]]
+    grid = fig.add_gridspec(len(ratios), 1, height_ratios=ratios)
+    fig.subplots_adjust(left=0.06, right=0.98, top=0.97, bottom=0.06, hspace=0.3)
+    colors = {"forward": DEVICE, "loss": "0.6", "recompute": HOST, "backward": BACKWARD}
+    for k, policy in enumerate(policies):
+        row = 1 + 3 * k  # after the legend row; each earlier policy took a timeline, a memory and a spacer row
+        work = fig.add_subplot(grid[row])
+        mem = fig.add_subplot(grid[row + 1], sharex=work)
+        for r in steps[policy]:
+            w = r["end"] - r["start"]
+            work.add_patch(
+                plt.Rectangle((r["start"], 0.1), w, 0.8, facecolor=colors[r["kind"]], edgecolor="black", lw=0.6)
+            )
+            if w >= 0.5:
+                work.text(
+                    r["start"] + w / 2,
+                    0.5,
+                    r["label"],
+                    ha="center",
+                    va="center",
+                    fontsize=7.5,
+                    color="white" if r["kind"] in ("forward", "backward") else "black",
+                )
+        work.set_ylim(0, 1)
+        work.axis("off")
+        work.set_title(_TITLES[policy], loc="left", fontsize=9)
+        times = [0.0] + [r["end"] for r in steps[policy]]
+        levels = [0.0] + [r["memory"] for r in steps[policy]]
+        mem.fill_between(times, levels, step="post", color=MEMORY, alpha=0.45, lw=0)
+        mem.step(times, levels, where="post", color=MEMORY, lw=1.2)
+        top = max(levels)
+        at = times[levels.index(top)]
+        mem.annotate(
+            f"peak: {top:.2g} × one block's activations",
+            (at, top),
+            xytext=(4, 2),
+            textcoords="offset points",
+            fontsize=7.5,
+            va="bottom",
+        )
+        mem.set_ylim(0, m_max * 1.25)
+        mem.set_xlim(0, t_max)
+        mem.set_yticks([])
+        mem.set_xticks([])
+        mem.set_ylabel("kept", fontsize=8)
+        mem.grid(False)
+    mem.set_xlabel("time (one block's forward = 1)", fontsize=8)
+    handles = [Patch(facecolor=c, edgecolor="black", lw=0.6, label=k) for k, c in colors.items()]
+    handles.append(Patch(facecolor=MEMORY, alpha=0.45, label="activations kept for backward"))
+    key = fig.add_subplot(grid[0])
+    key.axis("off")
+    key.legend(handles=handles, loc="center", ncol=len(handles), fontsize=8, frameon=False)
+    return fig

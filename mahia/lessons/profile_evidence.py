@@ -1,0 +1,130 @@
+"""What a notebook shows when it explains a result (notebooks 05-10): the profiler's account of a call.
+
+An explanation of a timing ("the step is host-bound", "the matmuls are what bf16 sped up") rests on
+something the run measured and shows. Here that is ``torch.profiler`` through :func:`mahia.profile.profile_step`:
+
+* :func:`profile_call` profiles any zero-argument call on a device: wall time per call, the kernels'
+  time and count (GPU), and the busiest operators (device time on a GPU, host time on a CPU);
+* :func:`profile_sentence` writes that report as one sentence of measured numbers, and says when the
+  evidence is a CPU's (no device queue: host time by operator);
+* :func:`time_by_group` sums the operators' time into groups (matmuls, attention, the rest), and
+  :func:`group_sentence` writes two such summaries side by side (before and after a change).
+
+Nothing here picks wording by a threshold: the sentences state the numbers, and the notebook says what
+they mean next to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from mahia.measure.checks import check_int
+from mahia.profile import StepReport, profile_step
+
+__all__ = [
+    "MATMUL_OPS",
+    "ATTENTION_OPS",
+    "profile_call",
+    "profile_sentence",
+    "time_by_group",
+    "group_sentence",
+    "top_ops",
+]
+
+# Operators whose own time is a matrix product (the profiler's names; a kernel's time is charged to the
+# operator that launched it).
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm", "aten::addbmm")
+ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention")
+
+
+@contextlib.contextmanager
+def _quiet_native_stderr():
+    """Silence what native code writes to file descriptor 2 (the profiler's start/stop log lines)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real descriptor 2 (an embedding that replaced it): nothing to silence
+        yield
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def profile_call(
+    fn: Callable[[], object], device: torch.device | str, *, steps: int = 3, warmup: int = 1, rows: int = 200
+) -> StepReport:
+    """``torch.profiler`` over ``steps`` calls of ``fn()`` on ``device`` after ``warmup`` calls
+    (:func:`mahia.profile.profile_step`): wall ms per call, kernel ms and launches per call (GPU) and the
+    ``rows`` busiest operators. The wall time includes the profiler's own cost (a few µs per operator)."""
+    if not callable(fn):
+        raise TypeError(f"profile_call: fn must be callable, got {type(fn).__name__}")
+    check_int("profile_call", "steps", steps)
+    check_int("profile_call", "warmup", warmup, minimum=0)
+    anchor = torch.empty(0, device=device)  # profile_step finds the device from its arguments
+    with _quiet_native_stderr():
+        return profile_step(lambda _anchor: fn(), anchor, steps=steps, warmup=warmup, rows=rows)
+
+
+def _short(name: str, width: int = 48) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def top_ops(report: StepReport, n: int = 3) -> str:
+    """ "name ms (calls×), ..." for the ``n`` busiest operators of ``report``."""
+    return ", ".join(f"`{_short(r['name'])}` {r['ms']:.3g} ms ({r['calls']:.0f}×)" for r in report.top[:n])
+
+
+def profile_sentence(report: StepReport, what: str, *, n_top: int = 3) -> str:
+    """One sentence of what the profiler measured for ``what`` (a noun phrase): on a GPU the wall time per
+    call, the kernels' time and number, the share of the wall time the device ran kernels and the busiest
+    operators by device time; on a CPU the wall time and the busiest operators by host time, marked as
+    CPU evidence."""
+    if not isinstance(report, StepReport):
+        raise TypeError(f"profile_sentence: report must be a mahia.profile.StepReport, got {type(report).__name__}")
+    if report.kernel_ms is None:
+        return (
+            f"*CPU evidence* ({what}, `torch.profiler`): {report.wall_ms:.3g} ms per call under the profiler (its "
+            f"own cost per operator included); by host time the busiest operators are {top_ops(report, n_top)}."
+        )
+    return (
+        f"{what.capitalize()} under `torch.profiler`: {report.wall_ms:.3g} ms of wall time per call, of which "
+        f"{report.kernel_ms:.3g} ms are kernels ({report.kernels} launches): the device ran kernels "
+        f"{report.busy:.0%} of the time and waited {1 - report.busy:.0%}. Busiest operators by device time: "
+        f"{top_ops(report, n_top)}."
+    )
+
+
+def time_by_group(report: StepReport, groups: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """ms per call of the profiled operators, summed into ``groups`` (name -> operator-name prefixes; an
+    operator goes to the first group one of whose prefixes it starts with) and ``"other"``. The operators
+    are the report's ``top`` rows: profile with enough ``rows`` to see them all."""
+    if not isinstance(report, StepReport):
+        raise TypeError(f"time_by_group: report must be a mahia.profile.StepReport, got {type(report).__name__}")
+    out = {g: 0.0 for g in groups}
+    out["other"] = 0.0
+    for r in report.top:
+        group = next((g for g, prefixes in groups.items() if r["name"].startswith(tuple(prefixes))), "other")
+        out[group] += r["ms"]
+    return out
+
+
+def group_sentence(before: Mapping[str, float], after: Mapping[str, float], labels: Sequence[str]) -> str:
+    """ "matmuls 3.1 → 0.9 ms (×3.44), other 2.0 → 1.8 ms (×1.11)" for the groups of two
+    :func:`time_by_group` results (the factor is before / after; "—" where after is 0)."""
+    parts = []
+    for g in (*labels, "other"):
+        b, a = before.get(g, 0.0), after.get(g, 0.0)
+        factor = f"×{b / a:.3g}" if a > 0 else "—"
+        parts.append(f"{g} {b:.3g} → {a:.3g} ms ({factor})")
+    return ", ".join(parts)

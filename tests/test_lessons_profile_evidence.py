@@ -1,0 +1,65 @@
+"""mahia.lessons.profile_evidence: the profiler's account of a call, as numbers and as sentences."""
+
+import math
+
+import pytest
+import torch
+
+from mahia.lessons.profile_evidence import (
+    ATTENTION_OPS,
+    MATMUL_OPS,
+    group_sentence,
+    profile_call,
+    profile_sentence,
+    time_by_group,
+    top_ops,
+)
+from mahia.profile import StepReport
+
+
+def _report(kernel_ms=None):
+    top = [
+        {"name": "aten::mm", "calls": 4.0, "ms": 3.0},
+        {"name": "aten::_scaled_dot_product_flash_attention", "calls": 2.0, "ms": 2.0},
+        {"name": "aten::add", "calls": 10.0, "ms": 1.0},
+        {"name": "aten::addmm", "calls": 1.0, "ms": 0.5},
+    ]
+    return StepReport("cuda:0" if kernel_ms else "cpu", 10.0, kernel_ms, 17 if kernel_ms else None, top)
+
+
+def test_profile_call_sees_the_matmul_of_a_cpu_call():
+    a = torch.randn(192, 192)
+    rep = profile_call(lambda: (a @ a).relu().sum(), "cpu", steps=2, warmup=1)
+    assert rep.kernel_ms is None and rep.wall_ms > 0  # a CPU: host times only
+    names = [r["name"] for r in rep.top]
+    assert "aten::mm" in names
+    groups = time_by_group(rep, {"matmuls": MATMUL_OPS})
+    assert groups["matmuls"] > 0 and math.isclose(sum(groups.values()), sum(r["ms"] for r in rep.top))
+    with pytest.raises(TypeError, match="callable"):
+        profile_call(3, "cpu")
+
+
+def test_profile_sentence_states_the_numbers_and_marks_cpu_evidence():
+    gpu = profile_sentence(_report(kernel_ms=6.0), "the step")
+    assert gpu.startswith("The step under `torch.profiler`: 10 ms of wall time per call, of which 6 ms are kernels (17")
+    assert "busy" not in gpu and "ran kernels 60% of the time and waited 40%" in gpu
+    assert "`aten::mm` 3 ms (4×)" in gpu and "`aten::add`" in gpu and "addmm" not in gpu  # the top 3 only
+    cpu = profile_sentence(_report(), "the step")
+    assert cpu.startswith("*CPU evidence* (the step") and "by host time" in cpu and "kernels" not in cpu
+    with pytest.raises(TypeError, match="StepReport"):
+        profile_sentence({"wall_ms": 1}, "x")
+
+
+def test_time_by_group_takes_the_first_matching_group_and_keeps_the_rest():
+    groups = time_by_group(_report(), {"matmuls": MATMUL_OPS, "attention": ATTENTION_OPS})
+    assert groups == {"matmuls": 3.5, "attention": 2.0, "other": 1.0}
+    assert time_by_group(_report(), {}) == {"other": 6.5}
+
+
+def test_group_sentence_and_top_ops():
+    before = {"matmuls": 4.0, "other": 2.0}
+    after = {"matmuls": 1.0, "other": 0.0}
+    assert group_sentence(before, after, ["matmuls"]) == "matmuls 4 → 1 ms (×4), other 2 → 0 ms (—)"
+    assert top_ops(_report(), 1) == "`aten::mm` 3 ms (4×)"
+    long = StepReport("cpu", 1.0, None, None, [{"name": "x" * 80, "calls": 1.0, "ms": 1.0}])
+    assert "…" in top_ops(long) and len(top_ops(long)) < 80
