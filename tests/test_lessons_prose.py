@@ -233,6 +233,19 @@ def test_reorder_print_summary():
     assert "replays it after the graph, so it no longer splits the function." in text
     with pytest.raises(ValueError, match="no rows"):
         prose.reorder_print_summary([])
+    # Dynamo itself failing (seen with torch 2.11 on CUDA) is said, not hidden
+    failed = rows[:3] + [
+        {
+            "print": "print(h.norm())",
+            "reorderable": True,
+            "graphs": None,
+            "graph breaks": None,
+            "why": "Dynamo failed: AssertionError",
+        }
+    ]
+    text = prose.reorder_print_summary(failed)
+    assert "`print(h.norm())`: Dynamo could not trace the function registered as reorderable " in text
+    assert "(Dynamo failed: AssertionError)" in text and text.startswith("`print(h.shape)`: 2 graph(s)")
 
 
 def test_specialization_verdict():

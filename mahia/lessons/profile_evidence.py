@@ -10,19 +10,20 @@ something the run measured and shows. Here that is ``torch.profiler`` through :f
 * :func:`time_by_group` sums the operators' time into groups (matmuls, attention, the rest), and
   :func:`group_sentence` writes two such summaries side by side (before and after a change).
 
+By operator (what :mod:`mahia.profile` reports); :mod:`mahia.lessons.profiler_summary`, which notebooks
+00-04 use, reports the same profile by kernel name.
+
 Nothing here picks wording by a threshold: the sentences state the numbers, and the notebook says what
 they mean next to them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from mahia.lessons.profiler_summary import quiet_native_stderr
 from mahia.measure.checks import check_int
 from mahia.profile import StepReport, profile_step
 
@@ -42,25 +43,6 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_g
 ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention")
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr():
-    """Silence what native code writes to file descriptor 2 (the profiler's start/stop log lines)."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError):  # no real descriptor 2 (an embedding that replaced it): nothing to silence
-        yield
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def profile_call(
     fn: Callable[[], object], device: torch.device | str, *, steps: int = 3, warmup: int = 1, rows: int = 200
 ) -> StepReport:
@@ -72,7 +54,7 @@ def profile_call(
     check_int("profile_call", "steps", steps)
     check_int("profile_call", "warmup", warmup, minimum=0)
     anchor = torch.empty(0, device=device)  # profile_step finds the device from its arguments
-    with _quiet_native_stderr():
+    with quiet_native_stderr():
         return profile_step(lambda _anchor: fn(), anchor, steps=steps, warmup=warmup, rows=rows)
 
 

@@ -36,7 +36,15 @@ import torch
 
 from mahia.measure.checks import check_int
 
-__all__ = ["ProfileSummary", "profile_calls", "compare", "short_kernel_name", "tile_shape", "MATMUL_KERNELS"]
+__all__ = [
+    "ProfileSummary",
+    "profile_calls",
+    "compare",
+    "short_kernel_name",
+    "tile_shape",
+    "MATMUL_KERNELS",
+    "quiet_native_stderr",
+]
 
 # Kernel (or operator) names of matrix products: cuBLAS/cuBLASLt/CUTLASS kernels on a GPU, aten ops on a CPU.
 MATMUL_KERNELS = r"gemm|matmul|xmma|cutlass|wgmma|aten::mm|aten::bmm|aten::addmm|aten::baddbmm"
@@ -126,7 +134,7 @@ class ProfileSummary:
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced():
+def quiet_native_stderr():
     """Silence what native code writes to file descriptor 2 while profiling (the profiler's start/stop log
     lines, which a notebook's kernel would otherwise forward into the cell's output)."""
     try:
@@ -160,7 +168,7 @@ def profile_calls(
         fn()
     sync()
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with _native_stderr_silenced(), torch.profiler.profile(activities=acts) as prof:
+    with quiet_native_stderr(), torch.profiler.profile(activities=acts) as prof:
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()

@@ -469,6 +469,14 @@ def reorder_print_summary(rows: Sequence[Mapping]) -> str:
     for k in kinds:
         plain = next(r for r in rows if r["print"] == k and not r["reorderable"])
         moved = next(r for r in rows if r["print"] == k and r["reorderable"])
+        failed = [r for r in (plain, moved) if r["graphs"] is None]
+        if failed:  # Dynamo raised instead of tracing: say so, with what it said
+            which = " and ".join("registered as reorderable" if r["reorderable"] else "as is" for r in failed)
+            parts.append(
+                f"`{k}`: Dynamo could not trace the function {which} ({failed[0]['why']}), so this PyTorch "
+                "gives no answer here"
+            )
+            continue
         said = (
             f"`{k}`: {plain['graphs']} graph(s) and {plain['graph breaks']} break(s); registered as reorderable, "
             f"{moved['graphs']} graph(s) and {moved['graph breaks']} break(s)"
