@@ -12,7 +12,7 @@ import torch
 from mahia import runner
 from mahia.measure import checks, hardware, results
 from mahia.measure.instruments import assert_no_syncs, count_syncs
-from mahia.measure.report import build_report
+from mahia.measure.report import build_report, report_pairs
 from mahia.measure.timing import Timing, bench
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -216,7 +216,7 @@ def test_pairs_mark_overlapping_spread_not_significant(tmp_path):
     rec.timing("a", "fast", "optimized", Timing(0.98, 0.90, 1.05, 5))
     rec.timing("b", "slow", "baseline", Timing(3.0, 2.9, 3.1, 5))
     rec.timing("b", "fast", "optimized", Timing(1.0, 0.95, 1.05, 5))
-    ps = {p.experiment: p for p in results.pairs(results.load_records(tmp_path / rec.slug))}
+    ps = {p.experiment: p for p in report_pairs(results.load_records(tmp_path / rec.slug))}
     assert not ps["a"].significant and ps["b"].significant
     md = build_report(tmp_path / rec.slug)
     assert "(not significant)" in md and "3.00×" in md and "CPU run" in md

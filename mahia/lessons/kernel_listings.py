@@ -110,7 +110,7 @@ def rms_norm_bwd_config(
     """(BLOCK_M, BLOCK_N, num_warps, programs per SM) of the production RMSNorm backward (persistent grid)
     for ``n_rows`` rows (None: a large batch) of ``dtype``."""
     rows = None if n_rows is None else int(n_rows)
-    return tuple(rmsnorm.bwd_config(int(n_cols), rows, torch.empty(0, dtype=dtype).element_size()))
+    return tuple(rmsnorm.bwd_config(int(n_cols), rows, dtype.itemsize))
 
 
 def sm_count(device: str | torch.device) -> int:

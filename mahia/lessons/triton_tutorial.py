@@ -269,6 +269,19 @@ def dw_second_pass_programs(n_cols: int) -> int:
     return triton.cdiv(n_cols, DW_BLOCK_N)
 
 
+def _check_bwd_inputs(fn: str, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor) -> None:
+    """The checks both v1 backward launchers make: x and weight as the forward takes them, dy like x, and
+    rstd the forward's float32 (x.shape[:-1])."""
+    check_rms_norm_inputs(fn, x, weight)
+    _check_kernel_dtypes(fn, dy=dy, x=x, weight=weight)
+    if dy.shape != x.shape:
+        raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
+    if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
+        raise ValueError(
+            f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, got {rstd.dtype} {tuple(rstd.shape)}"
+        )
+
+
 def rms_norm_v1_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, *, dw: str | None = "atomic"
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -279,14 +292,7 @@ def rms_norm_v1_bwd(
     fn = "rms_norm_v1 backward"
     if dw is not None and dw not in DW_STRATEGIES:
         raise ValueError(f"{fn}: dw must be one of {DW_STRATEGIES} or None, got {dw!r}")
-    check_rms_norm_inputs(fn, x, weight)
-    _check_kernel_dtypes(fn, dy=dy, x=x, weight=weight)
-    if dy.shape != x.shape:
-        raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
-    if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
-        raise ValueError(
-            f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, got {rstd.dtype} {tuple(rstd.shape)}"
-        )
+    _check_bwd_inputs(fn, dy, x, weight, rstd)
     _require_triton(fn, x)
     x2, dy2 = _as_rows(x), _as_rows(dy)
     rstd1 = rstd.reshape(-1).contiguous()
@@ -334,14 +340,7 @@ def rms_norm_v1_bwd_persistent(
     in float32 registers and writing it once; dw is the sum of those (programs, N) partials. No atomics:
     the summation order is fixed, so dw is the same bit for bit on every run."""
     fn = "rms_norm_v1 backward (persistent)"
-    check_rms_norm_inputs(fn, x, weight)
-    _check_kernel_dtypes(fn, dy=dy, x=x, weight=weight)
-    if dy.shape != x.shape:
-        raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
-    if rstd.shape != x.shape[:-1] or rstd.dtype != torch.float32:
-        raise ValueError(
-            f"{fn}: rstd must be float32 of shape {tuple(x.shape[:-1])}, got {rstd.dtype} {tuple(rstd.shape)}"
-        )
+    _check_bwd_inputs(fn, dy, x, weight, rstd)
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
         raise ValueError(f"{fn}: programs must be None or a positive int, got {programs!r}")
     _require_triton(fn, x)

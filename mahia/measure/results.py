@@ -31,7 +31,6 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -65,7 +64,6 @@ __all__ = [
     "write_summary",
     "write_summaries",
     "read_summary",
-    "pairs",
 ]
 
 COLUMNS = [
@@ -623,64 +621,6 @@ def read_summary(folder: str | Path, profile: str = "full") -> dict:
             "(`python -m mahia report <folder>` writes it from the records)"
         )
     return json.loads(path.read_text())
-
-
-@dataclass
-class Pair:
-    notebook: str
-    experiment: str
-    shape: str
-    dtype: str
-    baseline: str
-    optimized: str
-    speedup: float
-    low: float
-    high: float
-    frac_of_limit: float | None
-    limit: str | None
-    rel_err: float | None
-    date: str
-    device: str
-
-    @property
-    def significant(self) -> bool:
-        return not (self.low <= 1.0 <= self.high)
-
-
-def pairs(df: pd.DataFrame) -> list[Pair]:
-    """One before/after pair per (experiment, shape, dtype) that has a baseline and an optimized row.
-
-    The spread of a speedup is the ratio of the 20/80 percentiles crossed over:
-    [base.p20 / opt.p80, base.p80 / opt.p20]. When it contains 1.0 the speedup is not significant.
-    """
-    out = []
-    df = latest(df)
-    df = df[df["median_ms"].notna()]
-    for (exp, shape, dtype), g in df.groupby(["experiment", "shape", "dtype"], sort=False):
-        base, opt = g[g["role"] == "baseline"], g[g["role"] == "optimized"]
-        if base.empty or opt.empty:
-            continue
-        b = base.sort_values("date").iloc[-1]
-        for _, o in opt.iterrows():
-            out.append(
-                Pair(
-                    notebook=str(o["notebook"]),
-                    experiment=exp,
-                    shape=shape,
-                    dtype=dtype,
-                    baseline=str(b["variant"]),
-                    optimized=str(o["variant"]),
-                    speedup=b["median_ms"] / o["median_ms"],
-                    low=b["p20_ms"] / o["p80_ms"],
-                    high=b["p80_ms"] / o["p20_ms"],
-                    frac_of_limit=None if pd.isna(o["frac_of_limit"]) else float(o["frac_of_limit"]),
-                    limit=None if pd.isna(o["limit"]) else str(o["limit"]),
-                    rel_err=None if pd.isna(o["rel_err"]) else float(o["rel_err"]),
-                    date=str(o["date"])[:10],
-                    device=str(o["device"]),
-                )
-            )
-    return out
 
 
 def records_for(folders: Iterable[Path]) -> pd.DataFrame:

@@ -434,13 +434,13 @@ def rms_norm_bwd_launch(
         if dh is not None and dh.shape != x.shape:
             raise ValueError(f"{fn}: dh must have the shape of x {tuple(x.shape)}, got {tuple(dh.shape)}")
     n_cols = x.shape[-1]
-    cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols, x.numel() // n_cols if n_cols else 0, x.element_size())
+    n_rows = x.numel() // n_cols if n_cols else 0
+    cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols, n_rows, x.element_size())
     block_m = block_m or cfg_m
     num_warps, programs_per_sm = num_warps or cfg_warps, programs_per_sm or cfg_per_sm
 
     x2, dy2 = _rows(x), _rows(dy)
     dh2 = _rows(dh) if dh is not None else None  # None: not touched without dh
-    n_rows = x2.numel() // n_cols if n_cols else 0
     dx = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
