@@ -81,7 +81,9 @@ def test_stack_and_rung_validate():
 
 
 def test_rungs_accumulate_and_stack_config_applies_them():
-    s = LADDER[1].on(LADDER[0].on(Stack()))  # sync-free, then SDPA
+    rung = {r.name: r for r in LADDER}
+    assert LADDER[0].name == "hybrid_parts"  # the loops go first: the standard rungs start from their absence
+    s = rung["sdpa"].on(rung["sync_free"].on(Stack()))  # sync-free, then SDPA
     assert s == Stack(model=("sdpa",), sync_free_logging=True)
     cfg = s.config(HybridConfig.preset("tiny").optimized())  # starts from the baseline impls
     assert cfg.attention_impl == "sdpa" and cfg.moe_impl == "loop" and cfg.gating_impl == "branch"
@@ -260,3 +262,26 @@ def test_waterfall():
         waterfall(["a"], [1.0, 2.0], title="t")
     with pytest.raises(ValueError, match="positive"):
         waterfall(["a", "b"], [1.0, 0.0], title="t")
+    # spread draws one error bar per level; a rung whose range overlaps the one below is marked n.s.
+    ax = waterfall(
+        ["base", "+a", "+b"],
+        [10.0, 40.0, 30.0],
+        title="t",
+        spread=[(9, 11), (30, 50), (28, 31)],
+        significant=[True, True, False],
+    )
+    texts = [t.get_text() for t in ax.texts]
+    assert "x4.00" in texts and "x0.75 n.s." in texts and len(ax.collections) == 1
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="spread"):
+        waterfall(["a", "b"], [1.0, 2.0], title="t", spread=[(1, 1)])
+    with pytest.raises(ValueError, match="significant"):
+        waterfall(["a", "b"], [1.0, 2.0], title="t", significant=[True])
+
+
+def test_alone_from_another_base():
+    base = LADDER[0].on(Stack())  # the loop-free baseline of notebook 10
+    solo = dict(alone(LADDER[1:], base=base))
+    assert solo["baseline"] == base and solo["sdpa"] == Stack(model=base.model + ("sdpa",))
+    with pytest.raises(TypeError, match="base"):
+        alone(LADDER[1:], base="loop-free")

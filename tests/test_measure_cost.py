@@ -109,12 +109,15 @@ BLOCKS = [(100.0, 60.0), (140.0, 70.0)]  # (kept without checkpointing, kept wit
 
 
 def test_activation_bytes_per_checkpointing_policy():
-    assert CHECKPOINT_POLICIES == (None, "full", "selective")
+    assert CHECKPOINT_POLICIES == (None, "full", "selective", "keep_attention")
     assert activation_bytes(BLOCKS, block_input=10.0, head=5.0) == (245.0, 0.0)
     assert activation_bytes(BLOCKS, block_input=10.0, head=5.0, checkpoint="full") == (25.0, 140.0)
     # selective: the largest part any one block recomputes (70), not a whole block (140), nor the mean (55)
     assert activation_bytes(BLOCKS, block_input=10.0, head=5.0, checkpoint="selective") == (135.0, 70.0)
     assert activation_bytes([], block_input=10.0, checkpoint="full") == (0.0, 0.0)
+    # keep_attention: every block keeps its input and attention output; the rerun misses that output
+    kw = dict(block_input=10.0, head=5.0, attention=20.0, checkpoint="keep_attention")
+    assert activation_bytes(BLOCKS, **kw) == (65.0, 120.0)
     with pytest.raises(ValueError, match="checkpoint"):
         activation_bytes(BLOCKS, block_input=10.0, checkpoint="some")
     with pytest.raises(ValueError, match="block 1 keeps more"):

@@ -258,7 +258,7 @@ def _grads(model, idx, targets):
 
 
 @pytest.mark.parametrize("gating", [False, True], ids=["blocks", "gated"])
-@pytest.mark.parametrize("mode", ["full", "selective"])
+@pytest.mark.parametrize("mode", ["full", "selective", "keep_attention"])
 def test_checkpointing_gives_the_same_gradients(no_triton, mode, gating):
     model = _model(HybridConfig.preset("tiny", gating=gating).optimized())
     idx, targets = _tokens(2, 11)
@@ -273,7 +273,7 @@ def test_checkpointing_gives_the_same_gradients(no_triton, mode, gating):
 
 
 @pytest.mark.parametrize("optimized", [False, True], ids=["reference", "optimized"])
-@pytest.mark.parametrize("mode", ["full", "selective"])
+@pytest.mark.parametrize("mode", ["full", "selective", "keep_attention"])
 def test_checkpointing_from_the_first_step(no_triton, monkeypatch, mode, optimized):
     """Checkpointing applied before any forward, on both paths. Two bugs broke this: the grouped GEMM's
     CPU capability probe ran its backward inside the first checkpointed forward, and a matmul of a
@@ -643,6 +643,10 @@ def test_memory_estimate_is_sane(no_triton, impl):
     sel = model.memory_estimate(B, T, checkpoint="selective")
     assert full["activations"] < sel["activations"] < est["activations"]
     assert full["recompute"] > 0 and est["recompute"] == 0
+    keep = model.memory_estimate(B, T, checkpoint="keep_attention")  # input + attention output per block
+    attn = (model.cfg.dim * 4 + 4 * model.cfg.n_heads) * B * T if model.cfg.attention_impl == "sdpa" else 0
+    assert keep["activations"] - full["activations"] == model.cfg.n_layers * attn
+    assert keep["recompute"] == full["recompute"] - attn
     assert model.memory_estimate(B, T, torch.bfloat16)["activations"] < est["activations"]
     with pytest.raises(ValueError, match="batch"):
         model.memory_estimate(0, T)

@@ -4,7 +4,9 @@
 tokens, d_model 1024, d_ff 2048, bfloat16 on CUDA (``quick`` or the CPU: 512 tokens, d_model 64, d_ff 96,
 8 experts, float32). Two experiments:
 
-* ``moe_fwd``: the forward under ``torch.no_grad()`` (inference);
+* ``moe_fwd``: the forward under ``torch.no_grad()`` (inference), and (variant ``gemms``) the grouped
+  path's two grouped matmuls alone on the same routing (``MoE.expert_gemms``): the rest of the layer is
+  routing, sorting, the SwiGLU and the combine, measured as ``moe_layer_over_gemms``;
 * ``moe_fwdbwd``: forward, then the gradients of x and of the three weights (router, w13, w2).
 
 Variants, with the same weights and input: ``loop`` (baseline: one expert at a time, a host sync per
@@ -127,3 +129,18 @@ def run(recorder, ceilings=None, *, quick: bool) -> None:
                 notes=f"{note}; {route_note}",
             )
             print(f"{experiment} {impl}: {t}, {n_flops / t.median_ms / 1e9:.3g} TFLOP/s")
+        if experiment == "moe_fwd":  # the grouped forward against its own two GEMMs (moe_layer_over_gemms)
+            t = bench(layers["grouped"].expert_gemms(x), device=dev)
+            gemm_flops = flops - 2 * N * D * E  # the router's matmul is not one of them
+            recorder.timing(
+                experiment,
+                "gemms",
+                "reference",
+                t,
+                shape=shape,
+                dtype=dtype,
+                flops=gemm_flops,
+                limit=limit,
+                notes=f"the grouped path's two grouped matmuls alone; backend={backend}",
+            )
+            print(f"{experiment} gemms: {t}, {gemm_flops / t.median_ms / 1e9:.3g} TFLOP/s")

@@ -156,18 +156,22 @@ class Rung:
         )
 
 
-# The default ladder: cheapest change first, the compiler last (it needs the loops gone to pay).
+# The default ladder. The hybrid parts' Python loops go first: until they do, they are nearly all of a
+# step's time at a real size (per-token and per-node loops, B x L syncs) and hide every other rung. The
+# step without them is the baseline the standard rungs are measured from (notebook 10); the loops' own
+# before/after is notebook 09's subject. Then the cheapest change first, the compiler last (it needs the
+# loops gone to pay).
 LADDER: tuple[Rung, ...] = (
-    Rung("sync_free", "sync-free logging", "one host sync per step", sync_free_logging=True),
-    Rung("sdpa", "SDPA attention", "launches and the bytes of the T x T scores", model=("sdpa",)),
-    Rung("triton", "Triton kernels", "launches and bytes of norms, SwiGLU, RoPE", model=("triton",)),
-    Rung("grouped_moe", "grouped MoE", "E host syncs and 2E small matmuls per MoE block", model=("grouped_moe",)),
     Rung(
         "hybrid_parts",
         "scan + memory + gating",
         "Python loops over steps, nodes, samples; B x L syncs",
         model=("triton_scan", "batched_memory", "masked_gating"),
     ),
+    Rung("sync_free", "sync-free logging", "one host sync per step", sync_free_logging=True),
+    Rung("sdpa", "SDPA attention", "launches and the bytes of the T x T scores", model=("sdpa",)),
+    Rung("triton", "Triton kernels", "launches and bytes of norms, SwiGLU, RoPE", model=("triton",)),
+    Rung("grouped_moe", "grouped MoE", "E host syncs and 2E small matmuls per MoE block", model=("grouped_moe",)),
     Rung("bf16", "bf16 autocast", "the matmul rate (bf16) and half the activation bytes", amp="bf16"),
     Rung("compile", "torch.compile", "launches and bytes of unfused pointwise ops", compile="default"),
 )
@@ -182,9 +186,12 @@ def climb(rungs: Sequence[Rung] = LADDER) -> list[tuple[str, Stack]]:
     return out
 
 
-def alone(rungs: Sequence[Rung] = LADDER) -> list[tuple[str, Stack]]:
-    """``[("baseline", Stack()), (rung.name, baseline + that rung only), ...]``."""
-    return [("baseline", Stack())] + [(r.name, r.on(Stack())) for r in _rungs("alone", rungs)]
+def alone(rungs: Sequence[Rung] = LADDER, *, base: Stack | None = None) -> list[tuple[str, Stack]]:
+    """``[("baseline", base), (rung.name, base + that rung only), ...]``; ``base`` defaults to ``Stack()``."""
+    base = Stack() if base is None else base
+    if not isinstance(base, Stack):
+        raise TypeError(f"alone: base must be a Stack, got {type(base).__name__}")
+    return [("baseline", base)] + [(r.name, r.on(base)) for r in _rungs("alone", rungs)]
 
 
 def _rungs(fn: str, rungs) -> list[Rung]:
@@ -499,12 +506,17 @@ def waterfall(
     device_note: str | None = None,
     log: bool = True,
     total_label: str = "full stack",
+    spread: Sequence[tuple[float, float]] | None = None,
+    significant: Sequence[bool] | None = None,
     ax=None,
 ):
     """A waterfall of a quantity along a ladder: the first bar from the axis to ``values[0]``, each
     later one floating from the previous value to its own (green up, red down) with its factor
     ``values[i] / values[i-1]`` written on it, and a last bar (``total_label``) from the axis to the
-    final value with the overall factor. ``log`` puts the axis on a log scale (factors multiply)."""
+    final value with the overall factor. ``log`` puts the axis on a log scale (factors multiply).
+    ``spread``: a (low, high) range per value (e.g. from the p80 and p20 step times), drawn as an error
+    bar at each level; ``significant``: per rung (index 1 on), False marks its factor "n.s." (its range
+    overlaps the previous one's)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -516,6 +528,10 @@ def waterfall(
     if not all(v > 0 and v != float("inf") for v in values):
         raise ValueError(f"waterfall: values must be finite and positive, got {values}")
     n = len(values)
+    if spread is not None and len(spread) != n:
+        raise ValueError(f"waterfall: spread needs one (low, high) pair per value, got {len(spread)} for {n}")
+    if significant is not None and len(significant) != n:
+        raise ValueError(f"waterfall: significant needs one flag per value, got {len(significant)} for {n}")
     ax = ax or plt.subplots(figsize=(max(7.0, 1.0 * (n + 1)), 4.6))[1]
     floor = min(values) / 3 if log else 0.0
     x = np.arange(n + 1)
@@ -531,9 +547,13 @@ def waterfall(
         ax.bar(xi, hi - lo, bottom=lo, color=c, alpha=a, width=0.7, edgecolor="black", linewidth=0.5)
     for i in range(n):  # connectors at each level
         ax.plot([x[i] + 0.35, x[i + 1] - 0.35], [values[i]] * 2, color="black", lw=0.7, ls=":")
+    if spread is not None:
+        lo_hi = np.array([[v - lo, hi - v] for v, (lo, hi) in zip(values, spread)]).clip(min=0).T
+        ax.errorbar(x[:n], values, yerr=lo_hi, fmt="none", ecolor="black", capsize=3, lw=1)
     for i in range(1, n):
+        ns = significant is not None and not significant[i]
         ax.annotate(
-            _factor(values[i] / values[i - 1]),
+            _factor(values[i] / values[i - 1]) + (" n.s." if ns else ""),
             (x[i], max(values[i], values[i - 1])),
             ha="center",
             va="bottom",

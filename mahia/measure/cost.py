@@ -28,13 +28,15 @@ are one :class:`Machine`.
 **Memory.** Autograd keeps some activations of every block from the forward pass for the backward pass.
 With, per block b, ``full_b`` the bytes it keeps without checkpointing and ``selective_b`` those it keeps
 under selective checkpointing (its input and the outputs of its matrix products and attention), ``input``
-what full checkpointing keeps of a block (its input) and ``head`` what the part outside the blocks keeps
-(never checkpointed)::
+what full checkpointing keeps of a block (its input), ``attn`` what the fused attention kernel outputs per
+block (its output and log-sum-exp) and ``head`` what the part outside the blocks keeps (never
+checkpointed)::
 
     checkpoint    kept                          recompute (alive again while one block is recomputed)
     None          sum_b full_b + head           0
     "full"        n_blocks input + head         max_b full_b                   the whole block is rerun
     "selective"   sum_b selective_b + head      max_b (full_b - selective_b)   only what was not kept
+    "keep_attention"  n_blocks (input + attn) + head   max_b full_b - attn   all but the attention output
 
 (:func:`activation_bytes`; any unit: per token, per step). The peak of a training step, on top of the
 weights and the optimizer state, falls early in the backward pass, when the gradients start to exist and
@@ -168,23 +170,30 @@ def step_time(machine: Machine, *, launches: float, work_ms: float = 0.0, syncs:
 # Memory
 # ---------------------------------------------------------------------------------------------------
 
-CHECKPOINT_POLICIES = (None, "full", "selective")
+CHECKPOINT_POLICIES = (None, "full", "selective", "keep_attention")
 
 
 def activation_bytes(
-    blocks: Sequence[tuple[float, float]], *, block_input: float, head: float = 0.0, checkpoint: str | None = None
+    blocks: Sequence[tuple[float, float]],
+    *,
+    block_input: float,
+    head: float = 0.0,
+    attention: float = 0.0,
+    checkpoint: str | None = None,
 ) -> tuple[float, float]:
     """``(kept, recompute)``: the activation bytes autograd keeps at the end of the forward pass, and those
     alive again while one checkpointed block is recomputed during backward (module docstring).
 
     ``blocks``: ``(full_b, selective_b)`` per block, the bytes block b keeps without checkpointing and with
     selective checkpointing; ``block_input``: what full checkpointing keeps of each block; ``head``: what
-    the rest of the model keeps (not checkpointed); ``checkpoint``: None, ``"full"`` or ``"selective"``.
+    the rest of the model keeps (not checkpointed); ``attention``: what the attention kernel outputs per
+    block (kept by ``"keep_attention"``); ``checkpoint``: one of ``CHECKPOINT_POLICIES``.
     """
     if checkpoint not in CHECKPOINT_POLICIES:
         raise ValueError(f"activation_bytes: checkpoint must be one of {CHECKPOINT_POLICIES}, got {checkpoint!r}")
     block_input = _number("activation_bytes", "block_input", block_input)
     head = _number("activation_bytes", "head", head)
+    attention = _number("activation_bytes", "attention", attention)
     pairs = []
     for i, b in enumerate(blocks):
         if not (isinstance(b, (tuple, list)) and len(b) == 2):
@@ -200,6 +209,9 @@ def activation_bytes(
         return sum(f for f, _ in pairs) + head, 0.0
     if checkpoint == "full":
         return len(pairs) * block_input + head, max((f for f, _ in pairs), default=0.0)
+    if checkpoint == "keep_attention":
+        rerun = max((max(f - attention, 0.0) for f, _ in pairs), default=0.0)
+        return len(pairs) * (block_input + attention) + head, rerun
     return sum(s for _, s in pairs) + head, max((f - s for f, s in pairs), default=0.0)
 
 

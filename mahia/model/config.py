@@ -27,7 +27,7 @@ __all__ = ["HybridConfig", "IMPL_CHOICES", "BASELINE_IMPLS", "OPTIMIZED_IMPLS", 
 # The activation-checkpointing policies. Not a config field: checkpointing changes how a model is run,
 # not what it computes, and mahia.model.optimize.apply_checkpointing applies it to a built model. The
 # names live here so that the model's memory estimate can take them without importing the optimizations.
-CHECKPOINT_POLICIES: tuple[str | None, ...] = (None, "full", "selective")
+CHECKPOINT_POLICIES: tuple[str | None, ...] = (None, "full", "selective", "keep_attention")
 
 # The valid values of every implementation field.
 IMPL_CHOICES: dict[str, tuple[Any, ...]] = {

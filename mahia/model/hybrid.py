@@ -571,7 +571,10 @@ class HybridModel(nn.Module):
             tuple(sum(r[k] for r in rows if r["block"] == i) for k in ("full", "selective"))
             for i in range(len(self.blocks))
         ]
-        return activation_bytes(per_block, block_input=D * s, head=head, checkpoint=checkpoint)
+        # keep_attention keeps the fused kernel's output (D) and float32 log-sum-exp (Hq); the manual and
+        # chunked paths have no such kernel, so there it keeps what full checkpointing keeps
+        attn = D * s + 4 * Hq if cfg.attention_impl == "sdpa" else 0.0
+        return activation_bytes(per_block, block_input=D * s, head=head, attention=attn, checkpoint=checkpoint)
 
     def memory_estimate(
         self, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *, checkpoint: str | None = None
@@ -604,7 +607,9 @@ class HybridModel(nn.Module):
         the rotated and unrotated q and k, the log-space scan its (C, C, K) pairwise decays per chunk,
         the loop scan every (K, V) state), so for them this is a lower bound. ``checkpoint="full"``
         keeps each block's input (D s); ``"selective"`` keeps the block input and the outputs of the
-        matrix products and attention, and recomputes norms and activations. Allocator slack,
+        matrix products and attention, and recomputes norms and activations; ``"keep_attention"``
+        keeps the block input and the fused attention kernel's output and log-sum-exp (D s + 4 Hq).
+        Allocator slack,
         workspaces and forward temporaries are not included: measure ``torch.cuda.max_memory_allocated``
         for the real peak.
         """

@@ -215,7 +215,9 @@ class MoE(nn.Module):
         with torch.autocast(x2.device.type, enabled=False):
             logits = x2 @ self.w_router  # (N, E) in x.dtype
         probs = torch.softmax(logits, dim=-1, dtype=torch.promote_types(logits.dtype, torch.float32))
-        top_p, experts = probs.topk(self.top_k, dim=-1)  # (N, k)
+        # sorted=False: the k picks in any order (the gated sum does not care), without the extra sort
+        # kernel a sorted top-k runs after its selection
+        top_p, experts = probs.topk(self.top_k, dim=-1, sorted=False)  # (N, k)
         if self.top_k == 1:
             # v / v = 1 with a zero gradient; computing it would only add rounding noise to the router's
             # gradient (which then comes from the aux loss alone).
@@ -292,28 +294,40 @@ class MoE(nn.Module):
             y.index_add_(0, token, gated.to(y.dtype))  # under autocast out is 16-bit
         return y, probs, experts
 
-    def _forward_grouped(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """After: sort assignments by expert once, two grouped matmuls, then one fused combine kernel that
-        un-permutes, gates and sums each token's k results. No host sync.
-        Returns (y (N, D), probs, experts) for the aux loss."""
-        N, D = x2.shape
+    def _dispatch(self, x2: torch.Tensor):
+        """Route and sort, without a host sync: (probs, experts, gates, order (N*k,) assignments grouped by
+        expert, offs (E,) int32 group ends, xs (N*k, D) the tokens in that order)."""
         E, k = self.n_experts, self.top_k
-        backend = self.backend_for(x2)
         probs, experts, gates = self._route(x2)
         flat = experts.reshape(-1)  # (N*k,) expert of assignment n*k + j
-        order = torch.argsort(flat, stable=True)  # (N*k,) assignments grouped by expert
+        # A radix sort makes one pass per key byte: sorting expert ids as uint8 (E <= 256) takes one pass
+        # instead of the eight of int64 ids.
+        keys = flat.to(torch.uint8 if E <= 256 else torch.int32)
+        order = torch.argsort(keys, stable=True)  # (N*k,) assignments grouped by expert
         counts = torch.zeros(E, dtype=torch.int32, device=x2.device).scatter_add_(
             0, flat, torch.ones_like(flat, dtype=torch.int32)
         )  # (E,) sync-free bincount
         offs = counts.cumsum(0, dtype=torch.int32)  # (E,) end row of each expert's group
         xs = x2.index_select(0, order // k)  # (N*k, D) tokens in expert order
+        return probs, experts, gates, order, offs, xs
+
+    def _expert_weights(self, xs: torch.Tensor):
+        """(xs, w13, w2, backend) in the dtype the expert matmuls run in: autocast does not know
+        grouped_mm, so cast as it would for a matmul, like the loop's F.linear."""
         w13, w2 = self.w13, self.w2
-        dev_type = x2.device.type
+        dev_type = xs.device.type
         if torch.is_autocast_enabled(dev_type):
-            # Autocast does not know grouped_mm: cast as it would for a matmul, like the loop's F.linear.
             amp = torch.get_autocast_dtype(dev_type)
             xs, w13, w2 = xs.to(amp), w13.to(amp), w2.to(amp)
-            backend = self.backend_for(xs)
+        return xs, w13, w2, self.backend_for(xs)
+
+    def _forward_grouped(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """After: sort assignments by expert once, two grouped matmuls, then one fused combine kernel that
+        un-permutes, gates and sums each token's k results. No host sync.
+        Returns (y (N, D), probs, experts) for the aux loss."""
+        N, k = x2.shape[0], self.top_k
+        probs, experts, gates, order, offs, xs = self._dispatch(x2)
+        xs, w13, w2, backend = self._expert_weights(xs)
         h = grouped_mm(xs, w13, offs, backend=backend)  # (N*k, 2H)
         a = swiglu(*h.chunk(2, dim=-1))  # (N*k, H)
         out = grouped_mm(a, w2, offs, backend=backend)  # (N*k, D)
@@ -322,6 +336,23 @@ class MoE(nn.Module):
         # y in x's dtype like the loop. Eager version: moe_combine_eager.
         y = moe_combine(out, inverse, gates, x2.dtype)  # (N, D)
         return y, probs, experts
+
+    def expert_gemms(self, x: torch.Tensor):
+        """A closure running only the grouped path's two grouped matmuls, ``xs w13`` then ``a w2``, on the
+        rows and groups the router makes of ``x`` (routed, sorted and activated once, here), under
+        ``torch.no_grad()``: the part of the forward that is FLOPs, to time the rest of the layer against."""
+        with torch.no_grad():
+            x2 = self._flatten_input(x)
+            *_, offs, xs = self._dispatch(x2)
+            xs, w13, w2, backend = self._expert_weights(xs)
+            a = swiglu(*grouped_mm(xs, w13, offs, backend=backend).chunk(2, dim=-1))
+
+        def gemms():
+            with torch.no_grad():
+                grouped_mm(xs, w13, offs, backend=backend)
+                return grouped_mm(a, w2, offs, backend=backend)
+
+        return gemms
 
     # -- statistics (outside forward) ------------------------------------------------------------
     @torch.no_grad()

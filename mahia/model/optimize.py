@@ -46,6 +46,7 @@ __all__ = [
     "Decoder",
     "run_checkpointed",
     "selective_checkpoint_policy",
+    "keep_attention_policy",
     "compile_problem",
 ]
 
@@ -114,28 +115,43 @@ def selective_checkpoint_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def keep_attention_policy(ctx, op, *args, **kwargs):
+    """Save only the fused attention kernel's outputs (its output and log-sum-exp); recompute the rest.
+
+    Per byte kept, attention is the costliest op to rerun (its FLOPs grow with T, its output is D per
+    token), so this keeps nearly all of full checkpointing's saving for less of its recompute.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_SAVE if op in _ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
 _SAVE_OPS = _save_ops()
+_ATTENTION_OPS = {op for op in _SAVE_OPS if "attention" in str(op)}
+# policy name -> the selective-checkpoint policy function that decides, op by op, what to keep
+_OP_POLICIES = {"selective": selective_checkpoint_policy, "keep_attention": keep_attention_policy}
 
 
 def run_checkpointed(fn: Callable, *args: Any, mode: str | None, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, with its activations recomputed in backward per ``mode`` (None, "full",
-    "selective").
+    "selective", "keep_attention").
 
     "full" keeps only the inputs and reruns ``fn`` in backward; "selective" keeps the outputs of matrix
     products and attention and reruns only the cheap pointwise ops (norms, activations, rotary) between
-    them. Without ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` (torch < 2.4),
-    "selective" falls back to "full" with a warning.
+    them; "keep_attention" keeps only the fused attention kernel's outputs and reruns everything else.
+    Without ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` (torch < 2.4), the last two
+    fall back to "full" with a warning.
     """
     if mode is None:
         return fn(*args, **kwargs)
     from torch.utils import checkpoint as ckpt
 
-    if mode == "selective":
+    if mode in _OP_POLICIES:
         if hasattr(ckpt, "create_selective_checkpoint_contexts"):
-            context_fn = functools.partial(ckpt.create_selective_checkpoint_contexts, selective_checkpoint_policy)
+            context_fn = functools.partial(ckpt.create_selective_checkpoint_contexts, _OP_POLICIES[mode])
             return ckpt.checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
         warnings.warn(
-            "selective checkpointing needs torch >= 2.4; using full checkpointing", RuntimeWarning, stacklevel=2
+            f"{mode} checkpointing needs torch >= 2.4; using full checkpointing", RuntimeWarning, stacklevel=2
         )
     elif mode != "full":
         raise ValueError(f"run_checkpointed: mode must be one of {CHECKPOINT_POLICIES}, got {mode!r}")
@@ -169,7 +185,7 @@ class CheckpointedBlock(Block):
 
 def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
     """Activation checkpointing of every block of ``model`` (``model.blocks``, as in
-    :class:`~mahia.model.HybridModel`), in place: ``policy`` None, ``"full"`` or ``"selective"``.
+    :class:`~mahia.model.HybridModel`), in place: ``policy`` None or one of ``CHECKPOINT_POLICIES``.
 
     Each block becomes a :class:`CheckpointedBlock` (``policy`` None turns it back into a plain Block), so
     calling it again replaces the policy and ``apply_checkpointing(model, None)`` removes it. Blocks are
@@ -290,7 +306,7 @@ def make_train_step(
     * ``amp``: None (the parameters' dtype), ``"bf16"`` or ``"fp16"`` autocast. fp16 scales the loss with
       a ``torch.amp.GradScaler``; note that ``GradScaler.step`` reads ``found_inf`` on the host (one sync
       per step) unless the optimizer handles scaling itself (e.g. ``AdamW(fused=True)``).
-    * ``checkpoint``: None, ``"full"`` or ``"selective"`` activation checkpointing of every block, applied
+    * ``checkpoint``: None, ``"full"``, ``"selective"`` or ``"keep_attention"`` activation checkpointing of every block, applied
       to the model in place by :func:`apply_checkpointing` (the model must have ``blocks``, as
       :class:`~mahia.model.HybridModel` does; None removes an earlier policy from such a model).
     * ``compile``: None or a ``torch.compile`` mode for the model's forward (its backward is compiled too),
@@ -314,7 +330,8 @@ def make_train_step(
     if not isinstance(sync_free_logging, bool):
         raise TypeError(f"make_train_step: sync_free_logging must be a bool, got {sync_free_logging!r}")
 
-    if checkpoint is not None or hasattr(model, "blocks"):  # a model without blocks has nothing to remove
+    earlier = any(isinstance(b, CheckpointedBlock) for b in getattr(model, "blocks", ()) or ())
+    if checkpoint is not None or earlier:  # None removes an earlier policy; other models are left alone
         apply_checkpointing(model, checkpoint)
     forward = apply_compile(model, compile)
 
