@@ -40,7 +40,14 @@ __all__ = [
 # Operators whose own time is a matrix product (the profiler's names; a kernel's time is charged to the
 # operator that launched it).
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm", "aten::addbmm")
-ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention")
+# by the name prefix of their forward and backward operators; every SDPA backend (the cuDNN one is the default
+# on an H100 with torch 2.11: aten::_cudnn_attention_forward / _backward)
+ATTENTION_OPS = (
+    "aten::_scaled_dot_product",
+    "aten::_flash_attention",
+    "aten::_efficient_attention",
+    "aten::_cudnn_attention",
+)
 
 
 def profile_call(
