@@ -55,8 +55,13 @@ def test_time_by_group_takes_the_first_matching_group_and_keeps_the_rest():
     assert groups == {"matmuls": 3.5, "attention": 2.0, "other": 1.0}
     assert time_by_group(_report(), {}) == {"other": 6.5}
     # every SDPA backend's forward and backward counts as attention (cuDNN's is the default on an H100)
-    names = ["aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward", "aten::_flash_attention_backward",
-             "aten::_efficient_attention_forward", "aten::_scaled_dot_product_cudnn_attention"]
+    names = [
+        "aten::_cudnn_attention_forward",
+        "aten::_cudnn_attention_backward",
+        "aten::_flash_attention_backward",
+        "aten::_efficient_attention_forward",
+        "aten::_scaled_dot_product_cudnn_attention",
+    ]
     rep = StepReport("cuda", 9.0, 5.0, 5, [{"name": n, "calls": 1.0, "ms": 1.0} for n in names])
     assert time_by_group(rep, {"attention": ATTENTION_OPS}) == {"attention": 5.0, "other": 0.0}
 
