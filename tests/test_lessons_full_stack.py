@@ -271,7 +271,7 @@ def test_waterfall():
         significant=[True, True, False],
     )
     texts = [t.get_text() for t in ax.texts]
-    assert "x4.00" in texts and "x0.75 n.s." in texts and len(ax.collections) == 1
+    assert "x4.00" in texts and "x0.75\nn.s." in texts and len(ax.collections) == 1
     plt.close(ax.figure)
     with pytest.raises(ValueError, match="spread"):
         waterfall(["a", "b"], [1.0, 2.0], title="t", spread=[(1, 1)])

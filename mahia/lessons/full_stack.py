@@ -553,7 +553,7 @@ def waterfall(
     for i in range(1, n):
         ns = significant is not None and not significant[i]
         ax.annotate(
-            _factor(values[i] / values[i - 1]) + (" n.s." if ns else ""),
+            _factor(values[i] / values[i - 1]) + ("\nn.s." if ns else ""),  # own line: neighbours' labels stay apart
             (x[i], max(values[i], values[i - 1])),
             ha="center",
             va="bottom",
