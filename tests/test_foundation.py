@@ -166,6 +166,16 @@ def test_recorder_writes_rows_and_derives_metrics(tmp_path):
     assert set(summary["metrics"]) == set(results.HEADLINE_KEYS)
 
 
+def test_ladder_speedup_only_from_the_ladder_that_starts_without_the_loops(tmp_path):
+    slug = hardware.device_slug("cpu")
+    rec = results.Recorder("10_full_stack", "cpu", results_dir=tmp_path, ceilings=_ceil(slug), profile="full")
+    rec.timing("full_stack_train", "baseline", "baseline", Timing(10.0, 9.9, 10.1, 5), shape=(2, 64), dtype="float32")
+    rec.timing("full_stack_train", "all", "optimized", Timing(2.0, 1.9, 2.1, 5), shape=(2, 64), dtype="bfloat16")
+    assert rec.summarize()["full_stack_speedup"] is None  # the earlier ladder: its baseline was the naive step
+    rec.metric("full_stack_tokens", "ladder", 128, unit="tokens per step", shape=(2, 64))
+    assert rec.summarize()["full_stack_speedup"] == pytest.approx(5.0)
+
+
 def test_goal_status():
     assert results.goal_status("moe_layer_over_gemms", 1.2) == "met"
     assert results.goal_status("moe_layer_over_gemms", 1.5) == "missed"
