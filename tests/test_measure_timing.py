@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mahia.measure.timing import bench, capture_graph
+from mahia.measure.timing import Timing, bench, capture_graph
 
 
 def test_capture_graph_checks_its_arguments():
@@ -72,3 +72,13 @@ def test_bench_cuda_graph_times_replays_and_names_what_cannot_be_captured():
         cwd=Path(__file__).resolve().parents[1],
     )
     assert "cannot be captured in a CUDA graph" in out.stdout, out.stdout + out.stderr
+
+
+def test_timing_from_samples_uses_the_benchmark_statistics():
+    t = Timing.from_samples([5.0, 1.0, 3.0, 2.0, 4.0], first_call_ms=9.0, device="cuda")
+    assert (t.median_ms, t.n, t.first_call_ms, t.device) == (3.0, 5, 9.0, "cuda")
+    assert t.p20_ms == pytest.approx(1.8) and t.p80_ms == pytest.approx(4.2)  # inclusive deciles, as bench's
+    one = Timing.from_samples([7.0])
+    assert (one.median_ms, one.p20_ms, one.p80_ms) == (7.0, 7.0, 7.0)
+    with pytest.raises(ValueError, match="at least one"):
+        Timing.from_samples([])

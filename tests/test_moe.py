@@ -364,6 +364,7 @@ def test_routing_stats():
 
 def test_moe_flops_counts_every_matmul():
     assert moe_flops(3, 4, 5, 2, 6) == 2 * 6 * 4 * 10 + 2 * 6 * 5 * 4 + 2 * 3 * 4 * 6
+    assert moe_flops(3, 4, 5, 2, 6, router=False) == 2 * 6 * 4 * 10 + 2 * 6 * 5 * 4  # the expert matmuls alone
     from torch.utils.flop_counter import FlopCounterMode
 
     moe = MoE(D, H, E, 2, impl="loop")

@@ -131,7 +131,7 @@ def run(recorder, ceilings=None, *, quick: bool) -> None:
             print(f"{experiment} {impl}: {t}, {n_flops / t.median_ms / 1e9:.3g} TFLOP/s")
         if experiment == "moe_fwd":  # the grouped forward against its own two GEMMs (moe_layer_over_gemms)
             t = bench(layers["grouped"].expert_gemms(x), device=dev)
-            gemm_flops = flops - 2 * N * D * E  # the router's matmul is not one of them
+            gemm_flops = moe_flops(N, D, Hd, k, E, router=False)
             recorder.timing(
                 experiment,
                 "gemms",

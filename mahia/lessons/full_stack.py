@@ -262,11 +262,21 @@ class Built:
     step: Callable
 
 
-def build(cfg, stack: Stack, *, device: torch.device | str, state: dict | None = None, lr: float = 1e-3) -> Built:
+def build(
+    cfg,
+    stack: Stack,
+    *,
+    device: torch.device | str,
+    state: dict | None = None,
+    lr: float = 1e-3,
+    model_class: type[nn.Module] | None = None,
+) -> Built:
     """A :class:`~mahia.model.HybridModel` of ``stack.config(cfg)`` on ``device`` with weights ``state``
     (a ``state_dict``; every impl has the same parameters), a fused AdamW (no host sync in its step) and
     its training step. With ``stack.compile`` the forward is ``torch.compile(model, mode=...)``: compiled
-    lazily, at the first call, and reused by the step (same guards: training mode, grad on, autocast)."""
+    lazily, at the first call, and reused by the step (same guards: training mode, grad on, autocast).
+    ``model_class`` builds another model from the same config instead (e.g. the peer
+    :class:`mahia.model.plain_gpt.PlainGPT`), with the same optimizer and step."""
     from mahia.model import HybridModel, make_train_step
 
     if not isinstance(stack, Stack):
@@ -275,7 +285,7 @@ def build(cfg, stack: Stack, *, device: torch.device | str, state: dict | None =
         raise ValueError(f"build: lr must be a positive number, got {lr!r}")
     device = torch.device(device)
     with device:  # parameters are created (and initialised) on the device: no host copy of big models
-        model = HybridModel(stack.config(cfg))
+        model = (model_class or HybridModel)(stack.config(cfg))
     if state is not None:
         model.load_state_dict(state)
     # fused=True: one kernel set per step and no .item() of the step counter (supported on CUDA and CPU)

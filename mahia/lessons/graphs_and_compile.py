@@ -352,17 +352,13 @@ class GraphedStep:
             self.graph, self.static_outputs = capture_graph(lambda: fn(*self.static_inputs), warmup=warmup, pool=pool)
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        if len(inputs) != len(self.static_inputs):
-            raise ValueError(f"GraphedStep: expected {len(self.static_inputs)} inputs, got {len(inputs)}")
-        for i, (s, x) in enumerate(zip(self.static_inputs, inputs)):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"GraphedStep: input {i} must be a torch.Tensor, got {type(x).__name__}")
-            if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
-                raise ValueError(
-                    f"GraphedStep: input {i} is {x.dtype} {tuple(x.shape)} on {x.device}, but the "
-                    f"graph was captured for {s.dtype} {tuple(s.shape)} on {s.device}: a graph "
-                    "replays fixed shapes (capture one per shape, or pad to buckets)"
-                )
+        _same_layout(
+            "GraphedStep",
+            self.static_inputs,
+            inputs,
+            hint="a graph replays fixed shapes (capture one per shape, or pad to buckets)",
+        )
+        for s, x in zip(self.static_inputs, inputs):
             if x is not s:
                 s.copy_(x)
         self.graph.replay()
@@ -454,7 +450,9 @@ class BucketedGraphs:
         return tree_map(narrow, out)
 
 
-def _same_layout(fn: str, static: Sequence[torch.Tensor], inputs: Sequence[Any]) -> None:
+def _same_layout(fn: str, static: Sequence[torch.Tensor], inputs: Sequence[Any], *, hint: str = "") -> None:
+    """Raise unless ``inputs`` are tensors of the captured ``static`` ones' shapes, dtypes and devices;
+    ``hint`` ends the message."""
     if len(inputs) != len(static):
         raise ValueError(f"{fn}: expected {len(static)} inputs, got {len(inputs)}")
     for i, (s, x) in enumerate(zip(static, inputs)):
@@ -463,7 +461,7 @@ def _same_layout(fn: str, static: Sequence[torch.Tensor], inputs: Sequence[Any])
         if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
             raise ValueError(
                 f"{fn}: input {i} is {x.dtype} {tuple(x.shape)} on {x.device}, but the graph was captured for "
-                f"{s.dtype} {tuple(s.shape)} on {s.device}"
+                f"{s.dtype} {tuple(s.shape)} on {s.device}" + (f": {hint}" if hint else "")
             )
 
 

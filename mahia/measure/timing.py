@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,6 +44,22 @@ class Timing:
     first_call_ms: float | None = None
     peak_mem_bytes: int | None = None
     device: str = "cpu"
+
+    @classmethod
+    def from_samples(
+        cls,
+        times_ms: Sequence[float],
+        *,
+        first_call_ms: float | None = None,
+        peak_mem_bytes: int | None = None,
+        device: str = "cpu",
+    ) -> Timing:
+        """Median and 20th/80th percentiles of times measured elsewhere (e.g. a few steps too long to
+        :func:`bench`), with the same statistics as :func:`bench`."""
+        if not times_ms:
+            raise ValueError("Timing.from_samples: needs at least one time")
+        med, p20, p80 = _percentiles(list(times_ms))
+        return cls(med, p20, p80, len(times_ms), first_call_ms, peak_mem_bytes, device)
 
     @property
     def spread(self) -> float:
@@ -194,8 +210,7 @@ def bench(
         times = _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
     else:
         times = _cpu_times(fn, warmup_ms, rep_ms, max_reps)
-    med, p20, p80 = _percentiles(times)
-    return Timing(med, p20, p80, len(times), first, peak, dev.type)
+    return Timing.from_samples(times, first_call_ms=first, peak_mem_bytes=peak, device=dev.type)
 
 
 def capture_graph(fn: Callable[[], Any], *, warmup: int = 3, pool=None) -> tuple[Any, Any]:

@@ -75,8 +75,9 @@ __all__ = [
 IMPLS = ("grouped", "loop")
 
 
-def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int) -> int:
-    """Forward FLOPs of one MoE layer: expert matmuls 2*N*k*D*2H + 2*N*k*H*D, plus the router 2*N*D*E.
+def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int, *, router: bool = True) -> int:
+    """Forward FLOPs of one MoE layer: expert matmuls 2*N*k*D*2H + 2*N*k*H*D, plus the router 2*N*D*E
+    (``router=False``: the expert matmuls alone, what ``MoE.expert_gemms`` runs).
 
     Counts multiply-adds as 2 FLOPs; the SwiGLU, softmax, top-k and the permutation are not counted
     (they move bytes, not FLOPs). A forward plus backward is 3x this (each matmul has two gradient
@@ -92,7 +93,8 @@ def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int) 
         if not (isinstance(v, int) and v >= 0):
             raise ValueError(f"moe_flops: {name} must be a non-negative int, got {v!r}")
     assignments = n_tokens * top_k
-    return 2 * assignments * dim * 2 * hidden + 2 * assignments * hidden * dim + 2 * n_tokens * dim * n_experts
+    experts = 2 * assignments * dim * 2 * hidden + 2 * assignments * hidden * dim
+    return experts + (2 * n_tokens * dim * n_experts if router else 0)
 
 
 # ---------------------------------------------------------------------------------------------------

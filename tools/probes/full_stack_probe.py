@@ -34,6 +34,14 @@ def free():
     torch.cuda.empty_cache()
 
 
+def first_call_s(step, data):
+    """Seconds of the first call of ``step(data)`` (compilation, autotuning and allocator growth included)."""
+    t0 = time.perf_counter()
+    step(data)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def top_kernels(fn, n=12, steps=2):
     from torch.profiler import ProfilerActivity, profile
 
@@ -219,10 +227,7 @@ def part_ladder():
     for name, st in stacks:
         torch.manual_seed(0)
         b = build(cfg, st, device=dev)
-        t0 = time.perf_counter()
-        b.step(data)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = first_call_s(b.step, data)
         t = bench(lambda b=b: b.step(data), device=dev, rep_ms=2000, warmup_ms=1, memory=False, max_reps=10)
         print(
             f"  {name:16s} first {first:7.2f} s, median {t.median_ms:8.1f} ms (p20 {t.p20_ms:.1f}, p80 {t.p80_ms:.1f}), n={t.n}"
@@ -245,10 +250,7 @@ def part_ladder2():
         st = Stack(model=("all",), sync_free_logging=True, amp="bf16", compile=comp)
         torch.manual_seed(0)
         b = build(cfg, st, device=dev)
-        t0 = time.perf_counter()
-        b.step(data)
-        torch.cuda.synchronize()
-        first = time.perf_counter() - t0
+        first = first_call_s(b.step, data)
         t = bench(lambda b=b: b.step(data), device=dev, rep_ms=2000, memory=False)
         print(f"  compile={comp}: first {first:.1f} s, {t}")
         top_kernels(lambda b=b: b.step(data), n=20, steps=1)
@@ -288,10 +290,7 @@ def part_dense():
                 model = make()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
             step = make_train_step(torch.compile(model), opt, amp="bf16")
-            t0 = time.perf_counter()
-            step(data)
-            torch.cuda.synchronize()
-            first = time.perf_counter() - t0
+            first = first_call_s(step, data)
             t = bench(lambda step=step: step(data), device=dev, rep_ms=2000, memory=True)
             tps = B * T / (t.median_ms * 1e-3)
             print(
