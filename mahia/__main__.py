@@ -6,7 +6,8 @@
                       clean tree, the full profile, in parts that resume
     list              list the notebooks
     report            rebuild the summaries and report.md of a device folder from its records
-    readme            print (or --write into README.md) the headline table of the committed reference and
+    readme            print (or --write into README.md) the headline table of every reference GPU folder, the
+                      run timings (parts/*.json, data/run-records/; --run-record: copy a run's in first) and
                       the test block from the committed test record (--test-record: copy one in first)
     site              build a static HTML site (index, headline table, figures, one page per executed
                       notebook) from a results folder, to read a run without a GPU
@@ -139,17 +140,18 @@ def _parser() -> argparse.ArgumentParser:
     rd = _sub(
         sub,
         "readme",
-        "print (or --write into README.md) the headline table of the committed reference and the test block",
-        "print (or --write into README.md) the README's generated parts: the headline table of a results folder "
-        "(full profile) and the test block, rendered from the committed test record data/test-record.json (or "
-        "saying there is none)",
+        "print (or --write into README.md) the headline table of every reference GPU, the run timings and the "
+        "test block",
+        "print (or --write into README.md) the README's generated parts, from committed data only: the headline "
+        "table (full profile, a column per GPU folder), the run timings (each folder's parts/*.json and the run "
+        "records in data/run-records/) and the test block (data/test-record.json, or saying there is none)",
     )
     rd.add_argument(
         "folder",
-        nargs="?",
-        default=None,
-        help="device folder of the headline table, e.g. data/results/nvidia-h200 (default: none, the table is "
-        "left as it is and only the test block is printed or written)",
+        nargs="*",
+        default=[],
+        help="device folder(s) of the headline table and the parts timings, e.g. data/results/nvidia-h200 "
+        "(default: every folder of data/results with a full-profile summary.json; columns sorted by folder name)",
     )
     rd.add_argument(
         "--write",
@@ -163,6 +165,16 @@ def _parser() -> argparse.ArgumentParser:
         help="a test session's record, e.g. runs/last-test.json after `make test`: refused unless it is a full "
         "run where nothing failed; with --write first copied to data/test-record.json, else only printed "
         "(default: the committed data/test-record.json)",
+    )
+    rd.add_argument(
+        "--run-record",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a run's outcomes.json (or its folder), e.g. runs/<run>/outcomes.json, with the run.json the runner "
+        "writes beside it: shown in the run timings and, with --write, copied to "
+        "data/run-records/<device-slug>-<profile>.json, replacing an older run of that device and profile "
+        "(repeatable; default: only the committed run records)",
     )
     st = _sub(
         sub,
@@ -248,7 +260,7 @@ def _command(args: argparse.Namespace) -> int:
         if args.cmd == "report":
             return _report(Path(args.folder) if args.folder else None)
         if args.cmd == "readme":
-            return _readme(Path(args.folder) if args.folder else None, args.write, args.test_record)
+            return _readme([Path(f) for f in args.folder], args.write, args.test_record, args.run_record)
         if args.cmd == "clean-notebooks":
             dirty = [nb for nb in runner.list_notebooks() if not runner.notebook_is_clean(nb)]
             if args.check:
@@ -304,10 +316,15 @@ def _report(folder: Path | None) -> int:
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
 
-def _readme(folder: Path | None, write: bool, test_record: str | None = None) -> int:
-    """The README's generated parts: the headline table of ``folder`` (when given) and the test block from
-    the committed test record, or from ``test_record``, checked first and with ``write`` copied in."""
-    from mahia.measure import testrecord
+def _readme(
+    folders: list[Path], write: bool, test_record: str | None = None, run_records: list[str] | None = None
+) -> int:
+    """The README's generated parts, from committed data only: the headline table of the reference folders
+    (``folders``, default every folder of data/results with a full-profile summary.json), the run timings
+    (their ``parts/*.json`` and the run records of data/run-records, with each ``run_records`` checked and,
+    with ``write``, copied in) and the test block (the committed test record, or ``test_record``, checked
+    and with ``write`` copied in). Everything is checked before anything is written."""
+    from mahia.measure import report, testrecord
     from mahia.measure.files import REPO_ROOT
     from mahia.runner import UsageError
 
@@ -322,43 +339,96 @@ def _readme(folder: Path | None, write: bool, test_record: str | None = None) ->
         text = testrecord.replace_block(readme.read_text(), block) if write else ""
     except testrecord.RecordError as e:
         raise UsageError(str(e)) from None
-    if write and folder is not None and (BEGIN not in text or END not in text):
-        raise UsageError(f"README.md has no {BEGIN} ... {END} markers")
-    table = _headline_table(folder) if folder is not None else None
+    folders = _reference_folders(folders, REPO_ROOT / "data" / "results")
+    try:
+        given = [report.load_run(p) for p in run_records or []]
+        runs = report.merge_runs(report.committed_runs(REPO_ROOT), given)
+        table = report.readme_tables(folders)
+        runs_block = report.render_runs_block(folders, runs)
+    except (report.RunRecordError, ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
     if not write:
-        print(f"{table}\n{block}" if table is not None else block, end="")
+        print(f"{BEGIN}\n{table}{END}\n\n{report.RUNS_BEGIN}\n{runs_block}{report.RUNS_END}\n\n", end="")
+        print(f"{testrecord.BEGIN}\n{block}{testrecord.END}")
         return 0
-    if table is not None:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        text = f"{head}{BEGIN}\n{table}{END}{tail}"
+    text = _replace_block(text, BEGIN, END, table)
+    text = _replace_block(text, report.RUNS_BEGIN, report.RUNS_END, runs_block)
     if test_record is not None:
         testrecord.publish(test_record, REPO_ROOT)
+    published = [report.publish_run(r, REPO_ROOT) for r in runs if any(r is g for g in given)]
     readme.write_text(text)
-    parts = [f"headline table from {folder}"] if table is not None else []
+    done = [f"headline table and run timings from {', '.join(_shown(f, REPO_ROOT) for f in folders)}"]
+    for path in published:
+        done.append(f"run record {path.relative_to(REPO_ROOT)}")
     if test_record is not None:
-        parts.append(f"test block from {test_record} (copied to {testrecord.COMMITTED})")
+        done.append(f"test block from {test_record} (copied to {testrecord.COMMITTED})")
     else:
-        parts.append(f"test block from {testrecord.COMMITTED}" + ("" if record else " (none committed yet)"))
-    print(f"README.md: {'; '.join(parts)}")
+        done.append(f"test block from {testrecord.COMMITTED}" + ("" if record else " (none committed yet)"))
+    print(f"README.md: {'; '.join(done)}")
     return 0
 
 
-def _headline_table(folder: Path) -> str:
-    from mahia.measure.report import readme_table
-    from mahia.measure.results import load_records, write_summary
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _replace_block(text: str, begin: str, end: str, block: str) -> str:
     from mahia.runner import UsageError
 
-    if not folder.is_dir():
-        raise UsageError(f"no such results folder: {folder}")
-    df = load_records(folder)
-    if df.empty or not (df["profile"] == "full").any():
-        raise UsageError(
-            f"{folder} has no full-profile records: the README shows the reference "
-            "(`python -m mahia reference` on a GPU)"
-        )
-    write_summary(folder, "full")
-    return readme_table(folder)
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise UsageError(f"README.md needs one {begin} ... {end} pair, in that order")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}{end}{tail}"
+
+
+def _reference_folders(folders: list[Path], root: Path) -> list[Path]:
+    """The folders of the README's headline table, each checked (a full-profile summary.json of the current
+    format that matches its records), sorted by GPU slug: those named, or every folder of ``root`` that has
+    such a summary."""
+    from mahia.measure.results import headline, read_summary
+    from mahia.runner import UsageError
+
+    if not folders:
+        found = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+        folders = [f for f in found if "sources" in _summary_or_empty(f)]
+        if not folders:
+            raise UsageError(
+                f"no folder of {root} has a full-profile summary.json of the current format: name one "
+                "(`python -m mahia report <folder>` writes it from the records)"
+            )
+    folders = sorted(dict.fromkeys(folders), key=lambda f: f.name)
+    for f in folders:
+        if not f.is_dir():
+            raise UsageError(f"no such results folder: {f}")
+        try:
+            summary = read_summary(f, "full")
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+        except ValueError:
+            raise UsageError(f"{f}/summary.json is not JSON: `python -m mahia report {f}` rewrites it") from None
+        if "sources" not in summary:
+            raise UsageError(f"{f}/summary.json is in the old format: `python -m mahia report {f}`")
+        fresh = headline(f, "full")
+        if any(summary.get(k) != v for k, v in fresh.items()):
+            raise UsageError(
+                f"{f}/summary.json does not match its records (they changed after it was written): "
+                f"`python -m mahia report {f}` rewrites it"
+            )
+    return folders
+
+
+def _summary_or_empty(folder: Path) -> dict:
+    from mahia.measure.results import read_summary
+
+    try:
+        doc = read_summary(folder, "full")
+    except (FileNotFoundError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 if __name__ == "__main__":

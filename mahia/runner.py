@@ -19,7 +19,9 @@ carry.
 Bad input (``--out``, ``--notebooks``, ``-p`` whose value does not match the type the notebook's
 parameters cell declares) is refused before anything runs. Ctrl-C or SIGTERM stops the running part's
 processes (papermill and the kernel it started in a session of its own), writes the report of what ran
-and returns 130 or 143. A report is written for every run, also when nothing was recorded.
+and returns 130 or 143. A report is written for every run, also when nothing was recorded, with
+``outcomes.json`` (each part's status and seconds) and ``run.json`` (device, profile, commit, start, end and
+wall time: what ``python -m mahia readme --run-record`` commits as the run's record).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -451,6 +453,7 @@ class _Session:
     timeout: float
     seed: int
     stop: StopFlag
+    started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
 def _session(
@@ -655,10 +658,33 @@ def _write_report(sess: _Session, outcomes: list[dict]) -> Path:
     return sess.out_dir / "report.md"
 
 
+def _write_run(sess: _Session, outcomes: list[dict]) -> None:
+    """``run.json`` beside ``outcomes.json``: what the run was (device, profile, commit, dates, wall time,
+    its parts), so that ``python -m mahia readme --run-record`` can commit its timing."""
+    from mahia.measure import hardware
+
+    rep = hardware.device_report(str(sess.dev))
+    finished = datetime.now(timezone.utc)
+    doc = {
+        "device": rep.get("gpu") or f"{rep.get('cpu')} ({rep.get('cpu_count')} cores)",
+        "device_slug": sess.slug,
+        "profile": sess.profile,
+        "kind": "reference" if sess.env.get(files.REFERENCE_ENV) == "1" else "run",
+        "commit": sess.commit,
+        "run_id": sess.run_id,
+        "started": sess.started.isoformat(timespec="seconds"),
+        "finished": finished.isoformat(timespec="seconds"),
+        "seconds": round((finished - sess.started).total_seconds(), 1),
+        "parts": [o["name"] for o in outcomes],
+    }
+    (sess.out_dir / "run.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def _finish(sess: _Session, outcomes: list[dict]) -> int:
     """Write the outcomes and the report; the exit code: 0 all done, 1 a part failed, 128 + signal number
     when a signal stopped the run (one line on stderr says so)."""
     (sess.out_dir / "outcomes.json").write_text(json.dumps(outcomes, indent=2) + "\n")  # first: the report may fail
+    _write_run(sess, outcomes)
     md = _write_report(sess, outcomes)
     print(f"report: {md} (and .html); results: {sess.res_root / sess.slug}; figures: {sess.fig_root / sess.slug}")
     if sess.stop.signum is not None:

@@ -308,14 +308,19 @@ def test_the_readme_command_refuses_a_missing_partial_or_failing_record(tmp_path
 
 def test_the_readme_command_copies_a_record_in_and_renders_it(tmp_path, capsys, monkeypatch):
     import mahia.measure.files as files
+    from mahia.__main__ import BEGIN, END
+    from mahia.measure.report import RUNS_BEGIN, RUNS_END
 
     repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "README.md").write_text(f"# r\n\n{tr.BEGIN}\n{tr.render_block(None)}{tr.END}\n\nmore\n")
+    # the command renders every generated block: the reference folder (one GPU here) and the markers of each
+    shutil.copytree(ROOT / "data" / "results" / "nvidia-h200", repo / "data" / "results" / "nvidia-h200")
+    (repo / "README.md").write_text(
+        f"# r\n\n{RUNS_BEGIN}\n{RUNS_END}\n{BEGIN}\n{END}\n{tr.BEGIN}\n{tr.render_block(None)}{tr.END}\n\nmore\n"
+    )
     monkeypatch.setattr(files, "REPO_ROOT", repo)
     src = tr.write_record(record(), tmp_path / "last-test.json")
     assert main(["readme", "--test-record", str(src)]) == 0  # print only: nothing written
-    assert capsys.readouterr().out == tr.render_block(record())
+    assert readme_block(capsys.readouterr().out) == tr.render_block(record())
     assert not (repo / tr.COMMITTED).exists()
     assert main(["readme", "--write", "--test-record", str(src)]) == 0
     assert json.loads((repo / tr.COMMITTED).read_text()) == record()

@@ -1,0 +1,320 @@
+"""The README's generated blocks (``python -m mahia readme``): the headline table with a column per GPU
+folder of the reference, the run timings from each folder's ``parts/*.json`` and the committed run records
+(``--run-record``, from the ``run.json`` the runner writes beside ``outcomes.json``), and no drift: the
+committed README holds what the committed data renders to."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mahia import runner
+from mahia.__main__ import BEGIN, END
+from mahia.__main__ import main as cli
+from mahia.measure import files, hardware, results
+from mahia.measure import testrecord as tr
+from mahia.measure.report import (
+    QUICK_GOAL_S,
+    RUN_RECORDS,
+    RUNS_BEGIN,
+    RUNS_END,
+    committed_runs,
+    load_run,
+    parts_table,
+    readme_tables,
+    render_runs_block,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+REF = ROOT / "data" / "results"
+H100, H200 = "nvidia-h100-80gb-hbm3", "nvidia-h200"
+FLAG = "over the 10-minute goal of the quick profile"
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+def _summary(folder: Path, device: str, metrics: dict, *, stale=(), newest="bbb", older="aaa") -> Path:
+    """A full-profile summary.json of the current format, written by hand: ``stale`` keys come from ``older``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = {k: [older if k in stale else newest] for k, v in metrics.items() if v is not None}
+    doc = {
+        "device": device,
+        "device_slug": folder.name,
+        "profile": "full",
+        "newest_record": "2026-11-24T10:00:00+00:00",
+        "newest_commit": newest,
+        "commits": sorted({c for cs in sources.values() for c in cs}),
+        "stale": [k for k in metrics if k in stale],
+        "metrics": {k: metrics.get(k) for k in results.HEADLINE_KEYS},
+        "sources": sources,
+    }
+    (folder / "summary.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return folder
+
+
+def _row(table: str, key: str) -> list[str]:
+    line = next(ln for ln in table.splitlines() if ln.startswith(f"| `{key}` |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def _part(folder: Path, name: str, seconds: float, commit: str = "c1") -> None:
+    doc = {"part": name, "status": "ok", "commit": commit, "profile": "full", "run_id": "r", "seconds": seconds}
+    (folder / "parts").mkdir(parents=True, exist_ok=True)
+    (folder / "parts" / f"{name}.json").write_text(json.dumps(doc))
+
+
+def _run_folder(
+    where: Path,
+    *,
+    slug="nvidia-h200",
+    device="NVIDIA H200",
+    profile="quick",
+    seconds=466.0,
+    finished="2026-11-25T12:00:00+00:00",
+    parts=(("00_env", "ok", 11.0), ("10_full_stack", "ok", 130.0), ("03_fusion", "ok", 40.0)),
+) -> Path:
+    """A run's folder as the runner leaves it: outcomes.json and run.json."""
+    where.mkdir(parents=True)
+    outcomes = [{"name": n, "output": str(where / f"{n}.ipynb"), "seconds": s, "status": st} for n, st, s in parts]
+    (where / "outcomes.json").write_text(json.dumps(outcomes))
+    meta = {
+        "device": device,
+        "device_slug": slug,
+        "profile": profile,
+        "kind": "run",
+        "commit": "abc1234",
+        "run_id": f"run-{finished[:10]}",
+        "started": "2026-11-25T11:00:00+00:00",
+        "finished": finished,
+        "seconds": seconds,
+        "parts": [n for n, _, _ in parts],
+    }
+    (where / "run.json").write_text(json.dumps(meta))
+    return where / "outcomes.json"
+
+
+def _block(text: str, begin: str, end: str) -> str:
+    assert text.count(begin) == 1 and text.count(end) == 1, f"README.md lost its {begin} markers"
+    return text.split(begin, 1)[1].split(end, 1)[0].removeprefix("\n")
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A checkout of its own: README.md with the three blocks, copies of both committed GPU folders (records,
+    summaries, parts; not the executed notebooks) and the committed test record."""
+    root = tmp_path / "repo"
+    for slug in (H200, H100):
+        shutil.copytree(REF / slug, root / "data" / "results" / slug, ignore=shutil.ignore_patterns("notebooks"))
+    if (ROOT / tr.COMMITTED).exists():
+        shutil.copy(ROOT / tr.COMMITTED, root / tr.COMMITTED)
+    (root / "README.md").write_text(
+        f"# r\n\n{tr.BEGIN}\nstale-x\n{tr.END}\n\nprose\n\n{RUNS_BEGIN}\nstale-x\n{RUNS_END}\n\n{BEGIN}\nstale-x\n{END}\n\nend\n"
+    )
+    monkeypatch.setattr(files, "REPO_ROOT", root)
+    return root
+
+
+def _one_line_exit_2(capsys, argv: list[str], root: Path) -> str:
+    before = (root / "README.md").read_text()
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    assert (root / "README.md").read_text() == before and not (root / RUN_RECORDS).exists()
+    return err
+
+
+# -- the headline table: a column per GPU ---------------------------------------------------------------------
+def test_two_folders_give_two_columns_each_graded(tmp_path):
+    a = _summary(tmp_path / "nvidia-h200", "NVIDIA H200", {"amp_speedup": 5.343, "copy_gbps": 4248.0})
+    b = _summary(tmp_path / "nvidia-h100-80gb-hbm3", "NVIDIA H100", {"amp_speedup": 1.5, "hybrid_loops_speedup": 565})
+    table = readme_tables([b, a])
+    assert "| metric | goal | NVIDIA H100 | NVIDIA H200 |" in table
+    assert _row(table, "amp_speedup") == ["`amp_speedup`", ">= 3.0", "1.5 (missed)", "5.343 (met)"]
+    assert _row(table, "copy_gbps") == ["`copy_gbps`", "", "not measured", "4248"]  # no goal: no grade
+    assert _row(table, "hybrid_loops_speedup")[2] == "565"
+    assert all(len(_row(table, k)) == 4 for k in results.HEADLINE_KEYS)
+    head = " ".join(table.split("| metric |")[0].split())
+    assert "_NVIDIA H100 (`nvidia-h100-80gb-hbm3`): records of 2026-11-24; full profile, commit bbb_" in head
+
+
+def test_stale_marks_are_per_folder(tmp_path):
+    a = _summary(tmp_path / "gpu-a", "GPU A", {"amp_speedup": 5.0, "sync_speedup": 2.0}, stale=["amp_speedup"])
+    b = _summary(tmp_path / "gpu-b", "GPU B", {"amp_speedup": 4.0, "sync_speedup": 2.0}, stale=["sync_speedup"])
+    table = readme_tables([a, b])
+    assert _row(table, "amp_speedup")[2:] == ["5 † (met)", "4 (met)"]
+    assert _row(table, "sync_speedup")[2:] == ["2", "2 †"]
+    assert "† GPU A: made by an older commit (aaa) than its newest record (bbb)" in table
+    assert "† GPU B: made by an older commit (aaa)" in table
+    fresh = _summary(tmp_path / "gpu-c", "GPU C", {"amp_speedup": 4.0})
+    assert "† GPU C" not in readme_tables([a, fresh]) and "†" not in _row(readme_tables([a, fresh]), "amp_speedup")[3]
+
+
+def test_the_default_is_every_reference_folder_sorted_by_slug(repo, capsys):
+    (repo / "data" / "results" / "cpu-old").mkdir()  # no summary: left out of the default, refused when named
+    assert cli(["readme"]) == 0
+    out = capsys.readouterr().out
+    table = _block(out, BEGIN, END)
+    assert "| metric | goal | NVIDIA H100 80GB HBM3 | NVIDIA H200 |" in table
+    assert table.index(f"(`{H100}`)") < table.index(f"(`{H200}`)")
+    assert cli(["readme", str(repo / "data" / "results" / H200)]) == 0
+    assert "| metric | goal | NVIDIA H200 |" in capsys.readouterr().out
+    err = _one_line_exit_2(capsys, ["readme", str(repo / "data" / "results" / "cpu-old")], repo)
+    assert "has no full-profile summary" in err
+
+
+def test_an_old_or_outdated_summary_is_one_line_and_exit_2(repo, capsys):
+    folder = repo / "data" / "results" / H200
+    doc = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({"metrics": doc["metrics"]}))
+    assert "is in the old format" in _one_line_exit_2(capsys, ["readme", "--write", str(folder)], repo)
+    doc["metrics"]["amp_speedup"] = 99.0  # a summary that no longer says what its records say
+    (folder / "summary.json").write_text(json.dumps(doc))
+    assert "does not match its records" in _one_line_exit_2(capsys, ["readme", "--write", str(folder)], repo)
+
+
+# -- run timings -------------------------------------------------------------------------------------------------
+def test_the_parts_block_sums_seconds_per_gpu(tmp_path):
+    a = _summary(tmp_path / "gpu-a", "GPU A", {})
+    for name, s, c in (("07_ckpt", 227.9, "c1"), ("bench_kernels", 544.0, "c2"), ("10_full_stack", 397.0, "c1")):
+        _part(a, name, s, c)
+    b = _summary(tmp_path / "gpu-b", "GPU B", {})
+    _part(b, "07_ckpt", 100.0)
+    none = _summary(tmp_path / "gpu-c", "GPU C", {})
+    block = parts_table([a, b, none])
+    assert "| part (full profile, s) | GPU A | GPU B |" in block
+    assert "| **total** | **1169** (19 min 29 s) | **100** (1 min 40 s) |" in block  # 227.9 + 544 + 397
+    assert "| `10_full_stack` | 397 | — |" in block
+    rows = [ln.split("|")[1].strip() for ln in block.splitlines() if ln.startswith("| `")]
+    assert rows == ["`07_ckpt`", "`10_full_stack`", "`bench_kernels`"]  # notebooks, then the suites
+    assert "| commit(s) | 2 at c1, 1 at c2 | 1 at c1 |" in block
+    assert "GPU C: no `parts/` in `gpu-c/`" in block
+    assert "3 part(s) recorded (2 at c1, 1 at c2)" in " ".join(readme_tables([a]).split())
+
+
+def test_a_quick_gpu_run_over_ten_minutes_is_flagged(tmp_path):
+    slow = load_run(_run_folder(tmp_path / "slow", seconds=QUICK_GOAL_S + 1))
+    fast = load_run(_run_folder(tmp_path / "fast", seconds=QUICK_GOAL_S - 1, slug="nvidia-h100", device="H100"))
+    cpu = load_run(_run_folder(tmp_path / "cpu", seconds=2000, slug="cpu-epyc-2c", device="EPYC (2 cores)"))
+    full = load_run(_run_folder(tmp_path / "full", seconds=2000, slug="nvidia-x", device="X", profile="full"))
+    block = " ".join(render_runs_block([], [slow]).split())
+    assert FLAG in block and "**601 s** (10 min 1 s) wall time for 3 part(s)" in block
+    assert "the slowest `10_full_stack` (130 s)" in block
+    assert "commit `abc1234`" in block and "2026-11-25 (UTC), quick profile" in block and "all 3 ok" in block
+    for r in (fast, cpu, full):
+        assert FLAG not in " ".join(render_runs_block([], [r]).split()), r["device"]
+
+
+def test_a_run_record_says_which_parts_were_not_ok(tmp_path):
+    parts = (("00_env", "ok", 10.0), ("03_fusion", "failed", 5.0), ("04_compile", "timeout", 900.0))
+    block = render_runs_block([], [load_run(_run_folder(tmp_path / "r", parts=parts))])
+    assert "1 of 3 ok; not ok: 03_fusion (failed), 04_compile (timeout)" in " ".join(block.split())
+    assert "slowest `04_compile` (900 s)" in " ".join(block.split())
+
+
+def test_no_run_record_is_said_plainly():
+    block = render_runs_block([], [])
+    assert "No run record is committed yet" in block and "--run-record" in block
+
+
+def test_a_run_record_is_copied_in_and_a_newer_one_replaces_it(repo, tmp_path, capsys):
+    first = _run_folder(tmp_path / "r1", seconds=700.0, finished="2026-11-25T12:00:00+00:00")
+    assert cli(["readme", "--run-record", str(first)]) == 0  # printed only: nothing copied
+    assert FLAG in " ".join(capsys.readouterr().out.split()) and not (repo / RUN_RECORDS).exists()
+    assert cli(["readme", "--write", "--run-record", str(first.parent)]) == 0  # the run's folder does too
+    dest = repo / RUN_RECORDS / "nvidia-h200-quick.json"
+    assert json.loads(dest.read_text())["seconds"] == 700.0 and committed_runs(repo)[0]["parts"][1]["seconds"] == 130
+    text = (repo / "README.md").read_text()
+    assert FLAG in " ".join(_block(text, RUNS_BEGIN, RUNS_END).split())
+    newer = _run_folder(tmp_path / "r2", seconds=450.0, finished="2026-11-26T12:00:00+00:00")
+    assert cli(["readme", "--write", "--run-record", str(newer)]) == 0
+    assert json.loads(dest.read_text())["seconds"] == 450.0
+    runs = _block((repo / "README.md").read_text(), RUNS_BEGIN, RUNS_END)
+    assert FLAG not in " ".join(runs.split()) and "**450 s**" in runs
+    capsys.readouterr()
+    before = (repo / "README.md").read_text()
+    assert cli(["readme", "--write", "--run-record", str(first)]) == 2  # an older run never replaces a newer
+    err = capsys.readouterr().err.strip()
+    assert "a newer run replaces an older one" in err and "\n" not in err
+    assert json.loads(dest.read_text())["seconds"] == 450.0 and (repo / "README.md").read_text() == before
+
+
+def test_a_bad_run_record_is_one_line_and_exit_2(repo, tmp_path, capsys):
+    missing = tmp_path / "no-such-run" / "outcomes.json"
+    assert "no run at" in _one_line_exit_2(capsys, ["readme", "--write", "--run-record", str(missing)], repo)
+    old = tmp_path / "old-run"
+    old.mkdir()
+    (old / "outcomes.json").write_text("[]")  # a run from before run.json
+    err = _one_line_exit_2(capsys, ["readme", "--run-record", str(old / "outcomes.json")], repo)
+    assert "has no run.json beside outcomes.json" in err
+    broken = _run_folder(tmp_path / "broken")
+    (broken.parent / "run.json").write_text("{not json")
+    assert "is not JSON" in _one_line_exit_2(capsys, ["readme", "--write", "--run-record", str(broken)], repo)
+    other = _run_folder(tmp_path / "other")
+    (other.parent / "outcomes.json").write_text(json.dumps([{"name": "99_x", "status": "ok", "seconds": 1.0}]))
+    assert "not of the same run" in _one_line_exit_2(capsys, ["readme", "--run-record", str(other)], repo)
+
+
+def test_write_is_idempotent(repo, tmp_path, capsys):
+    run = _run_folder(tmp_path / "r", seconds=300.0)
+    assert cli(["readme", "--write", "--run-record", str(run)]) == 0
+    once = (repo / "README.md").read_text()
+    assert cli(["readme", "--write", "--run-record", str(run)]) == 0
+    assert (repo / "README.md").read_text() == once
+    assert cli(["readme", "--write"]) == 0
+    assert (repo / "README.md").read_text() == once
+    assert once.startswith("# r\n\n") and once.endswith(f"{END}\n\nend\n") and "\nprose\n" in once
+    assert "stale-x" not in once
+    table = _block(once, BEGIN, END)
+    assert table == readme_tables([repo / "data" / "results" / H100, repo / "data" / "results" / H200])
+
+
+def test_write_needs_every_marker(repo, capsys):
+    text = (repo / "README.md").read_text()
+    (repo / "README.md").write_text(text.replace(RUNS_BEGIN, ""))
+    assert "<!-- runs:begin -->" in _one_line_exit_2(capsys, ["readme", "--write"], repo)
+
+
+# -- the runner leaves what a run record needs --------------------------------------------------------------------
+def test_the_runner_writes_run_json_beside_outcomes(tmp_path, monkeypatch):
+    for k in ("MAHIA_COMMIT", "MAHIA_RESULTS_DIR", "MAHIA_FIGURES_DIR", files.REFERENCE_ENV):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("MAHIA_COMMIT", "abc123")
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1")]  # no parameters cell: reported at once, no kernel
+    nbformat.write(nb, nbdir / "01_bare.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbdir)
+    out = tmp_path / "run"
+    kw = dict(device="cpu", profile="quick", results_dir=str(tmp_path / "r"), figures_dir=str(tmp_path / "f"))
+    assert runner.run(progress=False, out=str(out), **kw) == 1
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["device_slug"] == hardware.device_slug("cpu") and meta["profile"] == "quick"
+    assert meta["commit"] == "abc123" and meta["kind"] == "run" and meta["parts"] == ["01_bare"]
+    assert meta["seconds"] >= 0 and meta["started"] <= meta["finished"] and meta["device"]
+    record = load_run(out / "outcomes.json")
+    assert record["parts"][0]["name"] == "01_bare" and record["parts"][0]["status"] == "failed"
+    assert "0 of 1 ok; not ok: 01_bare (failed)" in " ".join(render_runs_block([], [record]).split())
+
+
+# -- the committed README ----------------------------------------------------------------------------------------
+def test_the_committed_readme_blocks_are_what_the_committed_data_renders_to():
+    """Regenerate them with `python -m mahia readme --write`."""
+    text = (ROOT / "README.md").read_text()
+    folders = sorted((f for f in REF.iterdir() if (f / "summary.json").exists()), key=lambda f: f.name)
+    assert [f.name for f in folders] == [H100, H200]
+    assert _block(text, BEGIN, END) == readme_tables(folders)
+    assert _block(text, RUNS_BEGIN, RUNS_END) == render_runs_block(folders, committed_runs(ROOT))
+
+
+def test_the_readme_types_no_run_timing_outside_the_runs_block():
+    text = (ROOT / "README.md").read_text()
+    outside = text.split(RUNS_BEGIN)[0] + text.split(RUNS_END)[1]
+    for typed in ("265 s", "466 s", "130 s"):
+        assert typed not in outside, f"README.md types {typed!r}: the runs block is generated"
+    results_section = text.split("## Results", 1)[1].split("### Read without a GPU", 1)[0]
+    for slug in (H100, H200):
+        assert f"(data/results/{slug}/)" in results_section and f"(data/results/{slug}/report.md)" in results_section
