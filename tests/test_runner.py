@@ -408,3 +408,42 @@ def test_profile_takes_its_default_sequence_length_from_the_preset(capsys):
     argv = ["--preset", "tiny", "--impl", "baseline", "--batch", "1", "--steps", "1", "--rows", "1", "--device", "cpu"]
     assert main(argv) == 0
     assert "batch 1 x 128" in capsys.readouterr().out  # tiny's max_seq_len, not the 512 it cannot take
+
+
+# ------------------------------------------------------------------------------- the bytecode cache
+
+
+def test_a_bytecode_cache_is_given_where_python_would_keep_none(tmp_path):
+    from mahia.runner import bytecode_cache
+
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"}
+    why = bytecode_cache(env, tmp_path / "pyc")
+    assert "PYTHONDONTWRITEBYTECODE" in why
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pyc") and "PYTHONDONTWRITEBYTECODE" not in env
+    assert env["PATH"] == "/bin"
+
+
+def test_a_users_prefix_and_a_writable_install_are_left_alone(tmp_path):
+    from mahia.runner import bytecode_cache
+
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"}
+    assert bytecode_cache(env, tmp_path) is None
+    assert env == {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"}
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    env = {}
+    assert bytecode_cache(env, tmp_path / "pyc", package_file=str(pkg / "__init__.py")) is None  # writable
+    assert env == {}
+
+
+def test_a_read_only_install_without_a_cache_gets_one(tmp_path, monkeypatch):
+    from mahia.runner import bytecode_cache
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.setattr(runner.os, "access", lambda path, mode: False)  # read-only, also for root
+    env = {}
+    why = bytecode_cache(env, tmp_path / "pyc", package_file=str(pkg / "__init__.py"))
+    assert "read-only" in why and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pyc")
