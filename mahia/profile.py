@@ -103,17 +103,23 @@ def module_ranges(modules: Mapping[str, nn.Module | Sequence[nn.Module]]):
             h.remove()
 
 
+def _device_attr(evt, name: str, old_name: str) -> float:
+    """``evt.<name>``; the older ``evt.<old_name>`` only where ``name`` does not exist. Not ``a or b``: a
+    time of 0 would fall through to the old name, which newer torch still has but warns about."""
+    return getattr(evt, name) if hasattr(evt, name) else getattr(evt, old_name, 0.0)
+
+
 def _self_time(evt, on_device: bool) -> float:
     """Self time in µs of a profiler event (device or host); the attribute names moved across versions."""
     if not on_device:
         return evt.self_cpu_time_total
-    return getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0)
+    return _device_attr(evt, "self_device_time_total", "self_cuda_time_total")
 
 
 def _total_time(evt, on_device: bool) -> float:
     if not on_device:
         return evt.cpu_time_total
-    return getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+    return _device_attr(evt, "device_time_total", "cuda_time_total")
 
 
 def profile_step(

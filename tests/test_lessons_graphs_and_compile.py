@@ -9,9 +9,11 @@ import torch
 
 from mahia.lessons.graphs_and_compile import (
     BucketedGraphs,
+    CaptureAttempt,
     CompileCounter,
     GraphedStep,
     GraphedTrainStep,
+    _first_and_last_error,
     break_even_steps,
     clip_by_norm,
     clip_by_norm_logged,
@@ -23,6 +25,7 @@ from mahia.lessons.graphs_and_compile import (
     predict_step,
     timed_call,
     trace_ops,
+    try_capture,
     try_compile,
 )
 from mahia.measure import instruments
@@ -169,6 +172,51 @@ def test_graphed_step_replays_new_inputs_on_cuda():
         x = torch.randn(n, K, device="cuda")
         check_close("bucketed replay", bucketed(x).clone(), fn(x), tolerance(torch.float32, tf32=True))
     assert sorted(bucketed.graphs) == [8, 64]
+
+
+class _EndRaises:
+    """A context manager whose exit raises, as ``torch.cuda.graph`` does when ``capture_end`` fails."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        raise RuntimeError("CUDA error: operation failed due to a previous error during capture\nmore")
+
+
+def test_try_capture_reports_the_first_error_and_rejects_bad_arguments():
+    try:
+        with _EndRaises():
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+    except RuntimeError as exc:
+        first, last = _first_and_last_error(exc)
+    assert first == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+    assert last == "RuntimeError: CUDA error: operation failed due to a previous error during capture"
+    try:
+        raise ValueError("alone")
+    except ValueError as exc:
+        assert _first_and_last_error(exc) == ("ValueError: alone", None)
+    failed = CaptureAttempt(None, first, last, ("The CUDA Graph is empty",))
+    assert not failed.ok and str(failed).startswith(first) and "ending the failed capture then raised" in str(failed)
+    assert "torch warned: The CUDA Graph is empty" in str(failed)
+    with pytest.raises(ValueError, match="CUDA graphs need CUDA tensors"):
+        try_capture(lambda x: x * 2, torch.randn(3))
+    with pytest.raises(TypeError, match="fn must be callable"):
+        try_capture("f", torch.randn(3))
+
+
+@pytest.mark.gpu
+def test_try_capture_leaves_cuda_ready_after_a_failed_capture():
+    x = torch.arange(4.0, device="cuda")
+    caller = torch.cuda.current_stream()
+    bad = try_capture(lambda t: t * torch.tensor([2.0], device="cuda"), x)  # host data copied inside capture
+    assert not bad.ok and "pinned" in bad.error
+    sync = try_capture(lambda t: t / t.sum().item(), x)  # a host sync inside capture
+    assert not sync.ok and sync.error
+    assert torch.cuda.current_stream() == caller
+    good = try_capture(lambda t: t * 2, x)  # the next capture starts clean
+    assert good.ok and good.step(x + 1).tolist() == [2.0, 4.0, 6.0, 8.0]
+    assert torch.rand(2, device="cuda").shape == (2,)  # a completed capture leaves the RNG usable
 
 
 def _mlp_and_batch(device):

@@ -1,5 +1,7 @@
 """mahia.lessons.profiler_summary: the profiler evidence notebooks 00-04 show (a CPU run here: host operators)."""
 
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -78,6 +80,76 @@ def test_names_and_tiles():
     assert tile_shape("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8") == (64, 64)
     assert tile_shape("ampere_sgemm_128x64_tn") == (128, 64)
     assert tile_shape("void at::native::vectorized_elementwise_kernel<4>") is None
+
+
+# Kernel names as the profiler reports them on an H100 (torch 2.11): cuBLAS's bf16 GEMMs are the nvjet family.
+MATMULS = [
+    "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT",
+    "nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NNT",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+    "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x16_stage4_warpsize2x2x1_ffma_aligna4_alignc4_execute_kernel__5x_cublas",
+    "cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8_warpspecialized_cooperative_epi_tma",
+    "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(Params)",
+    "ampere_sgemm_128x64_tn",
+    "triton_tem_fused_mm_0",
+    "triton_tem_fused_addmm_relu_1",
+    "aten::mm",
+    "aten::baddbmm",
+]
+NOT_MATMULS = [
+    "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+    "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)",
+    "triton_poi_fused_add_mul_0",
+    "triton_red_fused__softmax_0",
+    "Memcpy DtoD (Device -> Device)",
+    "aten::softmax",
+    # attention, kept apart although its kernels run matrix products (and name cutlass or wgmma)
+    "flash_fwd_kernel",
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>,"
+    " false, true>(pytorch_flash::Flash_fwd_params)",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0",
+    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t>::Params)",
+]
+
+
+def test_matmul_kernels_match_cublas_cutlass_and_inductor_gemms_only():
+    top = pd.DataFrame({"name": MATMULS + NOT_MATMULS, "ms": [1.0] * len(MATMULS) + [100.0] * len(NOT_MATMULS)})
+    s = ProfileSummary("cuda", 1, wall_ms=1.0, busy_ms=1.0, launches=1, top=top.assign(calls=1.0, share=0.0))
+    assert s.ms_matching(MATMUL_KERNELS) == len(MATMULS)  # every matmul, none of the rest
+    assert [n for n in MATMULS if not re.search(MATMUL_KERNELS, n)] == []
+    assert [n for n in NOT_MATMULS if re.search(MATMUL_KERNELS, n)] == []
+
+
+def test_short_names_of_templated_kernels_name_the_function_and_what_it_computes():
+    copy_lambda = (
+        "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::"
+        "{lambda()#7}::operator()() const::{lambda(float)#1}"
+    )
+    nocast = f"at::native::gpu_kernel_impl_nocast<{copy_lambda}>(at::TensorIteratorBase&, {copy_lambda} const&)"
+    calc, cast = "TrivialOffsetCalculator<1, unsigned int>", "at::native::memory::{}WithCast<1>"
+    cases = {
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
+        "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)": "vectorized_elementwise_kernel<CUDAFunctor_add>",
+        f"void at::native::elementwise_kernel<128, 2, {nocast}::{{lambda(int)#1}}>(int, {nocast}::{{lambda(int)#1}})": (
+            "elementwise_kernel<direct_copy_kernel_cuda>"
+        ),
+        f"void at::native::unrolled_elementwise_kernel<{copy_lambda}, std::array<char*, 2ul>, 4, {calc}, {calc}, "
+        f"{cast.format('Load')}, {cast.format('Store')} >(int, {copy_lambda}, std::array<char*, 2ul>, {calc}, "
+        f"{calc}, {cast.format('Load')}, {cast.format('Store')})": "unrolled_elementwise_kernel<direct_copy_kernel_cuda>",
+        "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>"
+        "(cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8::Params)": (
+            "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8"
+        ),
+        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
+        "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, std::array<char*, 3ul>)": (
+            "vectorized_elementwise_kernel<MulFunctor>"  # the innermost functor
+        ),
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+        "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)": "cunn_SoftMaxForward",
+    }
+    for name, short in cases.items():
+        assert short_kernel_name(name, width=200) == short, name
+        assert not short_kernel_name(name).endswith(")")  # no stub of a parameter list
 
 
 def test_bad_arguments():

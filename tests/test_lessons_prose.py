@@ -284,6 +284,53 @@ def test_disturbed_ceiling_note():
     assert "(1.5×)" in prose.disturbed_ceiling_note(30.0, 20.0)
 
 
+def test_aux_tradeoff_sentence_claims_a_trade_off_only_when_the_loss_rises():
+    # the H100 run: the strongest coefficient fitted better, the middle one worse: no trade-off is claimed
+    text = prose.aux_tradeoff_sentence([0.0, 0.01, 0.1], [0.56, 0.10, 0.01], [3.1e-4, 1.8e-3, 2.9e-4], steps=100)
+    assert "coef 0, cv 0.56 and task loss 0.00031; coef 0.01, cv 0.10 and task loss 0.0018" in text
+    assert "the balancing term spreads the load" in text and "trades" not in text
+    assert "does not rise with the coefficient (at coef 0.1 it ends at 0.94× the run with coef 0" in text
+    assert "the highest, 0.0018, is at coef 0.01" in text and "one seed over 100 steps, is a noisy" in text
+    assert "noisy" not in prose.aux_tradeoff_sentence([0, 1], [0.5, 0.1], [2.0, 1.0], steps=5, seeds=3)
+    rising = prose.aux_tradeoff_sentence([0.0, 0.1], [0.5, 0.6], [1.0, 1.5], steps=10)
+    assert "rises with it, to 1.50× the run with coef 0 at coef 0.1" in rising and "trades the balance" in rising
+    assert "does not fall steadily with the coefficient (lowest, 0.50, at coef 0)" in rising
+    with pytest.raises(ValueError, match="at least 2"):
+        prose.aux_tradeoff_sentence([0.0], [0.5], [1.0], steps=1)
+
+
+def test_sync_free_loop_note():
+    kw = dict(syncs=64, ops_free=780, ops_loop=724, cap_rows=640, rows=512)
+    slower = prose.sync_free_loop_note(24.8, 21.3, cuda=True, **kw)
+    assert "no faster: 24.8 ms against 21.3 ms (780 ops against 724, and 640 rows" in slower
+    assert "the syncs are not what the loop's time is" in slower
+    faster = prose.sync_free_loop_note(15.0, 21.4, cuda=True, **kw)
+    assert "6.4 ms per forward, 100 µs per sync removed" in faster and "not what" not in faster
+    assert "*CPU run:*" in prose.sync_free_loop_note(2.0, 1.0, cuda=False, **kw)
+    with pytest.raises(ValueError, match="> 0"):
+        prose.sync_free_loop_note(0.0, 1.0, cuda=True, **kw)
+
+
+def test_fixed_rate_model_note_says_where_and_why_the_measurement_parts():
+    rows, measured, model = [8192, 4096, 1024, 256], [1.89, 2.72, 13.9, 33.9], [7.87, 7.96, 8.51, 20.9]
+    text = prose.fixed_rate_model_note(
+        rows, measured, model, [409, 382, 90, 60], rate_at=92.2, rows_at=512, peak=721.2, target=2
+    )
+    assert "below the fixed-rate model at 8192, 4096 rows per expert" in text
+    assert "up to 409 TFLOP/s (0.57 of the ceiling, at 8192 rows), against the 92.2 TFLOP/s" in text
+    assert "overstates the loop's time" in text and "It is above the model at 1024, 256 rows" in text
+    assert "under 2× at 8192 rows (1.89×)." in text and "does not explain" not in text
+    flat = prose.fixed_rate_model_note(
+        [64, 32], [1.5, 3.0], [4.0, 3.0], [50, 60], rate_at=92, rows_at=32, peak=700, target=2
+    )
+    assert "At 64 rows one expert's rate was not above the model's" in flat and "overstates" not in flat
+    assert "under 2× at 64 rows (1.50×)" in flat and "It is above" not in flat
+    same = prose.fixed_rate_model_note([8], [3.0], [3.0], [1.0], rate_at=1, rows_at=8, peak=2, target=2)
+    assert "equals the model" in same and "stayed at 2× or more" in same
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        prose.fixed_rate_model_note([1], [1, 2], [1], [1], rate_at=1, rows_at=1, peak=1, target=2)
+
+
 # --- 09 ------------------------------------------------------------------------------------------------
 
 
@@ -295,6 +342,59 @@ def test_first_failure_phrase():
 def test_uncounted_sync_clause():
     assert prose.uncounted_sync_clause(1) == ""
     assert prose.uncounted_sync_clause(0) == ", invisible to the counter on a CPU"
+
+
+def test_faster_or_slower():
+    assert prose.faster_or_slower(2.5) == "2.5× faster"
+    assert prose.faster_or_slower(17.3 / 84.2) == "4.87× slower"
+    assert prose.faster_or_slower(1.0) == "as fast"
+    with pytest.raises(ValueError, match="> 0"):
+        prose.faster_or_slower(0.0)
+
+
+def test_shortfall_source_splits_host_and_device():
+    host = prose.shortfall_source("the branch path", 7.26, 3.23, 0.748, 0.08)
+    assert "The branch path took 2.25× its prediction" in host and "device busy 8% of the profiled wall time" in host
+    assert "does not explain the 4.03 ms the model misses; the device waits on the host" in host
+    device = prose.shortfall_source("x", 10.0, 4.0, 7.0, 0.9)
+    assert "up to 3 ms is device time" in device and "the rest, 3 ms, the host's" in device
+    assert "misses" not in prose.shortfall_source("x", 3.0, 4.0, 1.0, 0.3)
+    assert "*CPU run:*" in prose.shortfall_source("x", 2.0, 1.0, None, None)
+    with pytest.raises(ValueError, match="> 0"):
+        prose.shortfall_source("x", 1.0, 0.0, 1.0, 0.5)
+
+
+def test_flat_time_verdict():
+    grew = prose.flat_time_verdict("The masked path", [0.60, 0.80, 1.20], [0.55, 0.75, 1.1], [0.65, 0.85, 1.3])
+    assert (
+        "did not stay flat" in grew and "0.6–1.2 ms over the sweep (0.6 ms at the first point, 1.2 at the last)" in grew
+    )
+    assert "2.00× from its fastest" in grew
+    flat = prose.flat_time_verdict("The masked path", [1.0, 1.05], [0.9, 0.95], [1.1, 1.2])
+    assert flat.startswith("The masked path stayed flat, as expected") and "overlap" in flat
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        prose.flat_time_verdict("x", [1.0], [], [1.0])
+
+
+def test_cached_buffers_note():
+    assert prose.cached_buffers_note([0.43, 0.87]) == ""
+    assert "(Above 1, at 1.20: the buffers stayed in a cache" in prose.cached_buffers_note([0.6, 1.2])
+
+
+def test_model_miss_summary_names_the_side_the_model_misses():
+    rows = [
+        dict(component="GLA", before_ms=845.0, before_pred_ms=326.0, after_ms=2.89, after_pred_ms=0.098),
+        dict(component="memory", before_ms=4.0, before_pred_ms=1.0, after_ms=1.0, after_pred_ms=0.5),
+    ]
+    text = prose.model_miss_summary(rows)
+    assert not text.endswith(" ")
+    assert "before / after path: GLA 2.59× / 29.49×, memory 4.00× / 2.00×." in text
+    assert "too high for GLA: relative to its prediction, the after path ran slower than the before" in text
+    assert "too low for memory: relative to its prediction, the before path ran slower than the after" in text
+    even = prose.model_miss_summary([dict(component="x", before_ms=2, before_pred_ms=1, after_ms=2, after_pred_ms=1)])
+    assert "same factor" in even and "too high" not in even
+    with pytest.raises(ValueError, match="no rows"):
+        prose.model_miss_summary([])
 
 
 # --- 10 ------------------------------------------------------------------------------------------------

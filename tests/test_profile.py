@@ -1,10 +1,12 @@
 """mahia.profile: where a step's time goes (host times on the CPU here; kernel times need CUDA)."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
 
-from mahia.profile import StepReport, block_parts, main, module_ranges, profile_step
+from mahia.profile import StepReport, _self_time, _total_time, block_parts, main, module_ranges, profile_step
 
 
 def _net():
@@ -48,6 +50,31 @@ def test_profile_step_rejects_bad_counts(kw, match):
         profile_step(lambda: None, **kw)
     with pytest.raises(TypeError, match="callable"):
         profile_step(3)
+
+
+def test_device_times_read_the_new_attribute_even_when_it_is_zero():
+    class NewEvent:  # torch >= 2.4: both names; the old one warns (a kernel-less operator's device time is 0)
+        self_device_time_total = 0.0
+        device_time_total = 5.0
+
+        @property
+        def self_cuda_time_total(self):
+            warnings.warn("self_cuda_time_total is deprecated", FutureWarning, stacklevel=2)
+            return 0.0
+
+        @property
+        def cuda_time_total(self):
+            warnings.warn("cuda_time_total is deprecated", FutureWarning, stacklevel=2)
+            return 0.0
+
+    class OldEvent:  # older torch: only the old names
+        self_cuda_time_total = 2.0
+        cuda_time_total = 3.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _self_time(NewEvent(), on_device=True) == 0.0 and _total_time(NewEvent(), on_device=True) == 5.0
+    assert _self_time(OldEvent(), on_device=True) == 2.0 and _total_time(OldEvent(), on_device=True) == 3.0
 
 
 def test_command_line(capsys):

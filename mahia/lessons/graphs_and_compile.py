@@ -22,13 +22,16 @@ bytes (fusion); matmul-bound ones from neither.
 new inputs into the static buffers: one launch instead of one per kernel. :class:`BucketedGraphs` serves
 variable sizes with one graph per bucket, padding each input up to the next bucket and slicing the outputs
 back. :class:`GraphedTrainStep` captures a whole training step (forward, backward, optimizer update);
-:func:`cuda_memory` reads what the allocator holds, to show the memory a graph keeps in its pool.
+:func:`try_capture` captures like :class:`GraphedStep` but reports a failed capture instead of raising, and leaves
+CUDA ready for the next one; :func:`cuda_memory` reads what the allocator holds, to show the memory a graph
+keeps in its pool.
 """
 
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +63,8 @@ __all__ = [
     "pad_to",
     "BucketedGraphs",
     "GraphedTrainStep",
+    "CaptureAttempt",
+    "try_capture",
     "cuda_memory",
 ]
 
@@ -536,6 +541,92 @@ class GraphedTrainStep:
                 s.copy_(x)
         self.graph.replay()
         return self.static_loss
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300] if text else ''}"
+
+
+def _first_and_last_error(exc: BaseException) -> tuple[str, str | None]:
+    """``(first, last)`` of the chain of errors that ``exc`` ends (``__cause__``/``__context__``): the error
+    raised first, and ``exc`` itself when it is another one (an ``__exit__`` that raised while the block's
+    error was in flight, say), else None."""
+    chain = [exc]
+    while len(chain) < 8 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    return _first_line(chain[-1]), (_first_line(exc) if len(chain) > 1 else None)
+
+
+@dataclass
+class CaptureAttempt:
+    """What :func:`try_capture` got. ``step`` is the :class:`GraphedStep` when the capture worked. Otherwise
+    ``error`` is the first error the step raised during capture, and ``end_error`` what ending that failed
+    capture raised on top of it, if anything (a CUDA error invalidates the capture, and
+    ``cudaStreamEndCapture`` then fails too: "operation failed due to a previous error during capture").
+    ``warnings`` are the first sentences of the warnings raised meanwhile (an interrupted capture may end
+    with an empty graph)."""
+
+    step: GraphedStep | None
+    error: str | None = None
+    end_error: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.step is not None
+
+    def __str__(self) -> str:
+        s = "captured" if self.ok else str(self.error)
+        if self.end_error:
+            s += f" (ending the failed capture then raised {self.end_error})"
+        if self.warnings:
+            s += " [torch warned: " + "; ".join(self.warnings) + "]"
+        return s
+
+
+def try_capture(fn: Callable[..., Any], *example_inputs: torch.Tensor, warmup: int = 1) -> CaptureAttempt:
+    """``GraphedStep(fn, *example_inputs)``, or why it cannot be captured, for showing what breaks capture.
+
+    Each call captures into a new ``torch.cuda.CUDAGraph`` after a warm-up on a new side stream
+    (:class:`GraphedStep`). A failure is caught, and CUDA is left ready for the next capture:
+
+    * the error reported is the first one, the step's own. ``torch.cuda.graph`` ends the capture in its
+      ``__exit__`` even when the step raised; when that ``capture_end`` raises as well, Python raises the
+      second error with the first as its ``__context__``, so the message the caller would see names only
+      the consequence ("a previous error during capture");
+    * a ``capture_end`` that raised never restored the caller's stream (the capture stream stays current):
+      it is restored here, and the device synchronized.
+
+    A CUDA error that is *sticky* (an illegal address, a device-side assert) cannot be cleared by any of
+    this: the synchronization then raises a RuntimeError, and the process needs a restart. Argument errors
+    (a CPU tensor, a non-callable) are raised as by :class:`GraphedStep`, not reported.
+    """
+    if not callable(fn):
+        raise TypeError(f"try_capture: fn must be callable, got {type(fn).__name__}")
+    _check_tensors("try_capture", example_inputs)
+    if not all(t.is_cuda for t in example_inputs):
+        raise ValueError("try_capture: CUDA graphs need CUDA tensors, got an input on the CPU")
+    caller = torch.cuda.current_stream()
+    torch.cuda.synchronize()
+    step, error, end_error = None, None, None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            step = GraphedStep(fn, *example_inputs, warmup=warmup)
+        except Exception as exc:  # noqa: BLE001 - reporting why the capture failed is the point
+            error, end_error = _first_and_last_error(exc)  # strings: the failed graph is freed with exc
+        finally:
+            torch.cuda.set_stream(caller)
+    try:
+        torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a sticky error: nothing more can run on this device
+        raise RuntimeError(
+            f"try_capture: the device reports an error after the failed capture ({_first_line(exc)}); "
+            "a sticky CUDA error cannot be cleared in this process"
+        ) from exc
+    notes = tuple(dict.fromkeys(str(w.message).strip().split(". ")[0] for w in caught))
+    return CaptureAttempt(step, error, end_error, notes)
 
 
 def cuda_memory(device: torch.device | str) -> dict[str, int]:

@@ -46,23 +46,54 @@ __all__ = [
     "quiet_native_stderr",
 ]
 
-# Kernel (or operator) names of matrix products: cuBLAS/cuBLASLt/CUTLASS kernels on a GPU, aten ops on a CPU.
-MATMUL_KERNELS = r"gemm|matmul|xmma|cutlass|wgmma|aten::mm|aten::bmm|aten::addmm|aten::baddbmm"
+# Kernel (or operator) names of matrix products. On a GPU: cuBLAS/cuBLASLt (``sm80_xmma_gemm_...``,
+# ``ampere_sgemm_...``, gemv, split-K's reduction, and on Hopper the ``nvjet_...`` family), CUTLASS and
+# Inductor's matmul templates (``triton_tem_fused_mm_0``); on a CPU, aten ops.
+_MATMUL = r"gemm|gemv|matmul|xmma|wgmma|cutlass|nvjet|splitKreduce|triton_tem_\w*mm|aten::(?:mm|bmm|addmm|baddbmm)"
+# Fused attention runs matrix products too, and its names say so (``cutlass::`` types in flash's template
+# arguments, cuDNN's ``..._sdpa_..._wgmma_...``); it is attention, not a matrix product, so it is left out.
+_ATTENTION = r"flash|fmha|sdpa|attention"
+MATMUL_KERNELS = rf"(?i)^(?!.*(?:{_ATTENTION}))(?=.*(?:{_MATMUL}))"
+
+# What a templated kernel computes, from its template arguments: PyTorch passes a functor
+# (``CUDAFunctor_add``, ``MulFunctor``, ``sum_functor``, ``MeanOps``) or a lambda written inside the op's
+# function, which takes a TensorIterator (``direct_copy_kernel_cuda(at::TensorIteratorBase&)``).
+_HINT = re.compile(r"\w*[Ff]unctor\w*|\w+Ops?\b|\w+(?=\(at::TensorIterator)")
+# Generic launchers whose template argument is the kernel itself (``cutlass::Kernel2<cutlass_80_..._gemm_...>``).
+_LAUNCHERS = {"Kernel", "Kernel2", "device_kernel"}
+
+
+def _closing(s: str, i: int) -> int:
+    """The index of the bracket that closes the one at ``s[i]``, ``len(s)`` if none does."""
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] in "<([{":
+            depth += 1
+        elif s[j] in ">)]}":
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(s)
 
 
 def short_kernel_name(name: str, width: int = 60) -> str:
-    """A kernel's name without template arguments, parameter lists or namespaces, cut to ``width``."""
-    s = name
-    while True:  # innermost <...> first, so nested templates go too
-        t = re.sub(r"<[^<>]*>", "", s)
-        if t == s:
-            break
-        s = t
-    if s.startswith("void ") or re.search(r"\w\(", s):  # a C++ signature: "void ns::kernel<...>(args)" -> "kernel"
-        s = re.sub(r"\([^()]*\)", "", s).strip()
-        s = s.split(" ")[-1]
-        if "::" in s:
-            s = s.split("::")[-1]
+    """A kernel's name without namespaces, template arguments or parameter lists, cut to ``width``. Of a
+    templated kernel, with a hint at what it computes where its arguments give one
+    (``vectorized_elementwise_kernel<CUDAFunctor_add>``, ``elementwise_kernel<direct_copy_kernel_cuda>``);
+    of a generic launcher (``cutlass::Kernel2<...>``), the kernel it launches."""
+    s = name.replace("(anonymous namespace)::", "")  # the one parenthesis inside a qualified name
+    # A C++ signature "void ns::kernel<...>(args)"; not "Memcpy DtoD (Device -> Device)".
+    if s.startswith("void ") or re.search(r"\w[<(]", s):
+        i = re.search(r"[<(]|$", s).start()
+        head = s[:i].split()
+        args = s[i + 1 : _closing(s, i)] if s[i : i + 1] == "<" else ""
+        func = head[-1].split("::")[-1] if head else s
+        launched = re.match(r"[A-Za-z_][\w:]*", args)
+        hints = _HINT.findall(args)
+        if func in _LAUNCHERS and launched:
+            s = launched.group().split("::")[-1]
+        else:  # the last hint: the innermost functor (``BinaryFunctor<..., MulFunctor<float>>``)
+            s = f"{func}<{hints[-1]}>" if hints else func
     return s if len(s) <= width else s[: width - 1] + "…"
 
 

@@ -16,26 +16,34 @@ from collections.abc import Mapping, Sequence
 
 __all__ = [
     "above_copy_note",
+    "aux_tradeoff_sentence",
     "bound_name",
+    "cached_buffers_note",
     "compile_evidence",
     "copy_sweep_cpu",
     "copy_timing_modes",
     "disturbed_ceiling_note",
     "exp_bound_verdict",
     "extra_ops_clause",
+    "faster_or_slower",
     "first_failure_phrase",
+    "fixed_rate_model_note",
     "flash_backend_note",
-    "gain_cutoff_sentence",
+    "flat_time_verdict",
     "fp16_sum_overflow_note",
+    "gain_cutoff_sentence",
     "manual_oom_note",
     "matmul_above_ceiling_note",
     "matmul_tiles_clause",
+    "model_miss_summary",
     "padding_cost_note",
     "reorder_print_summary",
     "same_tokens_phrase",
+    "shortfall_source",
     "skip_step_summary",
     "specialization_verdict",
     "spread_note",
+    "sync_free_loop_note",
     "sync_gain_evidence",
     "train_vs_inference",
     "uncounted_sync_clause",
@@ -552,6 +560,134 @@ def disturbed_ceiling_note(small_tflops: float, ceiling_tflops: float) -> str:
     )
 
 
+def aux_tradeoff_sentence(
+    coefs: Sequence[float], cv: Sequence[float], task_loss: Sequence[float], *, steps: int, seeds: int = 1
+) -> str:
+    """Notebook 08's aux-loss experiment: the routing cv and the task loss each ``aux_loss_coef`` (ascending
+    ``coefs``, the first the baseline) ended at after ``steps`` steps, from ``seeds`` run(s) each. A trade-off is
+    claimed only when the task loss rises with the coefficient; otherwise the sentence says it did not show."""
+    n = len(coefs)
+    if not (n >= 2 and len(cv) == len(task_loss) == n):
+        raise ValueError("aux_tradeoff_sentence: coefs, cv and task_loss need the same length, at least 2")
+    text = (
+        f"After {steps} steps: "
+        + "; ".join(f"coef {c:g}, cv {v:.2f} and task loss {t:.2g}" for c, v, t in zip(coefs, cv, task_loss))
+        + ". "
+    )
+    if all(b < a for a, b in zip(cv, cv[1:])):
+        text += "The cv falls as the coefficient grows: the balancing term spreads the load. "
+    else:
+        lowest = min(range(n), key=lambda i: cv[i])
+        text += f"The cv does not fall steadily with the coefficient (lowest, {cv[lowest]:.2f}, at coef {coefs[lowest]:g}). "
+    ratio = task_loss[-1] / task_loss[0]
+    if all(b > a for a, b in zip(task_loss, task_loss[1:])):
+        return text + (
+            f"The task loss rises with it, to {ratio:.2f}× the run with coef {coefs[0]:g} at coef {coefs[-1]:g}: "
+            f"here the coefficient trades the balance against the task."
+        )
+    worst = max(range(n), key=lambda i: task_loss[i])
+    text += (
+        f"The task loss does not rise with the coefficient (at coef {coefs[-1]:g} it ends at {ratio:.2f}× the run "
+        f"with coef {coefs[0]:g}; the highest, {task_loss[worst]:.2g}, is at coef {coefs[worst]:g}): at this size "
+        f"and number of steps the trade-off does not show in the task loss"
+    )
+    if seeds == 1:
+        return text + f", and one run per coefficient, from one seed over {steps} steps, is a noisy measure of it."
+    return text + "."
+
+
+def sync_free_loop_note(
+    t_free_ms: float,
+    t_loop_ms: float,
+    *,
+    syncs: int,
+    ops_free: int,
+    ops_loop: int,
+    cap_rows: int,
+    rows: int,
+    cuda: bool,
+) -> str:
+    """Notebook 08's first exercise: what removing the loop's ``syncs`` syncs bought, from the sync-free capacity
+    loop's time (``t_free_ms``; ``ops_free`` ops, ``cap_rows`` rows per expert) against the ``nonzero`` loop's
+    (``t_loop_ms``; ``ops_loop`` ops, about ``rows`` rows per expert)."""
+    if not (t_free_ms > 0 and t_loop_ms > 0):
+        raise ValueError("sync_free_loop_note: both times must be > 0")
+    what = f"({ops_free} ops against {ops_loop}, and {cap_rows} rows per expert instead of about {rows})"
+    if not cuda:
+        return (
+            f"*CPU run:* without its syncs the loop takes {t_free_ms:.3g} ms against {t_loop_ms:.3g} ms {what}; a "
+            f"sync waits for nothing on a CPU, so this compares the two loops' work, not the syncs. "
+        )
+    if t_free_ms < t_loop_ms:
+        saved = t_loop_ms - t_free_ms
+        return (
+            f"Without its {syncs} syncs the loop takes {t_free_ms:.3g} ms against {t_loop_ms:.3g} ms {what}: "
+            f"{saved:.3g} ms per forward, {saved * 1e3 / max(syncs, 1):.3g} µs per sync removed, is at most what "
+            f"the syncs cost here. "
+        )
+    return (
+        f"Without its {syncs} syncs the loop is no faster: {t_free_ms:.3g} ms against {t_loop_ms:.3g} ms {what}. "
+        f"So at this size the syncs are not what the loop's time is: the device waits on the host's work per "
+        f"op (§5's profile), with or without a sync. "
+    )
+
+
+def fixed_rate_model_note(
+    rows: Sequence[float],
+    measured: Sequence[float],
+    model: Sequence[float],
+    rates: Sequence[float],
+    *,
+    rate_at: float,
+    rows_at: int,
+    peak: float,
+    target: float,
+) -> str:
+    """Notebook 08's second exercise: where the measured gains of the expert sweep (``rows`` tokens per expert)
+    part from the model that holds one expert's rate fixed at its ``rows_at``-row measurement (``rate_at``
+    TFLOP/s; ``model``: its gains), and why, from the rate one expert's matmuls reached at each swept size
+    (``rates``, TFLOP/s, from the sweep's t_expert); and where the measured gain is under ``target``."""
+    n = len(rows)
+    if not (n and len(measured) == len(model) == len(rates) == n) or not peak > 0:
+        raise ValueError("fixed_rate_model_note: rows, measured, model and rates need the same, non-zero length")
+    below = [i for i in range(n) if measured[i] < model[i]]
+    above = [i for i in range(n) if measured[i] > model[i]]
+    text = ""
+    if below:
+        text += f"The measurement is below the fixed-rate model at {_rows(rows, below)} rows per expert. "
+        faster = [i for i in below if rates[i] > rate_at]
+        if faster:
+            i = max(faster, key=lambda j: rates[j])
+            text += (
+                f"There one expert's matmuls ran at up to {rates[i]:.3g} TFLOP/s ({rates[i] / peak:.2f} of the "
+                f"ceiling, at {rows[i]:g} rows), against the {rate_at:.3g} TFLOP/s the model keeps from {rows_at} "
+                f"rows: large experts approach the matmul ceiling, so a rate held fixed overstates the loop's time, "
+                f"and with it the gain. "
+            )
+        slower = [i for i in below if rates[i] <= rate_at]
+        if slower:
+            text += (
+                f"At {_rows(rows, slower)} rows one expert's rate was not above the model's, so the rate does not "
+                f"explain the gap there. "
+            )
+    if above:
+        text += f"It is above the model at {_rows(rows, above)} rows. "
+    if not below and not above:
+        text += "The measurement equals the model at every swept size. "
+    under = [i for i in range(n) if measured[i] < target]
+    if under:
+        return text + (
+            f"Measured, the gain is under {target:g}× at "
+            + ", ".join(f"{rows[i]:g} rows ({measured[i]:.2f}×)" for i in under)
+            + "."
+        )
+    return text + f"Measured, the gain stayed at {target:g}× or more at every swept size."
+
+
+def _rows(rows: Sequence[float], idx: Sequence[int]) -> str:
+    return ", ".join(f"{rows[i]:g}" for i in idx)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 09 · hybrid components
 # ---------------------------------------------------------------------------------------------------
@@ -565,6 +701,102 @@ def first_failure_phrase(first_t: int | None, largest_t: int) -> str:
 def uncounted_sync_clause(counted: int) -> str:
     """Said of the plan's read-back when the sync counter did not see it (a CPU tensor's ``.tolist()``)."""
     return "" if counted else ", invisible to the counter on a CPU"
+
+
+def faster_or_slower(ratio: float) -> str:
+    """ "2.50× faster" for a speed ratio (old time / new time) above 1, "4.87× slower" below it, "as fast" at 1."""
+    if not ratio > 0:
+        raise ValueError(f"faster_or_slower: the ratio must be > 0, got {ratio!r}")
+    if ratio > 1:
+        return f"{ratio:.3g}× faster"
+    if ratio < 1:
+        return f"{1 / ratio:.3g}× slower"
+    return "as fast"
+
+
+def shortfall_source(
+    what: str, measured_ms: float, predicted_ms: float, kernel_ms: float | None, busy: float | None
+) -> str:
+    """Where the time a path (``what``, a noun phrase) took beyond its prediction went, from the profiler: its
+    kernels' time per call (``kernel_ms``; ``busy``: their share of the profiled wall time). Device time can
+    explain at most what the kernels took beyond the whole prediction; the rest the device waited on the host.
+    On a CPU (no kernel time), no split is made."""
+    if not (measured_ms > 0 and predicted_ms > 0):
+        raise ValueError("shortfall_source: the measured and predicted times must be > 0")
+    text = f"{what[:1].upper()}{what[1:]} took {measured_ms / predicted_ms:.2f}× its prediction. "
+    if kernel_ms is None or busy is None:
+        return text + "*CPU run:* no device queue, so the profiler cannot split that into host and device time."
+    missed = measured_ms - predicted_ms
+    if missed <= 0:
+        return text + f"Its kernels took {kernel_ms:.3g} ms per call (the device busy {busy:.0%} of the time)."
+    text += f"Its kernels took {kernel_ms:.3g} ms per call, the device busy {busy:.0%} of the profiled wall time"
+    if kernel_ms <= predicted_ms:
+        return text + (
+            f": less than the {predicted_ms:.3g} ms predicted for the whole call, so device work below the ceiling "
+            f"does not explain the {missed:.3g} ms the model misses; the device waits on the host, whose ops and "
+            f"syncs cost more than t_launch and t_sync."
+        )
+    device = min(kernel_ms - predicted_ms, missed)
+    return text + (
+        f": of the {missed:.3g} ms the model misses, up to {device:.3g} ms is device time (kernels below the "
+        f"ceiling) and the rest, {missed - device:.3g} ms, the host's."
+    )
+
+
+def flat_time_verdict(what: str, ms: Sequence[float], p20: Sequence[float], p80: Sequence[float]) -> str:
+    """Whether a time the model expects to stay flat over a sweep did: the medians ``ms`` and 20–80% spreads
+    (``p20``, ``p80``) of each point. Flat when every point's spread overlaps every other's."""
+    n = len(ms)
+    if not (n and len(p20) == len(p80) == n):
+        raise ValueError("flat_time_verdict: ms, p20 and p80 need the same, non-zero length")
+    span = (
+        f"{min(ms):.3g}–{max(ms):.3g} ms over the sweep ({ms[0]:.3g} ms at the first point, {ms[-1]:.3g} at the last)"
+    )
+    if max(p20) <= min(p80):
+        return f"{what} stayed flat, as expected: {span}, and the 20–80% spreads of all points overlap."
+    return (
+        f"{what} did not stay flat, although it does the same work at every point: {span}, "
+        f"{max(ms) / min(ms):.2f}× from its fastest to its slowest point, beyond the 20–80% spread of its timings."
+    )
+
+
+def cached_buffers_note(fracs: Sequence[float]) -> str:
+    """Said of fractions of the copy bandwidth when one is above 1 (the buffers stayed in a cache); else empty."""
+    if not any(f > 1 for f in fracs):
+        return ""
+    return (
+        f" (Above 1, at {max(fracs):.2f}: the buffers stayed in a cache between calls; the copy ceiling is "
+        f"measured on buffers no cache holds.)"
+    )
+
+
+def model_miss_summary(rows: Sequence[Mapping]) -> str:
+    """Notebook 09's summary: per component (``component``), the measured over the predicted time of its before
+    and after paths (``before_ms``, ``before_pred_ms``, ``after_ms``, ``after_pred_ms``), and which side the model
+    misses more: predicted / measured gain = (after measured / predicted) / (before measured / predicted)."""
+    if not rows:
+        raise ValueError("model_miss_summary: no rows")
+    miss = [(r["component"], r["before_ms"] / r["before_pred_ms"], r["after_ms"] / r["after_pred_ms"]) for r in rows]
+    text = (
+        "Measured over predicted time, before / after path: "
+        + ", ".join(f"{c} {b:.2f}× / {a:.2f}×" for c, b, a in miss)
+        + ". "
+    )
+    high = [c for c, b, a in miss if a > b]
+    low = [c for c, b, a in miss if a < b]
+    if high:
+        text += (
+            f"The predicted gain is too high for {', '.join(high)}: relative to its prediction, the after path ran "
+            f"slower than the before path. "
+        )
+    if low:
+        text += (
+            f"It is too low for {', '.join(low)}: relative to its prediction, the before path ran slower than the "
+            f"after path. "
+        )
+    if not high and not low:
+        text += "Both paths are off by the same factor everywhere, so every predicted gain is the measured one."
+    return text.rstrip()
 
 
 # ---------------------------------------------------------------------------------------------------
