@@ -53,7 +53,7 @@ def top_kernels(fn, n=12, steps=2):
         torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        t = e.device_time_total if hasattr(e, "device_time_total") else getattr(e, "cuda_time_total", 0)
         if e.device_type.name == "CUDA" or (t and not e.cpu_children and e.self_device_time_total):
             rows.append((e.self_device_time_total / steps / 1e3, e.count // steps, e.key[:90]))
     rows.sort(reverse=True)
