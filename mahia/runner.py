@@ -893,15 +893,9 @@ def _part_file(folder: Path, name: str) -> Path:
 
 def recorded_parts(folder: Path, commit: str) -> dict[str, dict]:
     """The parts (notebooks, ``bench_<suite>``) of a reference folder last finished at ``commit``."""
-    done = {}
-    for path in sorted((Path(folder) / "parts").glob("*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if doc.get("commit") == commit and doc.get("status") == "ok":
-            done[path.stem] = doc
-    return done
+    from mahia.measure.report import reference_parts
+
+    return {p["part"]: p for p in reference_parts(folder) if p.get("commit") == commit and p.get("status") == "ok"}
 
 
 def _bench_suites(spec: str | None) -> list[str]:

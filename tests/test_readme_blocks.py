@@ -9,7 +9,6 @@ import json
 import shutil
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from mahia import runner
@@ -278,16 +277,10 @@ def test_write_needs_every_marker(repo, capsys):
 
 
 # -- the runner leaves what a run record needs --------------------------------------------------------------------
-def test_the_runner_writes_run_json_beside_outcomes(tmp_path, monkeypatch):
+def test_the_runner_writes_run_json_beside_outcomes(tmp_path, monkeypatch, bare_notebook_dir):
     for k in ("MAHIA_COMMIT", "MAHIA_RESULTS_DIR", "MAHIA_FIGURES_DIR", files.REFERENCE_ENV):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("MAHIA_COMMIT", "abc123")
-    nbdir = tmp_path / "notebooks"
-    nbdir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("x = 1")]  # no parameters cell: reported at once, no kernel
-    nbformat.write(nb, nbdir / "01_bare.ipynb")
-    monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbdir)
     out = tmp_path / "run"
     kw = dict(device="cpu", profile="quick", results_dir=str(tmp_path / "r"), figures_dir=str(tmp_path / "f"))
     assert runner.run(progress=False, out=str(out), **kw) == 1

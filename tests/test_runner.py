@@ -202,13 +202,7 @@ def test_bad_out_is_one_line_and_exit_2(tmp_path):
     assert a_file.read_text() == "x"
 
 
-def test_an_out_folder_of_an_earlier_run_is_left_as_it_is(tmp_path, monkeypatch, capsys):
-    nbdir = tmp_path / "notebooks"
-    nbdir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("x = 1")]  # no parameters cell: fails at once, no kernel
-    nbformat.write(nb, nbdir / "01_bare.ipynb")
-    monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbdir)
+def test_an_out_folder_of_an_earlier_run_is_left_as_it_is(tmp_path, capsys, bare_notebook_dir):
     earlier = tmp_path / "run"
     earlier.mkdir()
     (earlier / "outcomes.json").write_text("[]")
@@ -317,13 +311,7 @@ def test_every_none_default_parameter_is_listed_when_unchecked(tmp_path):
 
 
 # -- reports and cell numbers ---------------------------------------------------------------------------------
-def test_a_report_is_written_when_nothing_was_recorded(tmp_path, monkeypatch):
-    nbdir = tmp_path / "notebooks"
-    nbdir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("x = 1")]  # no parameters cell: fails at once, no kernel
-    nbformat.write(nb, nbdir / "01_bare.ipynb")
-    monkeypatch.setattr(runner, "NOTEBOOK_DIR", nbdir)
+def test_a_report_is_written_when_nothing_was_recorded(tmp_path, bare_notebook_dir):
     out = tmp_path / "out"
     rc = runner.run(
         device="cpu", out=str(out), results_dir=str(tmp_path / "r"), figures_dir=str(tmp_path / "f"), progress=False

@@ -414,9 +414,7 @@ def roofline(
     )
     pal = palette_for(p["variant"])
     for _, r in p.iterrows():
-        ax.scatter(
-            r["intensity"], r["achieved"], s=50, zorder=3, color=pal.get(r["variant"], variant_color(r["variant"]))
-        )
+        ax.scatter(r["intensity"], r["achieved"], s=50, zorder=3, color=pal[r["variant"]])
         ax.annotate(f" {r['variant']}", (r["intensity"], r["achieved"]), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")

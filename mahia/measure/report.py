@@ -449,8 +449,7 @@ def readme_table(folder: Path) -> str:
     table, with device, date and the commit(s) the records come from; a metric made by an older commit
     than the newest record is marked †."""
     summary = _full_summary(folder)
-    df = load_records(folder)
-    df = latest(df[df["profile"] == "full"]) if not df.empty else df
+    df = _latest_full(folder)
     commits = ", ".join(summary["commits"]) or "none"
     cpu = _is_cpu(df, folder)
     lines = [
@@ -496,10 +495,15 @@ def _full_summary(folder: Path) -> dict:
     return summary
 
 
-def _record_days(folder: Path, summary: dict) -> list[str]:
-    """The days (UTC) of the full-profile records a summary is made of (its newest record's without any)."""
+def _latest_full(folder: Path) -> pd.DataFrame:
+    """The newest full-profile record of each key of a device folder: what its ``summary.json`` is made of."""
     df = load_records(folder)
-    df = latest(df[df["profile"] == "full"]) if not df.empty else df
+    return latest(df[df["profile"] == "full"]) if not df.empty else df
+
+
+def _record_days(df: pd.DataFrame, summary: dict) -> list[str]:
+    """The days (UTC) of the full-profile records ``df`` (``_latest_full``) a summary is made of (its newest
+    record's without any)."""
     days = sorted({str(d)[:10] for d in df["date"].dropna()}) if not df.empty else []
     return days or ([str(summary["newest_record"])[:10]] if summary.get("newest_record") else [])
 
@@ -534,15 +538,14 @@ def readme_tables(folders: Sequence[Path]) -> str:
     days of its records, the commit(s), the parts recorded per commit); below it the † note per GPU."""
     cols = []
     for folder in map(Path, folders):
-        summary = _full_summary(folder)
-        df = load_records(folder)
-        cols.append((folder, summary, _is_cpu(df, folder)))
+        summary, df = _full_summary(folder), _latest_full(folder)  # the records read once per folder
+        cols.append((folder, summary, _is_cpu(df, folder), _record_days(df, summary)))
     lines = []
-    for folder, summary, cpu in cols:
+    for folder, summary, cpu, folder_days in cols:
         parts = reference_parts(folder)
         line = (
             f"_{summary.get('device') or folder.name} (`{folder.name}`): records of "
-            f"{', '.join(_record_days(folder, summary)) or 'no date'}; full profile, commit "
+            f"{', '.join(folder_days) or 'no date'}; full profile, commit "
             f"{', '.join(summary['commits']) or 'none'}"
         )
         if parts:
@@ -553,13 +556,13 @@ def readme_tables(folders: Sequence[Path]) -> str:
     lines += [
         f"_{_GENERATED}; † made by an older commit than that GPU's newest record_",
         "",
-        "| metric | goal | " + " | ".join(str(s.get("device") or f.name) for f, s, _ in cols) + " |",
+        "| metric | goal | " + " | ".join(str(s.get("device") or f.name) for f, s, *_ in cols) + " |",
         "|---|---|" + "---|" * len(cols),
     ]
     for k in HEADLINE_KEYS:
         goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
         cells = []
-        for _, summary, cpu in cols:
+        for _, summary, cpu, _ in cols:
             v = summary["metrics"].get(k)
             if v is None:
                 cells.append("not measured")
@@ -571,7 +574,7 @@ def readme_tables(folders: Sequence[Path]) -> str:
     notes = [
         f"† {s.get('device') or f.name}: made by an older commit ({', '.join(_older(s))}) than its newest record "
         f"({s['newest_commit']}): run that part of the reference again"
-        for f, s, _ in cols
+        for f, s, *_ in cols
         if s["stale"]
     ]
     for n in notes:
