@@ -137,6 +137,13 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="device folder, e.g. runs/results/<device> (default: every device folder of the reference, data/results)",
     )
+    rep.add_argument(
+        "--prune",
+        action="store_true",
+        help="first drop each record its part file (parts/<part>.json) does not name: older commits' runs of a "
+        "notebook or suite, so every summary comes from the commits the parts name; needs a folder written by "
+        "`mahia reference` (default: keep every record)",
+    )
     rd = _sub(
         sub,
         "readme",
@@ -258,7 +265,7 @@ def _command(args: argparse.Namespace) -> int:
                 print(nb.stem)
             return 0
         if args.cmd == "report":
-            return _report(Path(args.folder) if args.folder else None)
+            return _report(Path(args.folder) if args.folder else None, prune=args.prune)
         if args.cmd == "readme":
             return _readme([Path(f) for f in args.folder], args.write, args.test_record, args.run_record)
         if args.cmd == "clean-notebooks":
@@ -277,13 +284,24 @@ def _command(args: argparse.Namespace) -> int:
     return 2
 
 
-def _report(folder: Path | None) -> int:
+def _report(folder: Path | None, prune: bool = False) -> int:
     """Every profile's summary and report.md of one device folder (default: each reference folder); says
-    which commit(s) the full profile's metrics come from and which were not made by HEAD."""
+    which commit(s) the full profile's metrics come from and which were not made by HEAD. ``prune``: first
+    keep only the records its parts name (:func:`mahia.measure.results.keep_part_commits`)."""
     from mahia.measure import files
     from mahia.measure.report import build_report, commit_marks
-    from mahia.measure.results import headline, write_summaries
+    from mahia.measure.results import headline, keep_part_commits, write_summaries
     from mahia.runner import UsageError
+
+    if prune:
+        if folder is None:
+            raise UsageError("--prune drops records: name the folder, e.g. data/results/<gpu>")
+        try:
+            dropped = keep_part_commits(folder)
+        except (ValueError, FileNotFoundError) as e:
+            raise UsageError(str(e)) from None
+        for name, n in dropped.items():
+            print(f"{folder / name}: {n} record(s) of other commits dropped" if n else f"{folder / name}: kept all")
 
     root = files.reference_results_dir()
     if folder is not None:

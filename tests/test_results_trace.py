@@ -245,6 +245,39 @@ def test_a_quick_run_never_changes_the_full_summary(tmp_path, monkeypatch, capsy
     assert "| `sync_speedup` | 2 |" in (folder / "report.md").read_text()  # the folder's report: full
 
 
+def test_prune_keeps_the_commit_each_part_names_and_refuses_a_folder_without_parts(tmp_path, monkeypatch, capsys):
+    _clean_env(monkeypatch)
+    folder = tmp_path / hardware.device_slug("cpu")
+    for commit, ms in (("1707490", 4.0), ("aaa", 3.0), ("bbb", 2.0)):  # a numeric-looking sha, then two more
+        rec = results.Recorder("01_sync", "cpu", results_dir=tmp_path, profile="full", commit=commit)
+        rec.timing("sync_loop", "baseline", "baseline", Timing(8.0, 8, 8, 3))
+        rec.timing("sync_loop", "optimized", "optimized", Timing(ms, ms, ms, 3))
+    quick = results.Recorder("01_sync", "cpu", results_dir=tmp_path, profile="quick", commit="aaa")
+    quick.timing("sync_loop", "optimized", "optimized", Timing(1.0, 1, 1, 3))
+    csv_before = (folder / "01_sync.csv").read_bytes()
+
+    # no part file: nothing to keep, so nothing is dropped and the command says why
+    assert cli(["report", str(folder), "--prune"]) == 2
+    assert "no parts/<part>.json" in capsys.readouterr().err
+    assert (folder / "01_sync.csv").read_bytes() == csv_before
+    # a part file naming a commit with no full-profile row: refused, nothing dropped
+    (folder / "parts").mkdir()
+    (folder / "parts" / "01_sync.json").write_text(json.dumps({"part": "01_sync", "commit": "ccc"}))
+    assert cli(["report", str(folder), "--prune"]) == 2
+    assert (folder / "01_sync.csv").read_bytes() == csv_before
+
+    # the part names the oldest commit, a sha pandas would read as a number: its rows are the ones kept
+    (folder / "parts" / "01_sync.json").write_text(json.dumps({"part": "01_sync", "commit": "1707490"}))
+    assert cli(["report", str(folder), "--prune"]) == 0
+    kept = pd.read_csv(folder / "01_sync.csv", dtype={"commit": str})
+    assert set(kept["commit"]) == {"1707490"} and set(kept["profile"]) == {"full"} and len(kept) == 2
+    assert "5 record(s) of other commits dropped" in capsys.readouterr().out
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["metrics"]["sync_speedup"] == pytest.approx(2.0) and summary["stale"] == []
+    assert results.keep_part_commits(folder) == {"01_sync.csv": 0}  # a second prune drops nothing
+    assert cli(["report", "--prune"]) == 2  # prune needs a folder named
+
+
 def test_a_metric_from_an_older_commit_is_marked_stale(tmp_path, monkeypatch):
     _clean_env(monkeypatch)
     old = results.Recorder("01_sync", "cpu", results_dir=tmp_path, profile="full", commit="aaa")

@@ -11,6 +11,9 @@
 #   FORCE=1       run parts already recorded for this commit again (--force)
 #   ALLOW_DIRTY=1 run from a tree with uncommitted changes; the records say <sha>-dirty (--allow-dirty)
 #   NB_TIMEOUT    seconds per notebook (default 300); BENCH_TIMEOUT seconds per suite (default 400)
+#   DEADLINE      seconds for the whole call (default none): a part still running then is stopped (TERM) and
+#                 what finished is packed all the same; set it below the lease's per-command limit, since
+#                 a command killed from outside packs nothing
 # Runs in the checkout with the Python that has torch and triton (PYTHON, default python3) and packs what this
 # call wrote (records, parts, figures; executed notebooks, reports and logs) into ${OUT:-.}/<tag>.tgz, so a
 # machine that is given back loses nothing; unpacking several parts' archives in the checkout merges them.
@@ -28,24 +31,30 @@ params=(); flags=()
 [[ ${ALLOW_DIRTY:-0} == 1 ]] && flags+=(--allow-dirty)
 for part in "$@"; do [[ $part == param=* ]] && params+=(-p "${part#param=}"); done
 rc=0
+end=$(( $(date +%s) + ${DEADLINE:-1000000000} ))
+left() { local s=$(( end - $(date +%s) )); (( s > 1 )) && echo $s || echo 1; }
+pack() {
+  local slug
+  slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
+  # Only the files this call wrote: another lease's parts in the same folders are not overwritten on unpacking.
+  find data/results/$slug figures/$slug -type f -newer "$stamp" > "$stamp.list" 2>/dev/null
+  tar czf "${OUT:-.}/$tag.tgz" -T "$stamp.list" runs/$tag 2>/dev/null
+  rm -f "$stamp" "$stamp.list"
+  echo "packed ${OUT:-.}/$tag.tgz"
+}
+trap pack EXIT
 for part in "$@"; do
   name=${part//[^A-Za-z0-9]/_}; out=runs/$tag/$name
   case $part in
     tests) timeout 300 $py -m pytest -m "not notebooks" -q -p no:cacheprovider 2>&1 | tail -15 | tee $logs/pytest.log ;;
-    bench) $py -m mahia reference --bench all --timeout ${BENCH_TIMEOUT:-400} --out $out --no-progress \
-             "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
-    bench=*) $py -m mahia reference --bench "${part#bench=}" --timeout ${BENCH_TIMEOUT:-400} --out $out \
-               --no-progress "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
-    nb=*) $py -m mahia reference --notebooks "${part#nb=}" --timeout ${NB_TIMEOUT:-300} --out $out --no-progress \
-            "${flags[@]}" "${params[@]}" 2>&1 | tee $logs/$name.log | tail -20 || rc=1 ;;
+    bench) timeout -s TERM $(left) $py -m mahia reference --bench all --timeout ${BENCH_TIMEOUT:-400} --out $out \
+             --no-progress "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
+    bench=*) timeout -s TERM $(left) $py -m mahia reference --bench "${part#bench=}" --timeout ${BENCH_TIMEOUT:-400} \
+               --out $out --no-progress "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
+    nb=*) timeout -s TERM $(left) $py -m mahia reference --notebooks "${part#nb=}" --timeout ${NB_TIMEOUT:-300} \
+            --out $out --no-progress "${flags[@]}" "${params[@]}" 2>&1 | tee $logs/$name.log | tail -20 || rc=1 ;;
     param=*) ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
   esac
 done
-slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
-# Only the files this call wrote: another lease's parts in the same folders are not overwritten on unpacking.
-find data/results/$slug figures/$slug -type f -newer "$stamp" > "$stamp.list" 2>/dev/null
-tar czf "${OUT:-.}/$tag.tgz" -T "$stamp.list" runs/$tag 2>/dev/null
-rm -f "$stamp" "$stamp.list"
-echo "packed ${OUT:-.}/$tag.tgz"
 exit $rc

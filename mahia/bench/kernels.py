@@ -1201,13 +1201,7 @@ def plot(
     paths: list[Path] = []
     if df.empty:
         return paths
-    colors = {
-        "eager": plotting.ROLE_COLORS["baseline"],
-        "mahia_triton": plotting.ROLE_COLORS["optimized"],
-        "F.rms_norm": "#4c72b0",
-        "torch.compile": "#8172b2",
-        "liger": "#dd8452",
-    }
+    colors = plotting.palette_for(df["variant"])  # one colour per variant in every panel and figure
     for kernel in [k for k in KERNELS if kernels is None or k in set(kernels)]:
         sub = df[df["experiment"].isin([f"{kernel}_{p}{s}" for p in PASSES for s in ("", "_eager")])]
         if sub.empty:
@@ -1228,7 +1222,7 @@ def plot(
                 g = g.sort_values("size_mb")
                 for name, gv in g[g["median_ms"].notna()].groupby("variant", sort=False):
                     y = gv["frac_of_limit"] if use_frac else gv["gbps"]
-                    ax.plot(gv["size_mb"], y, marker="o", ms=3, lw=1, label=name, color=colors.get(name))
+                    ax.plot(gv["size_mb"], y, marker="o", ms=3, lw=1, label=name, color=colors[name])
                 cp = sub[
                     (sub["experiment"] == f"{kernel}_{p}")
                     & (sub["dtype"] == dt)

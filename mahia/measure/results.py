@@ -57,6 +57,7 @@ __all__ = [
     "default_results_dir",
     "default_figures_dir",
     "load_records",
+    "keep_part_commits",
     "latest",
     "profiles",
     "headline",
@@ -333,6 +334,47 @@ def load_records(folder: str | Path) -> pd.DataFrame:
     df["commit"] = df["commit"].astype(object).where(df["commit"].notna(), UNKNOWN).astype(str)
     df["profile"] = df["profile"].astype(str)
     return df
+
+
+def keep_part_commits(folder: str | Path) -> dict[str, int]:
+    """Drop, from each ``<part>.csv`` of a reference folder, the rows that its ``parts/<part>.json`` does not
+    vouch for: rows of another commit (older runs of the part) or another profile. Afterwards every summary
+    of the folder is made by the commits its parts name, one per part. Returns ``{csv name: rows dropped}``.
+
+    Refuses, changing nothing, when a CSV has no part file (a reference made before parts were recorded):
+    there is no commit to keep, and dropping everything would lose the only measurements."""
+    folder = Path(folder)
+    csvs = sorted(folder.glob("*.csv"))
+    keep: dict[Path, str] = {}
+    missing = []
+    for path in csvs:
+        part = folder / "parts" / f"{path.stem}.json"
+        try:
+            commit = json.loads(part.read_text()).get("commit") if part.exists() else None
+        except ValueError:
+            commit = None
+        if not commit:
+            missing.append(path.name)
+        else:
+            keep[path] = str(commit)
+    if missing:
+        raise ValueError(
+            f"{folder}: no parts/<part>.json with a commit for {', '.join(missing)}; nothing was dropped "
+            "(only a folder written by `python -m mahia reference` can be pruned)"
+        )
+    dropped = {}
+    for path, commit in keep.items():
+        df = pd.read_csv(path, dtype={"commit": str})
+        mine = (df["commit"].astype(str) == commit) & (df["profile"].astype(str) == "full")
+        if not mine.any():
+            raise ValueError(f"{path}: no full-profile row of commit {commit}, which parts/ names; nothing dropped")
+        dropped[path.name] = int((~mine).sum())
+    for path, commit in keep.items():
+        if dropped[path.name]:
+            df = pd.read_csv(path, dtype={"commit": str})
+            mine = (df["commit"].astype(str) == commit) & (df["profile"].astype(str) == "full")
+            atomic_write_text(path, df[mine].to_csv(index=False))
+    return dropped
 
 
 def profiles(df: pd.DataFrame) -> list[str]:
