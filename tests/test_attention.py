@@ -187,6 +187,36 @@ def test_flops_and_bytes():
         A.attention_flops(1, 1, 8, 4, 2, causal=True)
 
 
+@pytest.mark.parametrize(
+    ("T", "S", "chunk", "causal"),
+    [(10, 10, 4, True), (10, 13, 4, True), (10, 13, 4, False), (8, 8, 8, True), (8, 8, 20, True), (0, 5, 3, True)],
+)
+def test_chunk_blocks_are_the_blocks_chunked_attention_runs(monkeypatch, T, S, chunk, causal):
+    seen = []
+    manual = A.manual_attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.shape[2], k.shape[2]))
+        return manual(q, k, v, **kw)
+
+    monkeypatch.setattr(A, "manual_attention", spy)
+    q, k, v = qkv(1, 2, 2, T, S, 4)
+    A.chunked_attention(q, k, v, causal=causal, chunk_size=chunk)
+    assert A.chunk_blocks(T, S, chunk, causal) == seen
+
+
+def test_chunk_blocks_hold_half_the_causal_scores_and_more_as_the_chunk_grows():
+    T = 64
+    scores = {c: sum(r * s for r, s in A.chunk_blocks(T, T, c)) for c in (8, 16, 32, 64)}
+    assert scores == {c: T * (T + c) // 2 for c in scores}  # T (T + c) / 2 when c divides T
+    assert scores[64] == T * T  # one chunk: the whole matrix, as the manual path
+    assert sum(r * s for r, s in A.chunk_blocks(T, T, 8, causal=False)) == T * T
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        A.chunk_blocks(4, 4, 0)
+    with pytest.raises(ValueError, match="S >= T"):
+        A.chunk_blocks(8, 4, 2)
+
+
 # --- the layer and the static KV cache -------------------------------------------------------------
 
 DIM, HQ, HKV, HD, B, T = 96, 6, 2, 16, 2, 13

@@ -4,14 +4,18 @@ import pytest
 import torch
 
 from mahia.lessons.hybrid_parts import (
+    HostCost,
     check_moe,
     count_ops_and_syncs,
     fwd_bwd,
     gla_inputs,
+    host_cost,
+    host_row,
     launch_costs,
     launch_model_ms,
     moe_bytes,
     moe_fwd_bwd,
+    refined_model_ms,
     threshold_in_gap,
     train_routing,
 )
@@ -177,3 +181,78 @@ def test_threshold_in_gap():
         threshold_in_gap(g, lo=0.7, hi=0.3)
     with pytest.raises(TypeError, match="gates"):
         threshold_in_gap(torch.tensor([1, 2]))
+
+
+# --- the host's measured cost per op ---------------------------------------------------------------
+
+
+def _adds(n: int):
+    """A call of n one-element adds (n ops that launch a kernel) and one read-back (a sync on a GPU)."""
+    x = torch.zeros(1)
+
+    def fn():
+        for _ in range(n):
+            x.add_(1)
+        return x.sum().item() if n % 2 else None  # odd n: one .item(), a sync on a GPU
+
+    return fn
+
+
+def test_host_cost_divides_the_host_time_by_the_ops_and_takes_t_sync_out():
+    fake = lambda fn: Timing.from_samples([2.0, 2.0, 2.0])  # ms: the host time of every call
+    hc = host_cost(_adds, 40, device="cpu", timer=fake)
+    assert (hc.n_ops, hc.n_syncs, hc.size) == (40, 0, 40) and hc.us_per_op == pytest.approx(2000 / 40)
+    odd = host_cost(_adds, 25, device="cpu", sync_us=500.0, timer=fake)
+    assert (odd.n_ops, odd.n_syncs) == (26, 1)  # 25 adds and the sum read back
+    assert odd.us_per_op == pytest.approx((2000 - 500) / 26)
+    never_negative = HostCost(Timing.from_samples([0.1]), 4, n_syncs=3, sync_us=100.0)
+    assert never_negative.us_per_op == 0.0
+
+
+def test_host_cost_halves_the_size_until_the_call_fits_the_queue():
+    fake = lambda fn: Timing.from_samples([1.0])
+    hc = host_cost(_adds, 40, device="cpu", limit=12, timer=fake)
+    assert (hc.size, hc.n_ops) == (10, 10)  # 40 and 20 adds overfill a queue of 12
+    # a sync drains the queue: 26 ops in two runs between syncs, 13 each, fit a queue of 13
+    assert host_cost(_adds, 25, device="cpu", limit=13, timer=fake).size == 25
+    known = (count_ops_and_syncs(_adds(8))[0], count_ops_and_syncs(_adds(8))[1])
+    assert host_cost(_adds, 8, device="cpu", counts=known, timer=fake).n_ops == 8
+    real = host_cost(_adds, 50, device="cpu")  # host_time itself: a CPU op costs well under a millisecond
+    assert 0 < real.us_per_op < 1000 and real.timing.n >= 5
+
+
+def test_host_cost_and_host_row_check_their_arguments():
+    with pytest.raises(TypeError, match="make_fn must be callable"):
+        host_cost(3, 4, device="cpu")
+    with pytest.raises(ValueError, match="size must be a positive int"):
+        host_cost(_adds, 0, device="cpu")
+    with pytest.raises(ValueError, match="dispatched no op"):
+        host_cost(lambda n: lambda: None, 4, device="cpu")
+    with pytest.raises(TypeError, match="timing must be a Timing"):
+        HostCost(1.0, 3)
+    with pytest.raises(ValueError, match="n_ops must be a positive int"):
+        HostCost(Timing.from_samples([1.0]), 0)
+    hc = HostCost(Timing.from_samples([1.0]), 10)
+    with pytest.raises(ValueError, match="refined_ms must be a number > 0"):
+        host_row("p", hc, measured=hc.timing, n_ops=10, n_syncs=0, launch_us=5.0, predicted_ms=0.05, refined_ms=0)
+
+
+def test_refined_model_and_host_row():
+    # max(100 ops x 20 µs, 1 ms) + 2 syncs x 50 µs, overlapping on every device (a CPU's host time holds its compute)
+    assert refined_model_ms(100, 2, 20.0, 50.0, work_ms=1.0) == pytest.approx(2.1)
+    assert refined_model_ms(100, 0, 5.0, 50.0, work_ms=1.0) == pytest.approx(1.0)
+    hc = HostCost(Timing.from_samples([1.0, 1.2, 1.4]), 50, size=32)
+    wall = Timing.from_samples([30.0, 31.0, 33.0])
+    row = host_row(
+        "loop",
+        hc,
+        measured=wall,
+        n_ops=1000,
+        n_syncs=0,
+        launch_us=10.0,
+        predicted_ms=10.0,
+        refined_ms=refined_model_ms(1000, 0, hc.us_per_op, 0.0),
+        instance="T=32",
+    )
+    assert row["host µs/op"] == pytest.approx(1.2e3 / 50) and row["refined ms"] == pytest.approx(24.0)
+    assert (row["host ops"], row["ops"], row["host instance"], row["measured ms"]) == (50, 1000, "T=32", 31.0)

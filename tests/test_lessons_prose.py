@@ -35,23 +35,32 @@ def test_bound_name():
 
 
 def test_copy_timing_modes_follows_the_run():
-    mib = [0.0625, 1.0, 16.0, 1024.0]
-    # warm slower (host-paced) at the two small sizes, faster at the two large ones: both are said
-    text = prose.copy_timing_modes(
-        mib, [4.8, 4.9, 13.1, 505.2], [11.7, 10.2, 12.1, 504.6], [9.5, 9.8, 10.0, 10.4], l2_mib=60
-    )
-    assert "the smallest takes 4.8 µs" in text and "9.5 µs per copy" in text and "not in it" in text
-    assert "at 0.0625, 1 MiB each took longer" in text and "*below*" in text
-    assert "At 16, 1024 MiB the warm copy was faster, by up to 1.08× at 16 MiB" in text
-    assert "(32 MiB) fit in the 60 MiB L2 cache" in text
-    # warm never slower: no host-paced claim; never faster: no cache claim; no L2 size: no fit clause
-    only_faster = prose.copy_timing_modes([1.0, 2.0], [5.0, 6.0], [4.0, 5.0], [3.0, 3.0])
-    assert "*below*" not in only_faster and "faster, by up to 1.25× at 1 MiB:" in only_faster
-    only_slower = prose.copy_timing_modes([1.0], [5.0], [9.0], [8.0])
-    assert "*below*" in only_slower and "was faster" not in only_slower
-    assert "do not fit" in prose.copy_timing_modes([64.0], [40.0], [35.0], [9.0], l2_mib=50)
+    mib = [0.0625, 1.0, 16.0, 64.0, 1024.0]
+    flushed, warm = [5.1, 6.0, 17.0, 50.1, 716.4], [9.2, 9.3, 10.2, 47.8, 714.6]
+    host, pred = [11.7, 10.5, 10.9, 11.0, 11.2], [0.04, 0.7, 11.2, 44.6, 714.2]
+    text = prose.copy_timing_modes(mib, flushed, warm, host, pred, copy_us=1.1, l2_mib=50)
+    # the flushed floor split by the profiler's time of the copy: 5.1 - 1.1 = 4.0 µs are not the copy
+    assert "the smallest measures 5.1 µs" in text
+    assert "the copy itself at 1.1 µs of device time, so 4.0 µs (78%) of the flushed floor is not the copy" in text
+    assert "(11.7 µs, host clock, no sync) is longer than that whole time, so the events did not wait" in text
+    # warm slower at the two small sizes: its time against the host's launch, computed (9.2/11.7, 9.3/10.5)
+    assert "at 0.0625, 1 MiB each took longer than with it (9.2–9.3 µs per copy)" in text
+    assert "0.79–0.89 of the host's launch of one (10.5–11.7 µs)" in text and "*below*" in text
+    # warm faster: within the 4.0 µs gap at 64 and 1024 MiB; at 16 MiB beyond it and faster than the ceiling allows
+    assert "At 16, 64, 1024 MiB the warm copy was faster, by 1.8–6.8 µs per copy" in text
+    assert "at 64, 1024 MiB by no more than the 4.0 µs the flushed timing counts around each copy" in text
+    assert "at 16 MiB the warm copy (10.2 µs) beat the time the copy ceiling predicts (11.2 µs)" in text
+    assert "(32 MiB) fit in the 50 MiB L2 cache" in text and "does not show" not in text
+    # the other branches: profiler no shorter than the floor, host launch not longer, saved beyond the gap only
+    other = prose.copy_timing_modes([1.0, 64.0], [5.0, 60.0], [6.0, 50.0], [4.0, 4.0], [0.7, 44.6], copy_us=5.0)
+    assert "the events count nothing else" in other and "part of it may be inside it" in other
+    assert "at 64 MiB by more than that, without beating the ceiling's prediction" in other and "L2" not in other
+    assert "do not fit" in prose.copy_timing_modes([64.0], [50.0], [40.0], [9.0], [44.6], copy_us=1.0, l2_mib=50)
+    assert "*below*" not in prose.copy_timing_modes([1.0], [5.0], [4.0], [9.0], [0.7], copy_us=1.0)
     with pytest.raises(ValueError, match="same, non-zero length"):
-        prose.copy_timing_modes([1.0], [1.0, 2.0], [1.0], [1.0])
+        prose.copy_timing_modes([1.0], [1.0, 2.0], [1.0], [1.0], [1.0], copy_us=1.0)
+    with pytest.raises(ValueError, match="copy_us must be > 0"):
+        prose.copy_timing_modes([1.0], [1.0], [1.0], [1.0], [1.0], copy_us=0.0)
 
 
 # --- 00 (cont.) -----------------------------------------------------------------------------------------
@@ -61,7 +70,8 @@ def test_copy_sweep_cpu_names_the_sizes_above_the_ceiling():
     text = prose.copy_sweep_cpu([0.015625, 1.0, 16.0], [28.0, 143.0, 70.0], 55.0)
     assert "the smallest copy (16 KiB) moved 28.0 GB/s, 0.51 of the ceiling" in text
     assert "the largest (16 MiB) 70.0 GB/s, 1.27 of it" in text
-    assert "Faster than the ceiling at 1 MiB, 16 MiB:" in text and "caches" in text
+    assert "Faster than the ceiling at 1 MiB, 16 MiB:" in text and "no spread kept" in text
+    assert "(highest, 143.0 GB/s, at 1 MiB)" in text and "slowed by other work" not in text
     assert "Faster" not in prose.copy_sweep_cpu([1.0], [10.0], 55.0)
     with pytest.raises(ValueError, match="same, non-zero length"):
         prose.copy_sweep_cpu([1.0], [1.0, 2.0], 5.0)
@@ -77,9 +87,34 @@ def test_exp_bound_verdict_splits_by_pace():
         prose.exp_bound_verdict({})
 
 
-def test_matmul_above_ceiling_note():
-    assert prose.matmul_above_ceiling_note(0.95) == ""
-    assert "ran 1.07× slower than this one" in prose.matmul_above_ceiling_note(1.07)
+def test_matmul_ceiling_check_compares_like_with_like():
+    # flops 1e12: a time of t ms is 1000 / t TFLOP/s; the band runs from the p80 (slow) to the p20 (fast) time
+    b2b = (1.4, 1.38, 1.42)  # 714 TFLOP/s, 704–725
+    mode = prose.matmul_ceiling_check("matmul 4096", 1e12, 720.0, 737.0, b2b, (1.35, 1.34, 1.36))
+    assert "back to back 714 TFLOP/s (20–80%: 704–725), flushed 741 (735–746): 1.04× the back-to-back rate" in mode
+    assert "the two bands apart. The ceiling lies inside the back-to-back band." in mode
+    assert "The sweep point's 1.02 of the ceiling comes from the timing mode" in mode and "busy" not in mode
+    low = prose.matmul_ceiling_check("matmul 4096", 1e12, 650.0, 700.0, b2b, (1.41, 1.39, 1.43))
+    assert "the two bands overlapping" in low and "lies below the back-to-back band" in low
+    assert "comes from the ceiling's measurement" in low and "timing mode" not in low
+    spread = prose.matmul_ceiling_check("matmul 4096", 1e12, 712.0, 715.0, b2b, (1.41, 1.39, 1.43))
+    assert "comes from the timings' spread: the ceiling lies inside its way's band and the sweep point" in spread
+    none = prose.matmul_ceiling_check("matmul 4096", 1e12, 720.0, 760.0, b2b, (1.41, 1.39, 1.43))
+    assert "comes from none of these, within the spreads measured here." in none
+    cpu = prose.matmul_ceiling_check("matmul 512", 1e12, 800.0, 700.0, b2b)
+    assert "the ceiling's way: 714 TFLOP/s" in cpu and "flushed" not in cpu and "lies above the new band" in cpu
+    assert "sweep point" not in cpu  # below the ceiling: nothing to account for
+    with pytest.raises(ValueError, match="must be \\(median, p20, p80\\)"):
+        prose.matmul_ceiling_check("m", 1e12, 700.0, 700.0, (1.0, 0.0, 1.0))
+
+
+def test_kernel_time_split():
+    text = prose.kernel_time_split(0.006, 0.0026, 0.018)
+    assert "its bench time (6.0 µs) is 2.3× its kernels' device time (2.6 µs, profiler): 3.4 µs are" in text
+    assert text.endswith("the kernels reach 0.018 of the ceiling; ")
+    assert "no longer than" in prose.kernel_time_split(0.002, 0.0026, 0.05)
+    with pytest.raises(ValueError, match="must be > 0"):
+        prose.kernel_time_split(0.006, 0.0, 0.1)
 
 
 def test_matmul_tiles_clause_counts_tiles_for_the_sms():
@@ -87,13 +122,19 @@ def test_matmul_tiles_clause_counts_tiles_for_the_sms():
     assert "computes 128×128 output tiles, so a 256×256 product is 4 tile(s) for 132 SMs: 4 of them get work" in text
     assert "132 of them get work" in prose.matmul_tiles_clause(8192, "k", (128, 256), 132)
     assert "states no tile size" in prose.matmul_tiles_clause(256, "gemv2T_kernel", None, 132)
+    # the kernel's own fraction below what its busy SMs allow: idle SMs explain at most sms / busy of it
+    idle = prose.matmul_tiles_clause(256, "k", (64, 24), 132, kernel_frac=0.018)
+    assert "44 of them get work (0.33 of the SMs): idle SMs explain at most a factor 3.0 of the shortfall" in idle
+    assert "idle SMs" not in prose.matmul_tiles_clause(256, "k", (64, 24), 132, kernel_frac=0.5)
+    assert "idle SMs" not in prose.matmul_tiles_clause(8192, "k", (128, 256), 132, kernel_frac=0.01)
 
 
 # --- 01 ------------------------------------------------------------------------------------------------
 
 
 def test_extra_ops_clause():
-    assert "extra kernels" in prose.extra_ops_clause(10, 12)
+    assert "are extra ops; section 5's profiler counts the kernels" in prose.extra_ops_clause(10, 12)
+    assert "extra kernels" not in prose.extra_ops_clause(10, 12)  # ops, not kernels: the profiler counts those
     assert prose.extra_ops_clause(12, 12) == ""
 
 
@@ -117,15 +158,100 @@ def test_gain_cutoff_sentence():
         "for every step longer than 0.4 ms" in rising and "(at the measured sizes it predicts 1.002–1.200×)" in rising
     )
     assert "under 1.05× at step times of 0.1 ms (0.82×), 10 ms (1.01×), and above it at 1 ms (1.43×)" in rising
-    assert "the overlap it breaks" in rising
+    assert "does not fall steadily" in rising and "sets it against host time / device time" in rising
+    assert "because" not in rising  # no cause asserted: the sweep's summary shows the evidence
     falling = prose.gain_cutoff_sentence(steps, [1.4, 1.1, 1.01], pred, cut=1.05, model_cut_ms=0.4)
     assert falling.endswith("it falls with the step time, as the model's does.")
+    # every size under the cut, but the gain rises with the step time: not "falls, as the model's does"
+    all_under = prose.gain_cutoff_sentence(steps[:2], [0.67, 0.99], pred[:2], cut=1.05, model_cut_ms=0.4)
+    assert "does not fall steadily" in all_under and "as the model's does." not in all_under
     never = prose.gain_cutoff_sentence(steps, [1.4, 1.3, 1.2], pred, cut=1.05, model_cut_ms=0.4)
     assert "stayed at 1.05× or more at every size (1.20× at the least)" in never
     cpu = prose.gain_cutoff_sentence(steps, [0.82, 1.43, 1.01], pred, cut=1.05, model_cut_ms=0.4, cuda=False)
-    assert "*CPU run:*" in cpu and "overlap it breaks" not in cpu
+    assert "*CPU run:*" in cpu and "host time / device time" not in cpu
     with pytest.raises(ValueError, match="same, non-zero length"):
         prose.gain_cutoff_sentence([], [], [], cut=1.05, model_cut_ms=1.0)
+
+
+def test_launch_model_check():
+    kw = dict(pred_after_us=800.0, launch_us=8.0, step_us=5200.0, ops_before=78, ops_after=100,
+              kernels_before=114, kernels_after=110.25)  # fmt: skip
+    dev = prose.launch_model_check(host_us=4000.0, device_us=5000.0, cuda=True, **kw)
+    assert "114 device launches (kernels and copies) of the syncing loop and 110.2 of the sync-free one" in dev
+    assert "against 78 and 100 ops counted" in dev and "800 µs of launches" in dev
+    assert "host needs 4000 µs to issue one (40.0 µs per op against t_launch = 8.00 µs)" in dev
+    assert "busy 5000 µs of the 5200 µs step: device-bound (host/device 0.8)" in dev
+    assert "premise of a launch-bound step does not hold" in dev
+    host = prose.launch_model_check(host_us=6000.0, device_us=1000.0, cuda=True, **kw)
+    assert "host-bound (host/device 6), as the model assumed, at 7.5× its cost per op" in host
+    cpu = prose.launch_model_check(host_us=900.0, device_us=float("nan"), cuda=False, **kw)
+    assert "on this CPU" in cpu and "9.0 µs per op on average (900 µs per sync-free step over 100 ops)" in cpu
+    assert "device" not in cpu
+
+
+def test_host_device_sentence():
+    text = prose.host_device_sentence(["a", "b", "c"], [4.5, 4.6, 4.9], [0.2, 1.0, 18.0], [1.04, 1.09, 1.01])
+    assert (
+        "host needs 4.5 ms to issue a step at a, where the device is busy 0.2 ms (host/device 22.5: host-bound)" in text
+    )
+    assert "4.9 ms to issue a step at c, where the device is busy 18 ms (host/device 0.272: device-bound)" in text
+    assert "at b" not in text and text.endswith("took 1.01–1.09× the larger of the two.")
+    one = prose.host_device_sentence(["a"], [1.0], [2.0], [1.0])
+    assert ", and" not in one and "device-bound" in one
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        prose.host_device_sentence(["a"], [1.0, 2.0], [1.0], [1.0])
+
+
+def test_balance_order_sentence():
+    from mahia.lessons.sync_loops import balance_order
+
+    labels = ["s0", "s1", "s2", "s3"]
+    ratio, lo, hi = [1.0, 2.0, 0.5, 8.0], [1.3, 1.0, 1.2, 0.85], [1.5, 1.25, 1.4, 0.95]
+    agree = prose.balance_order_sentence(balance_order(ratio, [1.4, 1.1, 1.3, 0.9], lo, hi), labels)
+    assert "the largest gain, 1.40× at s0, is at host/device 1, the size nearest balance" in agree
+    assert "Of the 5 pairs of sizes, 5 order their gains as the overlap account predicts" in agree
+    assert "(4 of them with 20–80% spreads apart), and 0 against it (0 with spreads apart)." in agree
+    flipped = balance_order(ratio, [0.9, 1.1, 1.3, 1.4], [0.85, 1.0, 1.2, 1.35], [0.95, 1.25, 1.4, 1.5])
+    against = prose.balance_order_sentence(flipped, labels)
+    assert (
+        "1.40× at s3, is at host/device 8, not at the size nearest balance: that is s0 (host/device 1, 0.90×)"
+        in against
+    )
+    assert "in 4 pair(s) the timing separates a larger gain farther from balance" in against
+    noisy = balance_order([1.0, 4.0], [1.1, 1.2], [0.9, 1.0], [1.3, 1.4])
+    assert prose.balance_order_sentence(noisy, ["a", "b"]).endswith("lies within the timing noise.")
+    single = prose.balance_order_sentence(balance_order([2.0], [1.1], [1.0], [1.2]), ["a"])
+    assert "pairs" not in single
+    with pytest.raises(ValueError, match="labels"):
+        prose.balance_order_sentence(noisy, ["a"])
+
+
+def test_overlap_bound_clause():
+    under = prose.overlap_bound_clause(["a", "b"], [1.1, 1.4], [1.0, 1.3], [1.2, 1.5], [1.25, 2.0])
+    assert under == "2 of the 2 measured gains lie at or under their overlap bound, 70%–88% of it."
+    over = prose.overlap_bound_clause(["a", "b"], [1.3, 1.4], [1.28, 1.3], [1.4, 1.5], [1.25, 2.0])
+    assert "1 of the 2" in over and "above it: a (1.30× against 1.25×, spread 1.28–1.40, all of it above)." in over
+    noisy = prose.overlap_bound_clause(["a"], [1.3], [1.1], [1.4], [1.25])
+    assert "a (1.30× against 1.25×, spread 1.10–1.40)." in noisy
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        prose.overlap_bound_clause(["a"], [], [], [], [])
+
+
+def test_slowdown_sentence():
+    kw = dict(gain=0.9, lo=0.78, hi=0.96, step_before_ms=4.2, step_after_ms=4.67, ops_before=78, ops_after=90,
+              n_sync=7, sync_us=10.0)  # fmt: skip
+    host = prose.slowdown_sentence("batch 64", host_ms=4.5, device_ms=0.2, **kw)
+    assert "At batch 64 removing the syncs slowed the loop: 0.90× (20–80% spread 0.78–0.96), 470 µs more" in host
+    assert "host-bound there (host/device 22.5: the host needs 4.5 ms to issue it, the device 0.2 ms to run it)" in host
+    assert "runs 12 more ops (90 against 78 per step); at the average 50.0 µs of host time per op" in host
+    assert "they cost 600 µs, while the syncs it removes cost 7 × 10.0 µs = 70 µs of drain" in host
+    assert host.endswith("+530 µs net, 113% of the +470 µs measured.")
+    device = prose.slowdown_sentence("x", host_ms=1.0, device_ms=4.0, **kw)
+    assert "device-bound there (host/device 0.25)" in device and "do not explain the slowdown" in device
+    fewer = prose.slowdown_sentence("x", host_ms=4.5, device_ms=0.2, **(kw | dict(ops_after=70)))
+    assert "runs no more ops (70 against 78 per step): the op count does not explain it" in fewer
+    with pytest.raises(ValueError, match="gain < 1"):
+        prose.slowdown_sentence("x", host_ms=1.0, device_ms=1.0, **(kw | dict(gain=1.1)))
 
 
 def test_skip_step_summary_says_what_each_way_did():
@@ -173,6 +299,63 @@ def test_manual_oom_note():
     assert "**T=4096** (predicted: 2048)" in prose.manual_oom_note(4096, 2048)
     assert "(predicted: no OOM in this sweep)" in prose.manual_oom_note(4096, None)
     assert "never ran out of memory in this sweep (predicted first OOM: None)" in prose.manual_oom_note(None, None)
+
+
+def test_decode_gain_note_splits_the_gain_into_kernel_and_host_time():
+    # H100-like: manual 247 us timed, 6 kernels busy 60 us; SDPA 87 us timed, 2 kernels busy 50 us
+    host = prose.decode_gain_note(247.0, 87.0, 60.0, 50.0, 6, 2, cuda=True)
+    assert "manual path runs 6 kernels per call for 60.0 µs" in host and "SDPA 2 for 50.0 µs" in host
+    assert "manual 187.0 µs, SDPA 37.0 µs" in host  # timed less kernels
+    assert "Of the 160.0 µs SDPA saves per call, 10.0 µs is kernel time and 150.0 µs host time" in host
+    assert "the larger part, 94%, is the host's (6 kernel launches" in host
+    kernels = prose.decode_gain_note(200.0, 50.0, 180.0, 40.0, 6, 2, cuda=True)
+    assert "140.0 µs is kernel time and 10.0 µs host time: the larger part, 93%, is in the kernels." in kernels
+    only_host = prose.decode_gain_note(200.0, 50.0, 30.0, 40.0, 6, 2, cuda=True)
+    assert "all of the gain is the host's" in only_host and "SDPA's kernels are not faster" in only_host
+    only_kernels = prose.decode_gain_note(100.0, 50.0, 90.0, 20.0, 6, 2, cuda=True)
+    assert "all of the gain is in the kernels" in only_kernels
+    none = prose.decode_gain_note(50.0, 60.0, 30.0, 40.0, 6, 2, cuda=True)
+    assert none.endswith("SDPA saves nothing here: it takes 10.0 µs longer per call.")
+    cpu = prose.decode_gain_note(300.0, 100.0, 250.0, 80.0, 7, 1, cuda=False)
+    assert cpu.startswith("*CPU run:*") and "kernel time" not in cpu and "7 top-level operators spent 250.0 µs" in cpu
+    with pytest.raises(ValueError, match="must be > 0"):
+        prose.decode_gain_note(0.0, 50.0, 1.0, 1.0, 6, 2, cuda=True)
+
+
+def test_gqa_note_compares_with_the_call_without_gqa():
+    def row(b, gqa, mha, gpk, mpk, spread=0.01):
+        return dict(
+            backend=b,
+            gqa_ms=gqa,
+            gqa_p20=gqa - spread,
+            gqa_p80=gqa + spread,
+            mha_ms=mha,
+            mha_p20=mha - spread,
+            mha_p80=mha + spread,
+            gqa_peak_mib=gpk,
+            mha_peak_mib=mpk,
+        )
+
+    rows = [
+        row("flash", 0.896, 0.899, 65.0, 65.0),
+        row("cudnn", 0.49, 0.52, 64.0, 64.0),
+        row("efficient", 1.83, 1.72, 192.0, 64.0),
+        row("math", 28.8, 28.9, 9856.25, 9792.25, spread=0.2),
+    ]
+    text = prose.gqa_note(rows, repeat_mib=128.0, kv_saved_ms=0.0335)
+    assert "flash 1.00×, cudnn 0.94×, efficient 1.06×, math 1.00×" in text
+    assert (
+        "faster beyond both 20–80% spreads: cudnn; slower beyond both spreads: efficient; within them: flash, math"
+        in text
+    )
+    assert "worth 0.0335 ms at the copy bandwidth, 6.8% of the fastest GQA call" in text
+    assert "flash +0 MiB, cudnn +0 MiB, efficient +128 MiB, math +64 MiB" in text
+    assert "as a call through `repeat_kv` does: efficient." in text
+    assert text.endswith("no full copy of k and v was made: flash, cudnn, math.")
+    cpu = prose.gqa_note([row("flash", 1.0, 1.0, float("nan"), None)], repeat_mib=1.0, kv_saved_ms=0.01)
+    assert cpu.endswith("which backends copy k and v is not shown.") and "Peak memory" not in cpu
+    with pytest.raises(ValueError, match="no rows"):
+        prose.gqa_note([], repeat_mib=1.0, kv_saved_ms=1.0)
 
 
 # --- 03 ------------------------------------------------------------------------------------------------
@@ -379,6 +562,37 @@ def test_flat_time_verdict():
 def test_cached_buffers_note():
     assert prose.cached_buffers_note([0.43, 0.87]) == ""
     assert "(Above 1, at 1.20: the buffers stayed in a cache" in prose.cached_buffers_note([0.6, 1.2])
+
+
+def _host_row(**kw):
+    row = dict(path="The loop", ops=1000, syncs=0)
+    row.update({"host instance": "T=32", "host ops": 1000, "host ms": 24.0, "host µs/op": 24.0, "t_launch µs": 10.0})
+    row.update({"measured ms": 30.0, "p20 ms": 28.0, "p80 ms": 33.0, "predicted ms": 10.0, "refined ms": 24.0})
+    return {**row, **kw}
+
+
+def test_host_cost_sentences_decompose_the_miss():
+    say = lambda cuda=True, queue=None, **kw: prose.host_cost_sentences([_host_row(**kw)], cuda=cuda, queue=queue)
+    short = say()
+    assert short.startswith("The loop: the host took 24 µs per op to issue it (2.40× t_launch = 10 µs).")
+    assert "predicts 24 ms, against 30 ms measured and 10 ms with t_launch (the measurement is 3.00× that)" in short
+    assert "it still misses. The measured host cost moves the prediction by +14 ms, 70% of the 20 ms miss" in short
+    assert "and leaves 6 ms (1.25× the refined model) that is not host time per op" in short
+    inside = say(**{"refined ms": 29.0})
+    assert "inside the measurement's 20–80% spread (28–33 ms): per-op host cost is the miss." in inside
+    over = say(queue=1000, **{"refined ms": 40.0, "host ops": 50})
+    assert "measured on T=32 (50 ops; the full call's 1,000 would overfill the launch queue of about 1,000" in over
+    assert "it overshoots, 1.33× the measurement" in over and "need not carry over" in over
+    assert "it syncs 64× per call, so its host time holds the waits" in say(syncs=64)
+    faster = say(**{"predicted ms": 40.0, "refined ms": 20.0})
+    assert "moves the prediction by -20 ms and leaves" in faster  # no share of a miss the other way
+    two = prose.host_cost_sentences([_host_row(syncs=64), _host_row(path="the other")], cuda=False)
+    assert "The other: the host took" in two and "syncs 64×" not in two  # a CPU sync waits for nothing
+    assert two.count("*CPU run:*") == 1 and two.endswith("the model's compute at the measured ceilings is larger.")
+    with pytest.raises(ValueError, match="p20 <= measured <= p80"):
+        say(**{"p20 ms": 31.0})
+    with pytest.raises(ValueError, match="no rows"):
+        prose.host_cost_sentences([], cuda=True)
 
 
 def test_model_miss_summary_names_the_side_the_model_misses():

@@ -2,18 +2,25 @@
 
 import copy
 import json
+import math
 
 import pytest
 import torch
 
 from mahia.lessons.sync_loops import (
     ResidualMLP,
+    balance_order,
     count_ops,
+    device_step_ms,
     gpu_activity,
     host_issue_ms,
+    host_step_ms,
     idle_fraction,
     launch_chain,
     make_batches,
+    ops_per_step,
+    overlap_columns,
+    plot_gain_vs_balance,
     train_sync_free,
     train_syncing,
 )
@@ -182,3 +189,123 @@ def test_host_issue_ms_is_the_median_call_and_checks_its_arguments():
         host_issue_ms(1, "cpu")
     with pytest.raises(ValueError, match="repeats"):
         host_issue_ms(lambda: None, "cpu", repeats=0)
+
+
+class _FakeClock:
+    """A clock (seconds) that only moves when a fake loop "runs": run(n) costs once + per_step * n."""
+
+    def __init__(self, once: float, per_step: float):
+        self.t, self.once, self.per_step, self.calls = 0.0, once, per_step, []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def run(self, n: int) -> None:
+        self.calls.append(n)
+        self.t += self.once + self.per_step * n
+
+
+def test_host_issue_ms_reads_the_clock_around_the_call():
+    clock = _FakeClock(once=0.002, per_step=0.001)
+    assert host_issue_ms(lambda: clock.run(3), "cpu", repeats=3, clock=clock) == pytest.approx(5.0)
+    assert clock.calls == [3, 3, 3]
+
+
+def test_host_step_ms_cancels_what_a_call_pays_once():
+    # 7 ms once per call + 4 ms per step: a one-step call would say 11 ms per step, the difference says 4
+    clock = _FakeClock(once=0.007, per_step=0.004)
+    assert host_step_ms(clock.run, "cpu", steps=4, repeats=3, clock=clock) == pytest.approx(4.0)
+    assert sorted(set(clock.calls)) == [1, 4]
+    with pytest.raises(RuntimeError, match="did not grow"):
+        host_step_ms(lambda n: None, "cpu", clock=_FakeClock(0.0, 0.0))
+    with pytest.raises(ValueError, match="steps"):
+        host_step_ms(clock.run, "cpu", steps=1)
+    with pytest.raises(TypeError, match="callable"):
+        host_step_ms(3, "cpu")
+
+
+def test_device_step_ms_is_nan_without_a_device():
+    assert math.isnan(device_step_ms(lambda n: None, "cpu"))
+    with pytest.raises(ValueError, match="steps"):
+        device_step_ms(lambda n: None, "cpu", steps=0)
+
+
+def test_ops_per_step_leaves_out_what_a_call_does_once():
+    x = torch.zeros(4)
+    first = []
+
+    def run(n):
+        if not first:  # the first call does extra work once (like SGD allocating its momentum)
+            first.append(1)
+            for _ in range(10):
+                x.mul_(1)
+        x.add_(1)  # once per call
+        for _ in range(n):
+            x.add_(1)
+            x.mul_(2)  # 2 ops per step
+
+    assert ops_per_step(run, steps=3) == 2.0
+    # the real loops: the sync-free step runs more ops than the syncing one (masked mean, torch.where)
+    (m1, o1), (m2, o2) = _pair()
+    data = make_batches(3, BATCH, IN, CLASSES)
+    before = ops_per_step(lambda n: train_syncing(m1, o1, data[:n]))
+    after = ops_per_step(lambda n: train_sync_free(m2, o2, data[:n]))
+    assert 0 < before < after
+
+
+def test_overlap_columns():
+    df = overlap_columns([4.0, 2.0, 1.0], [1.0, 2.0, float("nan")], [4.4, 2.2, 1.5])
+    assert list(df["host/device"][:2]) == [4.0, 1.0] and math.isnan(df["host/device"][2])
+    assert list(df["bound"][:2]) == ["host", "host"] and df["bound"].isna()[2]  # host = device: host-bound
+    assert list(df["overlap bound"][:2]) == [pytest.approx(1.25), pytest.approx(2.0)]
+    assert list(df["step / max"][:2]) == [pytest.approx(1.1), pytest.approx(1.1)]
+    assert math.isnan(df["overlap bound"][2]) and math.isnan(df["step / max"][2])
+    assert overlap_columns([1.0], [3.0], [3.0])["bound"][0] == "device"
+    with pytest.raises(ValueError, match="same length"):
+        overlap_columns([1.0], [1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="positive"):
+        overlap_columns([0.0], [1.0], [1.0])
+
+
+def test_balance_order_counts_pairs_by_distance_from_balance():
+    # distances |log r|: 0 (r=1), log 2 (r=2 and r=1/2), log 8 (r=8)
+    ratio = [1.0, 2.0, 0.5, 8.0]
+    gain = [1.4, 1.1, 1.3, 0.9]
+    lo = [1.3, 1.0, 1.2, 0.85]
+    hi = [1.5, 1.25, 1.4, 0.95]
+    o = balance_order(ratio, gain, lo, hi)
+    # pairs with different distances: (0,1) (0,2) (0,3) (1,3) (2,3) all agree; (1,2) tie in distance, skipped
+    assert (o.agree, o.against, o.pairs) == (5, 0, 5)
+    assert o.agree_apart == 4  # (0,1): spreads 1.3-1.5 and 1.0-1.25 apart; (0,2): 1.3-1.5, 1.2-1.4 overlap
+    assert (o.top, o.nearest) == (0, 0)
+    flipped = balance_order(ratio, [0.9, 1.1, 1.3, 1.4], [0.85, 1.0, 1.2, 1.35], [0.95, 1.25, 1.4, 1.5])
+    assert (flipped.agree, flipped.against, flipped.against_apart) == (0, 5, 4)
+    assert (flipped.top, flipped.nearest) == (3, 0)
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        balance_order([], [], [], [])
+    with pytest.raises(ValueError, match="positive and finite"):
+        balance_order([0.0], [1.0], [1.0], [1.0])
+    with pytest.raises(ValueError, match="inside its spread"):
+        balance_order([1.0], [2.0], [1.0], [1.5])
+
+
+def test_plot_gain_vs_balance_draws_every_measured_size():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    df = pd.DataFrame(
+        {"host/device": [4.0, 1.0, float("nan")], "measured": [1.1, 1.4, 1.0], "lo": [1.0, 1.3, 0.9],
+         "hi": [1.2, 1.5, 1.1], "overlap bound": [1.25, 2.0, float("nan")]}
+    )  # fmt: skip
+    ax = plot_gain_vs_balance(df, title="t", device_note="dev")
+    bound = [ln for ln in ax.get_lines() if ln.get_label().startswith("overlap bound")][0]
+    assert list(bound.get_xdata()) == [1.0, 4.0]  # sorted by host/device, the NaN size left out
+    assert ax.get_xscale() == "log" and ax.get_title() == "t\ndev"
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="needs columns"):
+        plot_gain_vs_balance(df.drop(columns="lo"))
+    with pytest.raises(ValueError, match="no size"):
+        plot_gain_vs_balance(df.iloc[2:])

@@ -1,13 +1,17 @@
-"""mahia.measure.timing.capture_graph, the one CUDA-graph capture (argument checks run on a CPU)."""
+"""mahia.measure.timing: capture_graph, the one CUDA-graph capture (argument checks run on a CPU), Timing's
+statistics and host_time, the host's issue time of a call."""
 
+import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from mahia.measure.timing import Timing, bench, capture_graph
+from mahia.measure import timing
+from mahia.measure.timing import Timing, bench, capture_graph, host_time
 
 
 def test_capture_graph_checks_its_arguments():
@@ -82,3 +86,75 @@ def test_timing_from_samples_uses_the_benchmark_statistics():
     assert (one.median_ms, one.p20_ms, one.p80_ms) == (7.0, 7.0, 7.0)
     with pytest.raises(ValueError, match="at least one"):
         Timing.from_samples([])
+
+
+# ---------------------------------------------------------------------------------------------------
+# host_time: the host's issue time of a call
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_host_time_measures_a_known_sleep():
+    t = host_time(lambda: time.sleep(0.004), device="cpu", warmup_ms=0, rep_ms=0, min_reps=5)
+    assert t.n == 5 and t.device == "cpu"
+    assert 4.0 <= t.p20_ms <= t.median_ms <= t.p80_ms < 12.0  # sleep() never returns early; a loaded machine is late
+
+
+def test_host_time_leaves_the_trailing_synchronize_out_and_syncs_around_each_call(monkeypatch):
+    events = []
+
+    def slow_sync(device=None):  # a device that takes 20 ms to catch up after every call
+        events.append("sync")
+        time.sleep(0.02)
+
+    def fn():
+        events.append("call")
+        time.sleep(0.002)
+
+    monkeypatch.setattr(timing, "synchronize", slow_sync)
+    t = host_time(fn, device="cpu", warmup_ms=0, rep_ms=0, min_reps=3)
+    assert 2.0 <= t.median_ms < 15.0  # the call's 2 ms, not the 20 ms catch-up that follows it
+    assert events == ["sync", "call", "sync"] * (2 + 3)  # first call, budget estimate, 3 repetitions
+
+
+def test_host_time_times_the_first_call_apart_and_keeps_to_its_budget():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        time.sleep(0.03 if len(calls) == 1 else 0.001)  # a slow first call, as compilation makes one
+
+    t = host_time(fn, device="cpu", warmup_ms=5, rep_ms=20, min_reps=3, max_reps=8)
+    assert t.first_call_ms >= 30.0 and t.median_ms < 10.0
+    assert 3 <= t.n <= 8 and len(calls) <= 2 + 8 + 8  # first, estimate, warm-up and repetitions within max_reps
+    assert host_time(lambda: None, device="cpu", rep_ms=1000, max_reps=7).n == 7
+
+
+def test_host_time_checks_its_arguments():
+    with pytest.raises(TypeError, match="fn must be callable"):
+        host_time(3.0)
+    for bad in (dict(warmup_ms=-1), dict(rep_ms="50"), dict(rep_ms=math.inf), dict(warmup_ms=True)):
+        with pytest.raises(ValueError, match="must be a finite number >= 0"):
+            host_time(lambda: None, device="cpu", **bad)
+    with pytest.raises(ValueError, match="min_reps must be a positive int"):
+        host_time(lambda: None, device="cpu", min_reps=0)
+    with pytest.raises(ValueError, match="max_reps must be an int >= 5"):
+        host_time(lambda: None, device="cpu", max_reps=2)
+    with pytest.raises(ValueError, match="device must be"):
+        host_time(lambda: None, device="no-such-device")
+
+
+def test_host_time_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    calls = []
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        host_time(lambda: calls.append(1), device="cuda")
+    assert calls == []
+
+
+@pytest.mark.gpu
+def test_host_time_on_a_gpu_is_the_issue_time_not_the_kernels():
+    x = torch.randn(4096, 4096, device="cuda")
+    wall = bench(lambda: x @ x @ x @ x, rep_ms=20, warmup_ms=5)
+    host = host_time(lambda: x @ x @ x @ x, device="cuda")
+    assert host.median_ms < wall.median_ms  # three big matmuls queue in microseconds and run for milliseconds

@@ -55,6 +55,7 @@ __all__ = [
     "clear_backend_cache",
     "attention_flops",
     "attention_bytes",
+    "chunk_blocks",
     "rope_rows",
     "decode_mask",
     "StaticKVCache",
@@ -605,6 +606,25 @@ def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *, dtype:
         raise TypeError(f"attention_bytes: dtype must be a torch.dtype, got {type(dtype).__name__}")
     itemsize = torch.empty((), dtype=dtype).element_size()
     return (2 * B * Hq * T * D + 2 * B * Hkv * S * D) * itemsize
+
+
+def chunk_blocks(T: int, S: int, chunk_size: int, causal: bool = True) -> list[tuple[int, int]]:
+    """(queries, keys) of each block :func:`chunked_attention` hands to its per-chunk kernel, in order.
+
+    Chunk c holds queries t0 .. t1-1 (t0 = c * chunk_size, t1 = min(t0 + chunk_size, T)) and, with
+    ``causal``, only keys 0 .. t1-1+S-T: no query of the chunk sees a later one. So for S == T the
+    blocks hold sum_c (t1 - t0) * t1 scores, T * (T + chunk_size) / 2 when chunk_size divides T: about
+    half of the T * S a single manual call materializes, and more of it as the chunk grows. T = 0 gives
+    the one empty chunk the function runs. Byte and FLOP models sum their per-block costs over these.
+    """
+    for name, val in (("T", T), ("S", S), ("chunk_size", chunk_size)):
+        check_int("chunk_blocks", name, val, minimum=1 if name == "chunk_size" else 0)
+    _check_causal_lengths("chunk_blocks", T, S, causal)
+    blocks = []
+    for t0 in range(0, max(T, 1), chunk_size):  # the same loop as chunked_attention
+        t1 = min(t0 + chunk_size, T)
+        blocks.append((t1 - t0, t1 + S - T if causal else S))
+    return blocks
 
 
 # ---------------------------------------------------------------------------------------------------

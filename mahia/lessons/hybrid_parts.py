@@ -10,6 +10,12 @@ None of this is a model component; it is what the two notebooks need around the 
   where ``t_launch`` is what the host needs to issue one kernel, ``t_work`` the device time of the
   arithmetic, and ``t_sync`` what one host-device synchronization adds (drain the queue, copy the value
   back, launch again). On a GPU launches overlap with device work (hence the max); a sync does not.
+* ``HostCost``, ``host_cost``, ``refined_model_ms`` and ``host_row``: the model's ``t_launch`` is the cost of a
+  one-element add in a bare chain; a real op costs the host more (module calls, argument checks, autograd
+  recording, allocation). ``host_cost`` measures a call's host issue time directly
+  (:func:`mahia.measure.timing.host_time`) and divides it by the call's ops, on a smaller instance of the
+  call when the full one would overfill the launch queue; ``refined_model_ms`` is the model with that
+  measured per-op cost in place of ``t_launch``; ``host_row`` puts a path's two predictions next to its time.
 * ``count_ops_and_syncs``: the ``n_ops`` (ops that launch a kernel, :func:`mahia.measure.instruments.count_ops`)
   and ``n_syncs`` of one call.
 * ``moe_bytes``, ``moe_fwd_bwd``, ``check_moe``, ``train_routing``: the MoE layer's compulsory memory
@@ -33,13 +39,17 @@ from mahia.lessons.sync_loops import launch_chain
 from mahia.measure.checks import check_close, check_float_dtype, check_int, tolerance
 from mahia.measure.cost import Machine, step_time
 from mahia.measure.instruments import OpCount, SyncReport, count_ops, count_syncs
-from mahia.measure.timing import Timing
+from mahia.measure.timing import Timing, host_time
 from mahia.measure.timing import bench as _bench
 
 __all__ = [
     "LaunchCosts",
     "launch_costs",
     "launch_model_ms",
+    "HostCost",
+    "host_cost",
+    "refined_model_ms",
+    "host_row",
     "count_ops_and_syncs",
     "moe_bytes",
     "moe_fwd_bwd",
@@ -122,6 +132,124 @@ def count_ops_and_syncs(fn: Callable[[], object]) -> tuple[OpCount, SyncReport]:
     with count_syncs(keep_stack=False) as syncs, count_ops() as ops:
         fn()
     return ops, syncs
+
+
+@dataclass(frozen=True)
+class HostCost:
+    """A call's measured host issue time (``timing``, from :func:`mahia.measure.timing.host_time`) with the ops
+    (``n_ops``) and syncs (``n_syncs``) it dispatched, ``size`` the instance measured (``None``: not sized)
+    and ``sync_us`` the t_sync taken out for each sync."""
+
+    timing: Timing
+    n_ops: int
+    n_syncs: int = 0
+    sync_us: float = 0.0
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.timing, Timing):
+            raise TypeError(f"HostCost: timing must be a Timing (from host_time), got {type(self.timing).__name__}")
+        check_int("HostCost", "n_ops", self.n_ops)
+        check_int("HostCost", "n_syncs", self.n_syncs, minimum=0)
+        if isinstance(self.sync_us, bool) or not isinstance(self.sync_us, (int, float)) or not self.sync_us >= 0:
+            raise ValueError(f"HostCost: sync_us must be a number >= 0, got {self.sync_us!r}")
+
+    @property
+    def us_per_op(self) -> float:
+        """Host µs per op: (host median - n_syncs * t_sync) / n_ops, at least 0. A call that syncs waits for the
+        device at each sync; t_sync is taken out, any wait beyond it stays in (an upper bound on the host's
+        own cost per op then)."""
+        return max(self.timing.median_ms * 1e3 - self.n_syncs * self.sync_us, 0.0) / self.n_ops
+
+
+def host_cost(
+    make_fn: Callable[[int], Callable[[], object]],
+    size: int,
+    *,
+    device: torch.device | str,
+    sync_us: float = 0.0,
+    limit: int | None = None,
+    counts: tuple[OpCount, SyncReport] | None = None,
+    timer: Callable[[Callable[[], object]], Timing] | None = None,
+) -> HostCost:
+    """Measure the host cost per op of the call ``make_fn(size)`` (a zero-argument function).
+
+    With ``limit`` (the launch queue, :data:`mahia.measure.timing.LAUNCH_QUEUE_KERNELS`, on a GPU) the size
+    is halved until the call queues at most ``limit`` kernels between two syncs, ops / (syncs + 1): past it
+    the host waits for the device and its time is no longer its own (:func:`mahia.measure.timing.host_time`).
+    Each step halves as often as ops growing in proportion to the size say it must, then counts again.
+    ``counts``: the (ops, syncs) of ``make_fn(size)`` when already counted (skips one counting run).
+    ``timer``: how to time a call (default ``host_time(fn, device=device)``). The result's ``size`` says
+    which instance was measured.
+    """
+    if not callable(make_fn):
+        raise TypeError(f"host_cost: make_fn must be callable, got {type(make_fn).__name__}")
+    check_int("host_cost", "size", size)
+    if limit is not None:
+        check_int("host_cost", "limit", limit)
+    while True:
+        fn = make_fn(size)
+        ops, syncs = counts if counts is not None else count_ops_and_syncs(fn)
+        counts = None  # a smaller size is counted afresh
+        per_run = ops.total / (syncs.count + 1)  # kernels queued between two syncs, on average
+        if limit is None or per_run <= limit or size == 1:
+            break
+        target = size * limit / per_run  # the size that fits if the ops grow in proportion to it
+        size //= 2
+        while size > 1 and size > target:  # halve straight to it; the count at that size checks the guess
+            size //= 2
+    if ops.total == 0:
+        raise ValueError(f"host_cost: make_fn({size}) dispatched no op that launches a kernel: no cost per op")
+    t = timer(fn) if timer is not None else host_time(fn, device=device)
+    return HostCost(t, ops.total, syncs.count, sync_us, size)
+
+
+def refined_model_ms(n_ops: float, n_syncs: float, host_us: float, sync_us: float, work_ms: float = 0.0) -> float:
+    """The launch model with a path's own measured host cost per op (``host_us``, :attr:`HostCost.us_per_op`)
+    in place of t_launch:  max(n_ops * host_us, work_ms) + n_syncs * t_sync,  on every device. On a GPU the
+    device works while the host issues; on a CPU the measured host time already holds the compute (the CPU
+    runs each op as it is called), so the sum of :func:`launch_model_ms` would count it twice."""
+    return launch_model_ms(n_ops, n_syncs, host_us, sync_us, work_ms=work_ms, overlap=True)
+
+
+def host_row(
+    path: str,
+    host: HostCost,
+    *,
+    measured: Timing,
+    n_ops: int,
+    n_syncs: int,
+    launch_us: float,
+    predicted_ms: float,
+    refined_ms: float,
+    instance: str = "",
+) -> dict:
+    """One path's row for a table and for :func:`mahia.lessons.prose.host_cost_sentence`: its full call's
+    ``n_ops`` and ``n_syncs``, the host cost measured (on ``instance``, e.g. "T=32", when smaller than the
+    full call: ``host.n_ops`` ops), the measured time (median, 20th and 80th percentiles) and the two
+    predictions: with t_launch (``predicted_ms``) and with the measured host cost (``refined_ms``)."""
+    if not isinstance(host, HostCost) or not isinstance(measured, Timing):
+        raise TypeError("host_row: host must be a HostCost and measured a Timing")
+    check_int("host_row", "n_ops", n_ops)
+    check_int("host_row", "n_syncs", n_syncs, minimum=0)
+    for name, v in (("launch_us", launch_us), ("predicted_ms", predicted_ms), ("refined_ms", refined_ms)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"host_row: {name} must be a number > 0, got {v!r}")
+    return {
+        "path": path,
+        "ops": n_ops,
+        "syncs": n_syncs,
+        "host instance": instance or "the call itself",
+        "host ops": host.n_ops,
+        "host ms": host.timing.median_ms,
+        "host µs/op": host.us_per_op,
+        "t_launch µs": launch_us,
+        "measured ms": measured.median_ms,
+        "p20 ms": measured.p20_ms,
+        "p80 ms": measured.p80_ms,
+        "predicted ms": predicted_ms,
+        "refined ms": refined_ms,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -17,11 +17,13 @@ from collections.abc import Mapping, Sequence
 __all__ = [
     "above_copy_note",
     "aux_tradeoff_sentence",
+    "balance_order_sentence",
     "bound_name",
     "cached_buffers_note",
     "compile_evidence",
     "copy_sweep_cpu",
     "copy_timing_modes",
+    "decode_gain_note",
     "disturbed_ceiling_note",
     "exp_bound_verdict",
     "extra_ops_clause",
@@ -32,15 +34,22 @@ __all__ = [
     "flat_time_verdict",
     "fp16_sum_overflow_note",
     "gain_cutoff_sentence",
+    "gqa_note",
+    "host_cost_sentences",
+    "host_device_sentence",
+    "kernel_time_split",
+    "launch_model_check",
     "manual_oom_note",
-    "matmul_above_ceiling_note",
+    "matmul_ceiling_check",
     "matmul_tiles_clause",
     "model_miss_summary",
+    "overlap_bound_clause",
     "padding_cost_note",
     "reorder_print_summary",
     "same_tokens_phrase",
     "shortfall_source",
     "skip_step_summary",
+    "slowdown_sentence",
     "specialization_verdict",
     "spread_note",
     "sync_free_loop_note",
@@ -79,48 +88,91 @@ def copy_timing_modes(
     flushed_us: Sequence[float],
     warm_us: Sequence[float],
     host_us: Sequence[float],
+    predicted_us: Sequence[float],
     *,
+    copy_us: float,
     l2_mib: float | None = None,
 ) -> str:
     """What the two timing modes of the copy sweep measured (GPU), size by size (ascending ``mib``).
 
-    With the L2 flush each repetition is one copy after the flush, which gives the host time to queue it:
-    the events time the kernel on the device, without the host's launch. Without it the copies run back to
-    back, so a copy shorter than its launch runs at the host's pace, and data the previous repetition left
-    in L2 can be read from there. ``host_us``: the host's time to launch one copy (no sync); ``l2_mib``: the
-    L2 cache's size (the device report's ``l2_cache_mb``, which counts MiB)."""
+    With the L2 flush each repetition is one copy between two CUDA events. ``copy_us``, the profiler's
+    device time of the smallest copy, splits its flushed time ``flushed_us[0]`` into the copy and the rest,
+    ``gap = flushed_us[0] - copy_us``: the stream's time from the start event to the copy and from the copy
+    to the end event, which the events count and the profiler's time of the copy does not. Without the flush
+    the copies run back to back, several between one pair of events, so the gap is shared between them: a
+    warm copy faster by at most ``gap`` needs nothing else; one faster than ``predicted_us`` (bytes over the
+    measured copy ceiling) read part of its bytes from somewhere faster than device memory. A warm copy
+    slower than the flushed one took longer than the device needs (the flushed time bounds that): the host's
+    launches set its pace, as its time against ``host_us`` (the host's launch of one copy, no sync) shows.
+    ``l2_mib``: the L2 cache's size (the device report's ``l2_cache_mb``, which counts MiB)."""
     n = len(mib)
-    if not (n and len(flushed_us) == len(warm_us) == len(host_us) == n):
-        raise ValueError("copy_timing_modes: mib, flushed_us, warm_us and host_us need the same, non-zero length")
-    text = (
-        f"With the flush, each repetition times one copy on the device alone: the smallest takes "
-        f"{flushed_us[0]:.1f} µs, the device's fixed cost of starting a kernel and reaching its first bytes. "
-        f"The host's launch ({host_us[0]:.1f} µs per copy, host clock, no sync) is not in it: the flush before "
-        f"each repetition gives the host time to queue the call (notebook 05 measures the device floor as "
-        f"`t_floor`). "
-    )
+    if not (n and len(flushed_us) == len(warm_us) == len(host_us) == len(predicted_us) == n):
+        raise ValueError(
+            "copy_timing_modes: mib, flushed_us, warm_us, host_us and predicted_us need the same, non-zero length"
+        )
+    if not copy_us > 0:
+        raise ValueError(f"copy_timing_modes: copy_us must be > 0 (the profiler's time of the copy), got {copy_us}")
+    f0, gap = flushed_us[0], flushed_us[0] - copy_us
+    text = f"With the flush, each repetition is one copy between two CUDA events: the smallest measures {f0:.1f} µs. "
+    if gap > 0:
+        text += (
+            f"The profiler puts the copy itself at {copy_us:.1f} µs of device time, so {gap:.1f} µs "
+            f"({gap / f0:.0%}) of the flushed floor is not the copy: it is the stream's time from the start event "
+            f"to the copy and from the copy to the end event, which the events count and the profiler does not. "
+        )
+    else:
+        text += f"The profiler puts the copy itself at {copy_us:.1f} µs: the events count nothing else. "
+    if host_us[0] > f0:
+        text += (
+            f"The host's launch of one copy ({host_us[0]:.1f} µs, host clock, no sync) is longer than that whole "
+            f"time, so the events did not wait for it: the flush before each repetition gives the host time to "
+            f"queue the copy. "
+        )
+    else:
+        text += (
+            f"The host's launch of one copy ({host_us[0]:.1f} µs, host clock, no sync) is not longer than that "
+            f"time, so part of it may be inside it. "
+        )
     slower = [i for i in range(n) if warm_us[i] > flushed_us[i]]
     if slower:
-        w = [warm_us[i] for i in slower]
-        h = [host_us[i] for i in slower]
+        w, h = [warm_us[i] for i in slower], [host_us[i] for i in slower]
+        r = [warm_us[i] / host_us[i] for i in slower]
         text += (
             f"Without the flush the copies run back to back, and at {_sizes(mib, slower)} MiB each took longer "
-            f"than with it ({min(w):.1f}–{max(w):.1f} µs per copy, against {min(h):.1f}–{max(h):.1f} µs for the "
-            f"host to launch one): there the host's launches set the pace, which puts the warm curve *below* "
-            f"the flushed one. "
+            f"than with it ({min(w):.1f}–{max(w):.1f} µs per copy), longer than the device needs for it (at most "
+            f"the flushed time) and {min(r):.2f}–{max(r):.2f} of the host's launch of one ({min(h):.1f}–"
+            f"{max(h):.1f} µs): there the host's launches set the pace, which puts the warm curve *below* the "
+            f"flushed one. "
         )
     faster = [i for i in range(n) if warm_us[i] < flushed_us[i]]
     if faster:
-        i = max(faster, key=lambda j: flushed_us[j] / warm_us[j])
-        where = ""
-        if l2_mib:
-            fits = "fit" if 2 * mib[i] <= l2_mib else "do not fit"
-            where = f"; its source and destination ({2 * mib[i]:g} MiB) {fits} in the {l2_mib:g} MiB L2 cache"
+        saved = [flushed_us[i] - warm_us[i] for i in faster]
         text += (
-            f"At {_sizes(mib, faster)} MiB the warm copy was faster, by up to {flushed_us[i] / warm_us[i]:.2f}× "
-            f"at {mib[i]:g} MiB{where}: without the flush, bytes the previous repetition left in L2 can be "
-            f"read from there, and the next copy is already queued when one ends. "
+            f"At {_sizes(mib, faster)} MiB the warm copy was faster, by {min(saved):.1f}–{max(saved):.1f} µs per copy"
         )
+        within = [i for i in faster if flushed_us[i] - warm_us[i] <= gap]
+        if within:
+            text += (
+                f"; at {_sizes(mib, within)} MiB by no more than the {max(gap, 0):.1f} µs the flushed timing "
+                f"counts around each copy, which back-to-back copies share"
+            )
+        beat = [i for i in faster if warm_us[i] < predicted_us[i]]
+        for i in beat:
+            fits = ""
+            if l2_mib:
+                fit = "fit" if 2 * mib[i] <= l2_mib else "do not fit"
+                fits = f"; its source and destination ({2 * mib[i]:g} MiB) {fit} in the {l2_mib:g} MiB L2 cache"
+            text += (
+                f"; at {mib[i]:g} MiB the warm copy ({warm_us[i]:.1f} µs) beat the time the copy ceiling predicts "
+                f"({predicted_us[i]:.1f} µs), so part of its bytes did not come from device memory{fits}"
+            )
+        other = [i for i in faster if i not in within and i not in beat]
+        if other:
+            text += (
+                f"; at {_sizes(mib, other)} MiB by more than that, without beating the ceiling's prediction: "
+                f"this run does not show where the rest was saved"
+            )
+        text += ". "
     return text
 
 
@@ -134,7 +186,8 @@ def _size(mib: float) -> str:
 
 def copy_sweep_cpu(mib: Sequence[float], gbps: Sequence[float], ceiling_gbps: float) -> str:
     """CPU run: the copy sweep's rate at its smallest and largest size against the ceiling (ascending ``mib``),
-    and the sizes where it ran above the ceiling (measured once, at setup, on a large copy)."""
+    and the sizes where it ran above the ceiling (one large copy timed once, at setup, with no spread kept),
+    with the size where the rate was highest; the run does not measure why (which cache serves which size)."""
     n = len(mib)
     if not (n and len(gbps) == n) or not ceiling_gbps > 0:
         raise ValueError("copy_sweep_cpu: mib and gbps need the same, non-zero length, and the ceiling must be > 0")
@@ -144,10 +197,12 @@ def copy_sweep_cpu(mib: Sequence[float], gbps: Sequence[float], ceiling_gbps: fl
     )
     above = [i for i in range(n) if gbps[i] > ceiling_gbps]
     if above:
+        top = max(range(n), key=lambda i: gbps[i])
         text += (
             f"Faster than the ceiling at {', '.join(_size(mib[i]) for i in above)}: the ceiling is one large copy "
-            f"measured at setup, and a copy beats it when its data are served from the CPU's caches, or when the "
-            f"ceiling's own measurement was slowed by other work on the machine. "
+            f"timed once at setup, with no spread kept, while the rate here depends on the size (highest, "
+            f"{gbps[top]:,.1f} GB/s, at {_size(mib[top])}); this run does not measure which of the CPU's caches "
+            f"serves which size. "
         )
     return text
 
@@ -174,27 +229,106 @@ def exp_bound_verdict(fracs: Mapping[str, float], *, pace: float = 0.7) -> str:
     return "; ".join(parts) + "."
 
 
-def matmul_above_ceiling_note(frac: float) -> str:
-    """Said of a matmul that ran above the matmul ceiling measured at setup (``frac`` of it); empty otherwise."""
-    if frac <= 1:
-        return ""
+def matmul_ceiling_check(
+    variant: str,
+    flops: float,
+    ceiling_tflops: float,
+    sweep_tflops: float,
+    ceiling_way_ms: tuple[float, float, float],
+    flushed_ms: tuple[float, float, float] | None = None,
+) -> str:
+    """The matmul ceiling against a sweep point, like with like: ``variant`` (``flops`` per call, measured at
+    ``sweep_tflops`` by the sweep) timed again the ceiling's way (the best median of a few large sizes, once at
+    setup, no spread kept; on a GPU back to back without the L2 flush) and, on a GPU, right after that the
+    sweep's way (``flushed_ms``: the L2 flushed before each repetition; None on a CPU, which has no flush).
+    Each ``(median, p20, p80)`` in ms gives a rate ``flops / t / 1e12`` TFLOP/s and a 20–80% band from the
+    p80 (slow) to the p20 (fast) time. Says where the ceiling lies against the ceiling-way band and whether
+    the two bands are apart; when the sweep point is above the ceiling, which of those measured differences
+    accounts for it (flushed faster, bands apart; the ceiling below its own way's band now), else the spread
+    (the ceiling inside its way's band and the sweep point inside the band of its own way), or that none does."""
+    bands = {"ceiling_way_ms": ceiling_way_ms} | ({"flushed_ms": flushed_ms} if flushed_ms is not None else {})
+    for name, t in bands.items():
+        if len(t) != 3 or not all(x > 0 for x in t):
+            raise ValueError(f"matmul_ceiling_check: {name} must be (median, p20, p80) in ms, all > 0; got {t}")
+    if not (flops > 0 and ceiling_tflops > 0):
+        raise ValueError("matmul_ceiling_check: flops and ceiling_tflops must be > 0")
+
+    def rates(t: tuple[float, float, float]) -> tuple[float, float, float]:  # median, low (p80), high (p20)
+        return flops / (t[0] * 1e-3) / 1e12, flops / (t[2] * 1e-3) / 1e12, flops / (t[1] * 1e-3) / 1e12
+
+    b, b_lo, b_hi = rates(ceiling_way_ms)
+    where = "inside" if b_lo <= ceiling_tflops <= b_hi else ("above" if ceiling_tflops > b_hi else "below")
+    gpu = flushed_ms is not None
+    text = (
+        f" The ceiling ({ceiling_tflops:.3g} TFLOP/s) is the best median of a few large matmuls"
+        + (" timed back to back without the L2 flush" if gpu else "")
+        + ", once at setup, with no spread kept"
+        + ("; the sweep flushes L2 before each repetition" if gpu else "")
+        + f". Timed again at {variant}'s shape, "
+        + ("one way after the other: back to back" if gpu else "the ceiling's way:")
+        + f" {b:.3g} TFLOP/s (20–80%: {b_lo:.3g}–{b_hi:.3g})"
+    )
+    mode, own = False, b_lo <= sweep_tflops <= b_hi  # own: the sweep point inside the band of its own way
+    if gpu:
+        f, f_lo, f_hi = rates(flushed_ms)
+        own = f_lo <= sweep_tflops <= f_hi
+        apart = f_lo > b_hi or f_hi < b_lo
+        mode = apart and f > b
+        text += f", flushed {f:.3g} ({f_lo:.3g}–{f_hi:.3g}): {f / b:.2f}× the back-to-back rate, " + (
+            "the two bands apart" if apart else "the two bands overlapping"
+        )
+    text += f". The ceiling lies {where} the {'back-to-back' if gpu else 'new'} band."
+    if sweep_tflops > ceiling_tflops:
+        causes = (["the timing mode (flushed runs faster than back to back at this shape)"] if mode else []) + (
+            ["the ceiling's measurement (this shape, timed its way now, runs faster)"] if where == "below" else []
+        )
+        if not causes and where == "inside" and own:
+            causes = ["the timings' spread: the ceiling lies inside its way's band and the sweep point inside its own"]
+        text += f" The sweep point's {sweep_tflops / ceiling_tflops:.2f} of the ceiling comes from " + (
+            " and from ".join(causes) + "." if causes else "none of these, within the spreads measured here."
+        )
+    return text
+
+
+def kernel_time_split(bench_ms: float, kernel_ms: float, kernel_frac: float) -> str:
+    """GPU: a short op's ``bench`` time against its kernels' device time (profiler): the difference is the fixed
+    cost the CUDA events count around a kernel; ``kernel_frac``: the ceiling fraction the kernels alone reach
+    (FLOPs / kernel time / ceiling)."""
+    if not (bench_ms > 0 and kernel_ms > 0):
+        raise ValueError(f"kernel_time_split: times must be > 0, got {bench_ms}, {kernel_ms}")
+    b, k = bench_ms * 1e3, kernel_ms * 1e3
+    if b <= k:
+        return f"its bench time ({b:.1f} µs) is no longer than its kernels' device time ({k:.1f} µs, profiler); "
     return (
-        f" Above 1: the ceiling, the best of a few large matmuls measured once at setup, ran {frac:.2f}× slower "
-        f"than this one; on a busy machine that measurement was disturbed, so fractions of it overstate."
+        f"its bench time ({b:.1f} µs) is {b / k:.1f}× its kernels' device time ({k:.1f} µs, profiler): {b - k:.1f} µs "
+        f"are the fixed cost the events count around a kernel, as for the smallest copy. On their device time "
+        f"alone the kernels reach {kernel_frac:.3f} of the ceiling; "
     )
 
 
-def matmul_tiles_clause(n: int, kernel: str, tile: tuple[int, int] | None, sms: int | None) -> str:
+def matmul_tiles_clause(
+    n: int, kernel: str, tile: tuple[int, int] | None, sms: int | None, *, kernel_frac: float | None = None
+) -> str:
     """What the profiler's kernel name says about an (n, n) x (n, n) product: its output tiles against the
-    GPU's SMs, when the name states a tile size (:func:`mahia.lessons.profiler_summary.tile_shape`)."""
+    GPU's SMs, when the name states a tile size (:func:`mahia.lessons.profiler_summary.tile_shape`). With
+    ``kernel_frac`` (the ceiling fraction the kernel alone reaches) and SMs left idle: idle SMs cap the
+    fraction at ``busy SMs / sms``, so when the kernel stays below that cap they explain at most a factor
+    ``sms / busy SMs`` of its shortfall, and the rest happens inside the kernel."""
     if tile is None or not sms:
         return f"its kernel is `{kernel}` (the name states no tile size). "
     tm, tn = tile
     tiles = -(-n // tm) * -(-n // tn)
-    return (
+    busy = min(tiles, sms)
+    text = (
         f"its kernel, `{kernel}`, computes {tm}×{tn} output tiles, so a {n}×{n} product is {tiles} tile(s) for "
-        f"{sms} SMs: {min(tiles, sms)} of them get work. "
+        f"{sms} SMs: {busy} of them get work"
     )
+    if kernel_frac is not None and busy < sms and kernel_frac < busy / sms:
+        text += (
+            f" ({busy / sms:.2f} of the SMs): idle SMs explain at most a factor {sms / busy:.1f} of the shortfall, "
+            f"the rest happens inside the kernel, which this profile does not break down"
+        )
+    return text + ". "
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -203,8 +337,11 @@ def matmul_tiles_clause(n: int, kernel: str, tile: tuple[int, int] | None, sms: 
 
 
 def extra_ops_clause(ops_before: int, ops_after: int) -> str:
-    """Appended to "the sync-free step dispatches <after> ops against <before>"."""
-    return " (the masked arithmetic and `torch.where` are extra kernels)" if ops_after > ops_before else ""
+    """Appended to "the sync-free step dispatches <after> ops against <before>": ops, not kernels (one op may
+    launch several kernels or copies; section 5's profiler counts those)."""
+    if ops_after > ops_before:
+        return " (the masked arithmetic and `torch.where` are extra ops; section 5's profiler counts the kernels)"
+    return ""
 
 
 def sync_gain_evidence(
@@ -253,8 +390,9 @@ def gain_cutoff_sentence(
     cuda: bool = True,
 ) -> str:
     """Where the measured gain of the sync sweep (ascending ``step_ms``) is under ``cut``, against where the
-    drain-only model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut).
-    ``cuda=False``: a CPU run, where nothing overlaps, so no reason is given for the shape of the curve."""
+    drain-only model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut),
+    and whether the measured gain falls with the step time as the model's does (it does not if it rises
+    anywhere). ``cuda=False``: a CPU run, where nothing overlaps, so no reason is given for the shape."""
     if not (len(step_ms) == len(measured) == len(predicted)) or not len(step_ms):
         raise ValueError("gain_cutoff_sentence: step_ms, measured and predicted need the same, non-zero length")
     under = [i for i, m in enumerate(measured) if m < cut]
@@ -276,12 +414,196 @@ def gain_cutoff_sentence(
             text
             + ". *CPU run:* nothing is asynchronous here, so these ratios are the loops' different ops and the machine's noise; the question is about a GPU."
         )
+    rises = any(b > a for a, b in zip(measured, measured[1:]))  # anywhere, with the step time ascending
     return text + (
-        ": the measured gain does not fall steadily with the step time as the model's does, because what a sync "
-        "costs is mostly the overlap it breaks, largest where host and device times are about equal (the host "
-        "share in the sweep's table)."
-        if over and under and max(over) > min(under)
+        ": the measured gain does not fall steadily with the step time as the model's does; the step time alone "
+        "does not order it (the sweep's summary sets it against host time / device time instead)."
+        if rises
         else ": it falls with the step time, as the model's does."
+    )
+
+
+def _count(x: float) -> str:
+    """An op or kernel count per step: whole when it is, one decimal when it is an average."""
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def launch_model_check(
+    *,
+    pred_after_us: float,
+    launch_us: float,
+    host_us: float,
+    device_us: float,
+    step_us: float,
+    ops_before: float,
+    ops_after: float,
+    kernels_before: float,
+    kernels_after: float,
+    cuda: bool,
+) -> str:
+    """Section 3's premise (a sync-free step is ``ops_after × launch_us`` of launches, launch-bound) against
+    what section 5 measured per sync-free step: the host's time to issue it (``host_us``), the device's busy
+    time (``device_us``, profiler) and the step (``step_us``); on a GPU also the device launches per step the
+    profiler counted (``kernels_*``) against the ops counted. On a CPU the host runs the ops: no device."""
+    per_op = host_us / ops_after
+    if not cuda:
+        return (
+            f"Section 3's premise, checked on this CPU: the host runs each op itself, {per_op:.1f} µs per op on "
+            f"average ({host_us:.0f} µs per sync-free step over {_count(ops_after)} ops) against the "
+            f"{launch_us:.2f} µs of the chain's one-element add."
+        )
+    ratio = host_us / device_us
+    bound = (
+        f"host-bound (host/device {ratio:.3g}), as the model assumed, at {per_op / launch_us:.1f}× its cost per op"
+        if host_us >= device_us
+        else f"device-bound (host/device {ratio:.3g}), so the model's premise of a launch-bound step does not hold here"
+    )
+    return (
+        f"Section 3's premise, checked: per step the profiler counts {_count(kernels_before)} device launches "
+        f"(kernels and copies) of the syncing loop and {_count(kernels_after)} of the sync-free one, against "
+        f"{_count(ops_before)} and {_count(ops_after)} ops counted (the table below lists where the two differ). The "
+        f"model charges the sync-free step {pred_after_us:.0f} µs of launches; measured, the host needs "
+        f"{host_us:.0f} µs to issue one ({per_op:.1f} µs per op against t_launch = {launch_us:.2f} µs) and the device "
+        f"is busy {device_us:.0f} µs of the {step_us:.0f} µs step: {bound}."
+    )
+
+
+def host_device_sentence(
+    labels: Sequence[str], host_ms: Sequence[float], device_ms: Sequence[float], step_over_max: Sequence[float]
+) -> str:
+    """The host's time to issue a sync-free step against the device's busy time of it, at the first and the
+    last size of a sweep (host/device > 1: host-bound), and how close each measured step came to
+    max(host, device), the length of a step whose host and device work overlap fully."""
+    host_ms, device_ms, step_over_max = ([float(x) for x in v] for v in (host_ms, device_ms, step_over_max))
+    n = len(labels)
+    if not (n == len(host_ms) == len(device_ms) == len(step_over_max)) or n == 0:
+        raise ValueError(
+            "host_device_sentence: labels, host_ms, device_ms and step_over_max need the same, non-zero length"
+        )
+
+    def at(i: int) -> str:
+        r = host_ms[i] / device_ms[i]
+        return (
+            f"{host_ms[i]:.3g} ms to issue a step at {labels[i]}, where the device is busy {device_ms[i]:.3g} ms "
+            f"(host/device {r:.3g}: {'host' if r >= 1 else 'device'}-bound)"
+        )
+
+    text = f"Per sync-free step, the host needs {at(0)}" + (f", and {at(n - 1)}" if n > 1 else "")
+    return text + (
+        f"; a measured sync-free step took {min(step_over_max):.2f}–{max(step_over_max):.2f}× the larger of the two."
+    )
+
+
+def balance_order_sentence(order, labels: Sequence[str]) -> str:
+    """Where the largest gain of the sync sweep sits in host time / device time, and how many pairs of sizes
+    order their gains as the overlap account predicts (the size nearer balance, host = device, gains more),
+    with how many of each are outside the 20–80% spreads. ``order``: a
+    :class:`mahia.lessons.sync_loops.BalanceOrder` of the sizes named by ``labels``."""
+    if len(labels) != len(order.gain):
+        raise ValueError(f"balance_order_sentence: {len(labels)} labels for {len(order.gain)} sizes")
+    t, n = order.top, order.nearest
+    text = (
+        f"Against host/device: the largest gain, {order.gain[t]:.2f}× at {labels[t]}, is at host/device "
+        f"{order.ratio[t]:.3g}, "
+        + (
+            "the size nearest balance (host = device)."
+            if t == n
+            else f"not at the size nearest balance: that is {labels[n]} (host/device {order.ratio[n]:.3g}, "
+            f"{order.gain[n]:.2f}×)."
+        )
+    )
+    if not order.pairs:
+        return text
+    text += (
+        f" Of the {order.pairs} pairs of sizes, {order.agree} order their gains as the overlap account predicts, "
+        f"the size nearer balance gaining more ({order.agree_apart} of them with 20–80% spreads apart), and "
+        f"{order.against} against it ({order.against_apart} with spreads apart)"
+    )
+    if order.against_apart:
+        return text + (
+            f": in {order.against_apart} pair(s) the timing separates a larger gain farther from balance, which "
+            "the overlap account does not explain."
+        )
+    return text + (": every pair against it lies within the timing noise." if order.against else ".")
+
+
+def overlap_bound_clause(
+    labels: Sequence[str], gain: Sequence[float], lo: Sequence[float], hi: Sequence[float], bound: Sequence[float]
+) -> str:
+    """How the measured gains of the sync sweep (20–80% spreads ``lo``-``hi``) compare with their overlap bound
+    (host + device) / max(host, device), the gain if the syncs serialized all of a step: the sizes above it,
+    and whether their whole spread is."""
+    gain, lo, hi, bound = ([float(x) for x in v] for v in (gain, lo, hi, bound))
+    n = len(labels)
+    if not (n == len(gain) == len(lo) == len(hi) == len(bound)) or n == 0:
+        raise ValueError("overlap_bound_clause: labels, gain, lo, hi and bound need the same, non-zero length")
+    above = [i for i in range(n) if gain[i] > bound[i]]
+    text = (
+        f"{n - len(above)} of the {n} measured gains lie at or under their overlap bound, "
+        f"{min(g / b for g, b in zip(gain, bound)):.0%}–{max(g / b for g, b in zip(gain, bound)):.0%} of it"
+    )
+    if not above:
+        return text + "."
+    return (
+        text
+        + "; above it: "
+        + ", ".join(
+            f"{labels[i]} ({gain[i]:.2f}× against {bound[i]:.2f}×, spread {lo[i]:.2f}–{hi[i]:.2f}"
+            + (", all of it above" if lo[i] > bound[i] else "")
+            + ")"
+            for i in above
+        )
+        + "."
+    )
+
+
+def slowdown_sentence(
+    label: str,
+    *,
+    gain: float,
+    lo: float,
+    hi: float,
+    step_before_ms: float,
+    step_after_ms: float,
+    host_ms: float,
+    device_ms: float,
+    ops_before: float,
+    ops_after: float,
+    n_sync: int,
+    sync_us: float,
+) -> str:
+    """Why removing the syncs slowed a sweep size down (``gain`` < 1), from measured quantities: at a
+    host-bound size (host ≥ device) the host's work sets the step, and the sync-free step's extra ops cost
+    (ops_after - ops_before) × host time per op, against the n_sync × t_sync of drain the syncs cost."""
+    if not gain < 1:
+        raise ValueError(f"slowdown_sentence: for a slowdown (gain < 1), got {gain}")
+    diff_us = (step_after_ms - step_before_ms) * 1e3
+    text = (
+        f"At {label} removing the syncs slowed the loop: {gain:.2f}× (20–80% spread {lo:.2f}–{hi:.2f}), "
+        f"{diff_us:.0f} µs more per step."
+    )
+    ratio = host_ms / device_ms
+    if not ratio >= 1:
+        return text + (
+            f" The step is device-bound there (host/device {ratio:.3g}), so the host's time per op does not set it: "
+            "these measurements do not explain the slowdown."
+        )
+    extra = ops_after - ops_before
+    if extra <= 0:
+        return text + (
+            f" The step is host-bound there (host/device {ratio:.3g}), but the sync-free step runs no more ops "
+            f"({_count(ops_after)} against {_count(ops_before)} per step): the op count does not explain it."
+        )
+    per_op_us = host_ms * 1e3 / ops_after
+    extra_us, drain_us = extra * per_op_us, n_sync * sync_us
+    return text + (
+        f" The step is host-bound there (host/device {ratio:.3g}: the host needs {host_ms:.3g} ms to issue it, the "
+        f"device {device_ms:.3g} ms to run it), so the host's work sets its length. The sync-free step runs "
+        f"{_count(extra)} more ops ({_count(ops_after)} against {_count(ops_before)} per step); at the average "
+        f"{per_op_us:.1f} µs of host time per op measured there ({host_ms:.3g} ms over {_count(ops_after)} ops) they "
+        f"cost {extra_us:.0f} µs, while the syncs it removes cost {n_sync} × {sync_us:.1f} µs = {drain_us:.0f} µs of "
+        f"drain by section 3's chain: {extra_us - drain_us:+.0f} µs net, {(extra_us - drain_us) / diff_us:.0%} of "
+        f"the {diff_us:+.0f} µs measured."
     )
 
 
@@ -373,6 +695,95 @@ def flash_backend_note(
         )
         return text
     return text + ". "
+
+
+def decode_gain_note(
+    manual_us: float,
+    sdpa_us: float,
+    manual_busy_us: float,
+    sdpa_busy_us: float,
+    manual_kernels: float,
+    sdpa_kernels: float,
+    *,
+    cuda: bool,
+) -> str:
+    """Notebook 02's decoding step: where SDPA's gain over the manual path (timed, µs per call) comes from, by
+    the profiler's kernels per call and their device time (``*_busy_us``). The timed call less its kernel time
+    is the time the device sits idle inside a call, waiting for the host to issue the next kernel, so
+
+        gain = (manual_busy - sdpa_busy)  [kernel time]  +  (manual idle - sdpa idle)  [host time]
+
+    On a CPU (``cuda=False``) the busy times are the operators' own host time and no split is made."""
+    if not (manual_us > 0 and sdpa_us > 0 and manual_busy_us >= 0 and sdpa_busy_us >= 0):
+        raise ValueError("decode_gain_note: the timed calls must be > 0 and the busy times >= 0")
+    if not cuda:
+        return (
+            f"*CPU run:* the profiler sees host operators, not kernels: the manual path's {manual_kernels:.0f} "
+            f"top-level operators spent {manual_busy_us:.1f} µs of their own time per call, SDPA's {sdpa_kernels:.0f} "
+            f"{sdpa_busy_us:.1f} µs; with no device queue there is no split into kernel and host time."
+        )
+    idle_m, idle_s = manual_us - manual_busy_us, sdpa_us - sdpa_busy_us
+    text = (
+        f"The profiler: the manual path runs {manual_kernels:.0f} kernels per call for {manual_busy_us:.1f} µs of "
+        f"device time, SDPA {sdpa_kernels:.0f} for {sdpa_busy_us:.1f} µs. The timed call less its kernels, the time "
+        f"the device waits for the host inside a call: manual {idle_m:.1f} µs, SDPA {idle_s:.1f} µs. "
+    )
+    gain, kernel = manual_us - sdpa_us, manual_busy_us - sdpa_busy_us
+    host = gain - kernel
+    if gain <= 0:
+        return text + f"SDPA saves nothing here: it takes {-gain:.1f} µs longer per call."
+    text += f"Of the {gain:.1f} µs SDPA saves per call, {kernel:.1f} µs is kernel time and {host:.1f} µs host time"
+    launches = f"{manual_kernels:.0f} kernel launches, each with its Python and dispatch, against {sdpa_kernels:.0f}"
+    if kernel <= 0:
+        return text + f": all of the gain is the host's ({launches}); SDPA's kernels are not faster."
+    if host <= 0:
+        return text + ": all of the gain is in the kernels; the host's time per call did not shrink."
+    if host > kernel:
+        return text + f": the larger part, {host / gain:.0%}, is the host's ({launches})."
+    return text + f": the larger part, {kernel / gain:.0%}, is in the kernels."
+
+
+def gqa_note(rows: Sequence[Mapping], *, repeat_mib: float, kv_saved_ms: float) -> str:
+    """Notebook 02's grouped-query attention against the same call with a kv head per query head, per backend
+    (``backend``; ``gqa_ms``, ``mha_ms`` with their 20–80% spreads ``*_p20``, ``*_p80``; peak memory
+    ``gqa_peak_mib``, ``mha_peak_mib``, None or NaN where not measured). Faster or slower means beyond both
+    spreads. A call through ``repeat_kv`` (k and v copied for every query head, ``repeat_mib``) grows the peak
+    by at least that copy; a smaller growth means no such copy was made. ``kv_saved_ms``: the k, v bytes GQA
+    saves, at the copy bandwidth."""
+    if not rows:
+        raise ValueError("gqa_note: no rows")
+    text = "GQA time over the same call without GQA: " + ", ".join(
+        f"{r['backend']} {r['gqa_ms'] / r['mha_ms']:.2f}×" for r in rows
+    )
+    groups = {"faster beyond both 20–80% spreads": [], "slower beyond both spreads": [], "within them": []}
+    for r in rows:
+        faster, slower = r["gqa_p80"] < r["mha_p20"], r["gqa_p20"] > r["mha_p80"]
+        groups[list(groups)[0 if faster else 1 if slower else 2]].append(r["backend"])
+    text += (
+        "; "
+        + "; ".join(f"{k}: {', '.join(v)}" for k, v in groups.items() if v)
+        + f". By the byte model the k, v bytes GQA saves are worth {kv_saved_ms:.3g} ms at the copy bandwidth, "
+        f"{kv_saved_ms / min(r['gqa_ms'] for r in rows):.1%} of the fastest GQA call; the FLOPs are unchanged. "
+    )
+    if any(_unmeasured(r["gqa_peak_mib"]) or _unmeasured(r["mha_peak_mib"]) for r in rows):
+        return text + "*CPU run:* no device memory is measured, so which backends copy k and v is not shown."
+    grew = {r["backend"]: r["gqa_peak_mib"] - r["mha_peak_mib"] for r in rows}
+    text += (
+        "Peak memory over the call without GQA: "
+        + ", ".join(f"{b} {d:+,.0f} MiB" for b, d in grew.items())
+        + f"; k and v repeated to every query head take {repeat_mib:,.0f} MiB. "
+    )
+    copy = [b for b, d in grew.items() if d >= repeat_mib]
+    less = [b for b in grew if b not in copy]
+    if copy:
+        text += f"Grew by at least that copy, as a call through `repeat_kv` does: {', '.join(copy)}. "
+    if less:
+        text += f"Grew by less, so no full copy of k and v was made: {', '.join(less)}."
+    return text.rstrip()
+
+
+def _unmeasured(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -686,6 +1097,71 @@ def fixed_rate_model_note(
 
 def _rows(rows: Sequence[float], idx: Sequence[int]) -> str:
     return ", ".join(f"{rows[i]:g}" for i in idx)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 05, 08, 09 · the launch model with the host's measured cost per op
+# ---------------------------------------------------------------------------------------------------
+
+
+def host_cost_sentences(rows: Sequence[Mapping], *, cuda: bool, queue: int | None = None) -> str:
+    """Each path's time against the launch model twice: with t_launch (a one-element add in a bare chain) and with
+    the path's own host cost per op, measured (``rows`` as :func:`mahia.lessons.hybrid_parts.host_row` makes them).
+
+    miss = measured - predicted; the measured per-op host cost moves the prediction by refined - predicted; the
+    refined model agrees when it lies inside the measurement's 20–80% spread, else it still misses (below it:
+    what is left is not host time per op; above: it overshoots). ``queue``: the launch queue, named when a host
+    cost was measured on a smaller instance. On a CPU (``cuda=False``) host time is the call's time, so the
+    refined model restates the measurement: said once, at the end."""
+    if not rows:
+        raise ValueError("host_cost_sentences: no rows")
+    text = " ".join(_host_cost_sentence(r, cuda=cuda, queue=queue) for r in rows)
+    if not cuda:
+        text += (
+            " *CPU run:* the host runs each op as it is called, so its host time is the call's whole time (compute "
+            "included; a sync waits for nothing): the refined model restates that time unless the model's compute "
+            "at the measured ceilings is larger."
+        )
+    return text
+
+
+def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
+    m, lo, hi = row["measured ms"], row["p20 ms"], row["p80 ms"]
+    pred, ref, h, tl = row["predicted ms"], row["refined ms"], row["host µs/op"], row["t_launch µs"]
+    if not (m > 0 and pred > 0 and ref > 0 and tl > 0 and lo <= m <= hi):
+        raise ValueError("host_cost_sentences: needs times > 0 and p20 <= measured <= p80")
+    path = str(row["path"])
+    text = f"{path[:1].upper()}{path[1:]}: the host took {h:.3g} µs per op to issue it ({h / tl:.2f}× t_launch = {tl:.3g} µs)"
+    if row["host ops"] != row["ops"]:
+        text += f", measured on {row['host instance']} ({row['host ops']:,} ops"
+        text += (
+            f"; the full call's {row['ops']:,} would overfill the launch queue of about {queue:,} kernels)"
+            if queue
+            else f" against the full call's {row['ops']:,})"
+        )
+    if row["syncs"] and cuda:
+        text += (
+            f"; it syncs {row['syncs']}× per call, so its host time holds the waits for the device at those syncs "
+            f"(t_sync taken out per sync; any wait beyond it stays in the per-op figure)"
+        )
+    text += (
+        f". With that cost the model predicts {ref:.3g} ms, against {m:.3g} ms measured and {pred:.3g} ms with "
+        f"t_launch (the measurement is {m / pred:.2f}× that): "
+    )
+    miss, moved = m - pred, ref - pred
+    if lo <= ref <= hi:
+        return text + f"inside the measurement's 20–80% spread ({lo:.3g}–{hi:.3g} ms): per-op host cost is the miss."
+    if ref < lo:
+        share = f", {moved / miss:.0%} of the {miss:.3g} ms miss," if miss > 0 and moved > 0 else ""
+        return text + (
+            f"it still misses. The measured host cost moves the prediction by {moved:+.3g} ms{share} and leaves "
+            f"{m - ref:.3g} ms ({m / ref:.2f}× the refined model) that is not host time per op: device work or "
+            f"syncs that the model prices too low, or host and device not overlapping as its max assumes."
+        )
+    text += f"it overshoots, {ref / m:.2f}× the measurement and above its 20–80% spread ({lo:.3g}–{hi:.3g} ms)"
+    if row["host ops"] != row["ops"]:
+        return text + "; a cost per op measured on a smaller instance need not carry over to the full call."
+    return text + "."
 
 
 # ---------------------------------------------------------------------------------------------------

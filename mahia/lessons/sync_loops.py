@@ -33,8 +33,11 @@ zeros of the non-hard examples take part in the reduction tree), so their parame
 rounding, not bit for bit.
 
 Also here: :func:`launch_chain`, a loop of tiny kernels with an optional read-back, to measure what one
-sync costs on a machine; :func:`host_issue_ms`, how long the host takes to issue a call that never waits;
-:func:`gpu_activity` / :func:`idle_fraction`, which read GPU kernels out of a
+sync costs on a machine; :func:`host_issue_ms`, how long the host takes to issue a call that never waits,
+and from it :func:`host_step_ms`, the host's time per step of a loop; :func:`device_step_ms`, the device's
+busy time per step (profiler); :func:`ops_per_step`; :func:`overlap_columns` and :func:`balance_order`, which
+set the measured gain of removing the syncs against host time / device time, and
+:func:`plot_gain_vs_balance`; :func:`gpu_activity` / :func:`idle_fraction`, which read GPU kernels out of a
 ``torch.profiler`` Chrome trace; and, re-exported for notebook 01, :func:`mahia.measure.instruments.count_ops`,
 the number of ops that launch a kernel.
 """
@@ -45,7 +48,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,12 +57,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mahia.lessons.profiler_summary import profile_calls
 from mahia.measure.checks import check_float_dtype, check_int
+from mahia.measure.instruments import count_ops
 from mahia.measure.timing import synchronize
 
 if TYPE_CHECKING:
     import pandas as pd
-from mahia.measure.instruments import count_ops
 
 __all__ = [
     "ResidualMLP",
@@ -69,6 +73,13 @@ __all__ = [
     "train_sync_free",
     "launch_chain",
     "host_issue_ms",
+    "host_step_ms",
+    "device_step_ms",
+    "ops_per_step",
+    "overlap_columns",
+    "BalanceOrder",
+    "balance_order",
+    "plot_gain_vs_balance",
     "count_ops",  # re-exported from mahia.measure.instruments: notebook 01 imports it from here
     "GPU_CATEGORIES",
     "gpu_activity",
@@ -360,13 +371,15 @@ def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> tor
     return x
 
 
-def host_issue_ms(fn, device: torch.device | str, *, repeats: int = 5) -> float:
+def host_issue_ms(
+    fn, device: torch.device | str, *, repeats: int = 5, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """Median host time, in ms, of ``fn()`` started on an idle device and not waited for.
 
     The device is synchronized before each call and after it, outside the timed span: for a call that
     never syncs this is the time the host needs to *issue* its kernels (Python, dispatch, launches) while
-    the device queue is empty, the host's share of a step. On a CPU, where the work runs inside the call,
-    it is the call's whole time.
+    the device queue is empty. On a CPU, where the work runs inside the call, it is the call's whole time.
+    ``clock`` (seconds) is there for tests.
     """
     if not callable(fn):
         raise TypeError(f"host_issue_ms: fn must be callable, got {type(fn).__name__}")
@@ -374,11 +387,194 @@ def host_issue_ms(fn, device: torch.device | str, *, repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
         synchronize(device)
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
+        times.append((clock() - t0) * 1e3)
         synchronize(device)
     return statistics.median(times)
+
+
+def _check_steps(fn: str, run, steps: int) -> None:
+    if not callable(run):
+        raise TypeError(f"{fn}: run must be callable as run(n_steps), got {type(run).__name__}")
+    check_int(fn, "steps", steps, minimum=2)
+
+
+def host_step_ms(
+    run: Callable[[int], object],
+    device: torch.device | str,
+    *,
+    steps: int = 4,
+    repeats: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """The host's time to issue one step of a loop that never syncs, in ms:
+
+        t_host = (T(steps) - T(1)) / (steps - 1),    T(n) = host_issue_ms(lambda: run(n))
+
+    ``run(n)`` runs the loop over its first ``n`` batches. The difference cancels what a call pays once
+    (argument checks, buffer allocation, the first launches after an idle device), which a one-step call
+    would charge to its step. ``steps`` stays small (a few hundred launches) so that the device's launch
+    queue never fills: a full queue would make the host wait for the device, and T would time the device.
+    On a CPU it is the whole time of a step. Raises if T did not grow with the steps (nothing measured).
+    """
+    _check_steps("host_step_ms", run, steps)
+    t_n = host_issue_ms(lambda: run(steps), device, repeats=repeats, clock=clock)
+    t_1 = host_issue_ms(lambda: run(1), device, repeats=repeats, clock=clock)
+    if not t_n > t_1:
+        raise RuntimeError(
+            f"host_step_ms: a call of {steps} steps took {t_n:.3g} ms of host time, one step {t_1:.3g} ms: "
+            "the host time did not grow with the steps"
+        )
+    return (t_n - t_1) / (steps - 1)
+
+
+def device_step_ms(run: Callable[[int], object], device: torch.device | str, *, steps: int = 4) -> float:
+    """The device's busy time per step, in ms: the time of the kernels, copies and fills of ``run(steps)``
+    under ``torch.profiler`` (:func:`mahia.lessons.profiler_summary.profile_calls`), divided by ``steps``.
+    Kernel durations do not include the gaps between them, so this is what the step costs the device
+    whatever the host does (the profiler slows the host, not the kernels). It includes the call's few
+    buffer fills (microseconds). NaN on a CPU: no device runs beside the host there."""
+    _check_steps("device_step_ms", run, steps)
+    if torch.device(device).type != "cuda":
+        return float("nan")
+    return profile_calls(lambda: run(steps), device, calls=1, warmup=0).busy_ms / steps
+
+
+def ops_per_step(run: Callable[[int], object], *, steps: int = 3) -> float:
+    """Ops that launch a kernel (:func:`count_ops`) per step of a loop:
+    (ops of run(steps) - ops of run(1)) / (steps - 1), which leaves out what a call does once (buffer
+    allocation, stacking the results), after one uncounted run(1) (a first optimizer step allocates its
+    state). An average: a branch taken on some steps only counts in part."""
+    _check_steps("ops_per_step", run, steps)
+    run(1)
+    with count_ops() as many:
+        run(steps)
+    with count_ops() as one:
+        run(1)
+    return (many.total - one.total) / (steps - 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The gain of removing the syncs against host time / device time
+# ---------------------------------------------------------------------------------------------------
+
+
+def overlap_columns(host_ms: Sequence[float], device_ms: Sequence[float], step_ms: Sequence[float]) -> pd.DataFrame:
+    """Per size of a sweep, from the host's time to issue a sync-free step, the device's busy time of it and
+    the measured sync-free step (all ms):
+
+        host/device            > 1: host-bound (the device waits for launches), < 1: device-bound
+        bound                  "host" or "device", the larger of the two
+        step / max             the measured step over max(host, device): 1 when the two overlap fully
+        overlap bound          (host + device) / max(host, device): the gain if the syncs serialized all of
+                               a step's host and device work; 1 when one side is zero, 2 when they are equal
+
+    NaN (bound missing) where the device time is NaN (a CPU run).
+    """
+    import numpy as np
+    import pandas as pd
+
+    h, d, s = (np.asarray(v, dtype=float) for v in (host_ms, device_ms, step_ms))
+    if not (h.shape == d.shape == s.shape) or h.ndim != 1:
+        raise ValueError("overlap_columns: host_ms, device_ms and step_ms need the same length")
+    if (h <= 0).any() or (d <= 0).any() or (s <= 0).any():
+        raise ValueError("overlap_columns: times must be positive (NaN where not measured)")
+    big = np.fmax(h, d)
+    measured = ~(np.isnan(h) | np.isnan(d))
+    return pd.DataFrame(
+        {
+            "host/device": h / d,
+            "bound": [("host" if hh >= dd else "device") if ok else None for hh, dd, ok in zip(h, d, measured)],
+            "step / max": np.where(measured, s / big, np.nan),
+            "overlap bound": np.where(measured, (h + d) / big, np.nan),
+        }
+    )
+
+
+@dataclass
+class BalanceOrder:
+    """How the gains of a sweep order against the distance from balance, ``|log(host/device)|``.
+
+    Each pair of sizes whose distances differ is one of: ``agree`` (the size nearer balance gained more),
+    ``against`` (it gained less) or a tie in gain. ``*_apart``: of those pairs, how many have 20-80%
+    spreads of their gains that do not overlap (the ordering is outside the timing noise). ``top`` is the
+    index of the largest gain, ``nearest`` that of the size nearest balance.
+    """
+
+    ratio: list[float]
+    gain: list[float]
+    agree: int
+    against: int
+    agree_apart: int
+    against_apart: int
+    top: int
+    nearest: int
+
+    @property
+    def pairs(self) -> int:
+        return self.agree + self.against
+
+
+def balance_order(
+    ratio: Sequence[float], gain: Sequence[float], lo: Sequence[float], hi: Sequence[float]
+) -> BalanceOrder:
+    """Count the pairs of sweep sizes whose gains (with 20-80% spreads ``lo``-``hi``) order as
+    "the nearer host time is to device time (the smaller |log(host/device)|), the larger the gain"."""
+    ratio, gain, lo, hi = ([float(x) for x in v] for v in (ratio, gain, lo, hi))  # positions, not labels
+    n = len(ratio)
+    if not (n == len(gain) == len(lo) == len(hi)) or n == 0:
+        raise ValueError("balance_order: ratio, gain, lo and hi need the same, non-zero length")
+    if any(not (r > 0 and math.isfinite(r)) for r in ratio):
+        raise ValueError(f"balance_order: every host/device ratio must be positive and finite, got {list(ratio)}")
+    if any(not (a <= g <= b) for a, g, b in zip(lo, gain, hi)):
+        raise ValueError("balance_order: every gain must lie inside its spread lo <= gain <= hi")
+    dist = [abs(math.log(r)) for r in ratio]
+    agree = against = agree_apart = against_apart = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            if dist[i] == dist[j] or gain[i] == gain[j]:
+                continue
+            near, far = (i, j) if dist[i] < dist[j] else (j, i)
+            apart = max(lo[i], lo[j]) > min(hi[i], hi[j])
+            if gain[near] > gain[far]:
+                agree, agree_apart = agree + 1, agree_apart + apart
+            else:
+                against, against_apart = against + 1, against_apart + apart
+    top = max(range(n), key=lambda i: gain[i])
+    nearest = min(range(n), key=lambda i: dist[i])
+    return BalanceOrder(ratio, gain, agree, against, agree_apart, against_apart, top, nearest)
+
+
+def plot_gain_vs_balance(df: pd.DataFrame, ax=None, *, title: str = "", device_note: str | None = None):
+    """The measured gain of each sweep size (with its 20-80% spread) and its overlap bound against
+    host time / device time (log scale); the dotted lines mark balance (host = device) and no gain.
+    ``df`` needs columns host/device, measured, lo, hi and overlap bound (:func:`overlap_columns`)."""
+    import matplotlib.pyplot as plt
+
+    from mahia.measure.plotting import palette_for
+
+    need = {"host/device", "measured", "lo", "hi", "overlap bound"}
+    if not need <= set(df.columns):
+        raise ValueError(f"plot_gain_vs_balance: df needs columns {sorted(need)}, got {sorted(df.columns)}")
+    d = df.dropna(subset=["host/device"]).sort_values("host/device")
+    if d.empty:
+        raise ValueError("plot_gain_vs_balance: no size with a measured host/device ratio")
+    ax = ax or plt.subplots(figsize=(7, 4))[1]
+    x, g = d["host/device"], d["measured"]
+    colour = palette_for(["measured", "predicted"])["measured"]  # as in the notebook's gain-against-step plot
+    ax.errorbar(
+        x, g, yerr=[g - d["lo"], d["hi"] - g], fmt="o-", capsize=3, color=colour, label="measured (20-80% spread)"
+    )
+    ax.plot(x, d["overlap bound"], "s--", color="grey", label="overlap bound (host + device) / max")
+    ax.axvline(1.0, color="black", lw=1, ls=":")
+    ax.axhline(1.0, color="black", lw=1, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("host / device time of a sync-free step (log scale; > 1: host-bound)")
+    ax.set_ylabel("before / after")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{title}\n{device_note}" if device_note else title)
+    return ax
 
 
 # ---------------------------------------------------------------------------------------------------

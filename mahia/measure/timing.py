@@ -15,6 +15,9 @@ reported on CUDA (``None`` on the CPU, where PyTorch tracks no allocator peak).
 
 Statistics: median with the 20th and 80th percentiles of the per-repetition times.
 
+``host_time`` measures the other side of an asynchronous call: how long the *host* takes to issue it while
+the device runs behind (the host's share of a step, which ``bench`` cannot separate from the device's).
+
 ``capture_graph`` is the one CUDA-graph capture of the package (``bench(cuda_graph=True)``, the lessons'
 ``GraphedStep`` and the model's graphed decoder use it).
 """
@@ -32,7 +35,20 @@ import torch
 
 from mahia.measure.checks import check_int
 
-__all__ = ["Timing", "bench", "synchronize", "naive_host_time", "capture_graph"]
+__all__ = [
+    "Timing",
+    "bench",
+    "synchronize",
+    "naive_host_time",
+    "host_time",
+    "LAUNCH_QUEUE_KERNELS",
+    "capture_graph",
+]
+
+# How many kernels a CUDA stream queues before the next launch blocks the host until the device has run
+# one: about a thousand. An observed figure, not a documented limit (it depends on the driver and on the
+# kernels' arguments; e.g. forums.developer.nvidia.com/t/68937: a stream blocks past ~1000 queued kernels).
+LAUNCH_QUEUE_KERNELS = 1000
 
 
 @dataclass(frozen=True)
@@ -211,6 +227,78 @@ def bench(
     else:
         times = _cpu_times(fn, warmup_ms, rep_ms, max_reps)
     return Timing.from_samples(times, first_call_ms=first, peak_mem_bytes=peak, device=dev.type)
+
+
+def _check_budget(fn_name: str, name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or v == math.inf:
+        raise ValueError(f"{fn_name}: {name} must be a finite number >= 0 (milliseconds), got {v!r}")
+    return float(v)
+
+
+def _device(fn_name: str, device: torch.device | str | None) -> torch.device:
+    """``device`` as a torch.device (CUDA when available if None); a clear error for a bad name or absent CUDA."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(
+            f"{fn_name}: device must be a torch.device or a name like 'cpu' or 'cuda', got {device!r}"
+        ) from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"{fn_name}(device={str(dev)!r}) but CUDA is not available on this machine")
+    return dev
+
+
+def host_time(
+    fn: Callable[[], object],
+    *,
+    device: torch.device | str | None = None,
+    warmup_ms: float = 10,
+    rep_ms: float = 50,
+    min_reps: int = 5,
+    max_reps: int = 1000,
+) -> Timing:
+    """How long the host takes to *issue* the zero-argument ``fn``: median and 20th/80th percentiles in ms.
+
+    Each repetition:  synchronize(device); t0 = perf_counter(); fn(); t1 = perf_counter(); synchronize(device).
+    The sample is ``t1 - t0``: the host's time in the call (Python, dispatch, argument checks, allocation,
+    autograd recording, launches) while the device, idle at t0, runs the queued kernels behind it; the
+    trailing synchronize keeps that device work out of the next sample. On a CPU the work runs inside the
+    call, so the sample is simply the call's time.
+
+    Valid on a GPU while the call never waits for the device: it must queue fewer kernels than the launch
+    queue holds (:data:`LAUNCH_QUEUE_KERNELS`, about a thousand; past it each launch waits for a kernel to
+    finish), and a sync inside the call (``.item()``, ``nonzero``) waits for the work queued before it, so
+    a call that syncs measures host time plus those waits (close to its wall time when it syncs often).
+
+    The first call is timed apart (``first_call_ms``, its issue time: compilation and allocator growth
+    happen there); then calls for about ``warmup_ms`` are discarded, and about ``rep_ms`` of repetitions
+    (each counted with its trailing synchronize), at least ``min_reps`` and at most ``max_reps``, are timed.
+    """
+    if not callable(fn):
+        raise TypeError(f"host_time: fn must be callable, got {type(fn).__name__}")
+    warmup_ms = _check_budget("host_time", "warmup_ms", warmup_ms)
+    rep_ms = _check_budget("host_time", "rep_ms", rep_ms)
+    check_int("host_time", "min_reps", min_reps)
+    check_int("host_time", "max_reps", max_reps, minimum=min_reps)
+    dev = _device("host_time", device)
+
+    def one() -> tuple[float, float]:
+        """(issue time, issue time + the device's catch-up) of one call, in ms."""
+        synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        synchronize(dev)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3
+
+    first, _ = one()
+    est = max(one()[1], 1e-4)  # ms per repetition, device catch-up included: what the budgets count
+    for _ in range(min(max_reps, int(warmup_ms / est))):
+        one()
+    n = max(min_reps, min(max_reps, int(rep_ms / est)))
+    return Timing.from_samples([one()[0] for _ in range(n)], first_call_ms=first, device=dev.type)
 
 
 def capture_graph(fn: Callable[[], Any], *, warmup: int = 3, pool=None) -> tuple[Any, Any]:
