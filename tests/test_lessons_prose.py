@@ -44,11 +44,11 @@ def test_copy_timing_modes_follows_the_run():
     assert "the copy itself at 1.1 µs of device time, so 4.0 µs (78%) of the flushed floor is not the copy" in text
     assert "(11.7 µs, host clock, no sync) is longer than that whole time, so the events did not wait" in text
     # warm slower at the two small sizes: its time against the host's launch, computed (9.2/11.7, 9.3/10.5)
-    assert "at 0.0625, 1 MiB each took longer than with it (9.2–9.3 µs per copy)" in text
+    assert "at 64 KiB, 1 MiB each took longer than with it (9.2–9.3 µs per copy)" in text
     assert "0.79–0.89 of the host's launch of one (10.5–11.7 µs)" in text and "*below*" in text
     # warm faster: within the 4.0 µs gap at 64 and 1024 MiB; at 16 MiB beyond it and faster than the ceiling allows
-    assert "At 16, 64, 1024 MiB the warm copy was faster, by 1.8–6.8 µs per copy" in text
-    assert "at 64, 1024 MiB by no more than the 4.0 µs the flushed timing counts around each copy" in text
+    assert "At 16 MiB, 64 MiB, 1024 MiB the warm copy was faster, by 1.8–6.8 µs per copy" in text
+    assert "at 64 MiB, 1024 MiB by no more than the 4.0 µs the flushed timing counts around each copy" in text
     assert "at 16 MiB the warm copy (10.2 µs) beat the time the copy ceiling predicts (11.2 µs)" in text
     assert "(32 MiB) fit in the 50 MiB L2 cache" in text and "does not show" not in text
     # the other branches: profiler no shorter than the floor, host launch not longer, saved beyond the gap only
@@ -57,6 +57,9 @@ def test_copy_timing_modes_follows_the_run():
     assert "at 64 MiB by more than that, without beating the ceiling's prediction" in other and "L2" not in other
     assert "do not fit" in prose.copy_timing_modes([64.0], [50.0], [40.0], [9.0], [44.6], copy_us=1.0, l2_mib=50)
     assert "*below*" not in prose.copy_timing_modes([1.0], [5.0], [4.0], [9.0], [0.7], copy_us=1.0)
+    # one size, or equal ends: one number, not "0.3–0.3"; every faster size within the gap: "all"
+    one = prose.copy_timing_modes([16.0], [6.0], [5.7], [18.0], [5.0], copy_us=1.0)
+    assert "At 16 MiB the warm copy was faster, by 0.3 µs per copy; all by no more than the 5.0 µs" in one
     with pytest.raises(ValueError, match="same, non-zero length"):
         prose.copy_timing_modes([1.0], [1.0, 2.0], [1.0], [1.0], [1.0], copy_us=1.0)
     with pytest.raises(ValueError, match="copy_us must be > 0"):
@@ -77,12 +80,19 @@ def test_copy_sweep_cpu_names_the_sizes_above_the_ceiling():
         prose.copy_sweep_cpu([1.0], [1.0, 2.0], 5.0)
 
 
-def test_exp_bound_verdict_splits_by_pace():
-    both = prose.exp_bound_verdict({"exp float32": 0.9, "exp float64": 0.3})
-    assert both.startswith("exp float32 run at the memory's pace (at least 70% of copy bandwidth): memory-bound")
-    assert "exp float64 run below it: there the arithmetic of exp sets the time" in both
-    assert "below it" not in prose.exp_bound_verdict({"exp bfloat16": 0.95})
-    assert "memory's pace" not in prose.exp_bound_verdict({"exp float32": 0.25}, pace=0.7)
+def test_exp_bound_verdict_compares_exp_with_a_copy_of_the_same_bytes():
+    from mahia.measure.timing import Timing
+
+    copy = Timing(1.0, 0.98, 1.03, 10)
+    both = prose.exp_bound_verdict(
+        {"exp float32": (Timing(1.02, 1.01, 1.04, 10), copy), "exp float64": (Timing(2.5, 2.4, 2.6, 10), copy)}
+    )
+    assert both.startswith("Against a copy of the same bytes timed the same way: as fast as a copy")
+    assert "exp float32 (1.02 ms against the copy's 1)" in both and "(memory-bound)" in both
+    assert "exp float64 (2.50× the copy's 1 ms: 1.5 ms of exp's own work)" in both
+    assert "slower" not in prose.exp_bound_verdict({"exp bfloat16": (Timing(0.99, 0.97, 1.0, 5), copy)})
+    # bands apart by the slightest margin: p20 of exp above p80 of the copy
+    assert "as fast" not in prose.exp_bound_verdict({"exp float32": (Timing(1.1, 1.031, 1.2, 5), copy)})
     with pytest.raises(ValueError, match="no measurements"):
         prose.exp_bound_verdict({})
 

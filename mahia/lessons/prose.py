@@ -138,22 +138,20 @@ def copy_timing_modes(
         w, h = [warm_us[i] for i in slower], [host_us[i] for i in slower]
         r = [warm_us[i] / host_us[i] for i in slower]
         text += (
-            f"Without the flush the copies run back to back, and at {_sizes(mib, slower)} MiB each took longer "
-            f"than with it ({min(w):.1f}–{max(w):.1f} µs per copy), longer than the device needs for it (at most "
-            f"the flushed time) and {min(r):.2f}–{max(r):.2f} of the host's launch of one ({min(h):.1f}–"
-            f"{max(h):.1f} µs): there the host's launches set the pace, which puts the warm curve *below* the "
+            f"Without the flush the copies run back to back, and at {_sizes(mib, slower)} each took longer "
+            f"than with it ({_span(min(w), max(w))} µs per copy), longer than the device needs for it (at most "
+            f"the flushed time) and {_span(min(r), max(r), '.2f')} of the host's launch of one "
+            f"({_span(min(h), max(h))} µs): there the host's launches set the pace, which puts the warm curve *below* the "
             f"flushed one. "
         )
     faster = [i for i in range(n) if warm_us[i] < flushed_us[i]]
     if faster:
         saved = [flushed_us[i] - warm_us[i] for i in faster]
-        text += (
-            f"At {_sizes(mib, faster)} MiB the warm copy was faster, by {min(saved):.1f}–{max(saved):.1f} µs per copy"
-        )
+        text += f"At {_sizes(mib, faster)} the warm copy was faster, by {_span(min(saved), max(saved))} µs per copy"
         within = [i for i in faster if flushed_us[i] - warm_us[i] <= gap]
         if within:
             text += (
-                f"; at {_sizes(mib, within)} MiB by no more than the {max(gap, 0):.1f} µs the flushed timing "
+                f"; {'all ' if len(within) == len(faster) else 'at ' + _sizes(mib, within) + ' '}by no more than the {max(gap, 0):.1f} µs the flushed timing "
                 f"counts around each copy, which back-to-back copies share"
             )
         beat = [i for i in faster if warm_us[i] < predicted_us[i]]
@@ -163,13 +161,13 @@ def copy_timing_modes(
                 fit = "fit" if 2 * mib[i] <= l2_mib else "do not fit"
                 fits = f"; its source and destination ({2 * mib[i]:g} MiB) {fit} in the {l2_mib:g} MiB L2 cache"
             text += (
-                f"; at {mib[i]:g} MiB the warm copy ({warm_us[i]:.1f} µs) beat the time the copy ceiling predicts "
+                f"; at {_size(mib[i])} the warm copy ({warm_us[i]:.1f} µs) beat the time the copy ceiling predicts "
                 f"({predicted_us[i]:.1f} µs), so part of its bytes did not come from device memory{fits}"
             )
         other = [i for i in faster if i not in within and i not in beat]
         if other:
             text += (
-                f"; at {_sizes(mib, other)} MiB by more than that, without beating the ceiling's prediction: "
+                f"; at {_sizes(mib, other)} by more than that, without beating the ceiling's prediction: "
                 f"this run does not show where the rest was saved"
             )
         text += ". "
@@ -177,7 +175,13 @@ def copy_timing_modes(
 
 
 def _sizes(mib: Sequence[float], idx: Sequence[int]) -> str:
-    return ", ".join(f"{mib[i]:g}" for i in idx)
+    return ", ".join(_size(mib[i]) for i in idx)
+
+
+def _span(lo: float, hi: float, fmt: str = ".1f") -> str:
+    """``lo–hi``, or one number where the two print the same."""
+    a, b = format(lo, fmt), format(hi, fmt)
+    return a if a == b else f"{a}–{b}"
 
 
 def _size(mib: float) -> str:
@@ -207,26 +211,38 @@ def copy_sweep_cpu(mib: Sequence[float], gbps: Sequence[float], ceiling_gbps: fl
     return text
 
 
-def exp_bound_verdict(fracs: Mapping[str, float], *, pace: float = 0.7) -> str:
-    """What bounds each ``torch.exp`` of notebook 00's exercise, from its fraction of the copy bandwidth (by
-    dtype name): at least ``pace`` of it, the memory sets its time; below, something else does (its arithmetic,
-    or at a small size the cost of a call), although its intensity puts it under the bandwidth slope."""
-    if not fracs:
+def exp_bound_verdict(times: Mapping[str, tuple]) -> str:
+    """What bounds each ``torch.exp`` of notebook 00's exercise, from a measurement beside it: ``times`` maps a
+    name to ``(exp, copy)``, two timings (anything with ``median_ms``, ``p20_ms`` and ``p80_ms``: a
+    :class:`mahia.measure.timing.Timing`) of exp and of a copy of the same bytes (``clone``: one read and
+    one write per element, as exp). Where the two 20-80% bands overlap, exp costs what moving its bytes
+    costs: memory-bound, whatever its intensity says. Where exp is slower, the difference is exp's own work
+    per element (its instructions), which then sets the time."""
+    if not times:
         raise ValueError("exp_bound_verdict: no measurements")
-    fast = [k for k, f in fracs.items() if f >= pace]
-    slow = [k for k, f in fracs.items() if f < pace]
+    same, slower = [], []
+    for name, (exp, copy) in times.items():
+        if exp.p20_ms <= copy.p80_ms:
+            same.append(f"{name} ({exp.median_ms:.3g} ms against the copy's {copy.median_ms:.3g})")
+        else:
+            extra = exp.median_ms - copy.median_ms
+            slower.append(
+                f"{name} ({exp.median_ms / copy.median_ms:.2f}× the copy's {copy.median_ms:.3g} ms: "
+                f"{extra:.3g} ms of exp's own work)"
+            )
     parts = []
-    if fast:
+    if same:
         parts.append(
-            f"{', '.join(fast)} run at the memory's pace (at least {pace:.0%} of copy bandwidth): memory-bound"
+            f"as fast as a copy of the same bytes, within the 20–80% spreads: {', '.join(same)}; moving the bytes "
+            f"sets their time (memory-bound)"
         )
-    if slow:
+    if slower:
         parts.append(
-            f"{', '.join(slow)} run below it: there the arithmetic of exp sets the time (a few instructions per "
-            f"element, more in float64), so the op is compute-bound in practice although its intensity is far "
-            f"below the ridge point, which describes the matrix units, not exp's instructions"
+            f"slower than a copy of the same bytes, the spreads apart: {', '.join(slower)}; there exp's "
+            f"instructions, not its bytes, set the time, although its intensity is far below the ridge point, which "
+            f"describes the matrix units, not exp's instructions"
         )
-    return "; ".join(parts) + "."
+    return "Against a copy of the same bytes timed the same way: " + "; ".join(parts) + "."
 
 
 def matmul_ceiling_check(
