@@ -319,7 +319,7 @@ def _report(folder: Path | None, prune: bool = False) -> int:
         print(f"{f}: {', '.join(files.profile_file(f, 'summary', p).name for p in written)}, report.md")
         for p in written:
             doc = headline(f, p)
-            not_head = [k for k in doc["sources"] if any(c != head for c in doc["sources"][k])]
+            not_head = [k for k in doc["sources"] if any(not files.same_commit(c, head) for c in doc["sources"][k])]
             print(
                 f"  {p} profile: commit {', '.join(doc['commits']) or 'none'}; newest record "
                 f"{str(doc['newest_record'] or '')[:19]} by {doc['newest_commit']}; HEAD is {head}"

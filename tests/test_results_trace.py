@@ -512,3 +512,12 @@ def test_each_run_gets_its_own_folder(tmp_path, monkeypatch):
 def test_commit_command_prints_the_commit(monkeypatch, capsys):
     monkeypatch.setenv("MAHIA_COMMIT", "abc123")
     assert cli(["commit"]) == 0 and capsys.readouterr().out.strip() == "abc123"
+
+
+def test_a_short_sha_is_the_same_commit_as_its_longer_form_and_dirty_is_not_clean():
+    assert files.same_commit("0dea75a", "0dea75a99445") and files.same_commit("0dea75a99445", "0dea75a")
+    assert files.same_commit("abc1234-dirty", "abc1234567-dirty")
+    assert not files.same_commit("0dea75a", "0dea75b99445")
+    assert not files.same_commit("0dea75a", "0dea75a99445-dirty")  # a dirty tree is not the commit
+    assert not files.same_commit("0dea", "0dea75a99445")  # too short to name a commit
+    assert not files.same_commit("unknown", "unknown0")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mahia.measure.files import atomic_write_text
+from mahia.measure.files import atomic_write_text, same_commit
 from mahia.measure.results import (
     GOALS,
     HEADLINE_KEYS,
@@ -287,7 +287,7 @@ def commit_marks(doc: dict, key: str, head: str | None = None) -> str:
     marks = []
     if key in doc["stale"]:
         marks.append("stale")
-    if head is not None and any(c != head for c in cs):
+    if head is not None and any(not same_commit(c, head) for c in cs):
         marks.append("not HEAD")
     return ", ".join(cs) + (f" ({', '.join(marks)})" if marks else "")
 
