@@ -207,7 +207,10 @@ def test_host_device_sentence():
     assert "4.9 ms to issue a step at c, where the device is busy 18 ms (host/device 0.272: device-bound)" in text
     assert "at b" not in text and text.endswith("took 1.01–1.09× the larger of the two.")
     one = prose.host_device_sentence(["a"], [1.0], [2.0], [1.0])
-    assert ", and" not in one and "device-bound" in one
+    assert ", and" not in one and "device-bound" in one and one.endswith("took 1.00× the larger of the two.")
+    short = prose.host_device_sentence(["a", "b"], [5.75, 4.6], [0.2, 1.0], [0.82, 1.03])
+    assert "took 0.82–1.03× the larger of the two. A step shorter than the larger of the two cannot be: at a " in short
+    assert "at a, b" not in short and "overstates what issuing costs in the timed loop" in short
     with pytest.raises(ValueError, match="same, non-zero length"):
         prose.host_device_sentence(["a"], [1.0, 2.0], [1.0], [1.0])
 
@@ -238,9 +241,10 @@ def test_balance_order_sentence():
 
 def test_overlap_bound_clause():
     under = prose.overlap_bound_clause(["a", "b"], [1.1, 1.4], [1.0, 1.3], [1.2, 1.5], [1.25, 2.0])
-    assert under == "2 of the 2 measured gains lie at or under their overlap bound, 70%–88% of it."
+    assert under == "2 of the 2 measured gains lie at or under their overlap bound, 70–88% of it."
     over = prose.overlap_bound_clause(["a", "b"], [1.3, 1.4], [1.28, 1.3], [1.4, 1.5], [1.25, 2.0])
-    assert "1 of the 2" in over and "above it: a (1.30× against 1.25×, spread 1.28–1.40, all of it above)." in over
+    assert "1 of the 2 measured gains lie at or under their overlap bound, 70% of it;" in over  # b only, not a
+    assert "above it: a (1.30× against 1.25×, spread 1.28–1.40, all of it above)." in over
     noisy = prose.overlap_bound_clause(["a"], [1.3], [1.1], [1.4], [1.25])
     assert "a (1.30× against 1.25×, spread 1.10–1.40)." in noisy
     with pytest.raises(ValueError, match="same, non-zero length"):
@@ -361,7 +365,7 @@ def test_gqa_note_compares_with_the_call_without_gqa():
     assert "worth 0.0335 ms at the copy bandwidth, 6.8% of the fastest GQA call" in text
     assert "flash +0 MiB, cudnn +0 MiB, efficient +128 MiB, math +64 MiB" in text
     assert "as a call through `repeat_kv` does: efficient." in text
-    assert text.endswith("no full copy of k and v was made: flash, cudnn, math.")
+    assert text.endswith("no full copy of k and v was made: flash, cudnn.")  # math: its own model
     cpu = prose.gqa_note([row("flash", 1.0, 1.0, float("nan"), None)], repeat_mib=1.0, kv_saved_ms=0.01)
     assert cpu.endswith("which backends copy k and v is not shown.") and "Peak memory" not in cpu
     with pytest.raises(ValueError, match="no rows"):
@@ -594,6 +598,11 @@ def test_host_cost_sentences_decompose_the_miss():
     assert "measured on T=32 (50 ops; the full call's 1,000 would overfill the launch queue of about 1,000" in over
     assert "it overshoots, 1.33× the measurement" in over and "need not carry over" in over
     assert "it syncs 64× per call, so its host time holds the waits" in say(syncs=64)
+    # the host alone would take longer than the whole call (40 µs x 1,000 ops = 40 ms > p80 33 ms): no prediction
+    inflated = say(**{"host µs/op": 40.0, "refined ms": 40.0})
+    assert "no prediction: at that cost the host alone would need 40 ms for the call's ops" in inflated
+    assert "(30 ms, 20–80% 28–33 ms)" in inflated and "overshoots" not in inflated
+    assert "no prediction" not in say(cuda=False, **{"host µs/op": 40.0, "refined ms": 40.0})  # CPU: host is all
     faster = say(**{"predicted ms": 40.0, "refined ms": 20.0})
     assert "moves the prediction by -20 ms and leaves" in faster  # no share of a miss the other way
     two = prose.host_cost_sentences([_host_row(syncs=64), _host_row(path="the other")], cuda=False)

@@ -239,8 +239,8 @@ def exp_bound_verdict(times: Mapping[str, tuple]) -> str:
     if slower:
         parts.append(
             f"slower than a copy of the same bytes, the spreads apart: {', '.join(slower)}; there exp's "
-            f"instructions, not its bytes, set the time, although its intensity is far below the ridge point, which "
-            f"describes the matrix units, not exp's instructions"
+            f"instructions, not its bytes, set the time, although its intensity is below the ridge point: one exp "
+            f"costs several instructions, where the ridge counts one FLOP per exp"
         )
     return "Against a copy of the same bytes timed the same way: " + "; ".join(parts) + "."
 
@@ -307,8 +307,8 @@ def matmul_ceiling_check(
 
 
 def kernel_time_split(bench_ms: float, kernel_ms: float, kernel_frac: float) -> str:
-    """GPU: a short op's ``bench`` time against its kernels' device time (profiler): the difference is the fixed
-    cost the CUDA events count around a kernel; ``kernel_frac``: the ceiling fraction the kernels alone reach
+    """GPU: a short op's ``bench`` time against its kernels' device time (profiler): the difference is time the
+    CUDA events count around the kernels, outside them (it varies from op to op); ``kernel_frac``: the ceiling fraction the kernels alone reach
     (FLOPs / kernel time / ceiling)."""
     if not (bench_ms > 0 and kernel_ms > 0):
         raise ValueError(f"kernel_time_split: times must be > 0, got {bench_ms}, {kernel_ms}")
@@ -317,7 +317,8 @@ def kernel_time_split(bench_ms: float, kernel_ms: float, kernel_frac: float) -> 
         return f"its bench time ({b:.1f} µs) is no longer than its kernels' device time ({k:.1f} µs, profiler); "
     return (
         f"its bench time ({b:.1f} µs) is {b / k:.1f}× its kernels' device time ({k:.1f} µs, profiler): {b - k:.1f} µs "
-        f"are the fixed cost the events count around a kernel, as for the smallest copy. On their device time "
+        f"are time the events count around the kernels, outside them (the smallest copy's share, above, differs: it "
+        f"is not one fixed cost). On their device time "
         f"alone the kernels reach {kernel_frac:.3f} of the ceiling; "
     )
 
@@ -505,8 +506,16 @@ def host_device_sentence(
         )
 
     text = f"Per sync-free step, the host needs {at(0)}" + (f", and {at(n - 1)}" if n > 1 else "")
+    text += f"; a measured sync-free step took {_span(min(step_over_max), max(step_over_max), '.2f')}× the larger of the two"
+    short = [labels[i] for i in range(n) if step_over_max[i] < 1]
+    if not short:
+        return text + "."
+    # A step cannot be shorter than the time the host needs to issue it: where it was, the host time
+    # (measured on calls of a few steps, after a sync) overstates the host's share in the timed loop.
     return text + (
-        f"; a measured sync-free step took {min(step_over_max):.2f}–{max(step_over_max):.2f}× the larger of the two."
+        f". A step shorter than the larger of the two cannot be: at {', '.join(short)} the host time, measured on "
+        f"short calls after a sync, overstates what issuing costs in the timed loop, so the host- or device-bound "
+        f"label there rests on an upper bound of the host's time."
     )
 
 
@@ -554,9 +563,9 @@ def overlap_bound_clause(
     if not (n == len(gain) == len(lo) == len(hi) == len(bound)) or n == 0:
         raise ValueError("overlap_bound_clause: labels, gain, lo, hi and bound need the same, non-zero length")
     above = [i for i in range(n) if gain[i] > bound[i]]
-    text = (
-        f"{n - len(above)} of the {n} measured gains lie at or under their overlap bound, "
-        f"{min(g / b for g, b in zip(gain, bound)):.0%}–{max(g / b for g, b in zip(gain, bound)):.0%} of it"
+    under = [gain[i] / bound[i] for i in range(n) if i not in above]
+    text = f"{len(under)} of the {n} measured gains lie at or under their overlap bound" + (
+        f", {_span(100 * min(under), 100 * max(under), '.0f')}% of it" if under else ""
     )
     if not above:
         return text + "."
@@ -759,13 +768,16 @@ def decode_gain_note(
     return text + f": the larger part, {kernel / gain:.0%}, is in the kernels."
 
 
-def gqa_note(rows: Sequence[Mapping], *, repeat_mib: float, kv_saved_ms: float) -> str:
+def gqa_note(
+    rows: Sequence[Mapping], *, repeat_mib: float, kv_saved_ms: float, modeled: Sequence[str] = ("math",)
+) -> str:
     """Notebook 02's grouped-query attention against the same call with a kv head per query head, per backend
     (``backend``; ``gqa_ms``, ``mha_ms`` with their 20–80% spreads ``*_p20``, ``*_p80``; peak memory
     ``gqa_peak_mib``, ``mha_peak_mib``, None or NaN where not measured). Faster or slower means beyond both
     spreads. A call through ``repeat_kv`` (k and v copied for every query head, ``repeat_mib``) grows the peak
     by at least that copy; a smaller growth means no such copy was made. ``kv_saved_ms``: the k, v bytes GQA
-    saves, at the copy bandwidth."""
+    saves, at the copy bandwidth. ``modeled``: backends whose memory the notebook explains by a model of their own
+    (math expands k and v itself, in float32), left out of the no-copy inference."""
     if not rows:
         raise ValueError("gqa_note: no rows")
     text = "GQA time over the same call without GQA: " + ", ".join(
@@ -790,7 +802,7 @@ def gqa_note(rows: Sequence[Mapping], *, repeat_mib: float, kv_saved_ms: float) 
         + f"; k and v repeated to every query head take {repeat_mib:,.0f} MiB. "
     )
     copy = [b for b, d in grew.items() if d >= repeat_mib]
-    less = [b for b in grew if b not in copy]
+    less = [b for b in grew if b not in copy and b not in modeled]
     if copy:
         text += f"Grew by at least that copy, as a call through `repeat_kv` does: {', '.join(copy)}. "
     if less:
@@ -1173,6 +1185,16 @@ def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
             f"it still misses. The measured host cost moves the prediction by {moved:+.3g} ms{share} and leaves "
             f"{m - ref:.3g} ms ({m / ref:.2f}× the refined model) that is not host time per op: device work or "
             f"syncs that the model prices too low, or host and device not overlapping as its max assumes."
+        )
+    host_full = h * row["ops"] / 1e3  # ms: the measured cost per op over the full call's ops
+    if cuda and host_full > hi:
+        # Issuing cannot take longer than the whole call: the isolated measurement (a sync, then one call into
+        # an idle device) cost the host more per op than back-to-back calls do, so it is no prediction here.
+        return text + (
+            f"no prediction: at that cost the host alone would need {host_full:.3g} ms for the call's ops, more "
+            f"than the whole call took back to back ({m:.3g} ms, 20–80% {lo:.3g}–{hi:.3g} ms). Issued alone after "
+            f"a sync, each op cost the host more than in back-to-back calls, so this measurement overstates the "
+            f"host's cost per op in the timed loop."
         )
     text += f"it overshoots, {ref / m:.2f}× the measurement and above its 20–80% spread ({lo:.3g}–{hi:.3g} ms)"
     if row["host ops"] != row["ops"]:
