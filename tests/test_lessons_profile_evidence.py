@@ -73,3 +73,18 @@ def test_group_sentence_and_top_ops():
     assert top_ops(_report(), 1) == "`aten::mm` 3 ms (4×)"
     long = StepReport("cpu", 1.0, None, None, [{"name": "x" * 80, "calls": 1.0, "ms": 1.0}])
     assert "…" in top_ops(long) and len(top_ops(long)) < 80
+
+
+def test_profiler_bookkeeping_is_no_operator_and_a_replay_says_its_kernels_belong_to_none():
+    top = [
+        {"name": "aten::copy_", "calls": 1.0, "ms": 0.001},
+        {"name": "Activity Buffer Request", "calls": 0.0, "ms": 0.0003},
+        {"name": "ProfilerStep#3", "calls": 1.0, "ms": 0.0002},
+    ]
+    replay = StepReport("cuda:0", 2.0, 0.7, 296, top)
+    assert top_ops(replay) == "`aten::copy_` 0.001 ms (1×)"
+    text = profile_sentence(replay, "the graph replay")
+    assert "Operators own 0.001 ms of those kernels' time: the rest ran outside any operator" in text
+    assert "Busiest operators" not in text and "Activity Buffer" not in text
+    eager = profile_sentence(_report(kernel_ms=6.0), "the eager step")  # operators own 6.5 of 6 ms: listed
+    assert "Busiest operators by device time: `aten::mm` 3 ms (4×)" in eager and "outside any operator" not in eager

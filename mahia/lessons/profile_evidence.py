@@ -69,9 +69,18 @@ def _short(name: str, width: int = 48) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
+# Rows the profiler lists beside the operators that are its own bookkeeping, not work of the code.
+_PROFILER_ROWS = ("Activity Buffer Request", "ProfilerStep", "[memory]")
+
+
+def _operators(report: StepReport) -> list[dict]:
+    """The operator rows of ``report.top``: called at least once a step and not the profiler's own."""
+    return [r for r in report.top if r["calls"] > 0 and not str(r["name"]).startswith(_PROFILER_ROWS)]
+
+
 def top_ops(report: StepReport, n: int = 3) -> str:
-    """ "name ms (calls×), ..." for the ``n`` busiest operators of ``report``."""
-    return ", ".join(f"`{_short(r['name'])}` {r['ms']:.3g} ms ({r['calls']:.0f}×)" for r in report.top[:n])
+    """ "name ms (calls×), ..." for the ``n`` busiest operators of ``report`` (profiler bookkeeping left out)."""
+    return ", ".join(f"`{_short(r['name'])}` {r['ms']:.3g} ms ({r['calls']:.0f}×)" for r in _operators(report)[:n])
 
 
 def profile_sentence(report: StepReport, what: str, *, n_top: int = 3) -> str:
@@ -86,12 +95,19 @@ def profile_sentence(report: StepReport, what: str, *, n_top: int = 3) -> str:
             f"*CPU evidence* ({what}, `torch.profiler`): {report.wall_ms:.3g} ms per call under the profiler (its "
             f"own cost per operator included); by host time the busiest operators are {top_ops(report, n_top)}."
         )
-    return (
+    text = (
         f"{what.capitalize()} under `torch.profiler`: {report.wall_ms:.3g} ms of wall time per call, of which "
         f"{report.kernel_ms:.3g} ms are kernels ({report.kernels} launches): the device ran kernels "
-        f"{report.busy:.0%} of the time and waited {1 - report.busy:.0%}. Busiest operators by device time: "
-        f"{top_ops(report, n_top)}."
+        f"{report.busy:.0%} of the time and waited {1 - report.busy:.0%}."
     )
+    owned = sum(r["ms"] for r in _operators(report))
+    if report.kernel_ms > 0 and owned < 0.5 * report.kernel_ms:
+        # A CUDA-graph replay launches its kernels from the graph: no operator of this call issued them.
+        return text + (
+            f" Operators own {owned:.3g} ms of those kernels' time: the rest ran outside any operator, as the "
+            f"kernels of a CUDA-graph replay do."
+        )
+    return text + f" Busiest operators by device time: {top_ops(report, n_top)}."
 
 
 def time_by_group(report: StepReport, groups: Mapping[str, Sequence[str]]) -> dict[str, float]:
