@@ -14,6 +14,7 @@ from mahia.lessons.graphs_and_compile import (
     GraphedStep,
     GraphedTrainStep,
     _first_and_last_error,
+    break_even_range,
     break_even_steps,
     clip_by_norm,
     clip_by_norm_logged,
@@ -103,6 +104,16 @@ def test_timed_call_and_break_even():
         break_even_steps(-1.0, 1.0, 0.5)
     with pytest.raises(ValueError, match="eager_ms"):
         break_even_steps(1.0, float("nan"), 0.5)
+
+
+def test_break_even_range_spans_the_spreads():
+    from types import SimpleNamespace as T
+
+    eager, compiled = T(p20_ms=2.5, p80_ms=3.5), T(p20_ms=0.5, p80_ms=1.5)
+    assert break_even_range(1000.0, eager, compiled) == (1000.0 / 3.0, 1000.0)  # savings 3 ms and 1 ms
+    assert break_even_range(1000.0, T(p20_ms=1.0, p80_ms=2.0), T(p20_ms=0.5, p80_ms=1.5))[1] == math.inf
+    with pytest.raises(TypeError, match="compiled must be a timing"):
+        break_even_range(1000.0, eager, 1.0)
 
 
 def test_next_bucket_and_pad_to():

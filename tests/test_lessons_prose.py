@@ -44,8 +44,9 @@ def test_copy_timing_modes_follows_the_run():
     assert "the copy itself at 1.1 µs of device time, so 4.0 µs (78%) of the flushed floor is not the copy" in text
     assert "(11.7 µs, host clock, no sync) is longer than that whole time, so the events did not wait" in text
     # warm slower at the two small sizes: its time against the host's launch, computed (9.2/11.7, 9.3/10.5)
-    assert "at 64 KiB, 1 MiB each took longer than with it (9.2–9.3 µs per copy)" in text
-    assert "0.79–0.89 of the host's launch of one (10.5–11.7 µs)" in text and "*below*" in text
+    assert "at 64 KiB, 1 MiB each took longer than with it (9.2–9.3 µs per copy, the warm curve *below*" in text
+    assert "0.79–0.89 of the host's time per launch measured alone (10.5–11.7 µs)" in text
+    assert "the launches, not the device, set their pace" in text and "set the pace, which" not in text
     # warm faster: within the 4.0 µs gap at 64 and 1024 MiB; at 16 MiB beyond it and faster than the ceiling allows
     assert "At 16 MiB, 64 MiB, 1024 MiB the warm copy was faster, by 1.8–6.8 µs per copy" in text
     assert "at 64 MiB, 1024 MiB by no more than the 4.0 µs the flushed timing counts around each copy" in text
@@ -185,9 +186,11 @@ def test_gain_cutoff_sentence():
 
 def test_launch_model_check():
     kw = dict(pred_after_us=800.0, launch_us=8.0, step_us=5200.0, ops_before=78, ops_after=100,
-              kernels_before=114, kernels_after=110.25)  # fmt: skip
+              kernels_before=114, kernels_after=110.25, n_sync=7, sync_us=16.0)  # fmt: skip
     dev = prose.launch_model_check(host_us=4000.0, device_us=5000.0, cuda=True, **kw)
     assert "114 device launches (kernels and copies) of the syncing loop and 110.2 of the sync-free one" in dev
+    # the model with the launch counts: (114·8 + 7·16) / (110.25·8) = 1024 / 882 = 1.16; op counts: 736 / 800 = 0.92
+    assert "the model predicts 1024 µs against 882 µs per step, 1.16× (the op counts give 0.92×)" in dev
     assert "against 78 and 100 ops counted" in dev and "800 µs of launches" in dev
     assert "host needs 4000 µs to issue one (40.0 µs per op against t_launch = 8.00 µs)" in dev
     assert "busy 5000 µs of the 5200 µs step: device-bound (host/device 0.8)" in dev
@@ -196,7 +199,11 @@ def test_launch_model_check():
     assert "host-bound (host/device 6), as the model assumed, at 7.5× its cost per op" in host
     cpu = prose.launch_model_check(host_us=900.0, device_us=float("nan"), cuda=False, **kw)
     assert "on this CPU" in cpu and "9.0 µs per op on average (900 µs per sync-free step over 100 ops)" in cpu
-    assert "device" not in cpu
+    assert "device" not in cpu and "launch counts" not in cpu
+    with pytest.raises(ValueError, match="kernels_after must be > 0"):
+        prose.launch_model_check(host_us=1.0, device_us=1.0, cuda=True, **{**kw, "kernels_after": 0})
+    with pytest.raises(ValueError, match="launch_us and ops_after must be > 0"):
+        prose.launch_model_check(host_us=1.0, device_us=1.0, cuda=False, **{**kw, "launch_us": 0.0})
 
 
 def test_host_device_sentence():
@@ -403,23 +410,88 @@ def _summary(cuda, launches, busy, wall):
 
 
 def test_compile_evidence_splits_the_time_saved():
-    gpu = prose.compile_evidence(0.8, _summary(True, 74, 0.9, 2.0), _summary(True, 12, 0.6, 0.9))
+    # the benchmark's saving (1.1 ms), not the profiler's wall-time drop (2.0 - 0.9), is what gets split
+    gpu = prose.compile_evidence(0.8, _summary(True, 74, 0.9, 5.0), _summary(True, 12, 0.6, 0.9), 1.1)
     assert "`default` measured 0.80× the predicted gain" in gpu and "74 kernel launches eager and 12 compiled" in gpu
-    assert "Of the 1.1 ms saved per call, 0.3 ms is kernel time and 0.8 ms the host's" in gpu and gpu.endswith(".")
-    cpu = prose.compile_evidence(1.0, _summary(False, 74, 0.45, 0.79), _summary(False, 2, 0.32, 0.4))
+    assert "Of the 1.1 ms per call that the benchmark's medians save, the profiler puts 0.3 ms in kernel time" in gpu
+    assert "the other 0.8 ms is the host's" in gpu and gpu.endswith(".") and "4.1 ms" not in gpu
+    cpu = prose.compile_evidence(1.0, _summary(False, 74, 0.45, 0.79), _summary(False, 2, 0.32, 0.4), 0.3)
     assert "operator launches" in cpu and "*CPU run:" in cpu
-    slower = prose.compile_evidence(0.5, _summary(True, 10, 1.0, 1.0), _summary(True, 5, 1.0, 1.2))
-    assert slower.endswith("Under the profiler the compiled call was not faster.")
+    all_device = prose.compile_evidence(1.0, _summary(True, 74, 0.9, 2.0), _summary(True, 12, 0.4, 0.9), 0.3)
+    assert "drops by 0.5 ms, all of that saving or more" in all_device and "host's" not in all_device
+    slower = prose.compile_evidence(0.5, _summary(True, 10, 1.0, 1.0), _summary(True, 5, 1.0, 0.5), -0.1)
+    assert slower.endswith("In the benchmark the compiled call was not faster.")
+    with pytest.raises(ValueError, match="saved_ms"):
+        prose.compile_evidence(1.0, _summary(True, 1, 1.0, 1.0), _summary(True, 1, 1.0, 1.0), float("nan"))
 
 
 def test_train_vs_inference():
-    train = prose.train_vs_inference(1.5, 1000, 1.2, 5000)
-    assert "the training step gained more per call and paid its compile time back sooner" in train
+    apart = dict(train_range=(900, 1100), infer_range=(4000, 6000))
+    train = prose.train_vs_inference(1.5, 1000, 1.2, 5000, **apart)
+    assert (
+        "the training step gained more per call and paid its compile time back sooner (1,000 steps against "
+        "5,000 calls)" in train
+    )
     assert "Training is the better case" in train
-    infer = prose.train_vs_inference(1.2, 48000, 1.9, 19000)
+    infer = prose.train_vs_inference(1.2, 48000, 1.9, 19000, train_range=(40000, 60000), infer_range=(15000, 25000))
     assert "the inference forward gained more per call and paid" in infer and "Per call, inference" in infer
-    mixed = prose.train_vs_inference(1.5, 9000, 1.2, 5000)
+    mixed = prose.train_vs_inference(1.5, 9000, 1.2, 5000, train_range=(8000, 10000), infer_range=(4000, 6000))
     assert "the training step gained more per call, but the inference forward paid" in mixed
+    # 1,157 against 1,154 with overlapping spreads: neither is sooner
+    tie = prose.train_vs_inference(2.44, 1157.2, 3.13, 1154.0, train_range=(1100, 1200), infer_range=(1120, 1190))
+    assert "after 1,157 steps against 1,154 calls; the timings' 20–80% spreads allow" in tie
+    assert "1,100–1,200 and 1,120–1,190, which overlap: neither paid back measurably sooner" in tie
+    # fewer calls but within the spreads, and no spreads at all: both stated, no "sooner"
+    assert "back sooner" not in prose.train_vs_inference(
+        1.5, 1000, 1.2, 1200, train_range=(900, 1300), infer_range=(1100, 1400)
+    )
+    bare = prose.train_vs_inference(1.5, 1000, 1.2, 5000)
+    assert "sooner" not in bare and "overlap" not in bare and "after 1,000 steps against 5,000 calls." in bare
+    never = prose.train_vs_inference(
+        1.5, 1000, 0.9, math.inf, train_range=(900, 1100), infer_range=(math.inf, math.inf)
+    )
+    assert (
+        "the training step gained more per call and paid its compile time back sooner (1,000 steps against "
+        "never)" in never
+    )
+
+
+def test_group_change_sentence_names_one_sided_groups():
+    before, after = (
+        {"matmuls": 250.0, "attention": 0.0, "casts": 0.0, "other": 382.0},
+        {"matmuls": 22.7, "attention": 6.2, "casts": 0.0, "other": 68.3},
+    )
+    text = prose.group_change_sentence(before, after, ["matmuls", "attention", "casts"], ("fp32", "bf16"))
+    assert text == "matmuls 250 → 22.7 ms (×11), attention only in bf16: 6.2 ms, other 382 → 68.3 ms (×5.59)"
+    assert "x only in fp32: 3 ms" in prose.group_change_sentence({"x": 3.0}, {}, ["x"], ("fp32", "bf16"))
+
+
+def test_bytes_bound_note():
+    ops32, ops16 = {"gla_bwd": 200.0, "add": 50.0, "mul": 10.0}, {"gla_bwd": 26.3, "add": 25.0, "mul": 12.0}
+    above = prose.bytes_bound_note(5.59, 2, ops32, ops16)
+    assert "×5.59, more than the ≤ 2×" in above and "at least one operator in it gained more" in above
+    assert above.endswith("Its largest drops: `gla_bwd` 200 → 26.3 ms, `add` 50 → 25 ms.")  # mul grew: not a drop
+    within = prose.bytes_bound_note(1.8, 2, ops32, ops16)
+    assert within == "The operators in other changed by ×1.80, within the ≤ 2× that fewer bytes give memory-bound work."
+    with pytest.raises(ValueError, match="positive"):
+        prose.bytes_bound_note(float("nan"), 2, ops32, ops16)
+
+
+def test_not_faster_note():
+    sizes, ratios = [1024, 2048, 4096, 8192, 16384], [1.06, 1.32, 0.962, 0.995, 2.01]
+    assert prose.not_faster_note(sizes, ratios, "bf16", "tokens") == (
+        "bf16 was not faster at 4,096 and 8,192 tokens (0.96×, 0.99×)."
+    )
+    assert prose.not_faster_note([64, 128, 256], [0.9, 1.1, 0.8], "bf16", "tokens").startswith(
+        "bf16 was not faster at 64 and 256 tokens"
+    )
+    assert (
+        prose.not_faster_note([1, 2, 3], [0.5, 0.6, 0.7], "x", "u")
+        == "x was not faster at 1, 2 and 3 u (0.50×, 0.60×, 0.70×)."
+    )
+    assert prose.not_faster_note([1, 2], [1.1, 1.5], "bf16", "tokens") == "bf16 was faster at every size."
+    with pytest.raises(ValueError, match="as many sizes"):
+        prose.not_faster_note([1, 2], [1.0], "bf16", "tokens")
 
 
 def test_reorder_print_summary():
@@ -633,6 +705,48 @@ def test_model_miss_summary_names_the_side_the_model_misses():
     assert "same factor" in even and "too high" not in even
     with pytest.raises(ValueError, match="no rows"):
         prose.model_miss_summary([])
+
+
+def test_model_miss_summary_uses_the_measured_gain_range():
+    # fabric on the H100: 9.73x predicted; measured 6.60 / 0.683 ms with spreads 5.03–8.28 and 0.633–1.24 ms
+    fab = dict(component="fabric", before_ms=6.60, before_pred_ms=3.10, after_ms=0.683, after_pred_ms=0.3185)
+    fab.update(before_p20=5.03, before_p80=8.28, after_p20=0.633, after_p80=1.24)
+    text = prose.model_miss_summary([fab])
+    assert "too high" not in text and "too low" not in text and "same factor" not in text
+    assert "within the measured gain's range" in text and "fabric (predicted 9.73×, measured 4.06–13.1×)" in text
+    # a predicted gain above the range's top, and one below its bottom
+    tight = dict(component="mom", before_ms=2.51, before_pred_ms=2.1, after_ms=0.506, after_pred_ms=0.167)
+    tight.update(before_p20=2.46, before_p80=2.56, after_p20=0.505, after_p80=0.507)
+    slow = dict(tight, component="slow", before_pred_ms=0.5)
+    text = prose.model_miss_summary([tight, slow])
+    assert "too high for mom (predicted 12.6×, measured 4.85–5.07×)" in text
+    assert "too low for slow (predicted 2.99×" in text and "within" not in text
+
+
+def test_retimed_note():
+    one = prose.retimed_note("batched at N = 64", (1.09, 1.07, 1.13), [(0.70, 0.68, 0.73)], "above", "timed again")
+    assert one.startswith("batched at N = 64 timed again: 0.7 ms, 20–80% spread 0.68–0.73 ms, against 1.09 ms")
+    assert "no spread overlaps it" in one and "(0.64× between the medians)" in one
+    same = prose.retimed_note("x", (1.0, 0.9, 1.1), [(1.05, 1.0, 1.2)], "a", "b")
+    assert same.endswith("the spreads overlap: the timings agree.")
+    # the fabric's masked path: table 0.683 (0.633–1.24), sweep 1.10–1.17 with tight spreads: all overlap the wide one
+    sweep = [(1.14, 1.12, 1.16), (1.10, 1.09, 1.12), (1.17, 1.15, 1.19)]
+    assert "every spread overlaps it" in prose.retimed_note("m", (0.683, 0.633, 1.24), sweep, "a", "b")
+    later = [(0.69, 0.68, 0.71), (1.1, 1.0, 1.2), (1.2, 1.1, 1.3)]
+    some = prose.retimed_note("m", (0.683, 0.633, 0.70), later, "a", "b")
+    assert "1 of 3 spreads overlap it; the medians' median is 1.61× it." in some
+    with pytest.raises(ValueError, match="median"):
+        prose.retimed_note("x", (1.0, 1.1, 1.2), [(1.0, 0.9, 1.1)], "a", "b")
+    with pytest.raises(ValueError, match="no later"):
+        prose.retimed_note("x", (1.0, 0.9, 1.1), [], "a", "b")
+
+
+def test_gain_range():
+    assert prose.gain_range(2.0, 4.0, 0.5, 1.0) == (2.0, 8.0)
+    with pytest.raises(ValueError, match="p20 is above"):
+        prose.gain_range(4.0, 2.0, 0.5, 1.0)
+    with pytest.raises(ValueError, match="> 0"):
+        prose.gain_range(0.0, 2.0, 0.5, 1.0)
 
 
 # --- 10 ------------------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ __all__ = [
     "generated_kernels",
     "library_calls",
     "break_even_steps",
+    "break_even_range",
     "clip_by_norm_logged",
     "clip_by_norm",
     "GraphedStep",
@@ -285,6 +286,19 @@ def break_even_steps(compile_ms: float, eager_ms: float, compiled_ms: float) -> 
             raise ValueError(f"break_even_steps: {name} must be a finite number >= 0, got {v!r}")
     saved = eager_ms - compiled_ms
     return compile_ms / saved if saved > 0 else math.inf
+
+
+def break_even_range(compile_ms: float, eager, compiled) -> tuple[float, float]:
+    """(fewest, most) calls to pay back ``compile_ms`` over the 20–80% spreads of two timings (``p20_ms``,
+    ``p80_ms``): the fewest with the largest saving, eager p80 - compiled p20; the most with the smallest,
+    eager p20 - compiled p80 (``inf`` when that is not a saving)."""
+    for name, t in (("eager", eager), ("compiled", compiled)):
+        if not (hasattr(t, "p20_ms") and hasattr(t, "p80_ms")):
+            raise TypeError(f"break_even_range: {name} must be a timing with p20_ms and p80_ms, got {type(t).__name__}")
+    return (
+        break_even_steps(compile_ms, eager.p80_ms, compiled.p20_ms),
+        break_even_steps(compile_ms, eager.p20_ms, compiled.p80_ms),
+    )
 
 
 def clip_by_norm_logged(x: torch.Tensor, max_norm: float = 1.0) -> torch.Tensor:

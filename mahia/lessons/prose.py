@@ -55,6 +55,9 @@ __all__ = [
     "sync_free_loop_note",
     "sync_gain_evidence",
     "train_vs_inference",
+    "group_change_sentence",
+    "bytes_bound_note",
+    "not_faster_note",
     "uncounted_sync_clause",
     "window_mask_note",
     "yes_no",
@@ -102,8 +105,9 @@ def copy_timing_modes(
     the copies run back to back, several between one pair of events, so the gap is shared between them: a
     warm copy faster by at most ``gap`` needs nothing else; one faster than ``predicted_us`` (bytes over the
     measured copy ceiling) read part of its bytes from somewhere faster than device memory. A warm copy
-    slower than the flushed one took longer than the device needs (the flushed time bounds that): the host's
-    launches set its pace, as its time against ``host_us`` (the host's launch of one copy, no sync) shows.
+    slower than the flushed one took longer than the device needs (the flushed time bounds that); its time is
+    given as a fraction of ``host_us`` (the host's launch of one copy measured alone, no sync), the pace of the
+    launches, without claiming the two are equal.
     ``l2_mib``: the L2 cache's size (the device report's ``l2_cache_mb``, which counts MiB)."""
     n = len(mib)
     if not (n and len(flushed_us) == len(warm_us) == len(host_us) == len(predicted_us) == n):
@@ -139,10 +143,10 @@ def copy_timing_modes(
         r = [warm_us[i] / host_us[i] for i in slower]
         text += (
             f"Without the flush the copies run back to back, and at {_sizes(mib, slower)} each took longer "
-            f"than with it ({_span(min(w), max(w))} µs per copy), longer than the device needs for it (at most "
-            f"the flushed time) and {_span(min(r), max(r), '.2f')} of the host's launch of one "
-            f"({_span(min(h), max(h))} µs): there the host's launches set the pace, which puts the warm curve *below* the "
-            f"flushed one. "
+            f"than with it ({_span(min(w), max(w))} µs per copy, the warm curve *below* the flushed one): longer "
+            f"than the device needs for it (at most the flushed time), and about the pace of their launches, "
+            f"{_span(min(r), max(r), '.2f')} of the host's time per launch measured alone "
+            f"({_span(min(h), max(h))} µs), so the launches, not the device, set their pace. "
         )
     faster = [i for i in range(n) if warm_us[i] < flushed_us[i]]
     if faster:
@@ -456,12 +460,21 @@ def launch_model_check(
     ops_after: float,
     kernels_before: float,
     kernels_after: float,
+    n_sync: int,
+    sync_us: float,
     cuda: bool,
 ) -> str:
     """Section 3's premise (a sync-free step is ``ops_after × launch_us`` of launches, launch-bound) against
     what section 5 measured per sync-free step: the host's time to issue it (``host_us``), the device's busy
     time (``device_us``, profiler) and the step (``step_us``); on a GPU also the device launches per step the
-    profiler counted (``kernels_*``) against the ops counted. On a CPU the host runs the ops: no device."""
+    profiler counted (``kernels_*``) against the ops counted, and what section 3's model predicts with those
+    counts in place of the op counts (``n_sync`` syncs of ``sync_us`` each per syncing step):
+
+        speedup = (kernels_before × launch_us + n_sync × sync_us) / (kernels_after × launch_us)
+
+    On a CPU the host runs the ops: no device."""
+    if not (launch_us > 0 and ops_after > 0):
+        raise ValueError(f"launch_model_check: launch_us and ops_after must be > 0, got {launch_us}, {ops_after}")
     per_op = host_us / ops_after
     if not cuda:
         return (
@@ -469,7 +482,14 @@ def launch_model_check(
             f"average ({host_us:.0f} µs per sync-free step over {_count(ops_after)} ops) against the "
             f"{launch_us:.2f} µs of the chain's one-element add."
         )
+    if not (kernels_after > 0 and n_sync >= 0 and sync_us >= 0):
+        raise ValueError(
+            f"launch_model_check: kernels_after must be > 0 and n_sync, sync_us >= 0 on a GPU, got "
+            f"{kernels_after}, {n_sync}, {sync_us}"
+        )
     ratio = host_us / device_us
+    k_before, k_after = kernels_before * launch_us + n_sync * sync_us, kernels_after * launch_us
+    op_gain = (ops_before * launch_us + n_sync * sync_us) / (ops_after * launch_us)
     bound = (
         f"host-bound (host/device {ratio:.3g}), as the model assumed, at {per_op / launch_us:.1f}× its cost per op"
         if host_us >= device_us
@@ -478,7 +498,9 @@ def launch_model_check(
     return (
         f"Section 3's premise, checked: per step the profiler counts {_count(kernels_before)} device launches "
         f"(kernels and copies) of the syncing loop and {_count(kernels_after)} of the sync-free one, against "
-        f"{_count(ops_before)} and {_count(ops_after)} ops counted (the table below lists where the two differ). The "
+        f"{_count(ops_before)} and {_count(ops_after)} ops counted (the table below lists where the two differ). With "
+        f"these launch counts in place of the op counts, the model predicts {k_before:.0f} µs against {k_after:.0f} µs "
+        f"per step, {k_before / k_after:.2f}× (the op counts give {op_gain:.2f}×). The op-count "
         f"model charges the sync-free step {pred_after_us:.0f} µs of launches; measured, the host needs "
         f"{host_us:.0f} µs to issue one ({per_op:.1f} µs per op against t_launch = {launch_us:.2f} µs) and the device "
         f"is busy {device_us:.0f} µs of the {step_us:.0f} µs step: {bound}."
@@ -870,23 +892,32 @@ def above_copy_note(
 # ---------------------------------------------------------------------------------------------------
 
 
-def compile_evidence(ratio: float, eager, compiled) -> str:
+def compile_evidence(ratio: float, eager, compiled, saved_ms: float) -> str:
     """`default`'s measured gain over the predicted one (``ratio``), with the profiler's account of one eager and
-    one compiled call (two :class:`mahia.lessons.profiler_summary.ProfileSummary`): launches, busy and wall time,
-    and how the time saved splits between the device (operators on a CPU) and the host."""
+    one compiled call (two :class:`mahia.lessons.profiler_summary.ProfileSummary`): launches, busy and wall time.
+    ``saved_ms`` = eager median - compiled median of the benchmark (the profiler's wall times carry its own
+    overhead); of it, the profiler's busy-time drop is the device's (operators' on a CPU) share, the rest the host's."""
+    if not (isinstance(saved_ms, (int, float)) and math.isfinite(saved_ms)):
+        raise ValueError(f"compile_evidence: saved_ms must be a finite number, got {saved_ms!r}")
     what = "kernel" if eager.cuda else "operator"
     text = (
         f"`default` measured {ratio:.2f}× the predicted gain. Per call, the profiler counts {eager.launches:.0f} "
         f"{what} launches eager and {compiled.launches:.0f} compiled; {what} time {eager.busy_ms:.3g} → "
-        f"{compiled.busy_ms:.3g} ms, wall time {eager.wall_ms:.3g} → {compiled.wall_ms:.3g} ms. "
+        f"{compiled.busy_ms:.3g} ms, wall time under the profiler {eager.wall_ms:.3g} → {compiled.wall_ms:.3g} ms. "
     )
-    saved_wall, saved_busy = eager.wall_ms - compiled.wall_ms, eager.busy_ms - compiled.busy_ms
-    if saved_wall <= 0:
-        return text + "Under the profiler the compiled call was not faster."
-    text += (
-        f"Of the {saved_wall:.3g} ms saved per call, {saved_busy:.3g} ms is {what} time and {saved_wall - saved_busy:.3g} "
-        f"ms the host's (Python, dispatch, launches)"
-    )
+    saved_busy = eager.busy_ms - compiled.busy_ms
+    if saved_ms <= 0:
+        return text + "In the benchmark the compiled call was not faster."
+    if saved_busy >= saved_ms:
+        text += (
+            f"The benchmark's medians save {saved_ms:.3g} ms per call; the profiler's {what} time drops by "
+            f"{saved_busy:.3g} ms, all of that saving or more"
+        )
+    else:
+        text += (
+            f"Of the {saved_ms:.3g} ms per call that the benchmark's medians save, the profiler puts {saved_busy:.3g} ms "
+            f"in {what} time; the other {saved_ms - saved_busy:.3g} ms is the host's (Python, dispatch, launches)"
+        )
     if not eager.cuda:
         return (
             text
@@ -895,15 +926,50 @@ def compile_evidence(ratio: float, eager, compiled) -> str:
     return text + "."
 
 
-def train_vs_inference(train_gain: float, train_break_even: float, infer_gain: float, infer_break_even: float) -> str:
+def _calls(x: float) -> str:
+    """A break-even count as whole calls; "never" where it is infinite (the compiled call was not faster)."""
+    return "never" if math.isinf(x) else f"{round(x):,}"
+
+
+def train_vs_inference(
+    train_gain: float,
+    train_break_even: float,
+    infer_gain: float,
+    infer_break_even: float,
+    *,
+    train_range: tuple[float, float] | None = None,
+    infer_range: tuple[float, float] | None = None,
+) -> str:
     """Notebook 04's first exercise: which of a compiled training step and a compiled inference forward of the same
-    block gained more per call and paid its compile time back sooner, as measured."""
+    block gained more per call, and whether one paid its compile time back sooner, as measured. "Sooner" only when
+    its break-even is strictly fewer whole calls and the (fewest, most) calls that the timings' 20–80% spreads allow
+    (``*_range``, from :func:`mahia.lessons.graphs_and_compile.break_even_range`) do not overlap; otherwise, or
+    without the ranges, both counts are stated."""
+    n_tr, n_inf = (math.inf if math.isinf(x) else round(x) for x in (train_break_even, infer_break_even))
+    sooner = None
+    if train_range is not None and infer_range is not None:
+        if n_tr < n_inf and train_range[1] < infer_range[0]:
+            sooner = "the training step"
+        elif n_inf < n_tr and infer_range[1] < train_range[0]:
+            sooner = "the inference forward"
     more = "the training step" if train_gain > infer_gain else "the inference forward"
-    sooner = "the training step" if train_break_even < infer_break_even else "the inference forward"
-    if more == sooner:
-        text = f"Measured here, {more} gained more per call and paid its compile time back sooner. "
-    else:
-        text = f"Measured here, {more} gained more per call, but {sooner} paid its compile time back sooner. "
+    counts = " against ".join(
+        "never" if math.isinf(x) else f"{_calls(x)} {unit}"
+        for x, unit in ((train_break_even, "steps"), (infer_break_even, "calls"))
+    )
+    if sooner is None:
+        text = f"Measured here, {more} gained more per call; the two paid their compile time back after {counts}"
+        if train_range is not None and infer_range is not None:
+            text += (
+                f"; the timings' 20–80% spreads allow {_calls(train_range[0])}–{_calls(train_range[1])} and "
+                f"{_calls(infer_range[0])}–{_calls(infer_range[1])}, which overlap: neither paid back measurably sooner"
+            )
+        return text + (
+            ". Training repeats one step of one shape for a whole run, so its compile time is paid once against far "
+            "more calls than a short inference job makes."
+        )
+    join = " and" if more == sooner else f", but {sooner}"
+    text = f"Measured here, {more} gained more per call{join} paid its compile time back sooner ({counts}). "
     if sooner == "the training step":
         return text + (
             "Training is the better case: it repeats one step of one shape for a whole run, so the compile time is "
@@ -913,6 +979,58 @@ def train_vs_inference(train_gain: float, train_break_even: float, infer_gain: f
         "Per call, inference is the better case at this size; training still repeats one step of one shape for a "
         "whole run, so its compile time is paid once against far more calls than a short inference job makes."
     )
+
+
+def group_change_sentence(
+    before: Mapping[str, float], after: Mapping[str, float], labels: Sequence[str], names: tuple[str, str]
+) -> str:
+    """ "matmuls 250 → 22.7 ms (×11), attention only in bf16: 6.2 ms, …" for the groups of two
+    ``time_by_group`` results (``labels`` and then "other"; the factor is before / after). A group with no time
+    on one side is named with the side it ran in (``names``: the before and after runs); one with none on either
+    is left out."""
+    parts = []
+    for g in (*labels, "other"):
+        b, a = before.get(g, 0.0), after.get(g, 0.0)
+        if b > 0 and a > 0:
+            parts.append(f"{g} {b:.3g} → {a:.3g} ms (×{b / a:.3g})")
+        elif b > 0 or a > 0:
+            parts.append(f"{g} only in {names[0] if b > 0 else names[1]}: {max(a, b):.3g} ms")
+    return ", ".join(parts)
+
+
+def bytes_bound_note(
+    factor: float, bound: float, ops_before: Mapping[str, float], ops_after: Mapping[str, float], n_top: int = 3
+) -> str:
+    """Checks the gain ``factor`` of the operators outside the named groups against ``bound``, the most that
+    memory-bound work gains from its bytes shrinking by that factor. Above it, at least one of them gained more
+    than ``bound`` (were all at or below it, so would be their sum); the ``n_top`` largest drops in time,
+    ``ops_before`` -> ``ops_after`` (operator name -> ms), say which."""
+    if not (math.isfinite(factor) and factor > 0 and bound > 0):
+        raise ValueError(f"bytes_bound_note: factor and bound must be positive numbers, got {factor!r}, {bound!r}")
+    if factor <= bound:
+        return f"The operators in other changed by ×{factor:.2f}, within the ≤ {bound:g}× that fewer bytes give memory-bound work."
+    drops = sorted(((b - ops_after.get(k, 0.0), k, b) for k, b in ops_before.items()), reverse=True)[:n_top]
+    listed = ", ".join(f"`{k}` {b:.3g} → {ops_after.get(k, 0.0):.3g} ms" for d, k, b in drops if d > 0)
+    return (
+        f"The operators in other gained ×{factor:.2f}, more than the ≤ {bound:g}× that fewer bytes give memory-bound work: at least "
+        f"one operator in it gained more than that, so not all of it is memory-bound work whose bytes only shrank."
+        + (f" Its largest drops: {listed}." if listed else "")
+    )
+
+
+def not_faster_note(sizes: Sequence[float], ratios: Sequence[float], what: str, unit: str) -> str:
+    """Names the ``sizes`` at which ``what`` was not faster (its speedup ``ratios`` at or below 1), with their
+    ratios; says so when it was faster at every size."""
+    if len(sizes) != len(ratios) or not len(sizes):
+        raise ValueError(
+            f"not_faster_note: need as many sizes as ratios, at least one, got {len(sizes)}, {len(ratios)}"
+        )
+    slow = [(s, r) for s, r in zip(sizes, ratios) if r <= 1]
+    if not slow:
+        return f"{what} was faster at every size."
+    names = [f"{s:,.0f}" for s, _ in slow]
+    at = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"{what} was not faster at {at} {unit} ({', '.join(f'{r:.2f}×' for _, r in slow)})."
 
 
 def reorder_print_summary(rows: Sequence[Mapping]) -> str:
@@ -1293,20 +1411,78 @@ def cached_buffers_note(fracs: Sequence[float]) -> str:
     )
 
 
+def gain_range(before_p20: float, before_p80: float, after_p20: float, after_p80: float) -> tuple[float, float]:
+    """The measured gain's range from the 20–80% spreads of the before and after times (ms):
+    [before_p20 / after_p80, before_p80 / after_p20], the slowest and fastest gain those spreads allow."""
+    vals = (before_p20, before_p80, after_p20, after_p80)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in vals):
+        raise ValueError(f"gain_range: every time must be a number > 0, got {vals!r}")
+    if before_p20 > before_p80 or after_p20 > after_p80:
+        raise ValueError(f"gain_range: a p20 is above its p80: {vals!r}")
+    return before_p20 / after_p80, before_p80 / after_p20
+
+
+def retimed_note(
+    what: str, first: Sequence[float], again: Sequence[Sequence[float]], first_label: str, again_label: str
+) -> str:
+    """The same work timed twice: ``first`` is one timing's (median, p20, p80) in ms, ``again`` one or more later
+    timings of the same work. They agree where the 20–80% spreads [p20, p80] overlap; the sentence gives both
+    numbers, and, where no spread overlaps, how far apart the medians are (the later medians' median / first's)."""
+    for t in (first, *again):
+        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
+            raise ValueError(f"retimed_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    if not again:
+        raise ValueError("retimed_note: no later timing")
+    meds = sorted(t[0] for t in again)
+    lo, hi = min(t[1] for t in again), max(t[2] for t in again)
+    n_ok = sum(t[1] <= first[2] and first[1] <= t[2] for t in again)
+    at = f"{meds[0]:.3g} ms" if len(meds) == 1 else f"{meds[0]:.3g}–{meds[-1]:.3g} ms (medians)"
+    text = (
+        f"{what} {again_label}: {at}, 20–80% spread {lo:.3g}–{hi:.3g} ms, against {first[0]:.3g} ms "
+        f"({first[1]:.3g}–{first[2]:.3g} ms) {first_label}: "
+    )
+    if n_ok == len(again):
+        return text + (
+            "the spreads overlap: the timings agree." if n_ok == 1 else "every spread overlaps it: they agree."
+        )
+    mid = meds[len(meds) // 2] if len(meds) % 2 else (meds[len(meds) // 2 - 1] + meds[len(meds) // 2]) / 2
+    if n_ok:
+        return text + f"{n_ok} of {len(again)} spreads overlap it; the medians' median is {mid / first[0]:.2f}× it."
+    return (
+        text + f"no spread overlaps it: the same work, timed twice, disagrees ({mid / first[0]:.2f}× between the "
+        f"medians), and a gain computed from either timing is only as sure as that."
+    )
+
+
+_SPREAD_KEYS = ("before_p20", "before_p80", "after_p20", "after_p80")
+
+
 def model_miss_summary(rows: Sequence[Mapping]) -> str:
     """Notebook 09's summary: per component (``component``), the measured over the predicted time of its before
     and after paths (``before_ms``, ``before_pred_ms``, ``after_ms``, ``after_pred_ms``), and which side the model
-    misses more: predicted / measured gain = (after measured / predicted) / (before measured / predicted)."""
+    misses more: predicted / measured gain = (after measured / predicted) / (before measured / predicted).
+
+    With the 20–80% spreads of both times (``before_p20``, ``before_p80``, ``after_p20``, ``after_p80``) a predicted
+    gain is called too high or too low only outside the measured gain's range (:func:`gain_range`); inside it, it
+    is within the spread. Without them, any difference between the two ratios counts."""
     if not rows:
         raise ValueError("model_miss_summary: no rows")
-    miss = [(r["component"], r["before_ms"] / r["before_pred_ms"], r["after_ms"] / r["after_pred_ms"]) for r in rows]
+    miss, high, low, within = [], [], [], []
+    for r in rows:
+        b, a = r["before_ms"] / r["before_pred_ms"], r["after_ms"] / r["after_pred_ms"]
+        miss.append((r["component"], b, a))
+        if all(r.get(k) is not None for k in _SPREAD_KEYS):
+            lo, hi = gain_range(*(r[k] for k in _SPREAD_KEYS))
+            pred = r["before_pred_ms"] / r["after_pred_ms"]
+            side = high if pred > hi else low if pred < lo else within
+            side.append(f"{r['component']} (predicted {pred:.3g}×, measured {lo:.3g}–{hi:.3g}×)")
+        elif a != b:
+            (high if a > b else low).append(r["component"])
     text = (
         "Measured over predicted time, before / after path: "
         + ", ".join(f"{c} {b:.2f}× / {a:.2f}×" for c, b, a in miss)
         + ". "
     )
-    high = [c for c, b, a in miss if a > b]
-    low = [c for c, b, a in miss if a < b]
     if high:
         text += (
             f"The predicted gain is too high for {', '.join(high)}: relative to its prediction, the after path ran "
@@ -1317,7 +1493,11 @@ def model_miss_summary(rows: Sequence[Mapping]) -> str:
             f"It is too low for {', '.join(low)}: relative to its prediction, the before path ran slower than the "
             f"after path. "
         )
-    if not high and not low:
+    if within:
+        text += (
+            f"It lies within the measured gain's range from the 20–80% spreads of both times for {', '.join(within)}. "
+        )
+    if not high and not low and not within:
         text += "Both paths are off by the same factor everywhere, so every predicted gain is the measured one."
     return text.rstrip()
 
