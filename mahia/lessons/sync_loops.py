@@ -60,7 +60,7 @@ from torch import nn
 from mahia.lessons.profiler_summary import profile_calls
 from mahia.measure.checks import check_float_dtype, check_int
 from mahia.measure.instruments import count_ops
-from mahia.measure.timing import synchronize
+from mahia.measure.timing import issue_ms
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -384,14 +384,7 @@ def host_issue_ms(
     if not callable(fn):
         raise TypeError(f"host_issue_ms: fn must be callable, got {type(fn).__name__}")
     check_int("host_issue_ms", "repeats", repeats, minimum=1)
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = clock()
-        fn()
-        times.append((clock() - t0) * 1e3)
-        synchronize(device)
-    return statistics.median(times)
+    return statistics.median(issue_ms(fn, device, clock=clock) for _ in range(repeats))
 
 
 def _check_steps(fn: str, run, steps: int) -> None:

@@ -362,19 +362,17 @@ def keep_part_commits(folder: str | Path) -> dict[str, int]:
             f"{folder}: no parts/<part>.json with a commit for {', '.join(missing)}; nothing was dropped "
             "(only a folder written by `python -m mahia reference` can be pruned)"
         )
-    dropped = {}
+    kept = {}  # every CSV is checked before any is written: a refusal changes nothing
     for path, commit in keep.items():
         df = pd.read_csv(path, dtype={"commit": str})
         mine = (df["commit"].astype(str) == commit) & (df["profile"].astype(str) == "full")
         if not mine.any():
             raise ValueError(f"{path}: no full-profile row of commit {commit}, which parts/ names; nothing dropped")
-        dropped[path.name] = int((~mine).sum())
-    for path, commit in keep.items():
-        if dropped[path.name]:
-            df = pd.read_csv(path, dtype={"commit": str})
-            mine = (df["commit"].astype(str) == commit) & (df["profile"].astype(str) == "full")
+        kept[path] = (df, mine)
+    for path, (df, mine) in kept.items():
+        if not mine.all():
             atomic_write_text(path, df[mine].to_csv(index=False))
-    return dropped
+    return {path.name: int((~mine).sum()) for path, (_, mine) in kept.items()}
 
 
 def profiles(df: pd.DataFrame) -> list[str]:

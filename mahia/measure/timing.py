@@ -41,6 +41,7 @@ __all__ = [
     "synchronize",
     "naive_host_time",
     "host_time",
+    "issue_ms",
     "LAUNCH_QUEUE_KERNELS",
     "capture_graph",
 ]
@@ -250,6 +251,20 @@ def _device(fn_name: str, device: torch.device | str | None) -> torch.device:
     return dev
 
 
+def issue_ms(
+    fn: Callable[[], object], device: torch.device | str, *, clock: Callable[[], float] = time.perf_counter
+) -> float:
+    """One sample of :func:`host_time`, in ms: synchronize(device); t0 = clock(); fn(); t1 = clock();
+    synchronize(device); return t1 - t0. The host's time in one call started on an idle device, the device's
+    catch-up kept out. ``clock`` (seconds) is there for tests."""
+    synchronize(device)
+    t0 = clock()
+    fn()
+    t1 = clock()
+    synchronize(device)
+    return (t1 - t0) * 1e3
+
+
 def host_time(
     fn: Callable[[], object],
     *,
@@ -286,12 +301,9 @@ def host_time(
 
     def one() -> tuple[float, float]:
         """(issue time, issue time + the device's catch-up) of one call, in ms."""
-        synchronize(dev)
         t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        synchronize(dev)
-        return (t1 - t0) * 1e3, (time.perf_counter() - t0) * 1e3
+        issue = issue_ms(fn, dev)
+        return issue, (time.perf_counter() - t0) * 1e3
 
     first, _ = one()
     est = max(one()[1], 1e-4)  # ms per repetition, device catch-up included: what the budgets count
