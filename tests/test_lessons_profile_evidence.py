@@ -42,7 +42,17 @@ def test_profile_call_sees_the_matmul_of_a_cpu_call():
 def test_profile_sentence_states_the_numbers_and_marks_cpu_evidence():
     gpu = profile_sentence(_report(kernel_ms=6.0), "the step")
     assert gpu.startswith("The step under `torch.profiler`: 10 ms of wall time per call, of which 6 ms are kernels (17")
-    assert "busy" not in gpu and "ran kernels 60% of the time and waited 40%" in gpu
+    assert "busy" not in gpu and "ran kernels 60% of the profiled time and waited 40%" in gpu
+    # against the benchmark's time, which has no profiler cost per operator in it
+    bench = profile_sentence(_report(kernel_ms=6.0), "the step", measured_ms=8.0)
+    assert "ran kernels 60% of the profiled time, and 75% of the 8 ms the benchmark measured" in bench
+    faster = profile_sentence(_report(kernel_ms=6.0), "the step", measured_ms=5.0)
+    assert "the benchmark measured 5 ms without the profiler, less than the kernels' summed time" in faster
+    tiny = profile_sentence(_report(kernel_ms=0.04), "the step")
+    assert "ran kernels 0.4% of the profiled time and waited 100%" in tiny  # never a "0%" for a nonzero share
+    for bad in (0, -1.0, "8"):
+        with pytest.raises(ValueError, match="measured_ms"):
+            profile_sentence(_report(kernel_ms=6.0), "the step", measured_ms=bad)
     assert "`aten::mm` 3 ms (4×)" in gpu and "`aten::add`" in gpu and "addmm" not in gpu  # the top 3 only
     cpu = profile_sentence(_report(), "the step")
     assert cpu.startswith("*CPU evidence* (the step") and "by host time" in cpu and "kernels" not in cpu

@@ -576,10 +576,14 @@ def test_aux_tradeoff_sentence_claims_a_trade_off_only_when_the_loss_rises():
 def test_sync_free_loop_note():
     kw = dict(syncs=64, ops_free=780, ops_loop=724, cap_rows=640, rows=512)
     slower = prose.sync_free_loop_note(24.8, 21.3, cuda=True, **kw)
-    assert "no faster: 24.8 ms against 21.3 ms (780 ops against 724, and 640 rows" in slower
-    assert "the syncs are not what the loop's time is" in slower
+    assert "not faster: 24.8 ms against 21.3 ms (780 ops against 724, and 640 rows" in slower
+    assert "cannot price the syncs alone" in slower and "not what" not in slower
     faster = prose.sync_free_loop_note(15.0, 21.4, cuda=True, **kw)
-    assert "6.4 ms per forward, 100 µs per sync removed" in faster and "not what" not in faster
+    assert "6.4 ms per forward, 100 µs per sync removed" in faster and "at least that much" in faster
+    # a sync-free loop with fewer ops is not the loop minus its syncs: no bound either way
+    kw_less = dict(kw, ops_free=600)
+    assert "more than the syncs, so this is not" in prose.sync_free_loop_note(15.0, 21.4, cuda=True, **kw_less)
+    assert "does not price the syncs" in prose.sync_free_loop_note(24.8, 21.3, cuda=True, **kw_less)
     assert "*CPU run:*" in prose.sync_free_loop_note(2.0, 1.0, cuda=False, **kw)
     with pytest.raises(ValueError, match="> 0"):
         prose.sync_free_loop_note(0.0, 1.0, cuda=True, **kw)
@@ -755,3 +759,22 @@ def test_gain_range():
 def test_same_tokens_phrase():
     assert prose.same_tokens_phrase(True) == "with exactly the same tokens"
     assert prose.same_tokens_phrase(False) == "with tokens that differ only at near-ties"
+
+
+def test_pct_never_rounds_a_small_share_to_zero():
+    assert prose.pct(0.004) == "0.4%" and prose.pct(0.0004) == "<0.1%" and prose.pct(0.0) == "0%"
+    assert prose.pct(0.15) == "15%" and prose.pct(1.0) == "100%"
+    with pytest.raises(ValueError, match="pct"):
+        prose.pct(float("nan"))
+
+
+def test_plain_numbers_writes_out_positive_exponents_only():
+    assert prose.plain_numbers("2.59e+03 ms of wall time") == "2,590 ms of wall time"
+    assert prose.plain_numbers("1.596e+05 → 239.4 ms") == "159,600 → 239.4 ms"
+    assert prose.plain_numbers("within 0.0e+00 (tolerance 1e-05)") == "within 0 (tolerance 1e-05)"
+    assert prose.plain_numbers("spread 910–1.17e+03 ms, 2e+00×") == "spread 910–1,170 ms, 2×"
+    assert prose.plain_numbers("-3.5e+02") == "-350"
+    assert prose.plain_numbers("equal within 0.0e+00. Next") == "equal within 0. Next"  # a sentence's full stop
+    # a negative exponent, a version or an identifier is left alone
+    for keep in ("error 1.1e-01", "v1.2e+03", "x1e+03y"):
+        assert prose.plain_numbers(keep) == keep

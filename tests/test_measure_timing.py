@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mahia.measure import timing
-from mahia.measure.timing import Timing, bench, capture_graph, host_time
+from mahia.measure.timing import Timing, bench, capture_graph, gain_range, host_time, ratio_range
 
 
 def test_capture_graph_checks_its_arguments():
@@ -158,3 +158,13 @@ def test_host_time_on_a_gpu_is_the_issue_time_not_the_kernels():
     wall = bench(lambda: x @ x @ x @ x, rep_ms=20, warmup_ms=5)
     host = host_time(lambda: x @ x @ x @ x, device="cuda")
     assert host.median_ms < wall.median_ms  # three big matmuls queue in microseconds and run for milliseconds
+
+
+def test_gain_range_is_the_ratio_the_two_spreads_allow():
+    before, after = Timing(3.0, 2.0, 4.0, 10), Timing(0.75, 0.5, 1.0, 10)
+    assert gain_range(before, after) == (2.0, 8.0)  # p20/p80 and p80/p20
+    assert ratio_range(2.0, 4.0, 0.5, 1.0) == (2.0, 8.0)
+    with pytest.raises(TypeError, match="two Timing objects"):
+        gain_range(3.0, after)
+    with pytest.raises(ValueError, match="p20 is above"):
+        ratio_range(4.0, 2.0, 0.5, 1.0)

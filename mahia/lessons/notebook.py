@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mahia.lessons.prose import plain_numbers
 from mahia.measure import hardware
 from mahia.measure.checks import check_int
 from mahia.measure.results import Recorder, default_figures_dir
@@ -160,7 +161,9 @@ def _results_root() -> Path:
 
 
 def md(text: str) -> None:
-    """Render Markdown computed by the run (numbers in prose are never typed in)."""
+    """Render Markdown computed by the run (numbers in prose are never typed in); numbers that ``:.3g`` wrote
+    with a positive exponent are written out (:func:`mahia.lessons.prose.plain_numbers`)."""
+    text = plain_numbers(text)
     try:
         from IPython.display import Markdown, display
 

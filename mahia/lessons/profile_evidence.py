@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from mahia.lessons.profiler_summary import quiet_native_stderr
+from mahia.lessons.prose import pct
 from mahia.measure.checks import check_int
 from mahia.profile import StepReport, profile_step
 
@@ -83,13 +84,19 @@ def top_ops(report: StepReport, n: int = 3) -> str:
     return ", ".join(f"`{_short(r['name'])}` {r['ms']:.3g} ms ({r['calls']:.0f}×)" for r in _operators(report)[:n])
 
 
-def profile_sentence(report: StepReport, what: str, *, n_top: int = 3) -> str:
+def profile_sentence(report: StepReport, what: str, *, n_top: int = 3, measured_ms: float | None = None) -> str:
     """One sentence of what the profiler measured for ``what`` (a noun phrase): on a GPU the wall time per
     call, the kernels' time and number, the share of the wall time the device ran kernels and the busiest
     operators by device time; on a CPU the wall time and the busiest operators by host time, marked as
-    CPU evidence."""
+    CPU evidence.
+
+    The profiler adds its own cost to every operator, so its wall time is longer than the benchmark's. Pass
+    the benchmark's median (``measured_ms``, timed without the profiler) and the busy share is also given
+    against it: the kernels' time over the time the call really takes."""
     if not isinstance(report, StepReport):
         raise TypeError(f"profile_sentence: report must be a mahia.profile.StepReport, got {type(report).__name__}")
+    if measured_ms is not None and not (isinstance(measured_ms, (int, float)) and measured_ms > 0):
+        raise ValueError(f"profile_sentence: measured_ms must be a time > 0 (ms) or None, got {measured_ms!r}")
     if report.kernel_ms is None:
         return (
             f"*CPU evidence* ({what}, `torch.profiler`): {report.wall_ms:.3g} ms per call under the profiler (its "
@@ -98,8 +105,20 @@ def profile_sentence(report: StepReport, what: str, *, n_top: int = 3) -> str:
     text = (
         f"{what.capitalize()} under `torch.profiler`: {report.wall_ms:.3g} ms of wall time per call, of which "
         f"{report.kernel_ms:.3g} ms are kernels ({report.kernels} launches): the device ran kernels "
-        f"{report.busy:.0%} of the time and waited {1 - report.busy:.0%}."
+        f"{pct(report.busy)} of the profiled time"
     )
+    if measured_ms is None:
+        text += f" and waited {pct(1 - report.busy)}."
+    elif report.kernel_ms <= measured_ms:
+        text += (
+            f", and {pct(report.kernel_ms / measured_ms)} of the {measured_ms:.3g} ms the benchmark measured "
+            f"without the profiler's cost per operator."
+        )
+    else:
+        text += (
+            f"; the benchmark measured {measured_ms:.3g} ms without the profiler, less than the kernels' summed "
+            f"time (kernels that overlap, or that ran slower under the profiler)."
+        )
     owned = sum(r["ms"] for r in _operators(report))
     if report.kernel_ms > 0 and owned < 0.5 * report.kernel_ms:
         # A CUDA-graph replay launches its kernels from the graph: no operator of this call issued them.

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from mahia.lessons.prose import pct
 from mahia.measure.checks import check_int
 
 __all__ = [
@@ -146,7 +147,7 @@ class ProfileSummary:
 
     def longest(self, n: int = 3) -> str:
         """ "`name` (share), ..." of the ``n`` longest rows."""
-        return ", ".join(f"`{short_kernel_name(r.name, 48)}` ({r.share:.0%})" for r in self.top.head(n).itertuples())
+        return ", ".join(f"`{short_kernel_name(r.name, 48)}` ({pct(r.share)})" for r in self.top.head(n).itertuples())
 
     def sentence(self, what: str) -> str:
         """One sentence of evidence: busy time against wall time and the longest rows; on a CPU it says that
@@ -154,12 +155,12 @@ class ProfileSummary:
         if self.cuda:
             return (
                 f"Profiler, {what}: {self.launches:.0f} kernel launch(es) per call ran {self.busy_ms:.3g} ms of device "
-                f"time in {self.wall_ms:.3g} ms of wall time (device busy {self.busy:.0%}); the longest: "
+                f"time in {self.wall_ms:.3g} ms of wall time (device busy {pct(self.busy)}); the longest: "
                 f"{self.longest()}."
             )
         return (
             f"Profiler, {what} (CPU run: host operators, not GPU kernels): the operators spent {self.busy_ms:.3g} ms "
-            f"of their own time in {self.wall_ms:.3g} ms of wall time per call ({self.busy:.0%}); the longest: "
+            f"of their own time in {self.wall_ms:.3g} ms of wall time per call ({pct(self.busy)}); the longest: "
             f"{self.longest()}."
         )
 

@@ -12,6 +12,7 @@ Sections follow the notebooks that use them (00, 01, 02, ...).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 __all__ = [
@@ -45,6 +46,8 @@ __all__ = [
     "model_miss_summary",
     "overlap_bound_clause",
     "padding_cost_note",
+    "pct",
+    "plain_numbers",
     "reorder_print_summary",
     "same_tokens_phrase",
     "shortfall_source",
@@ -62,6 +65,38 @@ __all__ = [
     "window_mask_note",
     "yes_no",
 ]
+
+
+def pct(x: float) -> str:
+    """A share as a percentage that never rounds a small nonzero share to "0%": 0.004 is "0.4%", below 0.001
+    "<0.1%"; from 1% on, whole percents."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x):
+        raise ValueError(f"pct: need a number, got {x!r}")
+    if x == 0 or abs(x) >= 0.01:
+        return f"{x:.0%}"
+    if abs(x) < 0.001:
+        return "<0.1%" if x > 0 else ">-0.1%"
+    return f"{x:.1%}"
+
+
+# A number that ``:.3g`` wrote with a positive exponent ("2.59e+03", "1.596e+05", "0.0e+00").
+_E_NUMBER = re.compile(r"(?<![\w.])(-?\d(?:\.(\d+))?)e\+(\d{1,2})(?!\w|\.\d)")
+
+
+def _plain(m: re.Match) -> str:
+    mantissa, decimals, exp = m.group(1), m.group(2) or "", int(m.group(3))
+    value = float(mantissa) * 10**exp
+    if value == 0:
+        return "0"
+    places = len(decimals) - exp  # keep the significant digits the exponent form had, no more
+    return f"{round(value):,}" if places <= 0 else f"{value:,.{places}f}"
+
+
+def plain_numbers(text: str) -> str:
+    """``text`` with every number written with a positive exponent by ``:g``/``:e`` formatting written out:
+    "2.59e+03 ms" becomes "2,590 ms", "0.0e+00" becomes "0". Negative exponents (tolerances such as 1e-05)
+    stay as they are: there the exponent is the clearer form."""
+    return _E_NUMBER.sub(_plain, text)
 
 
 def spread_note(lo: float, hi: float) -> str:
@@ -380,7 +415,7 @@ def sync_gain_evidence(
     if busy_before is None or busy_after is None:
         raise ValueError("sync_gain_evidence: a GPU run needs busy_before and busy_after")
     text = (
-        f"The profiler has the device busy {busy_before:.0%} of the syncing loop's wall time and {busy_after:.0%} "
+        f"The profiler has the device busy {pct(busy_before)} of the syncing loop's wall time and {pct(busy_after)} "
         f"of the sync-free loop's. "
     )
     if speedup > predicted:
@@ -1184,17 +1219,24 @@ def sync_free_loop_note(
             f"*CPU run:* without its syncs the loop takes {t_free_ms:.3g} ms against {t_loop_ms:.3g} ms {what}; a "
             f"sync waits for nothing on a CPU, so this compares the two loops' work, not the syncs. "
         )
+    more_work = ops_free >= ops_loop and cap_rows >= rows  # the sync-free loop does at least the loop's work
     if t_free_ms < t_loop_ms:
         saved = t_loop_ms - t_free_ms
-        return (
+        text = (
             f"Without its {syncs} syncs the loop takes {t_free_ms:.3g} ms against {t_loop_ms:.3g} ms {what}: "
-            f"{saved:.3g} ms per forward, {saved * 1e3 / max(syncs, 1):.3g} µs per sync removed, is at most what "
-            f"the syncs cost here. "
+            f"{saved:.3g} ms per forward, {saved * 1e3 / max(syncs, 1):.3g} µs per sync removed. "
         )
-    return (
-        f"Without its {syncs} syncs the loop is no faster: {t_free_ms:.3g} ms against {t_loop_ms:.3g} ms {what}. "
-        f"So at this size the syncs are not what the loop's time is: the device waits on the host's work per "
-        f"op (§5's profile), with or without a sync. "
+        if more_work:
+            return text + "The sync-free loop does more work, so the syncs cost at least that much here. "
+        return text + "The two loops differ in more than the syncs, so this is not the syncs' cost alone. "
+    text = f"Without its {syncs} syncs the loop is not faster: {t_free_ms:.3g} ms against {t_loop_ms:.3g} ms {what}. "
+    if not more_work:
+        return text + "The two loops differ in more than the syncs, so the pair does not price the syncs. "
+    return text + (
+        "It is not the same loop: it runs more ops and pads every expert to its capacity, so the pair cannot "
+        "price the syncs alone (they cost at most the extra work's time). What it does show: dropping the syncs "
+        "while keeping one short op sequence per expert does not make the loop fast, since the host still issues "
+        "every op one by one (§5's profile of the `nonzero` loop had its device waiting most of the time). "
     )
 
 
@@ -1369,8 +1411,8 @@ def shortfall_source(
         return text + "*CPU run:* no device queue, so the profiler cannot split that into host and device time."
     missed = measured_ms - predicted_ms
     if missed <= 0:
-        return text + f"Its kernels took {kernel_ms:.3g} ms per call (the device busy {busy:.0%} of the time)."
-    text += f"Its kernels took {kernel_ms:.3g} ms per call, the device busy {busy:.0%} of the profiled wall time"
+        return text + f"Its kernels took {kernel_ms:.3g} ms per call (the device busy {pct(busy)} of the time)."
+    text += f"Its kernels took {kernel_ms:.3g} ms per call, the device busy {pct(busy)} of the profiled wall time"
     if kernel_ms <= predicted_ms:
         return text + (
             f": less than the {predicted_ms:.3g} ms predicted for the whole call, so device work below the ceiling "
@@ -1413,13 +1455,10 @@ def cached_buffers_note(fracs: Sequence[float]) -> str:
 
 def gain_range(before_p20: float, before_p80: float, after_p20: float, after_p80: float) -> tuple[float, float]:
     """The measured gain's range from the 20–80% spreads of the before and after times (ms):
-    [before_p20 / after_p80, before_p80 / after_p20], the slowest and fastest gain those spreads allow."""
-    vals = (before_p20, before_p80, after_p20, after_p80)
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in vals):
-        raise ValueError(f"gain_range: every time must be a number > 0, got {vals!r}")
-    if before_p20 > before_p80 or after_p20 > after_p80:
-        raise ValueError(f"gain_range: a p20 is above its p80: {vals!r}")
-    return before_p20 / after_p80, before_p80 / after_p20
+    :func:`mahia.measure.timing.ratio_range`, for rows that carry the four numbers rather than Timings."""
+    from mahia.measure.timing import ratio_range  # torch-importing module: only when called
+
+    return ratio_range(before_p20, before_p80, after_p20, after_p80)
 
 
 def retimed_note(

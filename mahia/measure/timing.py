@@ -37,6 +37,8 @@ from mahia.measure.checks import check_int
 
 __all__ = [
     "Timing",
+    "gain_range",
+    "ratio_range",
     "bench",
     "synchronize",
     "naive_host_time",
@@ -91,6 +93,25 @@ class Timing:
         if self.peak_mem_bytes is not None:
             s += f", peak {self.peak_mem_bytes / 2**20:.1f} MiB"
         return s
+
+
+def ratio_range(before_p20: float, before_p80: float, after_p20: float, after_p80: float) -> tuple[float, float]:
+    """The range of before / after that the two 20–80% spreads allow (times in ms):
+    [before_p20 / after_p80, before_p80 / after_p20], the slowest and the fastest gain."""
+    vals = (before_p20, before_p80, after_p20, after_p80)
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in vals):
+        raise ValueError(f"ratio_range: every time must be a number > 0, got {vals!r}")
+    if before_p20 > before_p80 or after_p20 > after_p80:
+        raise ValueError(f"ratio_range: a p20 is above its p80: {vals!r}")
+    return before_p20 / after_p80, before_p80 / after_p20
+
+
+def gain_range(before: Timing, after: Timing) -> tuple[float, float]:
+    """The gain before / after that two timings' 20–80% spreads allow (see :func:`ratio_range`): a gain whose
+    range holds 1 is not a measured change."""
+    if not (isinstance(before, Timing) and isinstance(after, Timing)):
+        raise TypeError(f"gain_range: need two Timing objects, got {type(before).__name__} and {type(after).__name__}")
+    return ratio_range(before.p20_ms, before.p80_ms, after.p20_ms, after.p80_ms)
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
