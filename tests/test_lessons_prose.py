@@ -778,3 +778,21 @@ def test_plain_numbers_writes_out_positive_exponents_only():
     # a negative exponent, a version or an identifier is left alone
     for keep in ("error 1.1e-01", "v1.2e+03", "x1e+03y"):
         assert prose.plain_numbers(keep) == keep
+
+
+def test_slower_rungs_note_names_significant_losses_and_the_best_rung():
+    nan = float("nan")
+    rung = lambda label, gain, sig, vs: dict(label=label, gain=gain, significant=sig, vs_baseline=vs)
+    rows = [rung("baseline", nan, None, 1.0), rung("+ bf16", 2.72, True, 3.09), rung("+ compile", 0.89, True, 2.74)]
+    text = prose.slower_rungs_note(rows)
+    assert "beyond both spreads: *+ compile* (×0.89)" in text
+    assert "the whole stack (2.74× the baseline) is below the best rung, *+ bf16* (3.09×)" in text
+    assert "without that rung." in text
+    # a loss within the spreads, or a gain, is not named
+    assert prose.slower_rungs_note([rows[0], rows[1], rung("+ compile", 0.97, False, 3.0)]) == ""
+    assert prose.slower_rungs_note(rows[:2]) == ""
+    # a slower rung in the middle that the next rungs outgrow: named, without the total's clause
+    mid = [rows[0], rung("+ a", 0.9, True, 0.9), rung("+ b", 3.0, True, 2.7)]
+    assert "*+ a* (×0.90)" in prose.slower_rungs_note(mid) and "whole stack" not in prose.slower_rungs_note(mid)
+    with pytest.raises(ValueError, match="no rungs"):
+        prose.slower_rungs_note([])

@@ -52,6 +52,7 @@ __all__ = [
     "same_tokens_phrase",
     "shortfall_source",
     "skip_step_summary",
+    "slower_rungs_note",
     "slowdown_sentence",
     "specialization_verdict",
     "spread_note",
@@ -1549,3 +1550,28 @@ def model_miss_summary(rows: Sequence[Mapping]) -> str:
 def same_tokens_phrase(same: bool) -> str:
     """How the CUDA-graph decoder's tokens compare with the eager decoder's."""
     return "with exactly the same tokens" if same else "with tokens that differ only at near-ties"
+
+
+def slower_rungs_note(rows: Sequence[Mapping]) -> str:
+    """The ladder's rungs that made the step slower beyond the spreads, and what that does to the total.
+
+    ``rows``: the standard rungs in ladder order, each with ``label``, ``gain`` (step time of the rung below /
+    this rung's; NaN for the first), ``significant`` (the 20–80% ranges of the two step times do not overlap)
+    (a bool, or None where unknown) and ``vs_baseline`` (the first rung's step time / this rung's). Empty when no
+    rung is slower."""
+    if not rows:
+        raise ValueError("slower_rungs_note: no rungs")
+    slower = [r for r in rows[1:] if r["significant"] is not None and bool(r["significant"]) and r["gain"] < 1]
+    if not slower:
+        return ""
+    names = ", ".join(f"*{r['label']}* (×{r['gain']:.2f})" for r in slower)
+    text = f"Slower than the rung below it, beyond both spreads: {names}. "
+    best = max(rows, key=lambda r: r["vs_baseline"])
+    last = rows[-1]
+    if best is not last:
+        text += (
+            f"So the whole stack ({last['vs_baseline']:.2f}× the baseline) is below the best rung, "
+            f"*{best['label']}* ({best['vs_baseline']:.2f}×): in this run the stack is better without "
+            + ("that rung. " if len(slower) == 1 else "those rungs. ")
+        )
+    return text
