@@ -124,6 +124,10 @@ def test_kernel_time_split():
     assert "its bench time (6.0 µs) is 2.3× its kernels' device time (2.6 µs, profiler): 3.4 µs are" in text
     assert text.endswith("the kernels reach 0.018 of the ceiling; ")
     assert "no longer than" in prose.kernel_time_split(0.002, 0.0026, 0.05)
+    assert "(the smallest copy's, above, is the same 3.4 µs)" in prose.kernel_time_split(
+        0.006, 0.0026, 0.01, other_gap_us=3.4
+    )
+    assert "is 1.2 µs: not one fixed cost" in prose.kernel_time_split(0.006, 0.0026, 0.01, other_gap_us=1.2)
     with pytest.raises(ValueError, match="must be > 0"):
         prose.kernel_time_split(0.006, 0.0, 0.1)
 
@@ -182,6 +186,14 @@ def test_gain_cutoff_sentence():
     assert "*CPU run:*" in cpu and "host time / device time" not in cpu
     with pytest.raises(ValueError, match="same, non-zero length"):
         prose.gain_cutoff_sentence([], [], [], cut=1.05, model_cut_ms=1.0)
+    # with the spreads: a size counts as over (under) the cut only when its whole range is
+    spread = prose.gain_cutoff_sentence(
+        steps, [0.82, 1.43, 1.07], pred, cut=1.05, model_cut_ms=0.4, lo=[0.74, 1.3, 0.99], hi=[0.86, 1.5, 1.08]
+    )
+    assert "under 1.05× at step times of 0.1 ms (0.82×, 0.74–0.86), above it at 1 ms (1.43×, 1.30–1.50)" in spread
+    assert ", and within the spread of 1.05× at 10 ms (1.07×, 0.99–1.08)" in spread
+    with pytest.raises(ValueError, match="both lo and hi"):
+        prose.gain_cutoff_sentence(steps, [1.0] * 3, pred, cut=1.05, model_cut_ms=0.4, lo=[1.0] * 3)
 
 
 def test_launch_model_check():
@@ -197,6 +209,9 @@ def test_launch_model_check():
     assert "premise of a launch-bound step does not hold" in dev
     host = prose.launch_model_check(host_us=6000.0, device_us=1000.0, cuda=True, **kw)
     assert "host-bound (host/device 6), as the model assumed, at 7.5× its cost per op" in host
+    near = prose.launch_model_check(host_us=5400.0, device_us=5000.0, cuda=True, **kw)
+    assert "near balance (host/device 1.08: the device's time is within a factor of two" in near
+    assert "as the model assumed" not in near
     cpu = prose.launch_model_check(host_us=900.0, device_us=float("nan"), cuda=False, **kw)
     assert "on this CPU" in cpu and "9.0 µs per op on average (900 µs per sync-free step over 100 ops)" in cpu
     assert "device" not in cpu and "launch counts" not in cpu
@@ -316,9 +331,10 @@ def test_flash_backend_note():
 
 def test_window_mask_note():
     gpu = prose.window_mask_note(["efficient", "math"])
-    assert gpu.startswith("FlashAttention's kernel takes no mask at all: it has only `is_causal`")
+    assert gpu.startswith("SDPA's flash backend takes no `attn_mask` at all: through SDPA it gets only `is_causal`")
+    assert "local (sliding-window) mode" in gpu and "SDPA does not expose it" in gpu
     cpu = prose.window_mask_note(["flash", "math"])
-    assert cpu.startswith("Here `flash` ran the mask: on a CPU") and "The CUDA FlashAttention kernel does not" in cpu
+    assert cpu.startswith("Here `flash` ran the mask: on a CPU") and "The CUDA flash backend does not" in cpu
 
 
 def test_manual_oom_note():
@@ -526,6 +542,11 @@ def test_specialization_verdict():
     assert "Specialization bought 1.19–1.79× per call" in prose.specialization_verdict(1.19, 1.79)
     assert "bought nothing measurable" in prose.specialization_verdict(0.8, 0.95)
     assert prose.specialization_verdict(0.9, 1.2).startswith("Mixed")
+    host = prose.specialization_evidence(512, 1.0, 1.8, 0.32, 0.35)
+    assert "kernels at 0.32 ms and the dynamic one's at 0.35 ms, against 1 and 1.8 ms per call" in host
+    assert "hold 0.03 of the 0.8 ms difference, so most of it is host work per call" in host
+    assert "mostly device work" in prose.specialization_evidence(512, 1.0, 1.8, 0.32, 1.0)
+    assert "was not slower there" in prose.specialization_evidence(512, 1.0, 0.9, 0.32, 0.3)
 
 
 # --- 05 ------------------------------------------------------------------------------------------------
@@ -683,7 +704,14 @@ def test_host_cost_sentences_decompose_the_miss():
     inflated = say(**{"host µs/op": 40.0, "refined ms": 40.0})
     assert "no prediction: at that cost the host alone would need 40 ms for the call's ops" in inflated
     assert "(30 ms, 20–80% 28–33 ms)" in inflated and "overshoots" not in inflated
+    assert prose.host_cost_overstated(_host_row(**{"host µs/op": 40.0, "refined ms": 40.0}), cuda=True)
+    assert not prose.host_cost_overstated(_host_row(**{"host µs/op": 34.0, "refined ms": 34.0}), cuda=True)
+    assert not prose.host_cost_overstated(_host_row(**{"host µs/op": 40.0, "refined ms": 40.0}), cuda=False)
     assert "no prediction" not in say(cuda=False, **{"host µs/op": 40.0, "refined ms": 40.0})  # CPU: host is all
+    # above the spread (28–33 ms) by less than its width (5 ms): as close as the timing resolves
+    close = say(**{"host µs/op": 34.0, "refined ms": 34.0})
+    assert "just above the measurement's 20–80% spread (28–33 ms), by less than its width: 1.13×" in close
+    assert "no prediction" not in close and "overshoots" not in close
     faster = say(**{"predicted ms": 40.0, "refined ms": 20.0})
     assert "moves the prediction by -20 ms and leaves" in faster  # no share of a miss the other way
     two = prose.host_cost_sentences([_host_row(syncs=64), _host_row(path="the other")], cuda=False)
@@ -774,6 +802,9 @@ def test_plain_numbers_writes_out_positive_exponents_only():
     assert prose.plain_numbers("within 0.0e+00 (tolerance 1e-05)") == "within 0 (tolerance 1e-05)"
     assert prose.plain_numbers("spread 910–1.17e+03 ms, 2e+00×") == "spread 910–1,170 ms, 2×"
     assert prose.plain_numbers("-3.5e+02") == "-350"
+    assert (
+        prose.plain_numbers("overflows past 3.39e+38, and 1.2e+09") == "overflows past 3.39 × 10^38, and 1,200,000,000"
+    )
     assert prose.plain_numbers("equal within 0.0e+00. Next") == "equal within 0. Next"  # a sentence's full stop
     # a negative exponent, a version or an identifier is left alone
     for keep in ("error 1.1e-01", "v1.2e+03", "x1e+03y"):
@@ -796,3 +827,14 @@ def test_slower_rungs_note_names_significant_losses_and_the_best_rung():
     assert "*+ a* (×0.90)" in prose.slower_rungs_note(mid) and "whole stack" not in prose.slower_rungs_note(mid)
     with pytest.raises(ValueError, match="no rungs"):
         prose.slower_rungs_note([])
+
+
+def test_bf16_saving_note_compares_the_saving_with_the_kernels_time():
+    more = prose.bf16_saving_note(1024, 113.2, 85.0, 0.21)  # 28.2 ms saved, 23.8 ms of kernels
+    assert more.startswith("At 1,024 tokens bf16 saved 28.2 ms per step, more than the 23.8 ms of kernels")
+    assert "cut host work" in more
+    less = prose.bf16_saving_note(16384, 175.0, 78.8, 0.96)
+    assert "saved 96.2 of the float32 step's 168 ms of kernels: it shortened the busy share" in less
+    assert "saved nothing (90 ms against 80 ms in float32)" in prose.bf16_saving_note(8, 80.0, 90.0, 0.5)
+    with pytest.raises(ValueError, match="busy"):
+        prose.bf16_saving_note(8, 80.0, 90.0, 1.5)

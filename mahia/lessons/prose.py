@@ -19,6 +19,7 @@ __all__ = [
     "above_copy_note",
     "aux_tradeoff_sentence",
     "balance_order_sentence",
+    "bf16_saving_note",
     "bound_name",
     "cached_buffers_note",
     "compile_evidence",
@@ -36,6 +37,7 @@ __all__ = [
     "fp16_sum_overflow_note",
     "gain_cutoff_sentence",
     "gqa_note",
+    "host_cost_overstated",
     "host_cost_sentences",
     "host_device_sentence",
     "kernel_time_split",
@@ -54,6 +56,7 @@ __all__ = [
     "skip_step_summary",
     "slower_rungs_note",
     "slowdown_sentence",
+    "specialization_evidence",
     "specialization_verdict",
     "spread_note",
     "sync_free_loop_note",
@@ -86,6 +89,8 @@ _E_NUMBER = re.compile(r"(?<![\w.])(-?\d(?:\.(\d+))?)e\+(\d{1,2})(?!\w|\.\d)")
 
 def _plain(m: re.Match) -> str:
     mantissa, decimals, exp = m.group(1), m.group(2) or "", int(m.group(3))
+    if exp > 9:  # 39 digits would be unreadable, and all but the first few made up by the float
+        return f"{mantissa} × 10^{exp}"
     value = float(mantissa) * 10**exp
     if value == 0:
         return "0"
@@ -95,8 +100,9 @@ def _plain(m: re.Match) -> str:
 
 def plain_numbers(text: str) -> str:
     """``text`` with every number written with a positive exponent by ``:g``/``:e`` formatting written out:
-    "2.59e+03 ms" becomes "2,590 ms", "0.0e+00" becomes "0". Negative exponents (tolerances such as 1e-05)
-    stay as they are: there the exponent is the clearer form."""
+    "2.59e+03 ms" becomes "2,590 ms", "0.0e+00" becomes "0"; past 10^9 as a power of ten ("3.39e+38" becomes
+    "3.39 × 10^38"). Negative exponents (tolerances such as 1e-05) stay as they are: there the exponent is the
+    clearer form."""
     return _E_NUMBER.sub(_plain, text)
 
 
@@ -346,19 +352,30 @@ def matmul_ceiling_check(
     return text
 
 
-def kernel_time_split(bench_ms: float, kernel_ms: float, kernel_frac: float) -> str:
+def kernel_time_split(
+    bench_ms: float, kernel_ms: float, kernel_frac: float, *, other_gap_us: float | None = None
+) -> str:
     """GPU: a short op's ``bench`` time against its kernels' device time (profiler): the difference is time the
-    CUDA events count around the kernels, outside them (it varies from op to op); ``kernel_frac``: the ceiling fraction the kernels alone reach
-    (FLOPs / kernel time / ceiling)."""
+    CUDA events count around the kernels, outside them; ``kernel_frac``: the ceiling fraction the kernels alone
+    reach (FLOPs / kernel time / ceiling); ``other_gap_us``: the same difference measured for another op (the
+    smallest copy), compared when given."""
     if not (bench_ms > 0 and kernel_ms > 0):
         raise ValueError(f"kernel_time_split: times must be > 0, got {bench_ms}, {kernel_ms}")
     b, k = bench_ms * 1e3, kernel_ms * 1e3
     if b <= k:
         return f"its bench time ({b:.1f} µs) is no longer than its kernels' device time ({k:.1f} µs, profiler); "
+    gap = b - k
+    other = ""
+    if other_gap_us is not None:
+        same = f"{gap:.1f}" == f"{other_gap_us:.1f}"
+        other = (
+            f" (the smallest copy's, above, is the same {other_gap_us:.1f} µs)"
+            if same
+            else f" (the smallest copy's, above, is {other_gap_us:.1f} µs: not one fixed cost)"
+        )
     return (
-        f"its bench time ({b:.1f} µs) is {b / k:.1f}× its kernels' device time ({k:.1f} µs, profiler): {b - k:.1f} µs "
-        f"are time the events count around the kernels, outside them (the smallest copy's share, above, differs: it "
-        f"is not one fixed cost). On their device time "
+        f"its bench time ({b:.1f} µs) is {b / k:.1f}× its kernels' device time ({k:.1f} µs, profiler): {gap:.1f} µs "
+        f"are time the events count around the kernels, outside them{other}. On their device time "
         f"alone the kernels reach {kernel_frac:.3f} of the ceiling; "
     )
 
@@ -445,27 +462,43 @@ def gain_cutoff_sentence(
     cut: float,
     model_cut_ms: float,
     cuda: bool = True,
+    lo: Sequence[float] | None = None,
+    hi: Sequence[float] | None = None,
 ) -> str:
     """Where the measured gain of the sync sweep (ascending ``step_ms``) is under ``cut``, against where the
     drain-only model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut),
     and whether the measured gain falls with the step time as the model's does (it does not if it rises
-    anywhere). ``cuda=False``: a CPU run, where nothing overlaps, so no reason is given for the shape."""
+    anywhere). ``lo``/``hi``: each gain's range from the 20–80% spreads; with them a size counts as under (over)
+    the cut only when its whole range is, and the rest are named as within the spread. ``cuda=False``: a CPU
+    run, where nothing overlaps, so no reason is given for the shape."""
     if not (len(step_ms) == len(measured) == len(predicted)) or not len(step_ms):
         raise ValueError("gain_cutoff_sentence: step_ms, measured and predicted need the same, non-zero length")
-    under = [i for i, m in enumerate(measured) if m < cut]
+    if (lo is None) != (hi is None) or (lo is not None and not (len(lo) == len(hi) == len(measured))):
+        raise ValueError("gain_cutoff_sentence: give both lo and hi, one per size, or neither")
+    lo_, hi_ = (lo, hi) if lo is not None else (measured, measured)
+    under = [i for i in range(len(measured)) if hi_[i] < cut]
+    over = [i for i in range(len(measured)) if lo_[i] >= cut]
+    within = [i for i in range(len(measured)) if i not in under and i not in over]
+    at = lambda idx: ", ".join(  # noqa: E731
+        f"{step_ms[i]:.3g} ms ({measured[i]:.2f}×" + (f", {lo_[i]:.2f}–{hi_[i]:.2f})" if lo is not None else ")")
+        for i in idx
+    )
     text = (
         f"The drain-only model gives less than {cut:g}× for every step longer than {model_cut_ms:.3g} ms "
         f"(at the measured sizes it predicts {min(predicted):.3f}–{max(predicted):.3f}×). "
     )
-    if not under:
+    if not under and not within:
         return (
             text + f"Measured, the gain stayed at {cut:g}× or more at every size ({min(measured):.2f}× at the least)."
         )
-    where = ", ".join(f"{step_ms[i]:.3g} ms ({measured[i]:.2f}×)" for i in under)
-    text += f"Measured, it is under {cut:g}× at step times of {where}"
-    over = [i for i in range(len(measured)) if i not in under]
+    parts = []
+    if under:
+        parts.append(f"under {cut:g}× at step times of {at(under)}")
     if over:
-        text += ", and above it at " + ", ".join(f"{step_ms[i]:.3g} ms ({measured[i]:.2f}×)" for i in over)
+        parts.append(f"above it at {at(over)}")
+    if within:
+        parts.append(f"within the spread of {cut:g}× at {at(within)}")
+    text += "Measured, it is " + ", ".join(parts[:-1]) + (", and " if len(parts) > 1 else "") + parts[-1]
     if not cuda:
         return (
             text
@@ -526,11 +559,20 @@ def launch_model_check(
     ratio = host_us / device_us
     k_before, k_after = kernels_before * launch_us + n_sync * sync_us, kernels_after * launch_us
     op_gain = (ops_before * launch_us + n_sync * sync_us) / (ops_after * launch_us)
-    bound = (
-        f"host-bound (host/device {ratio:.3g}), as the model assumed, at {per_op / launch_us:.1f}× its cost per op"
-        if host_us >= device_us
-        else f"device-bound (host/device {ratio:.3g}), so the model's premise of a launch-bound step does not hold here"
-    )
+    if host_us >= 2 * device_us:  # the host's time at least twice the device's: device time negligible-ish
+        bound = (
+            f"host-bound (host/device {ratio:.3g}), as the model assumed, at {per_op / launch_us:.1f}× its cost per op"
+        )
+    elif host_us >= device_us:
+        bound = (
+            f"near balance (host/device {ratio:.3g}: the device's time is within a factor of two of the host's), so "
+            f"the model's premise, a step whose device time does not count, does not hold here; the host's cost "
+            f"per op is {per_op / launch_us:.1f}× the model's"
+        )
+    else:
+        bound = (
+            f"device-bound (host/device {ratio:.3g}), so the model's premise of a launch-bound step does not hold here"
+        )
     return (
         f"Section 3's premise, checked: per step the profiler counts {_count(kernels_before)} device launches "
         f"(kernels and copies) of the syncing loop and {_count(kernels_after)} of the sync-free one, against "
@@ -728,20 +770,22 @@ def skip_step_summary(rows: Sequence[Mapping]) -> str:
 
 
 def window_mask_note(runs_masked: Sequence[str]) -> str:
-    """Notebook 02's first exercise: why FlashAttention cannot take a sliding-window mask, and what it means when
-    a backend named ``flash`` ran one anyway (on a CPU, PyTorch's own CPU kernel of that name takes any mask)."""
+    """Notebook 02's first exercise: why SDPA's flash backend cannot take a sliding-window mask, and what it means
+    when a backend named ``flash`` ran one anyway (on a CPU, PyTorch's own CPU kernel of that name takes any
+    mask)."""
     text = ""
     if "flash" in runs_masked:
         text = (
             "Here `flash` ran the mask: on a CPU that backend is PyTorch's own CPU kernel, which takes any mask. "
-            "The CUDA FlashAttention kernel does not: "
+            "The CUDA flash backend does not: "
         )
     else:
-        text = "FlashAttention's kernel takes no mask at all: "
+        text = "SDPA's flash backend takes no `attn_mask` at all: "
     return text + (
-        "it has only `is_causal`, a pattern its loop builds into which tiles it visits, with no input for an "
-        "arbitrary one. A window is a block-sparse pattern a kernel could skip tile by tile (FlexAttention "
-        "generates such kernels)."
+        "through SDPA it gets only `is_causal`, a pattern its loop builds into which tiles it visits. "
+        "FlashAttention itself also has a local (sliding-window) mode, the same idea for a band of tiles, "
+        "but SDPA does not expose it, and an arbitrary mask has no input in either. A window is a block-sparse "
+        "pattern a kernel can skip tile by tile (FlexAttention generates such kernels for any such pattern)."
     )
 
 
@@ -1103,20 +1147,39 @@ def reorder_print_summary(rows: Sequence[Mapping]) -> str:
 
 
 def specialization_verdict(lo: float, hi: float) -> str:
-    """What static-shape specialization bought, from the range ``lo``-``hi`` of dynamic / static time per call."""
+    """What static-shape specialization bought, from the range ``lo``-``hi`` of dynamic / static time per call
+    (where the difference comes from: :func:`specialization_evidence`)."""
     if lo > 1:
-        return (
-            f"Specialization bought {lo:.2f}–{hi:.2f}× per call: kernels compiled for known sizes (sizes as constants, "
-            f"no guards on symbolic sizes, block sizes chosen for the shape)."
-        )
+        return f"Specialization bought {lo:.2f}–{hi:.2f}× per call. "
     if hi < 1:
         return (
             "The dynamic compile was faster at every length here: specialization bought nothing measurable at these "
-            "sizes, and the static compiles cost one compilation per length."
+            "sizes, and the static compiles cost one compilation per length. "
         )
     return (
         "Mixed: the dynamic compile was faster at some lengths and slower at others, so specialization bought "
-        "nothing consistent here; what it certainly costs is one compilation per length."
+        "nothing consistent here; what it certainly costs is one compilation per length. "
+    )
+
+
+def specialization_evidence(
+    length: int, static_ms: float, dynamic_ms: float, static_kernel_ms: float, dynamic_kernel_ms: float
+) -> str:
+    """Where the dynamic compile's extra time per call goes at ``length``, from the two benchmarked times and the
+    profiler's kernel time of each call: the kernels (slower symbolic-size kernels) or the host (the guards and
+    size arithmetic a symbolic graph runs per call)."""
+    gap, k_gap = dynamic_ms - static_ms, dynamic_kernel_ms - static_kernel_ms
+    text = (
+        f"At T = {length} the profiler puts the static call's kernels at {static_kernel_ms:.3g} ms and the dynamic "
+        f"one's at {dynamic_kernel_ms:.3g} ms, against {static_ms:.3g} and {dynamic_ms:.3g} ms per call benchmarked"
+    )
+    if gap <= 0:
+        return text + ": the dynamic call was not slower there. "
+    if k_gap >= 0.5 * gap:
+        return text + f": the kernels hold {k_gap:.3g} of the {gap:.3g} ms difference, so it is mostly device work. "
+    return text + (
+        f": the kernels hold {max(k_gap, 0):.3g} of the {gap:.3g} ms difference, so most of it is host work per call "
+        f"(the symbolic graph's guards and size arithmetic), not slower kernels. "
     )
 
 
@@ -1323,6 +1386,14 @@ def host_cost_sentences(rows: Sequence[Mapping], *, cuda: bool, queue: int | Non
     return text
 
 
+def host_cost_overstated(row: Mapping, *, cuda: bool) -> bool:
+    """Whether :func:`host_cost_sentences` calls a row's measured host cost "no prediction": on a GPU, the refined
+    model lies above the measurement's spread by more than its width, and the host alone would need longer for the
+    call's ops than the whole call took (so a gain computed from that cost is no prediction either)."""
+    lo, hi, ref = row["p20 ms"], row["p80 ms"], row["refined ms"]
+    return cuda and ref > hi + (hi - lo) and row["host µs/op"] * row["ops"] / 1e3 > hi
+
+
 def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
     m, lo, hi = row["measured ms"], row["p20 ms"], row["p80 ms"]
     pred, ref, h, tl = row["predicted ms"], row["refined ms"], row["host µs/op"], row["t_launch µs"]
@@ -1356,8 +1427,13 @@ def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
             f"{m - ref:.3g} ms ({m / ref:.2f}× the refined model) that is not host time per op: device work or "
             f"syncs that the model prices too low, or host and device not overlapping as its max assumes."
         )
+    if hi < ref <= hi + (hi - lo):  # above the spread by less than its own width: as close as the timing resolves
+        return text + (
+            f"just above the measurement's 20–80% spread ({lo:.3g}–{hi:.3g} ms), by less than its width: "
+            f"{ref / m:.2f}× the measurement, so per-op host cost is about all of the miss."
+        )
     host_full = h * row["ops"] / 1e3  # ms: the measured cost per op over the full call's ops
-    if cuda and host_full > hi:
+    if host_cost_overstated(row, cuda=cuda):
         # Issuing cannot take longer than the whole call: the isolated measurement (a sync, then one call into
         # an idle device) cost the host more per op than back-to-back calls do, so it is no prediction here.
         return text + (
@@ -1575,3 +1651,24 @@ def slower_rungs_note(rows: Sequence[Mapping]) -> str:
             + ("that rung. " if len(slower) == 1 else "those rungs. ")
         )
     return text
+
+
+def bf16_saving_note(tokens: float, fp32_ms: float, bf16_ms: float, busy: float) -> str:
+    """Notebook 10's batch sweep: what bf16 saved per step at ``tokens`` tokens against the float32 step's kernel
+    time (``busy``, its profiled busy share, times ``fp32_ms``). A saving larger than all the kernels' time cannot
+    come from shorter kernels alone."""
+    if not (fp32_ms > 0 and bf16_ms > 0 and 0 <= busy <= 1):
+        raise ValueError(f"bf16_saving_note: need times > 0 and 0 <= busy <= 1, got {fp32_ms!r}, {bf16_ms!r}, {busy!r}")
+    saved, kernels = fp32_ms - bf16_ms, busy * fp32_ms
+    at = f"At {tokens:,.0f} tokens"
+    if saved <= 0:
+        return f"{at} bf16 saved nothing ({bf16_ms:.3g} ms against {fp32_ms:.3g} ms in float32)."
+    if saved > kernels:
+        return (
+            f"{at} bf16 saved {saved:.3g} ms per step, more than the {kernels:.3g} ms of kernels the float32 step ran "
+            f"(its profiled busy share of its time): it also cut host work there (other code paths, fewer or cheaper "
+            f"ops), which this sweep does not split."
+        )
+    return (
+        f"{at} bf16 saved {saved:.3g} of the float32 step's {kernels:.3g} ms of kernels: it shortened the busy share."
+    )
