@@ -40,7 +40,16 @@ __all__ = [
 
 # Operators whose own time is a matrix product (the profiler's names; a kernel's time is charged to the
 # operator that launched it).
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm", "aten::addbmm")
+# mahia's own grouped GEMM (a custom op: its forward and its weight-gradient op) is a matmul as well
+MATMUL_OPS = (
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::_grouped_mm",
+    "aten::addbmm",
+    "mahia::moe_grouped_mm",
+)
 # by the name prefix of their forward and backward operators; every SDPA backend (the cuDNN one is the default
 # on an H100 with torch 2.11: aten::_cudnn_attention_forward / _backward)
 ATTENTION_OPS = (
@@ -71,7 +80,8 @@ def _short(name: str, width: int = 48) -> str:
 
 
 # Rows the profiler lists beside the operators that are its own bookkeeping, not work of the code.
-_PROFILER_ROWS = ("Activity Buffer Request", "ProfilerStep", "[memory]")
+# the profiler's own rows and the driver's stall markers ("Command Buffer Full": the launch queue was full)
+_PROFILER_ROWS = ("Activity Buffer Request", "ProfilerStep", "[memory]", "Command Buffer Full")
 
 
 def _operators(report: StepReport) -> list[dict]:
@@ -137,7 +147,7 @@ def time_by_group(report: StepReport, groups: Mapping[str, Sequence[str]]) -> di
         raise TypeError(f"time_by_group: report must be a mahia.profile.StepReport, got {type(report).__name__}")
     out = {g: 0.0 for g in groups}
     out["other"] = 0.0
-    for r in report.top:
+    for r in _operators(report):
         group = next((g for g, prefixes in groups.items() if r["name"].startswith(tuple(prefixes))), "other")
         out[group] += r["ms"]
     return out
