@@ -891,9 +891,9 @@ def gqa_note(
     (math expands k and v itself, in float32), left out of the no-copy inference."""
     if not rows:
         raise ValueError("gqa_note: no rows")
-    text = "GQA time over the same call without GQA: " + ", ".join(
-        f"{r['backend']} {r['gqa_ms'] / r['mha_ms']:.2f}×" for r in rows
-    )
+    # three decimals where two would print 1.00 for a ratio the spreads call faster or slower
+    ratio = lambda r: f"{x:.3f}×" if f"{(x := r['gqa_ms'] / r['mha_ms']):.2f}" == "1.00" else f"{x:.2f}×"  # noqa: E731
+    text = "GQA time over the same call without GQA: " + ", ".join(f"{r['backend']} {ratio(r)}" for r in rows)
     groups = {"faster beyond both 20–80% spreads": [], "slower beyond both spreads": [], "within them": []}
     for r in rows:
         faster, slower = r["gqa_p80"] < r["mha_p20"], r["gqa_p20"] > r["mha_p80"]
