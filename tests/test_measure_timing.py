@@ -163,6 +163,7 @@ def test_host_time_on_a_gpu_is_the_issue_time_not_the_kernels():
 def test_gain_range_is_the_ratio_the_two_spreads_allow():
     before, after = Timing(3.0, 2.0, 4.0, 10), Timing(0.75, 0.5, 1.0, 10)
     assert gain_range(before, after) == (2.0, 8.0)  # p20/p80 and p80/p20
+    assert before.band == (3.0, 2.0, 4.0)  # (median, p20, p80): what retimed_note compares
     assert ratio_range(2.0, 4.0, 0.5, 1.0) == (2.0, 8.0)
     with pytest.raises(TypeError, match="two Timing objects"):
         gain_range(3.0, after)

@@ -79,8 +79,8 @@ def _short(name: str, width: int = 48) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
 
-# Rows the profiler lists beside the operators that are its own bookkeeping, not work of the code.
-# the profiler's own rows and the driver's stall markers ("Command Buffer Full": the launch queue was full)
+# Rows the profiler lists beside the operators that are not work of the code: its own bookkeeping, and the
+# driver's stall marker ("Command Buffer Full": the launch queue was full).
 _PROFILER_ROWS = ("Activity Buffer Request", "ProfilerStep", "[memory]", "Command Buffer Full")
 
 
