@@ -6,6 +6,8 @@
 * only public names of ``mahia``: no ``from mahia.x import _y``, no ``import mahia.x._y``, no ``m._y``
   on a name bound to a mahia import (``mahia.lessons.kernel_listings`` shows private code by name);
 * committed clean: no outputs, no execution counts, and the first code cell is tagged ``parameters``;
+* every line of the ``parameters`` cell has at most one ``=``: papermill reads ``name: type = value  # help``
+  and skips, with an "Unable to parse line" warning in every run's log, a line whose help has another one;
 * every exercise has a worked solution: each markdown cell with a ``## Exercise`` heading is followed, before
   the next level-2 heading, by a code cell tagged ``solution`` whose source is hidden
   (``"jupyter": {"source_hidden": true}``, collapsed in JupyterLab); it runs with the lesson;
@@ -129,6 +131,13 @@ def first_code_cell_tagged(nb: dict) -> bool:
     return bool(code) and "parameters" in code[0].get("metadata", {}).get("tags", [])
 
 
+def unparsable_parameter_lines(nb: dict) -> list[str]:
+    """Lines of the ``parameters`` cell that papermill cannot read (more than one ``=``)."""
+    cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    src = "".join(cells[0]["source"]) if cells else ""
+    return [f"line {i}: {line.strip()}" for i, line in enumerate(src.splitlines(), 1) if line.count("=") > 1]
+
+
 EXERCISE = re.compile(r"^## Exercises?\b", re.MULTILINE)
 LEVEL2 = re.compile(r"^## ", re.MULTILINE)
 
@@ -229,6 +238,13 @@ def _nb(*sources: str, outputs=None, count=None, tags=("parameters",)) -> dict:
 def test_long_cell_checker_fails_on_41_lines_and_passes_40():
     assert long_cells(_nb("x = 1\n" * 41)) == ["cell 0: 41 lines"]
     assert long_cells(_nb("x = 1\n" * 40)) == []
+
+
+def test_parameter_line_checker_fails_on_a_second_equals_sign():
+    assert unparsable_parameter_lines(_nb("n: int = 2  # rows (M = n)\nseed: int = 0\n")) == [
+        "line 1: n: int = 2  # rows (M = n)"
+    ]
+    assert unparsable_parameter_lines(_nb("n: int = 2  # rows (M: n)\n")) == []
 
 
 def test_env_checker_fails_on_every_way_of_setting_a_mahia_variable():
@@ -353,6 +369,10 @@ def test_only_public_mahia_names(notebook):
 def test_committed_clean_with_a_parameters_cell(notebook):
     assert dirty_cells(notebook) == []
     assert first_code_cell_tagged(notebook)
+
+
+def test_papermill_reads_every_parameter_line(notebook):
+    assert unparsable_parameter_lines(notebook) == []
 
 
 def test_every_exercise_has_a_hidden_solution(notebook):
