@@ -135,7 +135,11 @@ def unparsable_parameter_lines(nb: dict) -> list[str]:
     """Lines of the ``parameters`` cell that papermill cannot read (more than one ``=``)."""
     cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
     src = "".join(cells[0]["source"]) if cells else ""
-    return [f"line {i}: {line.strip()}" for i, line in enumerate(src.splitlines(), 1) if line.count("=") > 1]
+    return [
+        f"line {i}: {line.strip()}"
+        for i, line in enumerate(src.splitlines(), 1)
+        if line.count("=") > 1 and not line.strip().startswith("#")  # papermill skips comment lines
+    ]
 
 
 EXERCISE = re.compile(r"^## Exercises?\b", re.MULTILINE)
@@ -244,7 +248,7 @@ def test_parameter_line_checker_fails_on_a_second_equals_sign():
     assert unparsable_parameter_lines(_nb("n: int = 2  # rows (M = n)\nseed: int = 0\n")) == [
         "line 1: n: int = 2  # rows (M = n)"
     ]
-    assert unparsable_parameter_lines(_nb("n: int = 2  # rows (M: n)\n")) == []
+    assert unparsable_parameter_lines(_nb("n: int = 2  # rows (M: n)\n# rows: M = n = 2\n")) == []
 
 
 def test_env_checker_fails_on_every_way_of_setting_a_mahia_variable():
