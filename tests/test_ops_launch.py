@@ -162,3 +162,38 @@ def test_sm_count_of_a_device_without_an_index():
     expect = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     assert sm_count("cuda") == sm_count(torch.device("cuda", torch.cuda.current_device())) == expect
     assert sm_count("cpu") == 4
+
+
+def test_pow2_divisor_is_the_largest_power_of_two_dividing_every_value():
+    """ALIGN must divide every integer it is given: the kernels rebuild each as n // ALIGN * ALIGN, which
+    changes any value ALIGN does not divide."""
+    from mahia.ops._launch import pow2_divisor
+
+    assert [pow2_divisor(n) for n in (1, 2, 3, 8, 1000, 1024, 4096, 0)] == [1, 2, 1, 8, 8, 16, 16, 16]
+    assert pow2_divisor(1000 | 1003) == 1 and pow2_divisor(1000 | 4096) == 8
+    assert pow2_divisor(4096, cap=4) == 4
+    for n in range(1, 300):
+        a = pow2_divisor(n)
+        assert n % a == 0 and (a == 16 or n % (2 * a) != 0)
+
+
+@pytest.mark.parametrize("n", [1000, 1003])
+def test_rms_norm_with_an_alignment_override(n):
+    """The launchers' ``align`` override (for probes) is checked: one that does not divide N and the
+    strides is refused, since the kernel would read with the wrong strides; a divisor gives the result
+    of the computed one."""
+    dev = "cuda" if CUDA else "cpu"  # the CPU runs the interpreter (conftest sets TRITON_INTERPRET=1)
+    x, w = torch.randn(6, n, device=dev), torch.randn(n, device=dev)
+    y, _ = rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6)
+    if n % 8:
+        with pytest.raises(ValueError, match="align=8 must be a power of two dividing"):
+            rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6, align=8)
+    else:
+        torch.testing.assert_close(rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6, align=2)[0], y)
+        dy = torch.randn_like(x)
+        dx, dw = rmsnorm.rms_norm_bwd_launch(dy, x, w, 1e-6, None)
+        dx1, dw1 = rmsnorm.rms_norm_bwd_launch(dy, x, w, 1e-6, None, align=1)
+        torch.testing.assert_close(dx1, dx)
+        torch.testing.assert_close(dw1, dw)
+    with pytest.raises(ValueError, match="align=3"):
+        rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6, align=3)

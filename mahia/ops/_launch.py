@@ -27,7 +27,7 @@ import torch
 
 from mahia.ops._triton import IMPORT_ERROR, triton
 
-__all__ = ["Launcher", "direct_launch_available"]
+__all__ = ["Launcher", "direct_launch_available", "pow2_divisor"]
 
 if IMPORT_ERROR is None:
     _VERSION_OK = triton.__version__.split(".")[0] == "3"
@@ -50,6 +50,22 @@ def direct_launch_available() -> bool:
     """Whether compiled kernels can be launched directly in this process (else every launch is a JIT
     launch): triton imports, is a 3.x release, and kernels compile (not TRITON_INTERPRET=1)."""
     return _VERSION_OK and not getattr(_runtime, "interpret", False)
+
+
+def pow2_divisor(n: int, cap: int = 16) -> int:
+    """The largest power of two, at most ``cap``, that divides ``n`` (``cap`` for 0). Give it the bitwise
+    OR of several integers for the largest power of two that divides them all.
+
+    Triton specializes an integer argument only on divisibility by 16 (and on ``== 1``). A hidden size
+    or row stride such as 1000 gets no hint at all, so the compiler can prove neither that a row starts
+    on a 16-byte boundary nor that a mask ``cols < n_cols`` is constant over a vector, and it loads one
+    element at a time. The kernels take this value as a constexpr ``ALIGN`` and rebuild each such
+    integer as ``n // ALIGN * ALIGN`` (the same value, now known to be a multiple of ALIGN): 8 for
+    1000, enough for 16-byte loads of a bfloat16 row. Where everything is a multiple of 16, ALIGN is
+    16 and the kernel is the one Triton's own specialization gives.
+    """
+    low = n & -n  # the lowest set bit
+    return cap if low == 0 or low > cap else low
 
 
 _Tensor = torch.Tensor

@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher
+from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import KERNEL_DTYPES, use_triton
 
@@ -159,7 +159,12 @@ def _moe_combine_fwd_kernel(
     KP: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ALIGN: tl.constexpr,  # a power of two dividing n_cols and the row strides (pow2_divisor)
 ):
+    # the same values, known to the compiler as multiples of ALIGN: vector loads for D = 1000 too
+    n_cols = n_cols // ALIGN * ALIGN
+    stride_out = stride_out // ALIGN * ALIGN
+    stride_y = stride_y // ALIGN * ALIGN
     pid = tl.program_id(0)
     tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
     slot = tl.arange(0, KP)  # (KP,)
@@ -202,7 +207,12 @@ def _moe_combine_bwd_kernel(
     KP: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
+    n_cols = n_cols // ALIGN * ALIGN
+    stride_dy = stride_dy // ALIGN * ALIGN
+    stride_out = stride_out // ALIGN * ALIGN
+    stride_dout = stride_dout // ALIGN * ALIGN
     pid = tl.program_id(0)
     tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     slot = tl.arange(0, KP)
@@ -313,6 +323,7 @@ def moe_combine_fwd_launch(
         KP=kp,
         BLOCK_T=bt,
         BLOCK_D=bd,
+        ALIGN=pow2_divisor(D | out.stride(0) | y.stride(0)),
         num_warps=warps,
     )
     return y
@@ -372,6 +383,7 @@ def moe_combine_bwd_launch(
         KP=kp,
         BLOCK_T=bt,
         BLOCK_D=bd,
+        ALIGN=pow2_divisor(D | dy.stride(0) | out.stride(0) | d_out.stride(0)),
         num_warps=warps,
     )
     return d_out, d_gates

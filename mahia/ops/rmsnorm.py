@@ -48,7 +48,7 @@ import numbers
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher
+from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -161,7 +161,14 @@ def _rms_norm_fwd_kernel(
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr,  # rows per program (>1 only for small hidden sizes)
     BLOCK_N: tl.constexpr,  # next power of two >= n_cols
+    ALIGN: tl.constexpr,  # a power of two dividing n_cols and every row stride (pow2_divisor)
 ):
+    # the same values, now known to the compiler as multiples of ALIGN: vector loads for N = 1000 too
+    n_cols = n_cols // ALIGN * ALIGN
+    stride_x = stride_x // ALIGN * ALIGN
+    stride_r = stride_r // ALIGN * ALIGN
+    stride_y = stride_y // ALIGN * ALIGN
+    stride_h = stride_h // ALIGN * ALIGN
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     row_ok = rows < n_rows
@@ -206,7 +213,13 @@ def _rms_norm_bwd_kernel(
     HAS_DH: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ALIGN: tl.constexpr,  # as in the forward
 ):
+    n_cols = n_cols // ALIGN * ALIGN
+    stride_dy = stride_dy // ALIGN * ALIGN
+    stride_x = stride_x // ALIGN * ALIGN
+    stride_dh = stride_dh // ALIGN * ALIGN
+    stride_dx = stride_dx // ALIGN * ALIGN
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
@@ -240,8 +253,9 @@ def _rms_norm_bwd_kernel(
 
 
 @triton.jit
-def _sum_partials_kernel(P, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _sum_partials_kernel(P, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, ALIGN: tl.constexpr):
     """OUT[j] = sum_i P[i, j] in float32, stored in OUT's dtype: dw from the backward's partials."""
+    n_cols = n_cols // ALIGN * ALIGN
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
     acc = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
@@ -281,6 +295,16 @@ def _check_kernel_inputs(fn: str, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if t.dtype not in DTYPES:
             raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
+
+
+def _align(override: int | None, bits: int) -> int:
+    """The ALIGN constexpr for integers whose bitwise OR is ``bits``: ``pow2_divisor(bits)``, or an
+    override (probes), which must be a power of two dividing them all."""
+    if override is None:
+        return pow2_divisor(bits)
+    if override < 1 or override & (override - 1) or bits % override:
+        raise ValueError(f"rms_norm: align={override} must be a power of two dividing N and the row strides")
+    return override
 
 
 def _next_pow2(n: int) -> int:
@@ -364,11 +388,14 @@ def rms_norm_fwd_launch(
     *,
     block_m: int | None = None,
     num_warps: int | None = None,
+    align: int | None = None,
     check: bool = True,
 ):
     """Run the forward kernel. Returns (y, h or None); both have x's shape and dtype.
 
     ``check=False`` skips the input checks: for callers that validated already (the public functions).
+    ``block_m``, ``num_warps`` and ``align`` (the ALIGN constexpr; it must divide N and the row strides)
+    override the configuration, for probes.
     """
     if check:
         fn = "add_rms_norm" if residual is not None else "rms_norm"
@@ -385,6 +412,7 @@ def rms_norm_fwd_launch(
     r2 = _rows(residual) if residual is not None else None  # None: not touched without a residual
     if n_rows == 0:
         return y, h
+    stride_x, stride_r = _row_stride(x2), _row_stride(r2) if r2 is not None else 0
     _launch_fwd(
         (_cdiv(n_rows, block_m),),
         x2,
@@ -394,8 +422,8 @@ def rms_norm_fwd_launch(
         h,
         n_rows,
         n_cols,
-        _row_stride(x2),
-        _row_stride(r2) if r2 is not None else 0,
+        stride_x,
+        stride_r,
         n_cols,  # y and h are contiguous
         n_cols,
         eps,
@@ -403,6 +431,7 @@ def rms_norm_fwd_launch(
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        ALIGN=_align(align, n_cols | stride_x | stride_r),
     )
     return y, h
 
@@ -417,12 +446,14 @@ def rms_norm_bwd_launch(
     block_m: int | None = None,
     num_warps: int | None = None,
     programs_per_sm: int | None = None,
+    align: int | None = None,
     check: bool = True,
 ):
     """Run the backward kernel on the forward's input x (or h) and eps. Returns (dx, dw); dx includes dh
     when it is given; dw has the weight's dtype.
 
     ``check=False`` skips the checks, for gradients autograd hands back in the shapes of checked outputs.
+    ``block_m``, ``num_warps``, ``programs_per_sm`` and ``align`` override the configuration, for probes.
     """
     if check:
         fn = "rms_norm backward"  # inputs come from the forward: check only what a direct caller could get wrong
@@ -449,6 +480,9 @@ def rms_norm_bwd_launch(
     # A single program writes dw itself; several write float32 partials that a second kernel sums.
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     partials = dw if n_programs == 1 else torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
+    stride_dy, stride_x = _row_stride(dy2), _row_stride(x2)
+    stride_dh = _row_stride(dh2) if dh2 is not None else 0
+    align = _align(align, n_cols | stride_dy | stride_x | stride_dh)
     _launch_bwd(
         (n_programs,),
         dy2,
@@ -460,21 +494,32 @@ def rms_norm_bwd_launch(
         n_rows,
         n_cols,
         rows_per_program,
-        _row_stride(dy2),
-        _row_stride(x2),
-        _row_stride(dh2) if dh2 is not None else 0,
+        stride_dy,
+        stride_x,
+        stride_dh,
         n_cols,  # dx is contiguous
         eps,
         num_warps=num_warps,
         HAS_DH=dh is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        ALIGN=align,
     )
     if n_programs > 1:
         # narrow column strips, all partial rows in one or two tiles: enough programs and loads in flight
         # for a reduction of a few MB (a few wide strips walking the rows one tile at a time took
         # ~40 us at 264 x 4096 on an H100)
-        _launch_sum((_cdiv(n_cols, 32),), partials, dw, n_programs, n_cols, num_warps=4, BLOCK_P=128, BLOCK_N=32)
+        _launch_sum(
+            (_cdiv(n_cols, 32),),
+            partials,
+            dw,
+            n_programs,
+            n_cols,
+            num_warps=4,
+            BLOCK_P=128,
+            BLOCK_N=32,
+            ALIGN=pow2_divisor(n_cols),
+        )
     return dx, dw
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher
+from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -127,7 +127,18 @@ def _rope_kernel(
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    ALIGN: tl.constexpr,  # a power of two dividing half and every stride (pow2_divisor)
 ):
+    # the same values, known to the compiler as multiples of ALIGN: vector loads for any head dim
+    half = half // ALIGN * ALIGN
+    stride_qb = stride_qb // ALIGN * ALIGN
+    stride_qt = stride_qt // ALIGN * ALIGN
+    stride_qh = stride_qh // ALIGN * ALIGN
+    stride_kb = stride_kb // ALIGN * ALIGN
+    stride_kt = stride_kt // ALIGN * ALIGN
+    stride_kh = stride_kh // ALIGN * ALIGN
+    stride_cos = stride_cos // ALIGN * ALIGN
+    stride_sin = stride_sin // ALIGN * ALIGN
     pid = tl.program_id(0).to(tl.int64)  # one token: pid = b * T + t
     b = pid // T
     t = pid % T
@@ -199,6 +210,8 @@ def rope_launch(
         1 << (n_kh - 1).bit_length(),
         1 << (half - 1).bit_length(),
     )
+    (sqb, sqt, sqh), (skb, skt, skh) = q.stride()[:3], k.stride()[:3]
+    scos, ssin = cos.stride(0), sin.stride(0)
     _launch_rope(
         (B * T,),
         q,
@@ -211,14 +224,19 @@ def rope_launch(
         n_qh,
         n_kh,
         half,
-        *q.stride()[:3],
-        *k.stride()[:3],
-        cos.stride(0),
-        sin.stride(0),
+        sqb,
+        sqt,
+        sqh,
+        skb,
+        skt,
+        skh,
+        scos,
+        ssin,
         BACKWARD=backward,
         BLOCK_QH=block_qh,
         BLOCK_KH=block_kh,
         BLOCK_HALF=block_half,
+        ALIGN=pow2_divisor(half | sqb | sqt | sqh | skb | skt | skh | scos | ssin),
         num_warps=num_warps or _num_warps(block_qh, block_half),
     )
     return q_out, k_out

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher
+from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -70,7 +70,13 @@ def _swiglu_fwd_kernel(
     stride_b,
     stride_c,
     BLOCK: tl.constexpr,
+    ALIGN: tl.constexpr,  # a power of two dividing n_cols and the row strides (pow2_divisor)
 ):
+    # the same values, known to the compiler as multiples of ALIGN: vector loads for odd-sized rows too
+    n_cols = n_cols // ALIGN * ALIGN
+    stride_a = stride_a // ALIGN * ALIGN
+    stride_b = stride_b // ALIGN * ALIGN
+    stride_c = stride_c // ALIGN * ALIGN
     pid = tl.program_id(0)
     row = (pid // n_col_blocks).to(tl.int64)
     col0 = (pid % n_col_blocks).to(tl.int64) * BLOCK  # int64: one long row can pass 2**31 elements
@@ -98,7 +104,14 @@ def _swiglu_bwd_kernel(
     stride_da,
     stride_db,
     BLOCK: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
+    n_cols = n_cols // ALIGN * ALIGN
+    stride_dc = stride_dc // ALIGN * ALIGN
+    stride_a = stride_a // ALIGN * ALIGN
+    stride_b = stride_b // ALIGN * ALIGN
+    stride_da = stride_da // ALIGN * ALIGN
+    stride_db = stride_db // ALIGN * ALIGN
     pid = tl.program_id(0)
     row = (pid // n_col_blocks).to(tl.int64)
     col0 = (pid % n_col_blocks).to(tl.int64) * BLOCK
@@ -150,6 +163,13 @@ def _as_rows(*tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list
     return out[0].shape[0], out[0].shape[1], out, [t.stride(0) for t in out]
 
 
+def _or(values: list[int]) -> int:
+    out = 0
+    for v in values:
+        out |= v
+    return out
+
+
 def _empty(a: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor like a (empty_like keeps a's strides when a is a permuted dense view)."""
     return torch.empty_like(a) if a.is_contiguous() else torch.empty(a.shape, dtype=a.dtype, device=a.device)
@@ -185,6 +205,7 @@ def swiglu_fwd_launch(
         n_col_blocks,
         *strides,
         BLOCK=block,
+        ALIGN=pow2_divisor(n_cols | _or(strides)),
         num_warps=num_warps,
     )
     return c
@@ -224,6 +245,7 @@ def swiglu_bwd_launch(
         n_col_blocks,
         *strides,
         BLOCK=block,
+        ALIGN=pow2_divisor(n_cols | _or(strides)),
         num_warps=num_warps,
     )
     return da, db
