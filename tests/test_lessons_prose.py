@@ -546,7 +546,40 @@ def test_specialization_verdict():
     assert "kernels at 0.32 ms and the dynamic one's at 0.35 ms, against 1 and 1.8 ms per call" in host
     assert "hold 0.03 of the 0.8 ms difference, so most of it is host work per call" in host
     assert "mostly device work" in prose.specialization_evidence(512, 1.0, 1.8, 0.32, 1.0)
-    assert "was not slower there" in prose.specialization_evidence(512, 1.0, 0.9, 0.32, 0.3)
+    assert "was not slower in the benchmark there; nor were its kernels (0.938×" in prose.specialization_evidence(
+        512, 1.0, 0.9, 0.32, 0.3
+    )
+
+
+def test_specialization_verdict_on_host_dominated_calls_uses_kernel_times():
+    # 7fed682's H100 run of NB04 c41: T = 512 benchmarked 1.61 ms static, 1.15 ms dynamic, with 0.318 and
+    # 0.324 ms of kernels; the benchmark's 0.71-1.67x range over the lengths was host noise.
+    rows = [
+        {"static ms": 0.995, "dynamic ms": 1.66, "static kernel ms": 0.17, "dynamic kernel ms": 0.172},
+        {"static ms": 1.07, "dynamic ms": 1.17, "static kernel ms": 0.245, "dynamic kernel ms": 0.25},
+        {"static ms": 1.61, "dynamic ms": 1.15, "static kernel ms": 0.318, "dynamic kernel ms": 0.324},
+    ]
+    text = prose.specialization_verdict(0.71, 1.67, rows)
+    assert not text.startswith("Mixed") and "host noise" in text
+    assert "benchmarked time is 3.5–9.7× its kernels' time" in text and "0.71–1.67× range is host noise" in text
+    assert (
+        "kernels took 1.012–1.020× the static ones': the static kernels were faster at every length, by 1.2–2.0%"
+        in text
+    )
+    faster = [{**r, "dynamic kernel ms": r["static kernel ms"] * 0.99} for r in rows]
+    assert "bought no device time" in prose.specialization_verdict(0.71, 1.67, faster)
+    mixed = [rows[0], faster[1], rows[2]]
+    assert "faster at some lengths and slower at others" in prose.specialization_verdict(0.71, 1.67, mixed)
+    # calls near their kernel time: the benchmark's ratios decide, as without rows
+    device = [{**r, "static ms": r["static kernel ms"] * 1.2} for r in rows]
+    assert prose.specialization_verdict(0.9, 1.2, device).startswith("Mixed")
+    with pytest.raises(ValueError, match="missing"):
+        prose.specialization_verdict(0.9, 1.2, [{"static ms": 1.0}])
+    with pytest.raises(ValueError, match="> 0"):
+        prose.specialization_verdict(0.9, 1.2, [{**rows[0], "static kernel ms": 0.0}])
+    # the gap <= 0 branch reports the kernels' difference too (the dynamic kernels 2% slower there)
+    evidence = prose.specialization_evidence(512, 1.61, 1.15, 0.318, 0.324)
+    assert "not slower in the benchmark there; its kernels took 0.006 ms more (1.019×)" in evidence
 
 
 # --- 05 ------------------------------------------------------------------------------------------------

@@ -1146,9 +1146,30 @@ def reorder_print_summary(rows: Sequence[Mapping]) -> str:
     return "; ".join(parts) + "."
 
 
-def specialization_verdict(lo: float, hi: float) -> str:
+# A call whose benchmarked time is at least this many times its kernels' time is dominated by the host: a
+# difference between two such calls measures the host (its noise included), not the compiled kernels.
+HOST_DOMINATED_FACTOR = 2.0
+
+_SPECIALIZATION_KEYS = ("static ms", "dynamic ms", "static kernel ms", "dynamic kernel ms")
+
+
+def specialization_verdict(lo: float, hi: float, rows: Sequence[Mapping] | None = None) -> str:
     """What static-shape specialization bought, from the range ``lo``-``hi`` of dynamic / static time per call
-    (where the difference comes from: :func:`specialization_evidence`)."""
+    (where the difference comes from: :func:`specialization_evidence`).
+
+    ``rows`` (on a GPU): one mapping per length with the benchmarked ``"static ms"`` and ``"dynamic ms"`` and the
+    profiler's ``"static kernel ms"`` and ``"dynamic kernel ms"`` per call. Where every benchmarked time is at
+    least :data:`HOST_DOMINATED_FACTOR` × its kernel time, the host decides the benchmark, so its ratios are
+    called host noise and the verdict is made on the kernel times instead."""
+    if rows:
+        missing = [k for k in _SPECIALIZATION_KEYS if any(k not in r for r in rows)]
+        if missing:
+            raise ValueError(f"specialization_verdict: rows need {list(_SPECIALIZATION_KEYS)}, missing {missing}")
+        if not all(r[k] > 0 for r in rows for k in _SPECIALIZATION_KEYS):
+            raise ValueError(f"specialization_verdict: every time must be > 0, got {list(rows)!r}")
+        over = [r[f"{m} ms"] / r[f"{m} kernel ms"] for r in rows for m in ("static", "dynamic")]
+        if min(over) >= HOST_DOMINATED_FACTOR:
+            return _kernel_verdict(lo, hi, over, [r["dynamic kernel ms"] / r["static kernel ms"] for r in rows])
     if lo > 1:
         return f"Specialization bought {lo:.2f}–{hi:.2f}× per call. "
     if hi < 1:
@@ -1160,6 +1181,23 @@ def specialization_verdict(lo: float, hi: float) -> str:
         "Mixed: the dynamic compile was faster at some lengths and slower at others, so specialization bought "
         "nothing consistent here; what it certainly costs is one compilation per length. "
     )
+
+
+def _kernel_verdict(lo: float, hi: float, over: Sequence[float], k_ratios: Sequence[float]) -> str:
+    """:func:`specialization_verdict` for calls the host dominates: the verdict from the kernel times."""
+    klo, khi = min(k_ratios), max(k_ratios)
+    text = (
+        f"But each call's benchmarked time is {_span(min(over), max(over))}× its kernels' time (profiler), so the "
+        f"host decides these timings and their {lo:.2f}–{hi:.2f}× range is host noise, not the compiled code. By "
+        f"kernel time the dynamic compile's kernels took {_span(klo, khi, '.3f')}× the static ones': "
+    )
+    if klo > 1:
+        verdict = f"the static kernels were faster at every length, by {_span(100 * (klo - 1), 100 * (khi - 1))}%"
+    elif khi <= 1:
+        verdict = "the dynamic kernels were as fast or faster at every length, so specialization bought no device time"
+    else:
+        verdict = "faster at some lengths and slower at others, so specialization bought nothing consistent"
+    return text + verdict + "; what it certainly costs is one compilation per length. "
 
 
 def specialization_evidence(
@@ -1174,7 +1212,12 @@ def specialization_evidence(
         f"one's at {dynamic_kernel_ms:.3g} ms, against {static_ms:.3g} and {dynamic_ms:.3g} ms per call benchmarked"
     )
     if gap <= 0:
-        return text + ": the dynamic call was not slower there. "
+        kernels = (
+            f"its kernels took {k_gap:.2g} ms more ({dynamic_kernel_ms / static_kernel_ms:.3f}×)"
+            if k_gap > 0
+            else f"nor were its kernels ({dynamic_kernel_ms / static_kernel_ms:.3f}× the static ones' time)"
+        )
+        return text + ": the dynamic call was not slower in the benchmark there; " + kernels + ". "
     if k_gap >= 0.5 * gap:
         return text + f": the kernels hold {k_gap:.3g} of the {gap:.3g} ms difference, so it is mostly device work. "
     return text + (
