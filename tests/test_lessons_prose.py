@@ -27,7 +27,7 @@ def test_yes_no():
 
 def test_bound_name():
     assert prose.bound_name(True) == "launch-bound"
-    assert prose.bound_name(True, explain=True) == "launch-bound (host time > device time)"
+    assert prose.bound_name(True, explain=True) == "launch-bound: host time > device time"  # no nested parentheses
     assert prose.bound_name(False) == prose.bound_name(False, explain=True) == "device-bound"
 
 
@@ -536,6 +536,37 @@ def test_reorder_print_summary():
     text = prose.reorder_print_summary(failed)
     assert "`print(h.norm())`: Dynamo could not trace the function registered as reorderable " in text
     assert "(Dynamo failed: AssertionError)" in text and text.startswith("`print(h.shape)`: 2 graph(s)")
+
+
+def test_launch_count_note_splits_the_profilers_counts():
+    import pandas as pd
+
+    from mahia.lessons.profiler_summary import ProfileSummary
+
+    def prof(calls_by_name, device="cuda"):
+        top = pd.DataFrame([{"name": n, "calls": c, "ms": 0.01} for n, c in calls_by_name.items()])
+        return ProfileSummary(device, 3, 1.0, 0.5, float(top["calls"].sum()), top.assign(share=0.1))
+
+    # 7fed682's H100 run of NB04: 68 ops traced eager and 9 generated kernels + 12 library calls compiled,
+    # where the profiler counted 71 and 27 events per call (the split by name below is made up for the test).
+    eager = prof({"void at::native::elementwise_kernel<...>": 66, "Memset (Device)": 2, "cudnn_sdpa_fprop": 3})
+    compiled = prof(
+        {
+            "triton_poi_fused_add_0": 5,
+            "triton_red_fused_mean_1": 4,
+            "Memcpy DtoD (Device -> Device)": 1,
+            "nvjet_tst_128x64": 10,
+            "cudnn_sdpa_fprop": 3,
+            "gla_fwd_kernel": 4,
+        }  # fmt: skip
+    )
+    text = prose.launch_count_note(68, 9, 12, eager, compiled)
+    assert "Eager: 71 events (2 of them copies and memsets) for 68 traced ops." in text
+    assert (
+        "Compiled: 27 events for the code's 21 launches: 9 Inductor kernels (`triton_...`) for its 9 generated" in text
+    )
+    assert "ones, and 18 other events (1 of them copies and memsets) for its 12 library calls." in text
+    assert prose.launch_count_note(68, 9, 12, prof({"aten::mm": 3}, "cpu"), prof({"aten::mm": 3}, "cpu")) == ""
 
 
 def test_specialization_verdict():

@@ -58,6 +58,7 @@ __all__ = [
     "slowdown_sentence",
     "specialization_evidence",
     "specialization_verdict",
+    "launch_count_note",
     "spread_note",
     "sync_free_loop_note",
     "sync_gain_evidence",
@@ -117,9 +118,10 @@ def yes_no(flags: Mapping[str, bool]) -> str:
 
 
 def bound_name(launch_bound: bool, *, explain: bool = False) -> str:
-    """ "launch-bound" or "device-bound", from a prediction's ``launch_bound`` (04, 05)."""
+    """ "launch-bound" or "device-bound", from a prediction's ``launch_bound`` (04, 05); ``explain`` adds why,
+    after a colon, so that the phrase can stand inside parentheses."""
     if launch_bound:
-        return "launch-bound (host time > device time)" if explain else "launch-bound"
+        return "launch-bound: host time > device time" if explain else "launch-bound"
     return "device-bound"
 
 
@@ -1004,6 +1006,37 @@ def compile_evidence(ratio: float, eager, compiled, saved_ms: float) -> str:
             + ": *CPU run: Inductor's C++ code runs inside a few calls the profiler does not split into operators.*"
         )
     return text + "."
+
+
+_COPY_EVENTS = r"^Mem(?:cpy|set)\b"  # the profiler's names of device copies and fills ("Memset (Device)")
+_INDUCTOR_KERNELS = r"^triton_"  # Inductor names its Triton kernels triton_poi_/_red_/_per_/_tem_...
+
+
+def _events(profile, pattern: str) -> float:
+    """Device events per call of a :class:`~mahia.lessons.profiler_summary.ProfileSummary` whose name matches."""
+    top = profile.top
+    return float(top.loc[top["name"].str.contains(pattern, regex=True), "calls"].sum()) if len(top) else 0.0
+
+
+def launch_count_note(ops_eager: int, generated: int, library: int, eager, compiled) -> str:
+    """Why the profiler's launch counts per call (``eager``, ``compiled``: two GPU
+    :class:`~mahia.lessons.profiler_summary.ProfileSummary`) differ from the counts of the code: ``ops_eager`` ops
+    that launch a kernel in the eager trace, ``generated`` kernels Inductor wrote and ``library`` library calls
+    in its output. The profiler counts every device event (kernels, copies, memsets); the compiled count is split
+    by the profile's names (Inductor's ``triton_`` kernels, the rest). Empty on a CPU (its profile counts host
+    operators)."""
+    if not (eager.cuda and compiled.cuda):
+        return ""
+    mem_e, mem_c = _events(eager, _COPY_EVENTS), _events(compiled, _COPY_EVENTS)
+    ind = _events(compiled, _INDUCTOR_KERNELS)
+    return (
+        f"The profiler's counts are not the code's: it counts every event on the device per call (kernels, copies "
+        f"and memsets), and one op or library call can launch several. Eager: {_count(eager.launches)} events "
+        f"({_count(mem_e)} of them copies and memsets) for {ops_eager} traced ops. Compiled: "
+        f"{_count(compiled.launches)} events for the code's {generated + library} launches: {_count(ind)} Inductor "
+        f"kernels (`triton_...`) for its {generated} generated ones, and {_count(compiled.launches - ind)} other events "
+        f"({_count(mem_c)} of them copies and memsets) for its {library} library calls."
+    )
 
 
 def _calls(x: float) -> str:
