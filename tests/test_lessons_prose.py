@@ -569,6 +569,21 @@ def test_launch_count_note_splits_the_profilers_counts():
     assert prose.launch_count_note(68, 9, 12, prof({"aten::mm": 3}, "cpu"), prof({"aten::mm": 3}, "cpu")) == ""
 
 
+def test_per_tensor_reads_counts_the_tensors_with_gradients():
+    # 7fed682's H100 run of NB05: the default (foreach) AdamW read 256 step counts, for 134 parameter tensors of
+    # which 128 had gradients: each step count read twice (bias corrections 1 and 2).
+    text = prose.per_tensor_reads("aten._local_scalar_dense ×256", 256, 128, 134)
+    assert text == (
+        "aten._local_scalar_dense ×256, 2 per updated tensor (128 of the model's 134 parameter tensors have a gradient)"
+    )
+    assert (
+        prose.per_tensor_reads("x ×100", 100, 128, 134)
+        == "x ×100 (128 of the model's 134 parameter tensors have a gradient)"
+    )
+    with pytest.raises(ValueError, match="with_grad <= tensors"):
+        prose.per_tensor_reads("x", 1, 200, 134)
+
+
 def test_specialization_verdict():
     assert "Specialization bought 1.19–1.79× per call" in prose.specialization_verdict(1.19, 1.79)
     assert "bought nothing measurable" in prose.specialization_verdict(0.8, 0.95)

@@ -48,6 +48,7 @@ __all__ = [
     "model_miss_summary",
     "overlap_bound_clause",
     "padding_cost_note",
+    "per_tensor_reads",
     "pct",
     "plain_numbers",
     "reorder_print_summary",
@@ -1262,6 +1263,19 @@ def specialization_evidence(
 # ---------------------------------------------------------------------------------------------------
 # 05 · CUDA graphs
 # ---------------------------------------------------------------------------------------------------
+
+
+def per_tensor_reads(which: str, reads: int, with_grad: int, tensors: int) -> str:
+    """The optimizer's host reads per step (``reads``, listed in ``which``) per parameter tensor it updates: the
+    ``with_grad`` of the model's ``tensors`` that have a gradient (an optimizer skips the others)."""
+    if not (reads >= 0 and 0 <= with_grad <= tensors):
+        raise ValueError(
+            f"per_tensor_reads: need reads >= 0 and 0 <= with_grad <= tensors, got {reads}, {with_grad}, {tensors}"
+        )
+    of = f"{with_grad:,} of the model's {tensors:,} parameter tensors have a gradient"
+    if with_grad and reads and reads % with_grad == 0:
+        return f"{which}, {reads // with_grad:,} per updated tensor ({of})"
+    return f"{which} ({of})"
 
 
 def padding_cost_note(within_spread: bool) -> str:
