@@ -196,6 +196,18 @@ def test_gain_cutoff_sentence():
         prose.gain_cutoff_sentence(steps, [1.0] * 3, pred, cut=1.05, model_cut_ms=0.4, lo=[1.0] * 3)
 
 
+def test_predicted_gain_phrase_calls_only_a_gain_a_speedup():
+    # 7fed682's H100 run of NB01: the launch model predicted 885 against 905 µs per step, "a 0.98× speedup"
+    assert prose.predicted_gain_phrase(885.04 / 905.19, "the sync-free step") == (
+        "a predicted **0.98×** (the sync-free step slightly slower)"
+    )
+    assert prose.predicted_gain_phrase(0.5, "x") == "a predicted **0.50×** (x slower)"
+    assert prose.predicted_gain_phrase(1.42, "x") == "a **1.42× speedup**"
+    assert prose.predicted_gain_phrase(1.004, "x") == "**1.00×**: no predicted difference"
+    with pytest.raises(ValueError, match="> 0"):
+        prose.predicted_gain_phrase(0.0, "x")
+
+
 def test_launch_model_check():
     kw = dict(pred_after_us=800.0, launch_us=8.0, step_us=5200.0, ops_before=78, ops_after=100,
               kernels_before=114, kernels_after=110.25, n_sync=7, sync_us=16.0)  # fmt: skip
@@ -215,6 +227,14 @@ def test_launch_model_check():
     cpu = prose.launch_model_check(host_us=900.0, device_us=float("nan"), cuda=False, **kw)
     assert "on this CPU" in cpu and "9.0 µs per op on average (900 µs per sync-free step over 100 ops)" in cpu
     assert "device" not in cpu and "launch counts" not in cpu
+    # 7fed682's H100 run of NB01 profiled 4 steps: 456 and 441 launches, "110.2" a step read as a count
+    steps = prose.launch_model_check(host_us=4000.0, device_us=5000.0, cuda=True, profiled_steps=4, **kw)
+    assert (
+        "the profiler counts 456 device launches (kernels and copies) in 4 steps of the syncing loop (114 a step)"
+        in steps
+    )
+    assert "and 441 in 4 steps of the sync-free one (110.25 a step), against 78 and 100 ops counted per step" in steps
+    assert "110.2 " not in steps and "1.16× (the op counts give 0.92×)" in steps
     with pytest.raises(ValueError, match="kernels_after must be > 0"):
         prose.launch_model_check(host_us=1.0, device_us=1.0, cuda=True, **{**kw, "kernels_after": 0})
     with pytest.raises(ValueError, match="launch_us and ops_after must be > 0"):

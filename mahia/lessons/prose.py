@@ -48,6 +48,7 @@ __all__ = [
     "model_miss_summary",
     "overlap_bound_clause",
     "padding_cost_note",
+    "predicted_gain_phrase",
     "per_tensor_reads",
     "pct",
     "plain_numbers",
@@ -413,6 +414,19 @@ def matmul_tiles_clause(
 # ---------------------------------------------------------------------------------------------------
 
 
+def predicted_gain_phrase(ratio: float, after: str) -> str:
+    """A predicted speed ratio (time before / time after) as words chosen by its value: a "speedup" only above
+    1.00 as printed; below it, ``after`` (a noun phrase: the optimized path) is predicted slower."""
+    if not ratio > 0:
+        raise ValueError(f"predicted_gain_phrase: the ratio must be > 0, got {ratio!r}")
+    shown = f"{ratio:.2f}"
+    if float(shown) > 1:
+        return f"a **{shown}× speedup**"
+    if float(shown) == 1:
+        return f"**{shown}×**: no predicted difference"
+    return f"a predicted **{shown}×** ({after} {'slightly ' if ratio >= 0.9 else ''}slower)"
+
+
 def extra_ops_clause(ops_before: int, ops_after: int) -> str:
     """Appended to "the sync-free step dispatches <after> ops against <before>": ops, not kernels (one op may
     launch several kernels or copies; section 5's profiler counts those)."""
@@ -518,7 +532,12 @@ def gain_cutoff_sentence(
 
 def _count(x: float) -> str:
     """An op or kernel count per step: whole when it is, one decimal when it is an average."""
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def _per_step(x: float) -> str:
+    """A count divided by a few steps, exact up to two decimals: "114", "110.25"."""
+    return f"{x:,.2f}".rstrip("0").rstrip(".")
 
 
 def launch_model_check(
@@ -535,6 +554,7 @@ def launch_model_check(
     n_sync: int,
     sync_us: float,
     cuda: bool,
+    profiled_steps: int = 1,
 ) -> str:
     """Section 3's premise (a sync-free step is ``ops_after × launch_us`` of launches, launch-bound) against
     what section 5 measured per sync-free step: the host's time to issue it (``host_us``), the device's busy
@@ -543,6 +563,9 @@ def launch_model_check(
     counts in place of the op counts (``n_sync`` syncs of ``sync_us`` each per syncing step):
 
         speedup = (kernels_before × launch_us + n_sync × sync_us) / (kernels_after × launch_us)
+
+    ``profiled_steps``: how many steps the profiled call ran (``kernels_*`` are its launches divided by it): the
+    sentence then gives each count over those steps and per step, so an average is never shown as a count.
 
     On a CPU the host runs the ops: no device."""
     if not (launch_us > 0 and ops_after > 0):
@@ -576,10 +599,22 @@ def launch_model_check(
         bound = (
             f"device-bound (host/device {ratio:.3g}), so the model's premise of a launch-bound step does not hold here"
         )
+    if profiled_steps > 1:
+        k = profiled_steps
+        counted = (
+            f"the profiler counts {_count(round(kernels_before * k, 6))} device launches (kernels and copies) in {k} "
+            f"steps of the syncing loop ({_per_step(kernels_before)} a step) and {_count(round(kernels_after * k, 6))} "
+            f"in {k} steps of the sync-free one ({_per_step(kernels_after)} a step), against {_count(ops_before)} and "
+            f"{_count(ops_after)} ops counted per step"
+        )
+    else:
+        counted = (
+            f"per step the profiler counts {_count(kernels_before)} device launches (kernels and copies) of the "
+            f"syncing loop and {_count(kernels_after)} of the sync-free one, against {_count(ops_before)} and "
+            f"{_count(ops_after)} ops counted"
+        )
     return (
-        f"Section 3's premise, checked: per step the profiler counts {_count(kernels_before)} device launches "
-        f"(kernels and copies) of the syncing loop and {_count(kernels_after)} of the sync-free one, against "
-        f"{_count(ops_before)} and {_count(ops_after)} ops counted (the table below lists where the two differ). With "
+        f"Section 3's premise, checked: {counted} (the table below lists where the two differ). With "
         f"these launch counts in place of the op counts, the model predicts {k_before:.0f} µs against {k_after:.0f} µs "
         f"per step, {k_before / k_after:.2f}× (the op counts give {op_gain:.2f}×). The op-count "
         f"model charges the sync-free step {pred_after_us:.0f} µs of launches; measured, the host needs "
