@@ -58,6 +58,10 @@ def test_profile_sentence_states_the_numbers_and_marks_cpu_evidence():
     assert cpu.startswith("*CPU evidence* (the step") and "by host time" in cpu and "kernels" not in cpu
     with pytest.raises(TypeError, match="StepReport"):
         profile_sentence({"wall_ms": 1}, "x")
+    # 7fed682's H100 run of NB05: "88.2 ms are kernels (45861 launches)" and "`aten::mm` 18.8 ms (5706×)"
+    many = StepReport("cuda:0", 1970.0, 88.2, 45861, [{"name": "aten::mm", "calls": 5706.0, "ms": 18.8}])
+    assert "88.2 ms are kernels (45,861 launches)" in profile_sentence(many, "the eager generation")
+    assert top_ops(many) == "`aten::mm` 18.8 ms (5,706×)"
 
 
 def test_time_by_group_takes_the_first_matching_group_and_keeps_the_rest():

@@ -27,7 +27,7 @@ def test_yes_no():
 
 def test_bound_name():
     assert prose.bound_name(True) == "launch-bound"
-    assert prose.bound_name(True, explain=True) == "launch-bound (host time > device time)"
+    assert prose.bound_name(True, explain=True) == "launch-bound: host time > device time"  # no nested parentheses
     assert prose.bound_name(False) == prose.bound_name(False, explain=True) == "device-bound"
 
 
@@ -196,6 +196,18 @@ def test_gain_cutoff_sentence():
         prose.gain_cutoff_sentence(steps, [1.0] * 3, pred, cut=1.05, model_cut_ms=0.4, lo=[1.0] * 3)
 
 
+def test_predicted_gain_phrase_calls_only_a_gain_a_speedup():
+    # 7fed682's H100 run of NB01: the launch model predicted 885 against 905 µs per step, "a 0.98× speedup"
+    assert prose.predicted_gain_phrase(885.04 / 905.19, "the sync-free step") == (
+        "a predicted **0.98×** (the sync-free step slightly slower)"
+    )
+    assert prose.predicted_gain_phrase(0.5, "x") == "a predicted **0.50×** (x slower)"
+    assert prose.predicted_gain_phrase(1.42, "x") == "a **1.42× speedup**"
+    assert prose.predicted_gain_phrase(1.004, "x") == "**1.00×**: no predicted difference"
+    with pytest.raises(ValueError, match="> 0"):
+        prose.predicted_gain_phrase(0.0, "x")
+
+
 def test_launch_model_check():
     kw = dict(pred_after_us=800.0, launch_us=8.0, step_us=5200.0, ops_before=78, ops_after=100,
               kernels_before=114, kernels_after=110.25, n_sync=7, sync_us=16.0)  # fmt: skip
@@ -215,6 +227,14 @@ def test_launch_model_check():
     cpu = prose.launch_model_check(host_us=900.0, device_us=float("nan"), cuda=False, **kw)
     assert "on this CPU" in cpu and "9.0 µs per op on average (900 µs per sync-free step over 100 ops)" in cpu
     assert "device" not in cpu and "launch counts" not in cpu
+    # 7fed682's H100 run of NB01 profiled 4 steps: 456 and 441 launches, "110.2" a step read as a count
+    steps = prose.launch_model_check(host_us=4000.0, device_us=5000.0, cuda=True, profiled_steps=4, **kw)
+    assert (
+        "the profiler counts 456 device launches (kernels and copies) in 4 steps of the syncing loop (114 a step)"
+        in steps
+    )
+    assert "and 441 in 4 steps of the sync-free one (110.25 a step), against 78 and 100 ops counted per step" in steps
+    assert "110.2 " not in steps and "1.16× (the op counts give 0.92×)" in steps
     with pytest.raises(ValueError, match="kernels_after must be > 0"):
         prose.launch_model_check(host_us=1.0, device_us=1.0, cuda=True, **{**kw, "kernels_after": 0})
     with pytest.raises(ValueError, match="launch_us and ops_after must be > 0"):
@@ -538,6 +558,52 @@ def test_reorder_print_summary():
     assert "(Dynamo failed: AssertionError)" in text and text.startswith("`print(h.shape)`: 2 graph(s)")
 
 
+def test_launch_count_note_splits_the_profilers_counts():
+    import pandas as pd
+
+    from mahia.lessons.profiler_summary import ProfileSummary
+
+    def prof(calls_by_name, device="cuda"):
+        top = pd.DataFrame([{"name": n, "calls": c, "ms": 0.01} for n, c in calls_by_name.items()])
+        return ProfileSummary(device, 3, 1.0, 0.5, float(top["calls"].sum()), top.assign(share=0.1))
+
+    # 7fed682's H100 run of NB04: 68 ops traced eager and 9 generated kernels + 12 library calls compiled,
+    # where the profiler counted 71 and 27 events per call (the split by name below is made up for the test).
+    eager = prof({"void at::native::elementwise_kernel<...>": 66, "Memset (Device)": 2, "cudnn_sdpa_fprop": 3})
+    compiled = prof(
+        {
+            "triton_poi_fused_add_0": 5,
+            "triton_red_fused_mean_1": 4,
+            "Memcpy DtoD (Device -> Device)": 1,
+            "nvjet_tst_128x64": 10,
+            "cudnn_sdpa_fprop": 3,
+            "gla_fwd_kernel": 4,
+        }  # fmt: skip
+    )
+    text = prose.launch_count_note(68, 9, 12, eager, compiled)
+    assert "Eager: 71 events (2 of them copies and memsets) for 68 traced ops." in text
+    assert (
+        "Compiled: 27 events for the code's 21 launches: 9 Inductor kernels (`triton_...`) for its 9 generated" in text
+    )
+    assert "ones, and 18 other events (1 of them copies and memsets) for its 12 library calls." in text
+    assert prose.launch_count_note(68, 9, 12, prof({"aten::mm": 3}, "cpu"), prof({"aten::mm": 3}, "cpu")) == ""
+
+
+def test_per_tensor_reads_counts_the_tensors_with_gradients():
+    # 7fed682's H100 run of NB05: the default (foreach) AdamW read 256 step counts, for 134 parameter tensors of
+    # which 128 had gradients: each step count read twice (bias corrections 1 and 2).
+    text = prose.per_tensor_reads("aten._local_scalar_dense ×256", 256, 128, 134)
+    assert text == (
+        "aten._local_scalar_dense ×256, 2 per updated tensor (128 of the model's 134 parameter tensors have a gradient)"
+    )
+    assert (
+        prose.per_tensor_reads("x ×100", 100, 128, 134)
+        == "x ×100 (128 of the model's 134 parameter tensors have a gradient)"
+    )
+    with pytest.raises(ValueError, match="with_grad <= tensors"):
+        prose.per_tensor_reads("x", 1, 200, 134)
+
+
 def test_specialization_verdict():
     assert "Specialization bought 1.19–1.79× per call" in prose.specialization_verdict(1.19, 1.79)
     assert "bought nothing measurable" in prose.specialization_verdict(0.8, 0.95)
@@ -546,7 +612,40 @@ def test_specialization_verdict():
     assert "kernels at 0.32 ms and the dynamic one's at 0.35 ms, against 1 and 1.8 ms per call" in host
     assert "hold 0.03 of the 0.8 ms difference, so most of it is host work per call" in host
     assert "mostly device work" in prose.specialization_evidence(512, 1.0, 1.8, 0.32, 1.0)
-    assert "was not slower there" in prose.specialization_evidence(512, 1.0, 0.9, 0.32, 0.3)
+    assert "was not slower in the benchmark there; nor were its kernels (0.938×" in prose.specialization_evidence(
+        512, 1.0, 0.9, 0.32, 0.3
+    )
+
+
+def test_specialization_verdict_on_host_dominated_calls_uses_kernel_times():
+    # 7fed682's H100 run of NB04 c41: T = 512 benchmarked 1.61 ms static, 1.15 ms dynamic, with 0.318 and
+    # 0.324 ms of kernels; the benchmark's 0.71-1.67x range over the lengths was host noise.
+    rows = [
+        {"static ms": 0.995, "dynamic ms": 1.66, "static kernel ms": 0.17, "dynamic kernel ms": 0.172},
+        {"static ms": 1.07, "dynamic ms": 1.17, "static kernel ms": 0.245, "dynamic kernel ms": 0.25},
+        {"static ms": 1.61, "dynamic ms": 1.15, "static kernel ms": 0.318, "dynamic kernel ms": 0.324},
+    ]
+    text = prose.specialization_verdict(0.71, 1.67, rows)
+    assert not text.startswith("Mixed") and "host noise" in text
+    assert "benchmarked time is 3.5–9.7× its kernels' time" in text and "0.71–1.67× range is host noise" in text
+    assert (
+        "kernels took 1.012–1.020× the static ones': the static kernels were faster at every length, by 1.2–2.0%"
+        in text
+    )
+    faster = [{**r, "dynamic kernel ms": r["static kernel ms"] * 0.99} for r in rows]
+    assert "bought no device time" in prose.specialization_verdict(0.71, 1.67, faster)
+    mixed = [rows[0], faster[1], rows[2]]
+    assert "faster at some lengths and slower at others" in prose.specialization_verdict(0.71, 1.67, mixed)
+    # calls near their kernel time: the benchmark's ratios decide, as without rows
+    device = [{**r, "static ms": r["static kernel ms"] * 1.2} for r in rows]
+    assert prose.specialization_verdict(0.9, 1.2, device).startswith("Mixed")
+    with pytest.raises(ValueError, match="missing"):
+        prose.specialization_verdict(0.9, 1.2, [{"static ms": 1.0}])
+    with pytest.raises(ValueError, match="> 0"):
+        prose.specialization_verdict(0.9, 1.2, [{**rows[0], "static kernel ms": 0.0}])
+    # the gap <= 0 branch reports the kernels' difference too (the dynamic kernels 2% slower there)
+    evidence = prose.specialization_evidence(512, 1.61, 1.15, 0.318, 0.324)
+    assert "not slower in the benchmark there; its kernels took 0.006 ms more (1.019×)" in evidence
 
 
 # --- 05 ------------------------------------------------------------------------------------------------

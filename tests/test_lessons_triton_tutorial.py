@@ -155,6 +155,57 @@ def test_host_crossover_reads_a_rows_sweep():
         tu.host_crossover(pd.DataFrame({"experiment": ["x"]}))
 
 
+def _h100_rows_sweep():
+    """NB03's rows sweep (N = 4096, bf16) of 7fed682's H100 run: (rows, variant, mode) -> median, p20, p80 ms."""
+    import pandas as pd
+
+    runs = {
+        (8, "F.rms_norm", "device"): (0.020224, 0.019904, 0.020512),
+        (8, "F.rms_norm", "eager"): (0.162767, 0.156123, 0.169763),
+        (8, "mahia_triton", "device"): (0.011488, 0.010688, 0.047334),
+        (8, "mahia_triton", "eager"): (0.574242, 0.461156, 0.672569),
+        (4096, "F.rms_norm", "device"): (0.120768, 0.119840, 0.121805),
+        (4096, "F.rms_norm", "eager"): (0.243556, 0.236334, 0.249381),
+        (4096, "mahia_triton", "device"): (0.076032, 0.075258, 0.076544),
+        (4096, "mahia_triton", "eager"): (0.625613, 0.580818, 0.730100),
+        (16384, "F.rms_norm", "device"): (0.440832, 0.434304, 0.445254),
+        (16384, "F.rms_norm", "eager"): (0.484468, 0.478364, 0.494733),
+        (16384, "mahia_triton", "device"): (0.251488, 0.250656, 0.252224),
+        (16384, "mahia_triton", "eager"): (0.485311, 0.463287, 0.511495),
+    }
+    cols = ("median_ms", "p20_ms", "p80_ms")
+    return pd.DataFrame(
+        [
+            {"experiment": "rows" + ("_eager" if mode == "eager" else ""), "variant": v, "shape": f"{m}x4096"}
+            | dict(zip(cols, t))
+            for (m, v, mode), t in runs.items()
+        ]
+    )
+
+
+def test_host_crossover_counts_overlapping_spreads_as_a_tie():
+    # At 16,384 rows mahia's eager 0.4853 ms (0.463-0.511) against F.rms_norm's 0.4845 ms (0.478-0.495): a tie,
+    # where mahia is still host-bound (1.93x its device time) and F.rms_norm no longer is (1.10x).
+    df = _h100_rows_sweep()
+    out = tu.host_crossover(df)
+    assert out["crossover_rows"] == 16384 and out["tie"] == "spreads"
+    assert out["host_bound_rows"] == {"F.rms_norm": 4096, "mahia_triton": 16384}
+    text = tu.host_crossover_sentence(out, 4096)
+    assert text.startswith("mahia's eager time first matches `F.rms_norm`'s at 16,384 rows × 4096 (a tie: their")
+    assert "where mahia is still host-bound and `F.rms_norm` no longer is" in text and "stays above" not in text
+    # without spreads, medians within TIE_FRACTION tie too; 4% apart do not
+    medians = df.drop(columns=["p20_ms", "p80_ms"])
+    assert tu.host_crossover(medians)["tie"] == "fraction"
+    apart = medians.copy()
+    apart.loc[(apart["variant"] == "mahia_triton") & (apart["experiment"] == "rows_eager"), "median_ms"] *= 1.04
+    never = tu.host_crossover(apart)
+    assert never["crossover_rows"] is None and "stays above" in tu.host_crossover_sentence(never, 4096)
+    both = {**out, "host_bound_rows": {"F.rms_norm": 16384, "mahia_triton": 16384}}
+    assert "where both are still host-bound" in tu.host_crossover_sentence(both, 4096)
+    device = {**out, "tie": None, "host_bound_rows": {"F.rms_norm": None, "mahia_triton": 4096}}
+    assert tu.host_crossover_sentence(device, 4096).endswith("× 4096: from there on the device decides.")
+
+
 def test_measure_records_eager_time_beside_device_time(tmp_path):
     from mahia.measure import hardware
     from mahia.measure.results import Recorder

@@ -91,7 +91,7 @@ def _operators(report: StepReport) -> list[dict]:
 
 def top_ops(report: StepReport, n: int = 3) -> str:
     """ "name ms (calls×), ..." for the ``n`` busiest operators of ``report`` (profiler bookkeeping left out)."""
-    return ", ".join(f"`{_short(r['name'])}` {r['ms']:.3g} ms ({r['calls']:.0f}×)" for r in _operators(report)[:n])
+    return ", ".join(f"`{_short(r['name'])}` {r['ms']:.3g} ms ({r['calls']:,.0f}×)" for r in _operators(report)[:n])
 
 
 def profile_sentence(report: StepReport, what: str, *, n_top: int = 3, measured_ms: float | None = None) -> str:
@@ -114,7 +114,7 @@ def profile_sentence(report: StepReport, what: str, *, n_top: int = 3, measured_
         )
     text = (
         f"{what.capitalize()} under `torch.profiler`: {report.wall_ms:.3g} ms of wall time per call, of which "
-        f"{report.kernel_ms:.3g} ms are kernels ({report.kernels} launches): the device ran kernels "
+        f"{report.kernel_ms:.3g} ms are kernels ({report.kernels:,} launches): the device ran kernels "
         f"{pct(report.busy)} of the profiled time"
     )
     if measured_ms is None:

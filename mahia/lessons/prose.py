@@ -48,6 +48,8 @@ __all__ = [
     "model_miss_summary",
     "overlap_bound_clause",
     "padding_cost_note",
+    "predicted_gain_phrase",
+    "per_tensor_reads",
     "pct",
     "plain_numbers",
     "reorder_print_summary",
@@ -58,6 +60,7 @@ __all__ = [
     "slowdown_sentence",
     "specialization_evidence",
     "specialization_verdict",
+    "launch_count_note",
     "spread_note",
     "sync_free_loop_note",
     "sync_gain_evidence",
@@ -117,9 +120,10 @@ def yes_no(flags: Mapping[str, bool]) -> str:
 
 
 def bound_name(launch_bound: bool, *, explain: bool = False) -> str:
-    """ "launch-bound" or "device-bound", from a prediction's ``launch_bound`` (04, 05)."""
+    """ "launch-bound" or "device-bound", from a prediction's ``launch_bound`` (04, 05); ``explain`` adds why,
+    after a colon, so that the phrase can stand inside parentheses."""
     if launch_bound:
-        return "launch-bound (host time > device time)" if explain else "launch-bound"
+        return "launch-bound: host time > device time" if explain else "launch-bound"
     return "device-bound"
 
 
@@ -410,6 +414,19 @@ def matmul_tiles_clause(
 # ---------------------------------------------------------------------------------------------------
 
 
+def predicted_gain_phrase(ratio: float, after: str) -> str:
+    """A predicted speed ratio (time before / time after) as words chosen by its value: a "speedup" only above
+    1.00 as printed; below it, ``after`` (a noun phrase: the optimized path) is predicted slower."""
+    if not ratio > 0:
+        raise ValueError(f"predicted_gain_phrase: the ratio must be > 0, got {ratio!r}")
+    shown = f"{ratio:.2f}"
+    if float(shown) > 1:
+        return f"a **{shown}× speedup**"
+    if float(shown) == 1:
+        return f"**{shown}×**: no predicted difference"
+    return f"a predicted **{shown}×** ({after} {'slightly ' if ratio >= 0.9 else ''}slower)"
+
+
 def extra_ops_clause(ops_before: int, ops_after: int) -> str:
     """Appended to "the sync-free step dispatches <after> ops against <before>": ops, not kernels (one op may
     launch several kernels or copies; section 5's profiler counts those)."""
@@ -515,7 +532,12 @@ def gain_cutoff_sentence(
 
 def _count(x: float) -> str:
     """An op or kernel count per step: whole when it is, one decimal when it is an average."""
-    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+
+
+def _per_step(x: float) -> str:
+    """A count divided by a few steps, exact up to two decimals: "114", "110.25"."""
+    return f"{x:,.2f}".rstrip("0").rstrip(".")
 
 
 def launch_model_check(
@@ -532,6 +554,7 @@ def launch_model_check(
     n_sync: int,
     sync_us: float,
     cuda: bool,
+    profiled_steps: int = 1,
 ) -> str:
     """Section 3's premise (a sync-free step is ``ops_after × launch_us`` of launches, launch-bound) against
     what section 5 measured per sync-free step: the host's time to issue it (``host_us``), the device's busy
@@ -540,6 +563,9 @@ def launch_model_check(
     counts in place of the op counts (``n_sync`` syncs of ``sync_us`` each per syncing step):
 
         speedup = (kernels_before × launch_us + n_sync × sync_us) / (kernels_after × launch_us)
+
+    ``profiled_steps``: how many steps the profiled call ran (``kernels_*`` are its launches divided by it): the
+    sentence then gives each count over those steps and per step, so an average is never shown as a count.
 
     On a CPU the host runs the ops: no device."""
     if not (launch_us > 0 and ops_after > 0):
@@ -573,10 +599,22 @@ def launch_model_check(
         bound = (
             f"device-bound (host/device {ratio:.3g}), so the model's premise of a launch-bound step does not hold here"
         )
+    if profiled_steps > 1:
+        k = profiled_steps
+        counted = (
+            f"the profiler counts {_count(round(kernels_before * k, 6))} device launches (kernels and copies) in {k} "
+            f"steps of the syncing loop ({_per_step(kernels_before)} a step) and {_count(round(kernels_after * k, 6))} "
+            f"in {k} steps of the sync-free one ({_per_step(kernels_after)} a step), against {_count(ops_before)} and "
+            f"{_count(ops_after)} ops counted per step"
+        )
+    else:
+        counted = (
+            f"per step the profiler counts {_count(kernels_before)} device launches (kernels and copies) of the "
+            f"syncing loop and {_count(kernels_after)} of the sync-free one, against {_count(ops_before)} and "
+            f"{_count(ops_after)} ops counted"
+        )
     return (
-        f"Section 3's premise, checked: per step the profiler counts {_count(kernels_before)} device launches "
-        f"(kernels and copies) of the syncing loop and {_count(kernels_after)} of the sync-free one, against "
-        f"{_count(ops_before)} and {_count(ops_after)} ops counted (the table below lists where the two differ). With "
+        f"Section 3's premise, checked: {counted} (the table below lists where the two differ). With "
         f"these launch counts in place of the op counts, the model predicts {k_before:.0f} µs against {k_after:.0f} µs "
         f"per step, {k_before / k_after:.2f}× (the op counts give {op_gain:.2f}×). The op-count "
         f"model charges the sync-free step {pred_after_us:.0f} µs of launches; measured, the host needs "
@@ -1006,6 +1044,37 @@ def compile_evidence(ratio: float, eager, compiled, saved_ms: float) -> str:
     return text + "."
 
 
+_COPY_EVENTS = r"^Mem(?:cpy|set)\b"  # the profiler's names of device copies and fills ("Memset (Device)")
+_INDUCTOR_KERNELS = r"^triton_"  # Inductor names its Triton kernels triton_poi_/_red_/_per_/_tem_...
+
+
+def _events(profile, pattern: str) -> float:
+    """Device events per call of a :class:`~mahia.lessons.profiler_summary.ProfileSummary` whose name matches."""
+    top = profile.top
+    return float(top.loc[top["name"].str.contains(pattern, regex=True), "calls"].sum()) if len(top) else 0.0
+
+
+def launch_count_note(ops_eager: int, generated: int, library: int, eager, compiled) -> str:
+    """Why the profiler's launch counts per call (``eager``, ``compiled``: two GPU
+    :class:`~mahia.lessons.profiler_summary.ProfileSummary`) differ from the counts of the code: ``ops_eager`` ops
+    that launch a kernel in the eager trace, ``generated`` kernels Inductor wrote and ``library`` library calls
+    in its output. The profiler counts every device event (kernels, copies, memsets); the compiled count is split
+    by the profile's names (Inductor's ``triton_`` kernels, the rest). Empty on a CPU (its profile counts host
+    operators)."""
+    if not (eager.cuda and compiled.cuda):
+        return ""
+    mem_e, mem_c = _events(eager, _COPY_EVENTS), _events(compiled, _COPY_EVENTS)
+    ind = _events(compiled, _INDUCTOR_KERNELS)
+    return (
+        f"The profiler's counts are not the code's: it counts every event on the device per call (kernels, copies "
+        f"and memsets), and one op or library call can launch several. Eager: {_count(eager.launches)} events "
+        f"({_count(mem_e)} of them copies and memsets) for {ops_eager} traced ops. Compiled: "
+        f"{_count(compiled.launches)} events for the code's {generated + library} launches: {_count(ind)} Inductor "
+        f"kernels (`triton_...`) for its {generated} generated ones, and {_count(compiled.launches - ind)} other events "
+        f"({_count(mem_c)} of them copies and memsets) for its {library} library calls."
+    )
+
+
 def _calls(x: float) -> str:
     """A break-even count as whole calls; "never" where it is infinite (the compiled call was not faster)."""
     return "never" if math.isinf(x) else f"{round(x):,}"
@@ -1146,9 +1215,30 @@ def reorder_print_summary(rows: Sequence[Mapping]) -> str:
     return "; ".join(parts) + "."
 
 
-def specialization_verdict(lo: float, hi: float) -> str:
+# A call whose benchmarked time is at least this many times its kernels' time is dominated by the host: a
+# difference between two such calls measures the host (its noise included), not the compiled kernels.
+HOST_DOMINATED_FACTOR = 2.0
+
+_SPECIALIZATION_KEYS = ("static ms", "dynamic ms", "static kernel ms", "dynamic kernel ms")
+
+
+def specialization_verdict(lo: float, hi: float, rows: Sequence[Mapping] | None = None) -> str:
     """What static-shape specialization bought, from the range ``lo``-``hi`` of dynamic / static time per call
-    (where the difference comes from: :func:`specialization_evidence`)."""
+    (where the difference comes from: :func:`specialization_evidence`).
+
+    ``rows`` (on a GPU): one mapping per length with the benchmarked ``"static ms"`` and ``"dynamic ms"`` and the
+    profiler's ``"static kernel ms"`` and ``"dynamic kernel ms"`` per call. Where every benchmarked time is at
+    least :data:`HOST_DOMINATED_FACTOR` × its kernel time, the host decides the benchmark, so its ratios are
+    called host noise and the verdict is made on the kernel times instead."""
+    if rows:
+        missing = [k for k in _SPECIALIZATION_KEYS if any(k not in r for r in rows)]
+        if missing:
+            raise ValueError(f"specialization_verdict: rows need {list(_SPECIALIZATION_KEYS)}, missing {missing}")
+        if not all(r[k] > 0 for r in rows for k in _SPECIALIZATION_KEYS):
+            raise ValueError(f"specialization_verdict: every time must be > 0, got {list(rows)!r}")
+        over = [r[f"{m} ms"] / r[f"{m} kernel ms"] for r in rows for m in ("static", "dynamic")]
+        if min(over) >= HOST_DOMINATED_FACTOR:
+            return _kernel_verdict(lo, hi, over, [r["dynamic kernel ms"] / r["static kernel ms"] for r in rows])
     if lo > 1:
         return f"Specialization bought {lo:.2f}–{hi:.2f}× per call. "
     if hi < 1:
@@ -1160,6 +1250,23 @@ def specialization_verdict(lo: float, hi: float) -> str:
         "Mixed: the dynamic compile was faster at some lengths and slower at others, so specialization bought "
         "nothing consistent here; what it certainly costs is one compilation per length. "
     )
+
+
+def _kernel_verdict(lo: float, hi: float, over: Sequence[float], k_ratios: Sequence[float]) -> str:
+    """:func:`specialization_verdict` for calls the host dominates: the verdict from the kernel times."""
+    klo, khi = min(k_ratios), max(k_ratios)
+    text = (
+        f"But each call's benchmarked time is {_span(min(over), max(over))}× its kernels' time (profiler), so the "
+        f"host decides these timings and their {lo:.2f}–{hi:.2f}× range is host noise, not the compiled code. By "
+        f"kernel time the dynamic compile's kernels took {_span(klo, khi, '.3f')}× the static ones': "
+    )
+    if klo > 1:
+        verdict = f"the static kernels were faster at every length, by {_span(100 * (klo - 1), 100 * (khi - 1))}%"
+    elif khi <= 1:
+        verdict = "the dynamic kernels were as fast or faster at every length, so specialization bought no device time"
+    else:
+        verdict = "faster at some lengths and slower at others, so specialization bought nothing consistent"
+    return text + verdict + "; what it certainly costs is one compilation per length. "
 
 
 def specialization_evidence(
@@ -1174,7 +1281,12 @@ def specialization_evidence(
         f"one's at {dynamic_kernel_ms:.3g} ms, against {static_ms:.3g} and {dynamic_ms:.3g} ms per call benchmarked"
     )
     if gap <= 0:
-        return text + ": the dynamic call was not slower there. "
+        kernels = (
+            f"its kernels took {k_gap:.2g} ms more ({dynamic_kernel_ms / static_kernel_ms:.3f}×)"
+            if k_gap > 0
+            else f"nor were its kernels ({dynamic_kernel_ms / static_kernel_ms:.3f}× the static ones' time)"
+        )
+        return text + ": the dynamic call was not slower in the benchmark there; " + kernels + ". "
     if k_gap >= 0.5 * gap:
         return text + f": the kernels hold {k_gap:.3g} of the {gap:.3g} ms difference, so it is mostly device work. "
     return text + (
@@ -1186,6 +1298,19 @@ def specialization_evidence(
 # ---------------------------------------------------------------------------------------------------
 # 05 · CUDA graphs
 # ---------------------------------------------------------------------------------------------------
+
+
+def per_tensor_reads(which: str, reads: int, with_grad: int, tensors: int) -> str:
+    """The optimizer's host reads per step (``reads``, listed in ``which``) per parameter tensor it updates: the
+    ``with_grad`` of the model's ``tensors`` that have a gradient (an optimizer skips the others)."""
+    if not (reads >= 0 and 0 <= with_grad <= tensors):
+        raise ValueError(
+            f"per_tensor_reads: need reads >= 0 and 0 <= with_grad <= tensors, got {reads}, {with_grad}, {tensors}"
+        )
+    of = f"{with_grad:,} of the model's {tensors:,} parameter tensors have a gradient"
+    if with_grad and reads and reads % with_grad == 0:
+        return f"{which}, {reads // with_grad:,} per updated tensor ({of})"
+    return f"{which} ({of})"
 
 
 def padding_cost_note(within_spread: bool) -> str:

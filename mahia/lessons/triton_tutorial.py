@@ -38,7 +38,7 @@ The helpers at the end (:func:`measure`, :func:`op_traffic`, :func:`min_bytes`, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -69,6 +69,7 @@ __all__ = [
     "liger_ops",
     "measure",
     "host_crossover",
+    "host_crossover_sentence",
 ]
 
 DW_STRATEGIES = ("atomic", "second_pass")
@@ -76,6 +77,7 @@ DW_BLOCK_N = 32  # columns per program of the dw second pass: N / 32 programs (1
 DW_BLOCK_M = 64  # rows per step of the dw second pass (a 64 x 32 tile, 4 warps)
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HOST_BOUND_FACTOR = 1.5  # host_crossover: a call is host-bound where its eager time exceeds this x its device time
+TIE_FRACTION = 0.03  # host_crossover, rows without spreads: eager times this close (relative) are a tie
 
 
 # --------------------------------------------------------------------------------------------------
@@ -708,10 +710,14 @@ def measure(
 def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.rms_norm") -> dict:
     """From rows of one sweep over row counts (``experiment`` ending in ``_eager`` for eager time, else
     device time; ``shape`` "MxN"): per variant the host floor (eager time at the fewest rows), and the
-    fewest rows at which ``mine``'s eager time is at most ``peer``'s (None: never in the sweep).
+    fewest rows at which ``mine``'s eager time is at most ``peer``'s or ties with it (None: never in the sweep).
 
-    Returns ``{"floor_ms": {variant: ms}, "crossover_rows": int | None, "rows": [...], "host_bound_rows":
-    {variant: the largest row count where eager time > HOST_BOUND_FACTOR x device time}}``.
+    A tie: the two eager times' 20-80% spreads (``p20_ms``-``p80_ms``) overlap, where the rows have them; else
+    the two medians within :data:`TIE_FRACTION` of ``peer``'s.
+
+    Returns ``{"floor_ms": {variant: ms}, "crossover_rows": int | None, "tie": "spreads" | "fraction" | None
+    (how the two matched there; None: ``mine`` was faster), "rows": [...], "host_bound_rows": {variant: the
+    largest row count where eager time > HOST_BOUND_FACTOR x device time}}``.
     """
     need = {"experiment", "variant", "shape", "median_ms"}
     if not need <= set(df.columns):
@@ -720,15 +726,27 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
     d["rows"] = d["shape"].astype(str).str.split("x").str[0].astype(int)
     d["mode"] = d["experiment"].astype(str).str.endswith("_eager").map({True: "eager", False: "device"})
     t = d.pivot_table(index="rows", columns=["mode", "variant"], values="median_ms")
+    spread = {"p20_ms", "p80_ms"} <= set(d.columns)
+    if spread:
+        lo = d.pivot_table(index="rows", columns=["mode", "variant"], values="p20_ms")
+        hi = d.pivot_table(index="rows", columns=["mode", "variant"], values="p80_ms")
     rows = sorted(t.index)
-    out: dict = {"rows": rows, "floor_ms": {}, "crossover_rows": None, "host_bound_rows": {}}
+    out: dict = {"rows": rows, "floor_ms": {}, "crossover_rows": None, "tie": None, "host_bound_rows": {}}
     if "eager" not in t.columns.get_level_values(0):
         return out
     eager = t["eager"]
     out["floor_ms"] = {v: float(eager[v].iloc[0]) for v in eager.columns}
     if mine in eager.columns and peer in eager.columns:
-        wins = [r for r in rows if eager.loc[r, mine] <= eager.loc[r, peer]]
-        out["crossover_rows"] = wins[0] if wins else None
+        for r in rows:
+            a, b = eager.loc[r, mine], eager.loc[r, peer]
+            spreads = [x.loc[r, ("eager", v)] for x in (lo, hi) for v in (mine, peer)] if spread else [None]
+            if all(pd.notna(spreads)):  # p20 and p80 of mine and of peer
+                tie = "spreads" if spreads[0] <= spreads[3] and spreads[1] <= spreads[2] else None
+            else:
+                tie = "fraction" if abs(a - b) <= TIE_FRACTION * b else None
+            if a <= b or tie:
+                out["crossover_rows"], out["tie"] = r, tie
+                break
     if "device" in t.columns.get_level_values(0):
         device = t["device"]
         for v in eager.columns:
@@ -736,3 +754,31 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
                 bound = [r for r in rows if eager.loc[r, v] > HOST_BOUND_FACTOR * device.loc[r, v]]
                 out["host_bound_rows"][v] = bound[-1] if bound else None
     return out
+
+
+def host_crossover_sentence(
+    cross: Mapping, n_cols: int, mine: str = "mahia_triton", peer: str = "F.rms_norm", label: str = "mahia"
+) -> str:
+    """Where ``mine``'s eager time (``label``) first matches ``peer``'s, from :func:`host_crossover`'s ``cross``
+    for rows of ``n_cols`` columns, and who decides there: the host (``mine`` still host-bound; ``peer`` too or
+    not) or the device."""
+    c_rows, rows = cross["crossover_rows"], cross["rows"]
+    if not c_rows:
+        return (
+            f"{label}'s eager time stays above `{peer}`'s at every row count here (up to {rows[-1]:,}): its per-call "
+            "host cost is larger, and the host decides at all these sizes."
+        )
+    how = {"spreads": " (a tie: their 20–80% spreads overlap)", "fraction": f" (a tie: within {TIE_FRACTION:.0%})"}
+    text = f"{label}'s eager time first matches `{peer}`'s at {c_rows:,} rows × {n_cols}{how.get(cross['tie'], '')}"
+    bound = cross["host_bound_rows"]
+    if (bound.get(mine) or 0) < c_rows:
+        return text + ": from there on the device decides."
+    if (bound.get(peer) or 0) >= c_rows:
+        return text + (
+            ", where both are still host-bound: the two tie on host costs there, and the device decides only at "
+            "larger sizes."
+        )
+    return text + (
+        f", where {label} is still host-bound and `{peer}` no longer is: `{peer}`'s device work has grown to "
+        f"{label}'s host cost per call, and {label}'s kernel decides only at larger sizes."
+    )
