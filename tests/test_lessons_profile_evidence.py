@@ -9,6 +9,7 @@ from mahia.lessons.profile_evidence import (
     ATTENTION_OPS,
     MATMUL_OPS,
     group_sentence,
+    ops_outside,
     profile_call,
     profile_sentence,
     time_by_group,
@@ -102,3 +103,21 @@ def test_profiler_bookkeeping_is_no_operator_and_a_replay_says_its_kernels_belon
     assert "Busiest operators" not in text and "Activity Buffer" not in text
     eager = profile_sentence(_report(kernel_ms=6.0), "the eager step")  # operators own 6.5 of 6 ms: listed
     assert "Busiest operators by device time: `aten::mm` 3 ms (4×)" in eager and "outside any operator" not in eager
+
+
+def test_ops_outside_lists_the_rest_without_the_drivers_marker():
+    # notebook 06 (7fed682, H100): the fp32 step's "other" listed `Command Buffer Full` 26.3 ms among its
+    # operators' drops; the driver's full-queue marker is no operator's work, and time_by_group leaves it out
+    top = [
+        {"name": "_GLAFunctionBackward", "calls": 8.0, "ms": 102.0},
+        {"name": "Command Buffer Full", "calls": 30.0, "ms": 26.3},
+        {"name": "_GLAFunction", "calls": 8.0, "ms": 30.9},
+        {"name": "aten::mm", "calls": 291.0, "ms": 300.0},
+        {"name": "ProfilerStep#2", "calls": 1.0, "ms": 0.1},
+    ]
+    rep = StepReport("cuda:0", 620.0, 610.0, 2000, top)
+    rest = ops_outside(rep, {"matmuls": MATMUL_OPS})
+    assert rest == {"_GLAFunctionBackward": 102.0, "_GLAFunction": 30.9}
+    assert sum(rest.values()) == pytest.approx(time_by_group(rep, {"matmuls": MATMUL_OPS})["other"])
+    with pytest.raises(TypeError, match="StepReport"):
+        ops_outside({"top": top}, {})

@@ -667,7 +667,129 @@ def test_fp16_sum_overflow_note():
     assert "error nan" in prose.fp16_sum_overflow_note(500_000.0, 65504.0, math.nan)
 
 
+def test_mib_amount():
+    # notebook 06 (7fed682, H100) printed "0.0 MiB in bool, 0.0 MiB in int32" for amounts that were not zero
+    assert prose.mib_amount(1536 * 2**20) == "1,536 MiB" and prose.mib_amount(13241.3 * 2**20) == "13,241 MiB"
+    # notebook 07 (7fed682, H100), exercise 2: "528.00 MiB" and "527.01 MiB", with decimals no measurement has
+    assert prose.mib_amount(527.01 * 2**20) == "527 MiB" and prose.mib_amount(9.4 * 2**20) == "9.4 MiB"
+    assert prose.mib_amount(0.53 * 2**20) == "0.53 MiB"
+    assert prose.mib_amount(3 * 1024) == "<0.1 MiB" and prose.mib_amount(1) == "<0.1 MiB"
+    assert prose.mib_amount(0) == "0 MiB"
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="n_bytes"):
+            prose.mib_amount(bad)
+
+
+def test_matmul_time_check():
+    # notebook 06 (7fed682, H100): 14.4 TFLOP at 51.65 TFLOP/s is 279 ms, the step 615 ms, so the Amdahl estimate
+    # took 336 ms for the rest; the profiler put the matmuls themselves at 336 ms and the rest at 286 ms
+    text = prose.matmul_time_check(278.820583, 335.786143, 16.68489 + 269.512982, 614.695129 - 278.820583, "device")
+    assert text.startswith("The profiler puts the fp32 matmuls at 336 ms of device time, above the 279 ms their FLOPs")
+    assert "(they ran at 0.83 of it)" in text
+    assert "everything else at 286 ms, where the Amdahl estimate took 336 ms" in text
+    within = prose.matmul_time_check(300.0, 280.0, 10.0, 0.0, "host")
+    assert "280 ms of host time, below the 300 ms" in within and "ran at" not in within
+    with pytest.raises(ValueError, match="profiled_ms"):
+        prose.matmul_time_check(279.0, 0.0, 1.0, 1.0, "device")
+    with pytest.raises(ValueError, match="rest_ms"):
+        prose.matmul_time_check(279.0, 336.0, -1.0, 1.0, "device")
+
+
+def test_tail_loss_list_and_unscaled_fp16_note():
+    # notebook 06 (7fed682, H100) printed "fp16, no scaler nan" among the mean losses, with no reason
+    nan_run = [5.0, 4.8, 4.7] + [math.nan] * 17
+    curves = {"fp16, no scaler": nan_run, "fp32": [4.3] * 18 + [4.2305, 4.2305]}
+    text = prose.tail_loss_list(curves, 2)
+    assert text == "fp16, no scaler diverged (NaN from step 4 on), fp32 4.2305"
+    flicker = prose.tail_loss_list({"x": [1.0, math.inf, 1.0]}, 1)
+    assert flicker == "x not finite at 1 steps, from step 2"
+    with pytest.raises(ValueError, match="n_tail"):
+        prose.tail_loss_list(curves, 0)
+    note = prose.unscaled_fp16_note(nan_run, True, 65504.0)
+    assert note.startswith("Without a loss scaler the fp16 loss became NaN at step 4.")
+    assert "they do not make a loss NaN" in note and "past 65,504" in note and "was not measured here" in note
+    assert "The fp16 run with a GradScaler stayed finite: a GradScaler finds an inf or NaN" in note
+    assert "did not stay finite either" in prose.unscaled_fp16_note(nan_run, False, 65504.0)
+    assert prose.unscaled_fp16_note(nan_run, None, 65504.0).endswith("the losses after it follow. ")
+    assert "became inf at step 1" in prose.unscaled_fp16_note([math.inf], None, 65504.0)
+    assert prose.unscaled_fp16_note([4.0, 3.9], True, 65504.0) == ""
+
+
+def test_loss_log_softmax_note():
+    # notebook 06 (7fed682, H100): "the log-softmax of the loss 1 in bfloat16" next to "autocast alone would have
+    # given float32 for a softmax", with no reason given: F.cross_entropy passes the dtype explicitly
+    cuda = prose.loss_log_softmax_note({"bfloat16": 1}, {"float32": 1}, "float32")
+    assert cuda.startswith("The loss's log-softmax ran 1 in bfloat16, although autocast gives float32")
+    assert "with its input's dtype given explicitly" in cuda and "ran 1 in float32: it reads a float32 copy" in cuda
+    cpu = prose.loss_log_softmax_note({"float32": 1}, {"float32": 1}, "bfloat16")  # CPU autocast: a float32 loss
+    assert "ran 1 in float32: on this device autocast casts the loss's input to float32" in cpu
+    same = prose.loss_log_softmax_note({"bfloat16": 1}, {"bfloat16": 1}, "bfloat16")
+    assert "as autocast runs a softmax here (bfloat16)" in same
+    assert prose.loss_log_softmax_note({}, {}, "float32") == "The loss ran no log-softmax here."
+
+
 # --- 07 ------------------------------------------------------------------------------------------------
+
+
+def test_recompute_cost_note():
+    # notebook 07 (7fed682, H100): selective added 30.5 ms (161.5 -> 192.0 ms) with the device busy 99% of both
+    # steps (190 ms of kernels against about 160): its Python policy hides behind device work
+    busy = prose.recompute_cost_note(30.5, 30.0, 0.99, 0.99, "selective checkpointing", "its Python policy")
+    assert "99% of the benchmarked step without checkpointing and 99% with selective checkpointing" in busy
+    assert "device-bound, so the host's work (its Python policy) overlaps device work" in busy
+    assert "the added time is kernel time (30 ms more of kernels for 30.5 ms more per step)" in busy
+    host = prose.recompute_cost_note(30.5, 10.0, 0.6, 0.5, "selective checkpointing", "its Python policy")
+    assert (
+        "where it waits on the host, the host's work (its Python policy) adds wall time" in host
+        and "(20.5 of the 30.5 ms)" in host
+    )
+    covered = prose.recompute_cost_note(10.0, 12.0, 0.6, 0.5, "full checkpointing", "the recompute's launches")
+    assert "covers the added wall time (10 ms)" in covered
+    with pytest.raises(ValueError, match="busy_after"):
+        prose.recompute_cost_note(1.0, 1.0, 0.9, math.nan, "x", "y")
+
+
+def test_growth_crossover_note():
+    # notebook 07 (7fed682, H100): the memory model's activations (236.9 MiB per 1,024-token sequence) put the
+    # crossover at 4,356 tokens, yet the sweep saved 48% of all training memory at 4,096 tokens; the step's peak
+    # grew by 396.6 MiB per sequence (section 5), which puts it near 2,600
+    mib = 2**20
+    fixed = (251.9 + 251.9 + 503.8) * mib  # weights, gradients, AdamW state
+    tokens = [1024, 4096, 16384, 32768]
+    peaks = [900 * mib + 396.640686 * mib * t / 1024 for t in tokens]
+    text = prose.growth_crossover_note(tokens, peaks, fixed, 236.875 * mib / 1024)
+    assert "grew by 397 MiB per 1,024 tokens (the memory model's activations 237 MiB, which would put it at " in text
+    assert "4,356 tokens)" in text and "(1,008 MiB) above about **2,601 tokens per step**" in text
+    assert "saves less than half of all training memory there" in text
+    flat = prose.growth_crossover_note([1024, 2048], [5 * mib, 5 * mib], fixed, 236.875 * mib / 1024)
+    assert flat.startswith("The step's peak did not grow with the tokens") and "4,356 tokens" in flat
+    with pytest.raises(ValueError, match="at least 2"):
+        prose.growth_crossover_note([1024], [1.0], fixed, 1.0)
+
+
+def test_extra_work_time_note():
+    # notebook 07 (7fed682, H100), exercise 2: recomputing attention on top of selective measured "-22.0% time
+    # (248 -> 193 ms)" against a selective step retimed at 248 ms, while section 4 timed selective at 192 ms
+    # (p20-p80 191.9-199); the exercise's own spreads were not printed, so those here are narrow stand-ins
+    sec4 = (191.988647, 191.9, 199.0)
+    text = prose.extra_work_time_note(
+        (193.0, 192.5, 194.0),
+        {"section 4's selective step": sec4, "the selective step timed again here": (248.0, 247.0, 249.0)},
+    )
+    assert text.startswith(
+        "193 ms (p20–p80 192.5–194) against section 4's selective step, 192 ms (191.9–199), and the "
+    )
+    assert "the reference's timings disagree with each other (their spreads are apart)" in text
+    assert "**no measurable difference**" in text and "its spread overlaps that of section 4's selective step" in text
+    assert "22% faster than the selective step timed again here while doing more work: timing noise, not a gain" in text
+    slower = prose.extra_work_time_note((210.0, 208.0, 212.0), {"selective": sec4})
+    assert slower.endswith(": +9% time against selective, the spreads apart.")
+    mixed = prose.extra_work_time_note((210.0, 208.0, 212.0), {"a": sec4, "b": (209.0, 205.0, 215.0)})
+    assert "+9% time against a, the spreads apart; no measurable difference otherwise (its spread overlaps" in mixed
+    with pytest.raises(ValueError, match="p20 <= median"):
+        prose.extra_work_time_note((1.0, 2.0, 3.0), {"x": sec4})
+    with pytest.raises(ValueError, match="no reference"):
+        prose.extra_work_time_note(sec4, {})
 
 
 # --- 08 ------------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ something the run measured and shows. Here that is ``torch.profiler`` through :f
   time and count (GPU), and the busiest operators (device time on a GPU, host time on a CPU);
 * :func:`profile_sentence` writes that report as one sentence of measured numbers, and says when the
   evidence is a CPU's (no device queue: host time by operator);
-* :func:`time_by_group` sums the operators' time into groups (matmuls, attention, the rest), and
-  :func:`group_sentence` writes two such summaries side by side (before and after a change).
+* :func:`time_by_group` sums the operators' time into groups (matmuls, attention, the rest),
+  :func:`ops_outside` lists the operators of the rest by name, and :func:`group_sentence` writes two such
+  summaries side by side (before and after a change).
 
 By operator (what :mod:`mahia.profile` reports); :mod:`mahia.lessons.profiler_summary`, which notebooks
 00-04 use, reports the same profile by kernel name.
@@ -34,6 +35,7 @@ __all__ = [
     "profile_call",
     "profile_sentence",
     "time_by_group",
+    "ops_outside",
     "group_sentence",
     "top_ops",
 ]
@@ -150,6 +152,19 @@ def time_by_group(report: StepReport, groups: Mapping[str, Sequence[str]]) -> di
     for r in _operators(report):
         group = next((g for g, prefixes in groups.items() if r["name"].startswith(tuple(prefixes))), "other")
         out[group] += r["ms"]
+    return out
+
+
+def ops_outside(report: StepReport, groups: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """The operators :func:`time_by_group` puts in ``"other"`` (no group's prefix), name -> ms per call; like it,
+    without the profiler's own rows and the driver's "Command Buffer Full" marker, which are no operator's work."""
+    if not isinstance(report, StepReport):
+        raise TypeError(f"ops_outside: report must be a mahia.profile.StepReport, got {type(report).__name__}")
+    prefixes = tuple(p for ps in groups.values() for p in ps)
+    out: dict[str, float] = {}
+    for r in _operators(report):
+        if not r["name"].startswith(prefixes):
+            out[r["name"]] = out.get(r["name"], 0.0) + r["ms"]
     return out
 
 

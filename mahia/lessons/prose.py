@@ -68,6 +68,14 @@ __all__ = [
     "group_change_sentence",
     "bytes_bound_note",
     "not_faster_note",
+    "mib_amount",
+    "matmul_time_check",
+    "tail_loss_list",
+    "unscaled_fp16_note",
+    "loss_log_softmax_note",
+    "recompute_cost_note",
+    "growth_crossover_note",
+    "extra_work_time_note",
     "uncounted_sync_clause",
     "window_mask_note",
     "yes_no",
@@ -1332,6 +1340,241 @@ def fp16_sum_overflow_note(total: float, fp16_max: float, fp16_error: float) -> 
     if math.isfinite(fp16_error):
         return ""
     return f"In fp16 the same sum ({total:,.0f}) does not fit under {fp16_max:,.0f}: error {fp16_error}. "
+
+
+def mib_amount(n_bytes: float) -> str:
+    """``n_bytes`` in MiB without spurious digits: "13,241 MiB" from 100 MiB on, three significant digits below
+    ("9.4 MiB", "0.53 MiB"), "<0.1 MiB" for an amount above 0 that small, and "0 MiB" for none at all."""
+    if not (math.isfinite(n_bytes) and n_bytes >= 0):
+        raise ValueError(f"mib_amount: n_bytes must be a finite number >= 0, got {n_bytes!r}")
+    mib = n_bytes / 2**20
+    if mib == 0:
+        return "0 MiB"
+    if mib < 0.1:
+        return "<0.1 MiB"
+    return f"{mib:,.0f} MiB" if mib >= 100 else f"{mib:.3g} MiB"
+
+
+def matmul_time_check(model_ms: float, profiled_ms: float, rest_ms: float, amdahl_rest_ms: float, time: str) -> str:
+    """Sets the profiler's time of the matmul operators (``profiled_ms``) beside ``model_ms``, the time their FLOPs
+    take at the square-matmul ceiling, and the profiler's time of everything else (``rest_ms``) beside
+    ``amdahl_rest_ms``, what the Amdahl estimate took for it (the step's time minus ``model_ms``). ``time`` names
+    the profiler's clock ("device" or "host")."""
+    for name, v in (("model_ms", model_ms), ("profiled_ms", profiled_ms)):
+        if not (math.isfinite(v) and v > 0):
+            raise ValueError(f"matmul_time_check: {name} must be a time > 0 (ms), got {v!r}")
+    for name, v in (("rest_ms", rest_ms), ("amdahl_rest_ms", amdahl_rest_ms)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"matmul_time_check: {name} must be a time >= 0 (ms), got {v!r}")
+    side = (
+        f"above the {model_ms:.3g} ms their FLOPs take at the square-matmul ceiling (they ran at "
+        f"{model_ms / profiled_ms:.2f} of it)"
+        if profiled_ms > model_ms
+        else f"below the {model_ms:.3g} ms their FLOPs take at the square-matmul ceiling"
+    )
+    return (
+        f"The profiler puts the fp32 matmuls at {profiled_ms:.3g} ms of {time} time, {side}, and everything else at "
+        f"{rest_ms:.3g} ms, where the Amdahl estimate took {amdahl_rest_ms:.3g} ms (the step minus the matmuls at "
+        f"the ceiling)."
+    )
+
+
+def _first_bad(values: Sequence[float]) -> int | None:
+    return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+
+
+def tail_loss_list(curves: Mapping[str, Sequence[float]], n_tail: int) -> str:
+    """ "fp32 4.2305, fp16, no scaler diverged (NaN from step 37 on), …": the mean loss of the last ``n_tail``
+    steps of each curve (name -> loss per step), or, for a curve that is not finite, where it stopped being so."""
+    if not (isinstance(n_tail, int) and n_tail >= 1):
+        raise ValueError(f"tail_loss_list: n_tail must be an int >= 1, got {n_tail!r}")
+    parts = []
+    for name, curve in curves.items():
+        values = [float(v) for v in curve]
+        if not values:
+            raise ValueError(f"tail_loss_list: the curve {name!r} is empty")
+        bad = _first_bad(values)
+        if bad is None:
+            parts.append(f"{name} {sum(values[-n_tail:]) / len(values[-n_tail:]):.4f}")
+            continue
+        what = "NaN" if math.isnan(values[bad]) else "inf"
+        stays = all(not math.isfinite(v) for v in values[bad:])
+        parts.append(
+            f"{name} diverged ({what} from step {bad + 1} on)"
+            if stays
+            else f"{name} not finite at {sum(not math.isfinite(v) for v in values)} steps, from step {bad + 1}"
+        )
+    return ", ".join(parts)
+
+
+def unscaled_fp16_note(curve: Sequence[float], scaled_finite: bool | None, fp16_max: float) -> str:
+    """Why the fp16 run without a loss scaler (``curve``: its loss per step) went NaN or inf, when it did (ending in a
+    space, to be followed by another sentence); nothing when it stayed finite. ``scaled_finite``: whether the fp16 run with a GradScaler stayed finite (None: no such
+    run here)."""
+    values = [float(v) for v in curve]
+    bad = _first_bad(values)
+    if bad is None:
+        return ""
+    what = "NaN" if math.isnan(values[bad]) else "inf"
+    if scaled_finite is False:
+        scaler = (
+            "The fp16 run with a GradScaler did not stay finite either: the overflow is not only in the gradients "
+            "that a scaler checks. "
+        )
+    else:
+        scaler = ("The fp16 run with a GradScaler stayed finite: a" if scaled_finite else "A") + (
+            " GradScaler finds an inf or NaN in the gradients, skips that step and lowers its scale; without one, "
+            "the optimizer writes such a step into the weights, and the losses after it follow. "
+        )
+    return (
+        f"Without a loss scaler the fp16 loss became {what} at step {bad + 1}. Gradients that vanish (section 2) slow or "
+        f"stall training; they do not make a loss {what}. An inf comes from an fp16 value past {fp16_max:,.0f}, and "
+        f"a NaN from an operation without a value, such as inf − inf or 0 × inf; which value went first was not "
+        f"measured here. " + scaler
+    )
+
+
+def loss_log_softmax_note(log_softmax: Mapping[str, int], nll_loss: Mapping[str, int], softmax_default: str) -> str:
+    """Notebook 06's third exercise: why the loss's log-softmax ran in the dtype it did under autocast.
+    ``log_softmax``, ``nll_loss``: the calls of ``_log_softmax`` and ``nll_loss_forward`` per dtype name (from
+    :func:`mahia.lessons.training.op_dtypes`); ``softmax_default``: the dtype autocast gives a softmax called
+    without a dtype on this device ("float32" on CUDA)."""
+    ran = ", ".join(f"{n} in {d}" for d, n in log_softmax.items()) or "none"
+    nll = ", ".join(f"{n} in {d}" for d, n in nll_loss.items()) or "none"
+    if not log_softmax:
+        return "The loss ran no log-softmax here."
+    if set(log_softmax) == {"float32"}:
+        return (
+            f"The loss's log-softmax ran {ran}: on this device autocast casts the loss's input to float32 before "
+            f"it (the loss is on this device's float32 list), and its `nll_loss` ran {nll}."
+        )
+    if softmax_default == "float32":
+        return (
+            f"The loss's log-softmax ran {ran}, although autocast gives float32 to a softmax called without a dtype: "
+            f"`F.cross_entropy` calls `log_softmax` with its input's dtype given explicitly, and autocast keeps a "
+            f"dtype it is given (it picks float32 only where none is). The `nll_loss` after it, on autocast's "
+            f"float32 list, ran {nll}: it reads a float32 copy of those log-probabilities."
+        )
+    return (
+        f"The loss's log-softmax ran {ran}, as autocast runs a softmax here ({softmax_default}); its `nll_loss` "
+        f"ran {nll}."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# 07 · gradient checkpointing
+# ---------------------------------------------------------------------------------------------------
+
+
+def recompute_cost_note(
+    d_wall_ms: float, d_kern_ms: float, busy_before: float, busy_after: float, what: str, host_work: str
+) -> str:
+    """Where a checkpointing policy's added wall time (``d_wall_ms`` over the step without checkpointing) went,
+    from the profiler: ``d_kern_ms`` of added kernel time, and the share of each benchmarked step the device ran
+    kernels (``busy_before`` without checkpointing, ``busy_after`` with ``what``). Where both steps keep the
+    device busy (at least 90%), the host's work (``host_work``, a noun phrase: the recompute's launches, a Python
+    policy) hides behind device work and the added time is kernel time; otherwise the host adds what the kernels
+    do not account for."""
+    for name, v in (("busy_before", busy_before), ("busy_after", busy_after)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"recompute_cost_note: {name} must be a share >= 0, got {v!r}")
+    text = (
+        f"The device ran kernels {pct(busy_before)} of the benchmarked step without checkpointing and "
+        f"{pct(busy_after)} with {what}: "
+    )
+    if min(busy_before, busy_after) >= 0.9:
+        return text + (
+            f"the step is device-bound, so the host's work ({host_work}) overlaps device work, and the added time "
+            f"is kernel time ({d_kern_ms:.3g} ms more of kernels for {d_wall_ms:.3g} ms more per step)."
+        )
+    if d_wall_ms <= d_kern_ms:
+        return text + (
+            f"the added kernel time ({d_kern_ms:.3g} ms) covers the added wall time ({d_wall_ms:.3g} ms), so the "
+            f"host's work ({host_work}) costs no time measurable here."
+        )
+    return text + (
+        f"where it waits on the host, the host's work ({host_work}) adds wall time that the added kernels do not "
+        f"account for "
+        f"({d_wall_ms - d_kern_ms:.3g} of the {d_wall_ms:.3g} ms)."
+    )
+
+
+def growth_crossover_note(
+    tokens: Sequence[float], peaks: Sequence[float], fixed_bytes: float, model_bytes_per_token: float
+) -> str:
+    """The tokens per step above which what grows with them outweighs ``fixed_bytes`` (weights, gradients and
+    optimizer state): from the slope of the measured step ``peaks`` (bytes) over ``tokens`` (a least-squares line)
+    and, beside it, from the memory model's activations (``model_bytes_per_token``)."""
+    if len(tokens) != len(peaks) or len(tokens) < 2:
+        raise ValueError(
+            f"growth_crossover_note: need as many peaks as tokens, at least 2, got {len(tokens)}, {len(peaks)}"
+        )
+    if not (fixed_bytes > 0 and model_bytes_per_token > 0):
+        raise ValueError("growth_crossover_note: fixed_bytes and model_bytes_per_token must be > 0")
+    n = len(tokens)
+    mt, mp = sum(tokens) / n, sum(peaks) / n
+    var = sum((t - mt) ** 2 for t in tokens)
+    if var == 0:
+        raise ValueError("growth_crossover_note: the tokens must not all be the same")
+    slope = sum((t - mt) * (p - mp) for t, p in zip(tokens, peaks)) / var
+    model = (
+        f"the memory model's activations {mib_amount(model_bytes_per_token * 1024)}, which would put it at "
+        f"{fixed_bytes / model_bytes_per_token:,.0f} tokens"
+    )
+    if slope <= 0:
+        return f"The step's peak did not grow with the tokens across this sweep, so no crossover can be read from it ({model})."
+    even = fixed_bytes / slope
+    return (
+        f"Across this sweep the step's peak grew by {mib_amount(slope * 1024)} per 1,024 tokens ({model}): what grows "
+        f"with the tokens outweighs weights, gradients and AdamW state together ({mib_amount(fixed_bytes)}) above "
+        f"about **{even:,.0f} tokens per step**. Below that, what checkpointing cannot touch is the larger part, so it "
+        f"saves less than half of all training memory there, and sharding or shrinking the optimizer state works on "
+        f"the larger part."
+    )
+
+
+def _overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+    return a[1] <= b[2] and b[1] <= a[2]
+
+
+def extra_work_time_note(more: Sequence[float], refs: Mapping[str, Sequence[float]]) -> str:
+    """A step that does all the work of a reference step and more (``more``: its (median, p20, p80) in ms)
+    against one or more timings of the reference (``refs``: a noun phrase, e.g. "section 4's selective step", ->
+    (median, p20, p80)). A difference is measured only where the 20–80% spreads are apart and the step doing more is the
+    slower; where they overlap, or where it measured faster although it does more, there is no measurable
+    difference. Two timings of the reference whose spreads are apart disagree with each other, and the note says so."""
+    for t in (more, *refs.values()):
+        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
+            raise ValueError(f"extra_work_time_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    if not refs:
+        raise ValueError("extra_work_time_note: no reference timing")
+    text = (
+        f"{more[0]:.4g} ms (p20–p80 {more[1]:.4g}–{more[2]:.4g}) against "
+        + ", and ".join(f"{label}, {r[0]:.4g} ms ({r[1]:.4g}–{r[2]:.4g})" for label, r in refs.items())
+        + ": "
+    )
+    bands = list(refs.values())
+    if any(not _overlap(a, b) for i, a in enumerate(bands) for b in bands[i + 1 :]):
+        text += (
+            "the reference's timings disagree with each other (their spreads are apart), so one of them was disturbed; "
+        )
+    measured, unmeasured = [], []
+    for label, r in refs.items():
+        change = more[0] / r[0] - 1
+        if _overlap(more, r):
+            unmeasured.append(f"its spread overlaps that of {label}")
+        elif change < 0:
+            unmeasured.append(f"{-change:.0%} faster than {label} while doing more work: timing noise, not a gain")
+        else:
+            measured.append(f"{change:+.0%} time against {label}, the spreads apart")
+    if not measured:
+        return text + "**no measurable difference** (" + "; ".join(unmeasured) + ")."
+    return (
+        text
+        + "; ".join(measured)
+        + ("; no measurable difference otherwise (" + "; ".join(unmeasured) + ")" if unmeasured else "")
+        + "."
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

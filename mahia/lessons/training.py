@@ -287,7 +287,7 @@ _KEPT_TENSORS = {
     "and values",
     "MoE": "norm in/out; x{k}: input, up, act, output; router",
     "SwiGLU": "norm in/out, up (2F), activation (F)",
-    "head": "final norm in/out, log-softmax (fp32)",
+    "head": "final norm in/out, float32 log-probabilities (nll_loss's input)",
 }
 
 

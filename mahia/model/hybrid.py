@@ -561,7 +561,8 @@ class HybridModel(nn.Module):
                         "selective": (2 * cfg.hidden + D) * s,
                     }
                 )
-        head = 2 * D * s + 4 * cfg.vocab_size  # final norm input and output, float32 log-softmax
+        # final norm input and output; the float32 log-probabilities nll_loss keeps (4 per vocabulary entry)
+        head = 2 * D * s + 4 * cfg.vocab_size
         rows.append({"block": None, "part": "head", "full": head, "selective": head})
         if itemized:
             return rows
@@ -601,7 +602,12 @@ class HybridModel(nn.Module):
             memory       (4 D + 2 N) s              write k, v, read q, read output, write and read
                          + 4 N D s / S              weights; per segment of S tokens: its state, diffused
                                                     state, read keys and values
-            head         2 D s + 4 V                final norm input and output, float32 log-softmax
+            head         2 D s + 4 V                final norm input and output; the float32 log-probabilities
+                                                    nll_loss keeps: the log-softmax's output in float32, and
+                                                    under CUDA autocast the float32 copy autocast makes for
+                                                    nll_loss (a float32-list op) of the log-softmax, which
+                                                    F.cross_entropy runs in the logits' dtype (its output, s V
+                                                    more, is kept too and not counted here)
 
         The eager paths keep more (the eager RMSNorm also keeps its normalized input, eager RoPE both
         the rotated and unrotated q and k, the log-space scan its (C, C, K) pairwise decays per chunk,
