@@ -773,6 +773,27 @@ def test_retimed_note():
         prose.retimed_note("x", (1.0, 0.9, 1.1), [], "a", "b")
 
 
+def test_retimed_note_calls_overlapping_but_wide_spreads_noisy():
+    # NB09 (7fed682): the batched memory path at N = 64, 0.779 ms (0.682–0.833) in the table and 1.04 ms
+    # (0.652–1.15) in the sweep: the spreads overlap, but the sweep's median is outside the table's spread
+    batched = prose.retimed_note(
+        "The batched path at N = 64", (0.779, 0.682, 0.833), [(1.04, 0.652, 1.15)], "in the table above", "in the sweep"
+    )
+    assert (
+        "timings agree" not in batched
+        and "the spreads overlap, but a median lies outside the other's spread" in batched
+    )
+    assert (
+        "(1.34× between the medians; spread widths 48% of the median in the sweep, 19% in the table above)" in batched
+    )
+    assert batched.endswith("the timings are noisy, not in agreement.")
+    # NB10: the bf16 step, 87.4 ms (86.8–122) in the ladder, 88.2 ms (73.8–100) in the sweep: each median inside
+    bf16 = prose.retimed_note("The bf16 step", (87.4, 86.8, 122.0), [(88.2, 73.8, 100.0)], "in the ladder", "here")
+    assert bf16.endswith("the spreads overlap: the timings agree.")
+    wide = prose.retimed_note("m", (0.683, 0.633, 1.24), [(1.14, 1.12, 1.16), (1.10, 1.09, 1.12)], "a", "b")
+    assert "every spread overlaps it, but a median lies outside" in wide and "89% of the median a, 3%–4% b" in wide
+
+
 def test_gain_range():
     assert prose.gain_range(2.0, 4.0, 0.5, 1.0) == (2.0, 8.0)
     with pytest.raises(ValueError, match="p20 is above"):

@@ -1542,8 +1542,11 @@ def retimed_note(
     what: str, first: Sequence[float], again: Sequence[Sequence[float]], first_label: str, again_label: str
 ) -> str:
     """The same work timed twice: ``first`` is one timing's (median, p20, p80) in ms, ``again`` one or more later
-    timings of the same work. They agree where the 20–80% spreads [p20, p80] overlap; the sentence gives both
-    numbers, and, where no spread overlaps, how far apart the medians are (the later medians' median / first's)."""
+    timings of the same work. They agree where the 20–80% spreads [p20, p80] overlap and each median lies inside
+    the other's spread; the sentence gives both numbers, and, where no spread overlaps, how far apart the medians
+    are (the later medians' median / first's). Spreads that overlap while a median lies outside the other's
+    spread are wide rather than in agreement: the sentence says so and gives their widths (p80 - p20, as a
+    share of the median)."""
     for t in (first, *again):
         if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
             raise ValueError(f"retimed_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
@@ -1557,11 +1560,25 @@ def retimed_note(
         f"{what} {again_label}: {at}, 20–80% spread {lo:.3g}–{hi:.3g} ms, against {first[0]:.3g} ms "
         f"({first[1]:.3g}–{first[2]:.3g} ms) {first_label}: "
     )
-    if n_ok == len(again):
-        return text + (
-            "the spreads overlap: the timings agree." if n_ok == 1 else "every spread overlaps it: they agree."
-        )
     mid = meds[len(meds) // 2] if len(meds) % 2 else (meds[len(meds) // 2 - 1] + meds[len(meds) // 2]) / 2
+    if n_ok == len(again):
+        inside = all(t[1] <= first[0] <= t[2] and first[1] <= t[0] <= first[2] for t in again)
+        if inside:
+            return text + (
+                "the spreads overlap: the timings agree." if n_ok == 1 else "every spread overlaps it: they agree."
+            )
+        width = lambda t: (t[2] - t[1]) / t[0]  # noqa: E731
+        widths = (
+            f"{pct(width(again[0]))} of the median {again_label}, {pct(width(first))} {first_label}"
+            if len(again) == 1
+            else f"{pct(width(first))} of the median {first_label}, {pct(min(map(width, again)))}–"
+            f"{pct(max(map(width, again)))} {again_label}"
+        )
+        overlap = "the spreads overlap" if n_ok == 1 else "every spread overlaps it"
+        return text + (
+            f"{overlap}, but a median lies outside the other's spread ({mid / first[0]:.2f}× between the medians; "
+            f"spread widths {widths}): the timings are noisy, not in agreement."
+        )
     if n_ok:
         return text + f"{n_ok} of {len(again)} spreads overlap it; the medians' median is {mid / first[0]:.2f}× it."
     return (
