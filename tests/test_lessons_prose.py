@@ -630,6 +630,23 @@ def test_fixed_rate_model_note_says_where_and_why_the_measurement_parts():
         prose.fixed_rate_model_note([1], [1, 2], [1], [1], rate_at=1, rows_at=1, peak=1, target=2)
 
 
+def test_fixed_rate_model_note_counts_a_gap_within_the_spreads_as_equal():
+    # NB08 (7fed682), exercise 2: at 512 rows (the model's calibration point) 13.64× measured against 13.95×
+    # modelled, with loop 20.27–20.81 ms and grouped 1.362–1.742 ms: a gain range that holds the model's gain
+    rows, measured, model = [8192, 4096, 512, 256], [1.61, 2.54, 13.64, 32.21], [3.93, 4.03, 13.95, 24.90]
+    spreads = [(1.55, 1.66), (2.45, 2.6), prose.gain_range(20.27, 20.81, 1.362, 1.742), (31.0, 33.0)]
+    kw = dict(rate_at=197, rows_at=512, peak=757.4, target=2)
+    text = prose.fixed_rate_model_note(rows, measured, model, [408, 380, 197, 83], spreads=spreads, **kw)
+    assert "below the fixed-rate model beyond the measured gain's 20–80% range at 8192, 4096 rows" in text
+    assert "At 512 rows the model's gain lies inside the measured gain's 20–80% range" in text
+    assert "512 rows is where the model takes its rate from" in text and "does not explain" not in text
+    assert "above the model beyond the measured gain's 20–80% range at 256 rows" in text
+    inside = prose.fixed_rate_model_note([512], [13.64], [13.95], [197], spreads=[spreads[2]], **kw)
+    assert "inside the measured gain's 20–80% range at every swept size" in inside
+    with pytest.raises(ValueError, match="around its measured gain"):
+        prose.fixed_rate_model_note([512], [13.64], [13.95], [197], spreads=[(1.0, 2.0)], **kw)
+
+
 # --- 09 ------------------------------------------------------------------------------------------------
 
 

@@ -1314,19 +1314,29 @@ def fixed_rate_model_note(
     rows_at: int,
     peak: float,
     target: float,
+    spreads: Sequence[Sequence[float]] | None = None,
 ) -> str:
     """Notebook 08's second exercise: where the measured gains of the expert sweep (``rows`` tokens per expert)
     part from the model that holds one expert's rate fixed at its ``rows_at``-row measurement (``rate_at``
     TFLOP/s; ``model``: its gains), and why, from the rate one expert's matmuls reached at each swept size
-    (``rates``, TFLOP/s, from the sweep's t_expert); and where the measured gain is under ``target``."""
+    (``rates``, TFLOP/s, from the sweep's t_expert); and where the measured gain is under ``target``.
+
+    ``spreads``: per point, the measured gain's range (lo, hi) from the 20–80% spreads of the two times
+    (:func:`gain_range`). A model gain inside it counts as equal to the measurement; without spreads any
+    difference counts."""
     n = len(rows)
     if not (n and len(measured) == len(model) == len(rates) == n) or not peak > 0:
         raise ValueError("fixed_rate_model_note: rows, measured, model and rates need the same, non-zero length")
-    below = [i for i in range(n) if measured[i] < model[i]]
-    above = [i for i in range(n) if measured[i] > model[i]]
+    if spreads is not None and (len(spreads) != n or any(not lo <= m <= hi for (lo, hi), m in zip(spreads, measured))):
+        raise ValueError("fixed_rate_model_note: spreads need one (lo, hi) per point, around its measured gain")
+    lo_hi = spreads if spreads is not None else [(m, m) for m in measured]
+    below = [i for i in range(n) if model[i] > lo_hi[i][1]]
+    above = [i for i in range(n) if model[i] < lo_hi[i][0]]
+    equal = [i for i in range(n) if i not in below and i not in above]
+    beyond = " beyond the measured gain's 20–80% range" if spreads is not None else ""
     text = ""
     if below:
-        text += f"The measurement is below the fixed-rate model at {_rows(rows, below)} rows per expert. "
+        text += f"The measurement is below the fixed-rate model{beyond} at {_rows(rows, below)} rows per expert. "
         faster = [i for i in below if rates[i] > rate_at]
         if faster:
             i = max(faster, key=lambda j: rates[j])
@@ -1343,9 +1353,24 @@ def fixed_rate_model_note(
                 f"explain the gap there. "
             )
     if above:
-        text += f"It is above the model at {_rows(rows, above)} rows. "
+        text += f"It is above the model{beyond} at {_rows(rows, above)} rows. "
     if not below and not above:
-        text += "The measurement equals the model at every swept size. "
+        text += (
+            "The model's gain lies inside the measured gain's 20–80% range at every swept size. "
+            if spreads is not None
+            else "The measurement equals the model at every swept size. "
+        )
+    elif equal and spreads is not None:
+        text += (
+            f"At {_rows(rows, equal)} rows the model's gain lies inside the measured gain's 20–80% range: equal "
+            f"within the timings' spread"
+            + (
+                f" ({rows_at} rows is where the model takes its rate from)"
+                if rows_at in [rows[i] for i in equal]
+                else ""
+            )
+            + ". "
+        )
     under = [i for i in range(n) if measured[i] < target]
     if under:
         return text + (
