@@ -876,3 +876,18 @@ def test_bf16_saving_note_compares_the_saving_with_the_kernels_time():
     assert "saved nothing (90 ms against 80 ms in float32)" in prose.bf16_saving_note(8, 80.0, 90.0, 0.5)
     with pytest.raises(ValueError, match="busy"):
         prose.bf16_saving_note(8, 80.0, 90.0, 1.5)
+
+
+def test_memory_loop_error_note_says_why_the_loop_is_exempt():
+    # NB09 (7fed682): the bf16 loop against float64, out0 3.28e-03 and gradients up to 4.42e-02, tolerance 2e-02
+    errors = dict(out0=3.28e-03, grad0=4.20e-02, grad3=4.42e-02, grad6=7.52e-03)
+    text = prose.memory_loop_error_note(errors, 2e-02, dtype="bfloat16", nodes=64, steps=4)
+    assert text.startswith("The loop's own error, 4.4e-02, is above bfloat16's tolerance (2e-02); it is shown, not")
+    assert "in its gradients (up to 4.4e-02; the output's is 3.3e-03)" in text
+    assert "each of the 64 node rows reads the whole state" in text and "accumulates in float32" in text
+    fwd = prose.memory_loop_error_note(dict(out0=5e-02, grad0=1e-02), 2e-02, dtype="bfloat16", nodes=8, steps=4)
+    assert "The error is in its output (5.0e-02" in fwd
+    ok = prose.memory_loop_error_note(dict(out0=1e-07, grad0=3e-07), 1e-05, dtype="float32", nodes=8, steps=4)
+    assert ok == "The loop itself is within float32's tolerance as well (3.0e-07, tolerance 1e-05)."
+    with pytest.raises(ValueError, match="no output error"):
+        prose.memory_loop_error_note(dict(grad0=1.0), 1e-05, dtype="float32", nodes=8, steps=4)

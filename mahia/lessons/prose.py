@@ -45,6 +45,7 @@ __all__ = [
     "manual_oom_note",
     "matmul_ceiling_check",
     "matmul_tiles_clause",
+    "memory_loop_error_note",
     "model_miss_summary",
     "overlap_bound_clause",
     "padding_cost_note",
@@ -1476,6 +1477,39 @@ def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
 # ---------------------------------------------------------------------------------------------------
 # 09 · hybrid components
 # ---------------------------------------------------------------------------------------------------
+
+
+def memory_loop_error_note(errors: Mapping[str, float], tol: float, *, dtype: str, nodes: int, steps: int) -> str:
+    """Notebook 09: why the graph memory's loop, the readable definition, is further from the float64 loop than the
+    batched path. ``errors``: the loop's relative errors against float64 (``out*`` outputs, ``grad*`` gradients,
+    as :class:`mahia.measure.checks.Comparison` names them); ``tol``: the dtype's tolerance (the loop is shown, not
+    checked). In the backward of each of the ``steps`` diffusion steps every one of the ``nodes`` node rows reads
+    the whole state, and autograd adds those ``nodes`` gradient contributions one at a time in the tensors' dtype;
+    the batched path's single matmul accumulates in float32."""
+    outs = [v for k, v in errors.items() if k.startswith("out")]
+    grads = [v for k, v in errors.items() if k.startswith("grad")]
+    if not outs:
+        raise ValueError(f"memory_loop_error_note: no output error among {sorted(errors)}")
+    out, grad = max(outs), max(grads, default=0.0)
+    worst = max(out, grad)
+    if worst <= tol:
+        return f"The loop itself is within {dtype}'s tolerance as well ({worst:.1e}, tolerance {tol:.0e})."
+    text = (
+        f"The loop's own error, {worst:.1e}, is above {dtype}'s tolerance ({tol:.0e}); it is shown, not checked "
+        f"(tol inf): the loop is the definition, not the path under test. "
+    )
+    if grad > out:
+        return text + (
+            f"The error is in its gradients (up to {grad:.1e}; the output's is {out:.1e}): in the backward of each "
+            f"of the {steps} diffusion steps, each of the {nodes} node rows reads the whole state, and autograd adds "
+            f"their {nodes} gradient contributions to it one at a time in {dtype}, rounding every partial sum; the "
+            f"batched path gets that gradient from one matmul, which accumulates in float32."
+        )
+    return text + (
+        f"The error is in its output ({out:.1e}; gradients up to {grad:.1e}): the loop rounds to {dtype} after every "
+        f"op of every node's row and diffusion step, while the batched path builds P^k in float32 and applies it "
+        f"with one matmul."
+    )
 
 
 def first_failure_phrase(first_t: int | None, largest_t: int) -> str:
