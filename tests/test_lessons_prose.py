@@ -878,6 +878,30 @@ def test_bf16_saving_note_compares_the_saving_with_the_kernels_time():
         prose.bf16_saving_note(8, 80.0, 90.0, 1.5)
 
 
+def test_bf16_saving_note_does_not_credit_the_kernels_with_a_host_bound_saving():
+    # NB10 (7fed682), batch 1: float32 106.4 ms at 18% busy (19.5 ms of kernels), bf16 95.8 ms, bf16 unprofiled
+    lo = prose.bf16_saving_note(1024, 106.4, 95.8, 0.183)
+    assert "shortened the busy share" not in lo
+    assert lo.startswith("At 1,024 tokens bf16 saved 10.6 ms of wall time per step, at most the 19.5 ms of kernels")
+    assert "shorter kernels could account for it; the bf16 step's kernels were not profiled" in lo
+    assert "host-bound there (its kernels 18% of its time)" in lo and "not isolated" in lo
+    # batch 16: 97% busy, 210 ms of kernels against a bf16 step of 88.2 ms: its kernels are at least 122 ms shorter
+    hi = prose.bf16_saving_note(16384, 215.8, 88.2, 0.973)
+    assert "it shortened the busy share (the bf16 step's kernels fit in its 88.2 ms, at least 122 ms less)" in hi
+    assert "host-bound" not in hi
+    # with the bf16 step profiled
+    both = prose.bf16_saving_note(16384, 215.8, 88.2, 0.973, fp32_kernel_ms=210.0, bf16_kernel_ms=43.3)
+    assert "its kernels took 43.3 ms against 210 ms in float32 (167 ms less), enough to account for the saving" in both
+    host = prose.bf16_saving_note(1024, 106.4, 95.8, 0.183, fp32_kernel_ms=19.5, bf16_kernel_ms=12.0)
+    assert "(7.5 ms less): it saved more than its kernels did, so the rest is host work" in host
+    same = prose.bf16_saving_note(1024, 106.4, 95.8, 0.183, fp32_kernel_ms=19.5, bf16_kernel_ms=19.5)
+    assert "they did not get shorter" in same
+    small = prose.bf16_saving_note(1024, 106.4, 100.0, 0.183, fp32_kernel_ms=19.5, bf16_kernel_ms=10.0)
+    assert "enough to account for the saving. The float32 step is host-bound there" in small
+    with pytest.raises(ValueError, match="bf16_kernel_ms"):
+        prose.bf16_saving_note(8, 80.0, 70.0, 0.5, bf16_kernel_ms=-1.0)
+
+
 def test_memory_loop_error_note_says_why_the_loop_is_exempt():
     # NB09 (7fed682): the bf16 loop against float64, out0 3.28e-03 and gradients up to 4.42e-02, tolerance 2e-02
     errors = dict(out0=3.28e-03, grad0=4.20e-02, grad3=4.42e-02, grad6=7.52e-03)

@@ -1729,22 +1729,71 @@ def slower_rungs_note(rows: Sequence[Mapping]) -> str:
     return text
 
 
-def bf16_saving_note(tokens: float, fp32_ms: float, bf16_ms: float, busy: float) -> str:
-    """Notebook 10's batch sweep: what bf16 saved per step at ``tokens`` tokens against the float32 step's kernel
-    time (``busy``, its profiled busy share, times ``fp32_ms``). A saving larger than all the kernels' time cannot
-    come from shorter kernels alone."""
+def bf16_saving_note(
+    tokens: float,
+    fp32_ms: float,
+    bf16_ms: float,
+    busy: float,
+    *,
+    fp32_kernel_ms: float | None = None,
+    bf16_kernel_ms: float | None = None,
+    host_bound_below: float = 0.5,
+) -> str:
+    """Notebook 10's batch sweep: what bf16 saved per step (wall time, ``fp32_ms - bf16_ms``) at ``tokens`` tokens,
+    against the kernels' time.
+
+    The float32 step's kernels: ``fp32_kernel_ms`` (profiled), else its profiled busy share ``busy`` times
+    ``fp32_ms``. A saving larger than all of them cannot come from shorter kernels alone. The bf16 step's kernels,
+    ``bf16_kernel_ms``, where profiled; where not, they fit in its wall time, so the kernels got shorter by at least
+    ``fp32 kernels - bf16_ms`` (when that is positive), and otherwise the sentence says the saving is at most the
+    kernels' time and not profiled. A float32 step whose device is busy less than ``host_bound_below`` of its
+    time is host-bound: shorter kernels shorten it only where the host waits for them, so there the cause of
+    the saving is not isolated."""
     if not (fp32_ms > 0 and bf16_ms > 0 and 0 <= busy <= 1):
         raise ValueError(f"bf16_saving_note: need times > 0 and 0 <= busy <= 1, got {fp32_ms!r}, {bf16_ms!r}, {busy!r}")
-    saved, kernels = fp32_ms - bf16_ms, busy * fp32_ms
+    for name, v in (("fp32_kernel_ms", fp32_kernel_ms), ("bf16_kernel_ms", bf16_kernel_ms)):
+        if v is not None and not v >= 0:
+            raise ValueError(f"bf16_saving_note: {name} must be a time >= 0 (ms) or None, got {v!r}")
+    saved = fp32_ms - bf16_ms
+    kernels = fp32_kernel_ms if fp32_kernel_ms is not None else busy * fp32_ms
     at = f"At {tokens:,.0f} tokens"
     if saved <= 0:
         return f"{at} bf16 saved nothing ({bf16_ms:.3g} ms against {fp32_ms:.3g} ms in float32)."
+    host_bound = min(1.0, kernels / fp32_ms) < host_bound_below
+    host = (
+        f" The float32 step is host-bound there (its kernels {pct(min(1.0, kernels / fp32_ms))} of its time): "
+        f"shorter kernels shorten such a step only where the host waits for them, so what the saving came from is "
+        f"not isolated."
+        if host_bound
+        else ""
+    )
+    if bf16_kernel_ms is not None:
+        cut = kernels - bf16_kernel_ms
+        text = (
+            f"{at} bf16 saved {saved:.3g} ms of wall time per step; its kernels took {bf16_kernel_ms:.3g} ms against "
+            f"{kernels:.3g} ms in float32"
+        )
+        if cut <= 0:
+            return text + ": they did not get shorter, so the saving is host work, which this sweep does not split."
+        if saved > cut:
+            return text + (
+                f" ({cut:.3g} ms less): it saved more than its kernels did, so the rest is host work (other code "
+                f"paths, fewer or cheaper ops), which this sweep does not split."
+            )
+        return text + f" ({cut:.3g} ms less), enough to account for the saving." + host
     if saved > kernels:
         return (
             f"{at} bf16 saved {saved:.3g} ms per step, more than the {kernels:.3g} ms of kernels the float32 step ran "
             f"(its profiled busy share of its time): it also cut host work there (other code paths, fewer or cheaper "
             f"ops), which this sweep does not split."
         )
+    if kernels > bf16_ms:
+        return (
+            f"{at} bf16 saved {saved:.3g} of the float32 step's {kernels:.3g} ms of kernels: it shortened the busy "
+            f"share (the bf16 step's kernels fit in its {bf16_ms:.3g} ms, at least {kernels - bf16_ms:.3g} ms less)."
+            + host
+        )
     return (
-        f"{at} bf16 saved {saved:.3g} of the float32 step's {kernels:.3g} ms of kernels: it shortened the busy share."
+        f"{at} bf16 saved {saved:.3g} ms of wall time per step, at most the {kernels:.3g} ms of kernels the float32 "
+        f"step ran, so shorter kernels could account for it; the bf16 step's kernels were not profiled." + host
     )
