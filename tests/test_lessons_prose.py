@@ -915,3 +915,41 @@ def test_memory_loop_error_note_says_why_the_loop_is_exempt():
     assert ok == "The loop itself is within float32's tolerance as well (3.0e-07, tolerance 1e-05)."
     with pytest.raises(ValueError, match="no output error"):
         prose.memory_loop_error_note(dict(grad0=1.0), 1e-05, dtype="float32", nodes=8, steps=4)
+
+
+def test_ladder_miss_cause_follows_each_rungs_busy_share():
+    # NB10 (7fed682): every rung "bound by device work" by the model; the profiler found grouped_moe's device busy
+    # 213 of its 216 ms, the bf16 step's only 43.3 of its 87.4 ms (predicted 19.7 ms of device work, 15.2 of launches)
+    rung = lambda name, ms, pred, work, launch, kern: dict(  # noqa: E731
+        rung=name,
+        bound="device work",
+        measured_ms=ms,
+        predicted_ms=pred,
+        work_ms=work,
+        launch_ms=launch,
+        kernel_ms=kern,
+    )
+    moe = rung("grouped_moe", 215.7, 104.4, 104.4, 13.3, 213.0)
+    bf16 = rung("bf16", 87.4, 19.7, 19.7, 15.2, 43.3)
+    text = prose.ladder_miss_cause([moe, bf16])
+    assert text.startswith("It calls every rung bound by device work. In *grouped_moe* the profiler finds the device")
+    assert (
+        "running kernels 99% of the measured step" in text and "the kernels took 2× the predicted device work" in text
+    )
+    assert (
+        "In *bf16* the device ran kernels only 50% of the 87.4 ms step: of the 67.7 ms the model misses there, "
+        "44.1 ms is the device waiting on the host and 23.6 ms kernels beyond the predicted device work" in text
+    )
+    assert "prices the host's part as launches (15.2 ms in *bf16*)" in text
+    # every rung busy: the device-work conclusion for all of them, nothing about the host
+    busy = prose.ladder_miss_cause([moe, dict(moe, rung="triton", measured_ms=217.2, kernel_ms=210.0)])
+    assert "In every rung the profiler finds the device running kernels 97%–99%" in busy and "host" not in busy
+    # a CPU: no kernel time, no conclusion about where the miss lies
+    cpu = prose.ladder_miss_cause([dict(moe, kernel_ms=None)])
+    assert "not isolated here" in cpu and "the miss is in the device work" not in cpu
+    mixed = prose.ladder_miss_cause([dict(moe, kernel_ms=None, bound="launches"), dict(bf16, kernel_ms=None)])
+    assert mixed.startswith(
+        "It calls *grouped_moe* bound by launches; *bf16* bound by device work. The model's t_launch"
+    )
+    with pytest.raises(ValueError, match="no rungs"):
+        prose.ladder_miss_cause([])

@@ -41,6 +41,7 @@ __all__ = [
     "host_cost_sentences",
     "host_device_sentence",
     "kernel_time_split",
+    "ladder_miss_cause",
     "launch_model_check",
     "manual_oom_note",
     "matmul_ceiling_check",
@@ -1725,6 +1726,80 @@ def slower_rungs_note(rows: Sequence[Mapping]) -> str:
             f"So the whole stack ({last['vs_baseline']:.2f}× the baseline) is below the best rung, "
             f"*{best['label']}* ({best['vs_baseline']:.2f}×): in this run the stack is better without "
             + ("that rung. " if len(slower) == 1 else "those rungs. ")
+        )
+    return text
+
+
+_T_LAUNCH_FLOOR = (
+    "t_launch was measured on a chain of one-element in-place adds, the floor of an op, while an op of a training "
+    "step also records autograd state, allocates its output and runs Python around it"
+)
+
+
+def ladder_miss_cause(rows: Sequence[Mapping], *, busy_min: float = 0.8) -> str:
+    """Notebook 10: where the model of the ladder misses, rung by rung, from the profiler's kernel time.
+
+    ``rows``: one per modelled rung, with ``rung`` (its name), ``bound`` (the model's largest term: "device
+    work", "launches" or "syncs"), ``measured_ms`` (the benchmark's median step), ``predicted_ms``, ``work_ms``
+    and ``launch_ms`` (the model's step, device work and launches) and ``kernel_ms`` (the profiled kernel time per
+    step; None on a CPU). A rung whose kernels fill at least ``busy_min`` of its measured step is bound by its
+    device work, and there the miss is in the device work the model prices; below that, the rest of the step the
+    device waited on the host, and the sentence splits that rung's miss into that wait and the kernels' excess
+    over the predicted device work."""
+    if not rows:
+        raise ValueError("ladder_miss_cause: no rungs")
+    by_bound: dict[str, list[str]] = {}
+    for r in rows:
+        by_bound.setdefault(r["bound"], []).append(f"*{r['rung']}*")
+    if len(by_bound) == 1:
+        text = f"It calls every rung bound by {next(iter(by_bound))}. "
+    else:
+        text = "It calls " + "; ".join(f"{', '.join(n)} bound by {b}" for b, n in by_bound.items()) + ". "
+    if any(r["kernel_ms"] is None for r in rows):
+        if set(by_bound) == {"device work"}:
+            return text + (
+                "On a CPU the same cores dispatch and compute, so the profiler has no kernel time to check that "
+                "against, and where the miss lies is not isolated here. "
+            )
+        return text + f"The model's {_T_LAUNCH_FLOOR}. "
+    busy = {r["rung"]: min(1.0, r["kernel_ms"] / r["measured_ms"]) for r in rows}
+    device = [r for r in rows if busy[r["rung"]] >= busy_min]
+    host = [r for r in rows if busy[r["rung"]] < busy_min]
+    span = lambda xs, f: f(min(xs)) if f(min(xs)) == f(max(xs)) else f"{f(min(xs))}–{f(max(xs))}"  # noqa: E731
+    if device:
+        names = "every rung" if not host else ", ".join(f"*{r['rung']}*" for r in device)
+        text += (
+            f"In {names} the profiler finds the device running kernels "
+            f"{span([busy[r['rung']] for r in device], pct)} of the measured step: there the step is its device "
+            f"work, and the miss is in the device work the model prices (each op's roofline time from its traced "
+            f"bytes and FLOPs), not in t_launch: the kernels took "
+            f"{span([r['kernel_ms'] / r['work_ms'] for r in device], lambda x: f'{x:.2g}')}× the predicted device "
+            f"work. "
+        )
+    for r in host:
+        miss, wait = r["measured_ms"] - r["predicted_ms"], r["measured_ms"] - r["kernel_ms"]
+        extra = r["kernel_ms"] - r["work_ms"]
+        kern = (
+            f"{extra:.3g} ms kernels beyond the predicted device work ({r['kernel_ms']:.3g} ms, "
+            f"{r['kernel_ms'] / r['work_ms']:.2g}× it)"
+            if extra > 0
+            else f"its kernels within the predicted device work ({r['kernel_ms']:.3g} against {r['work_ms']:.3g} ms)"
+        )
+        split = (
+            f"of the {miss:.3g} ms the model misses there, {wait:.3g} ms is the device waiting on the host and {kern}"
+            if miss > 0
+            else f"the model did not miss there (predicted {r['predicted_ms']:.3g} ms), yet {wait:.3g} ms of the step "
+            f"is the device waiting on the host, with {kern}"
+        )
+        text += (
+            f"In *{r['rung']}* the device ran kernels only {pct(busy[r['rung']])} of the {r['measured_ms']:.3g} ms "
+            f"step: {split}. "
+        )
+    if host:
+        text += (
+            "The model prices the host's part as launches ("
+            + ", ".join(f"{r['launch_ms']:.3g} ms in *{r['rung']}*" for r in host)
+            + f"), but {_T_LAUNCH_FLOOR}. "
         )
     return text
 
