@@ -9,6 +9,7 @@ from mahia.lessons.profile_evidence import (
     ATTENTION_OPS,
     MATMUL_OPS,
     group_sentence,
+    op_changes,
     profile_call,
     profile_sentence,
     time_by_group,
@@ -98,3 +99,18 @@ def test_profiler_bookkeeping_is_no_operator_and_a_replay_says_its_kernels_belon
     assert "Busiest operators" not in text and "Activity Buffer" not in text
     eager = profile_sentence(_report(kernel_ms=6.0), "the eager step")  # operators own 6.5 of 6 ms: listed
     assert "Busiest operators by device time: `aten::mm` 3 ms (4×)" in eager and "outside any operator" not in eager
+
+
+def test_op_changes_lists_the_largest_changes_either_way():
+    before = _report(kernel_ms=6.0)
+    top = [
+        {"name": "aten::mm", "calls": 4.0, "ms": 0.5},  # -2.5
+        {"name": "aten::_scaled_dot_product_flash_attention", "calls": 2.0, "ms": 2.1},  # +0.1
+        {"name": "aten::copy_", "calls": 8.0, "ms": 1.5},  # new: +1.5
+        {"name": "ProfilerStep#1", "calls": 1.0, "ms": 9.0},  # bookkeeping: left out
+    ]
+    after = StepReport("cuda:0", 5.0, 4.0, 20, top)
+    assert op_changes(before, after) == "`aten::mm` 3 → 0.5 ms, `aten::copy_` 0 → 1.5 ms, `aten::add` 1 → 0 ms"
+    assert op_changes(before, after, n=1) == "`aten::mm` 3 → 0.5 ms"
+    with pytest.raises(TypeError, match="StepReport"):
+        op_changes(before, {"top": []})

@@ -902,21 +902,6 @@ def test_bf16_saving_note_does_not_credit_the_kernels_with_a_host_bound_saving()
         prose.bf16_saving_note(8, 80.0, 70.0, 0.5, bf16_kernel_ms=-1.0)
 
 
-def test_memory_loop_error_note_says_why_the_loop_is_exempt():
-    # NB09 (7fed682): the bf16 loop against float64, out0 3.28e-03 and gradients up to 4.42e-02, tolerance 2e-02
-    errors = dict(out0=3.28e-03, grad0=4.20e-02, grad3=4.42e-02, grad6=7.52e-03)
-    text = prose.memory_loop_error_note(errors, 2e-02, dtype="bfloat16", nodes=64, steps=4)
-    assert text.startswith("The loop's own error, 4.4e-02, is above bfloat16's tolerance (2e-02); it is shown, not")
-    assert "in its gradients (up to 4.4e-02; the output's is 3.3e-03)" in text
-    assert "each of the 64 node rows reads the whole state" in text and "accumulates in float32" in text
-    fwd = prose.memory_loop_error_note(dict(out0=5e-02, grad0=1e-02), 2e-02, dtype="bfloat16", nodes=8, steps=4)
-    assert "The error is in its output (5.0e-02" in fwd
-    ok = prose.memory_loop_error_note(dict(out0=1e-07, grad0=3e-07), 1e-05, dtype="float32", nodes=8, steps=4)
-    assert ok == "The loop itself is within float32's tolerance as well (3.0e-07, tolerance 1e-05)."
-    with pytest.raises(ValueError, match="no output error"):
-        prose.memory_loop_error_note(dict(grad0=1.0), 1e-05, dtype="float32", nodes=8, steps=4)
-
-
 def test_ladder_miss_cause_follows_each_rungs_busy_share():
     # NB10 (7fed682): every rung "bound by device work" by the model; the profiler found grouped_moe's device busy
     # 213 of its 216 ms, the bf16 step's only 43.3 of its 87.4 ms (predicted 19.7 ms of device work, 15.2 of launches)
@@ -953,3 +938,59 @@ def test_ladder_miss_cause_follows_each_rungs_busy_share():
     )
     with pytest.raises(ValueError, match="no rungs"):
         prose.ladder_miss_cause([])
+
+
+def test_context_gain_note_says_what_the_profiles_show_and_no_more():
+    # NB10 (7fed682): bf16 gains x1.09 alone (242.1 -> 222.7 ms) and x2.47 in the ladder (215.7 -> 87.4 ms, kernels
+    # 213 -> 43.3 ms, 2,003 launches, no sync). The run did not profile the bf16-alone step: its kernels are made up.
+    ladder = dict(
+        step="the grouped_moe step",
+        before_ms=215.7,
+        after_ms=87.4,
+        before_kernel_ms=213.0,
+        after_kernel_ms=43.3,
+        launches=2003,
+        syncs=0,
+        changes="`aten::mm` 63.5 → 6.43 ms",
+    )
+    alone = dict(
+        ladder,
+        step="the loop-free baseline",
+        before_ms=242.1,
+        after_ms=222.7,
+        before_kernel_ms=230.0,
+        after_kernel_ms=70.0,
+        launches=3300,
+        syncs=33,
+        changes="`aten::mm` 84.8 → 8 ms",
+    )
+    host = prose.context_gain_note("bf16 autocast", alone, ladder)
+    assert host.startswith("Alone, on the loop-free baseline, *bf16 autocast* took the step from 242 to 223 ms")
+    assert "Alone, 12% of the kernel time it removed came off the step, against 76% in the ladder" in host
+    assert "the device ran kernels only 31% of the step" in host and "2,003 kernel launches and 0 syncs" in host
+    assert "these profiles do not isolate" in host and "share of the step it removes" not in host
+    busy = prose.context_gain_note("bf16", dict(alone, after_ms=210.0, after_kernel_ms=200.0), ladder)
+    assert "stays bound by its kernels (busy 95% after it)" in busy and "30 of 242 ms alone, 170 of 216 ms" in busy
+    same = prose.context_gain_note("bf16", dict(alone, launches=1000, syncs=0), ladder)
+    assert "It issues no fewer launches or syncs" in same
+    longer = prose.context_gain_note("bf16", dict(alone, after_kernel_ms=240.0), ladder)
+    assert "did not get shorter in both contexts (-10 and 170 ms less), so these profiles do not isolate" in longer
+    cpu = prose.context_gain_note("bf16", dict(alone, before_kernel_ms=None), dict(ladder, before_kernel_ms=None))
+    assert cpu.startswith("*CPU run:*") and "not isolated here" in cpu
+    with pytest.raises(ValueError, match="missing"):
+        prose.context_gain_note("bf16", {"step": "x"}, ladder)
+
+
+def test_memory_loop_error_note_says_why_the_loop_is_exempt():
+    # NB09 (7fed682): the bf16 loop against float64, out0 3.28e-03 and gradients up to 4.42e-02, tolerance 2e-02
+    errors = dict(out0=3.28e-03, grad0=4.20e-02, grad3=4.42e-02, grad6=7.52e-03)
+    text = prose.memory_loop_error_note(errors, 2e-02, dtype="bfloat16", nodes=64, steps=4)
+    assert text.startswith("The loop's own error, 4.4e-02, is above bfloat16's tolerance (2e-02); it is shown, not")
+    assert "in its gradients (up to 4.4e-02; the output's is 3.3e-03)" in text
+    assert "each of the 64 node rows reads the whole state" in text and "accumulates in float32" in text
+    fwd = prose.memory_loop_error_note(dict(out0=5e-02, grad0=1e-02), 2e-02, dtype="bfloat16", nodes=8, steps=4)
+    assert "The error is in its output (5.0e-02" in fwd
+    ok = prose.memory_loop_error_note(dict(out0=1e-07, grad0=3e-07), 1e-05, dtype="float32", nodes=8, steps=4)
+    assert ok == "The loop itself is within float32's tolerance as well (3.0e-07, tolerance 1e-05)."
+    with pytest.raises(ValueError, match="no output error"):
+        prose.memory_loop_error_note(dict(grad0=1.0), 1e-05, dtype="float32", nodes=8, steps=4)

@@ -23,6 +23,7 @@ __all__ = [
     "bound_name",
     "cached_buffers_note",
     "compile_evidence",
+    "context_gain_note",
     "copy_sweep_cpu",
     "copy_timing_modes",
     "decode_gain_note",
@@ -1802,6 +1803,72 @@ def ladder_miss_cause(rows: Sequence[Mapping], *, busy_min: float = 0.8) -> str:
             + f"), but {_T_LAUNCH_FLOOR}. "
         )
     return text
+
+
+def context_gain_note(label: str, alone: Mapping, ladder: Mapping, *, busy_min: float = 0.8) -> str:
+    """Notebook 10: why one optimization (``label``) gains differently alone and in the ladder, from the profiles
+    of the steps before and after it in each context.
+
+    ``alone`` and ``ladder``: ``step`` (what it acts on, a noun phrase), ``before_ms`` and ``after_ms`` (the
+    benchmark's median steps), ``before_kernel_ms`` and ``after_kernel_ms`` (profiled kernel time per step; None
+    on a CPU), ``launches`` and ``syncs`` (kernel launches and host syncs per step of the step before it; launches
+    None on a CPU) and ``changes`` (the operators whose time changed most, :func:`op_changes`).
+
+    Where, alone, the device runs kernels less than ``busy_min`` of the step after the change and less of the
+    kernel time removed came off the step than in the ladder, the step alone waits on the host; where it stays
+    busy, the gains differ by the kernel time removed. Otherwise the cause is not isolated."""
+    keys = ("step", "before_ms", "after_ms", "before_kernel_ms", "after_kernel_ms", "launches", "syncs", "changes")
+    for ctx_ in (alone, ladder):
+        if missing := [k for k in keys if k not in ctx_]:
+            raise ValueError(f"context_gain_note: missing {missing}")
+        if not (ctx_["before_ms"] > 0 and ctx_["after_ms"] > 0):
+            raise ValueError("context_gain_note: step times must be > 0 ms")
+    a, ld = alone, ladder
+    if a["before_kernel_ms"] is None or ld["before_kernel_ms"] is None:
+        return (
+            f"*CPU run:* the profiler gives host time by operator (largest changes alone: {a['changes']}; in the "
+            f"ladder: {ld['changes']}), which cannot split a step into kernels and waiting: why the gains of "
+            f"*{label}* differ is not isolated here."
+        )
+    text = (
+        f"Alone, on {a['step']}, *{label}* took the step from {a['before_ms']:.3g} to {a['after_ms']:.3g} ms and its "
+        f"kernels (`torch.profiler`, per step) from {a['before_kernel_ms']:.3g} to {a['after_kernel_ms']:.3g} ms (largest changes: {a['changes']}); "
+        f"in the ladder, on {ld['step']}, from {ld['before_ms']:.3g} to {ld['after_ms']:.3g} ms and from "
+        f"{ld['before_kernel_ms']:.3g} to {ld['after_kernel_ms']:.3g} ms ({ld['changes']}). "
+    )
+    cut_a, cut_l = a["before_kernel_ms"] - a["after_kernel_ms"], ld["before_kernel_ms"] - ld["after_kernel_ms"]
+    if cut_a <= 0 or cut_l <= 0:
+        return text + (
+            f"Its kernels did not get shorter in both contexts ({cut_a:.3g} and {cut_l:.3g} ms less), so these profiles "
+            f"do not isolate why the gains differ."
+        )
+    share_a = (a["before_ms"] - a["after_ms"]) / cut_a
+    share_l = (ld["before_ms"] - ld["after_ms"]) / cut_l
+    busy_a = min(1.0, a["after_kernel_ms"] / a["after_ms"])
+    if busy_a < busy_min and share_a < share_l:
+        text += (
+            f"Alone, {pct(max(0.0, share_a))} of the kernel time it removed came off the step, against "
+            f"{pct(min(1.0, share_l))} in the ladder: after it the device ran kernels only {pct(busy_a)} of the step "
+            f"and waited on the host the rest. "
+        )
+        fewer = ld["launches"] < a["launches"] or ld["syncs"] < a["syncs"]
+        return text + (
+            (
+                f"The step it acts on in the ladder issues {ld['launches']:,.0f} kernel launches and {ld['syncs']:.0f} "
+                f"syncs a step, against {a['launches']:,.0f} and {a['syncs']:.0f} alone: less host work to wait on. "
+                if fewer
+                else f"It issues no fewer launches or syncs ({ld['launches']:,.0f} and {ld['syncs']:.0f}, against "
+                f"{a['launches']:,.0f} and {a['syncs']:.0f} alone). "
+            )
+            + "Which part of the host's work holds each step, these profiles do not isolate."
+        )
+    if busy_a >= busy_min:
+        return text + (
+            f"Alone the step stays bound by its kernels (busy {pct(busy_a)} after it), so the gains differ by the "
+            f"kernel time it removes: {cut_a:.3g} of {a['before_ms']:.3g} ms alone, {cut_l:.3g} of "
+            f"{ld['before_ms']:.3g} ms in the ladder."
+        )
+    return text + "These profiles do not isolate why the two gains differ."
 
 
 def bf16_saving_note(
