@@ -86,6 +86,7 @@ def test_count_syncs_sees_the_usual_suspects():
         torch.nonzero(x > 1)  # 4
     assert r.count == 4, str(r)
     assert r.ops["aten.nonzero"] == 1 and r.ops["boolean-mask index"] == 1
+    assert str(r).startswith("4 sync(s) — ") and "aten.nonzero ×1" in str(r) and " x1" not in str(r)
     assert any("test_foundation.py" in w for w in r.where)
 
 

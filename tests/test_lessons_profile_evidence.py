@@ -9,6 +9,7 @@ from mahia.lessons.profile_evidence import (
     ATTENTION_OPS,
     MATMUL_OPS,
     group_sentence,
+    op_changes,
     ops_outside,
     profile_call,
     profile_sentence,
@@ -121,3 +122,18 @@ def test_ops_outside_lists_the_rest_without_the_drivers_marker():
     assert sum(rest.values()) == pytest.approx(time_by_group(rep, {"matmuls": MATMUL_OPS})["other"])
     with pytest.raises(TypeError, match="StepReport"):
         ops_outside({"top": top}, {})
+
+
+def test_op_changes_lists_the_largest_changes_either_way():
+    before = _report(kernel_ms=6.0)
+    top = [
+        {"name": "aten::mm", "calls": 4.0, "ms": 0.5},  # -2.5
+        {"name": "aten::_scaled_dot_product_flash_attention", "calls": 2.0, "ms": 2.1},  # +0.1
+        {"name": "aten::copy_", "calls": 8.0, "ms": 1.5},  # new: +1.5
+        {"name": "ProfilerStep#1", "calls": 1.0, "ms": 9.0},  # bookkeeping: left out
+    ]
+    after = StepReport("cuda:0", 5.0, 4.0, 20, top)
+    assert op_changes(before, after) == "`aten::mm` 3 → 0.5 ms, `aten::copy_` 0 → 1.5 ms, `aten::add` 1 → 0 ms"
+    assert op_changes(before, after, n=1) == "`aten::mm` 3 → 0.5 ms"
+    with pytest.raises(TypeError, match="StepReport"):
+        op_changes(before, {"top": []})

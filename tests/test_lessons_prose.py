@@ -851,6 +851,23 @@ def test_fixed_rate_model_note_says_where_and_why_the_measurement_parts():
         prose.fixed_rate_model_note([1], [1, 2], [1], [1], rate_at=1, rows_at=1, peak=1, target=2)
 
 
+def test_fixed_rate_model_note_counts_a_gap_within_the_spreads_as_equal():
+    # NB08 (7fed682), exercise 2: at 512 rows (the model's calibration point) 13.64× measured against 13.95×
+    # modelled, with loop 20.27–20.81 ms and grouped 1.362–1.742 ms: a gain range that holds the model's gain
+    rows, measured, model = [8192, 4096, 512, 256], [1.61, 2.54, 13.64, 32.21], [3.93, 4.03, 13.95, 24.90]
+    spreads = [(1.55, 1.66), (2.45, 2.6), prose.gain_range(20.27, 20.81, 1.362, 1.742), (31.0, 33.0)]
+    kw = dict(rate_at=197, rows_at=512, peak=757.4, target=2)
+    text = prose.fixed_rate_model_note(rows, measured, model, [408, 380, 197, 83], spreads=spreads, **kw)
+    assert "below the fixed-rate model beyond the measured gain's 20–80% range at 8192, 4096 rows" in text
+    assert "At 512 rows the model's gain lies inside the measured gain's 20–80% range" in text
+    assert "512 rows is where the model takes its rate from" in text and "does not explain" not in text
+    assert "above the model beyond the measured gain's 20–80% range at 256 rows" in text
+    inside = prose.fixed_rate_model_note([512], [13.64], [13.95], [197], spreads=[spreads[2]], **kw)
+    assert "inside the measured gain's 20–80% range at every swept size" in inside
+    with pytest.raises(ValueError, match="around its measured gain"):
+        prose.fixed_rate_model_note([512], [13.64], [13.95], [197], spreads=[(1.0, 2.0)], **kw)
+
+
 # --- 09 ------------------------------------------------------------------------------------------------
 
 
@@ -994,6 +1011,27 @@ def test_retimed_note():
         prose.retimed_note("x", (1.0, 0.9, 1.1), [], "a", "b")
 
 
+def test_retimed_note_calls_overlapping_but_wide_spreads_noisy():
+    # NB09 (7fed682): the batched memory path at N = 64, 0.779 ms (0.682–0.833) in the table and 1.04 ms
+    # (0.652–1.15) in the sweep: the spreads overlap, but the sweep's median is outside the table's spread
+    batched = prose.retimed_note(
+        "The batched path at N = 64", (0.779, 0.682, 0.833), [(1.04, 0.652, 1.15)], "in the table above", "in the sweep"
+    )
+    assert (
+        "timings agree" not in batched
+        and "the spreads overlap, but a median lies outside the other's spread" in batched
+    )
+    assert (
+        "(1.34× between the medians; spread widths 48% of the median in the sweep, 19% in the table above)" in batched
+    )
+    assert batched.endswith("the timings are noisy, not in agreement.")
+    # NB10: the bf16 step, 87.4 ms (86.8–122) in the ladder, 88.2 ms (73.8–100) in the sweep: each median inside
+    bf16 = prose.retimed_note("The bf16 step", (87.4, 86.8, 122.0), [(88.2, 73.8, 100.0)], "in the ladder", "here")
+    assert bf16.endswith("the spreads overlap: the timings agree.")
+    wide = prose.retimed_note("m", (0.683, 0.633, 1.24), [(1.14, 1.12, 1.16), (1.10, 1.09, 1.12)], "a", "b")
+    assert "every spread overlaps it, but a median lies outside" in wide and "89% of the median a, 3%–4% b" in wide
+
+
 def test_gain_range():
     assert prose.gain_range(2.0, 4.0, 0.5, 1.0) == (2.0, 8.0)
     with pytest.raises(ValueError, match="p20 is above"):
@@ -1059,3 +1097,121 @@ def test_bf16_saving_note_compares_the_saving_with_the_kernels_time():
     assert "saved nothing (90 ms against 80 ms in float32)" in prose.bf16_saving_note(8, 80.0, 90.0, 0.5)
     with pytest.raises(ValueError, match="busy"):
         prose.bf16_saving_note(8, 80.0, 90.0, 1.5)
+
+
+def test_bf16_saving_note_does_not_credit_the_kernels_with_a_host_bound_saving():
+    # NB10 (7fed682), batch 1: float32 106.4 ms at 18% busy (19.5 ms of kernels), bf16 95.8 ms, bf16 unprofiled
+    lo = prose.bf16_saving_note(1024, 106.4, 95.8, 0.183)
+    assert "shortened the busy share" not in lo
+    assert lo.startswith("At 1,024 tokens bf16 saved 10.6 ms of wall time per step, at most the 19.5 ms of kernels")
+    assert "shorter kernels could account for it; the bf16 step's kernels were not profiled" in lo
+    assert "host-bound there (its kernels 18% of its time)" in lo and "not isolated" in lo
+    # batch 16: 97% busy, 210 ms of kernels against a bf16 step of 88.2 ms: its kernels are at least 122 ms shorter
+    hi = prose.bf16_saving_note(16384, 215.8, 88.2, 0.973)
+    assert "it shortened the busy share (the bf16 step's kernels fit in its 88.2 ms, at least 122 ms less)" in hi
+    assert "host-bound" not in hi
+    # with the bf16 step profiled
+    both = prose.bf16_saving_note(16384, 215.8, 88.2, 0.973, fp32_kernel_ms=210.0, bf16_kernel_ms=43.3)
+    assert "its kernels took 43.3 ms against 210 ms in float32 (167 ms less), enough to account for the saving" in both
+    host = prose.bf16_saving_note(1024, 106.4, 95.8, 0.183, fp32_kernel_ms=19.5, bf16_kernel_ms=12.0)
+    assert "(7.5 ms less): it saved more than its kernels did, so the rest is host work" in host
+    same = prose.bf16_saving_note(1024, 106.4, 95.8, 0.183, fp32_kernel_ms=19.5, bf16_kernel_ms=19.5)
+    assert "they did not get shorter" in same
+    small = prose.bf16_saving_note(1024, 106.4, 100.0, 0.183, fp32_kernel_ms=19.5, bf16_kernel_ms=10.0)
+    assert "enough to account for the saving. The float32 step is host-bound there" in small
+    with pytest.raises(ValueError, match="bf16_kernel_ms"):
+        prose.bf16_saving_note(8, 80.0, 70.0, 0.5, bf16_kernel_ms=-1.0)
+
+
+def test_ladder_miss_cause_follows_each_rungs_busy_share():
+    # NB10 (7fed682): every rung "bound by device work" by the model; the profiler found grouped_moe's device busy
+    # 213 of its 216 ms, the bf16 step's only 43.3 of its 87.4 ms (predicted 19.7 ms of device work, 15.2 of launches)
+    rung = lambda name, ms, pred, work, launch, kern: dict(  # noqa: E731
+        rung=name,
+        bound="device work",
+        measured_ms=ms,
+        predicted_ms=pred,
+        work_ms=work,
+        launch_ms=launch,
+        kernel_ms=kern,
+    )
+    moe = rung("grouped_moe", 215.7, 104.4, 104.4, 13.3, 213.0)
+    bf16 = rung("bf16", 87.4, 19.7, 19.7, 15.2, 43.3)
+    text = prose.ladder_miss_cause([moe, bf16])
+    assert text.startswith("It calls every rung bound by device work. In *grouped_moe* the profiler finds the device")
+    assert (
+        "running kernels 99% of the measured step" in text and "the kernels took 2× the predicted device work" in text
+    )
+    assert (
+        "In *bf16* the device ran kernels only 50% of the 87.4 ms step: of the 67.7 ms the model misses there, "
+        "44.1 ms is the device waiting on the host and 23.6 ms kernels beyond the predicted device work" in text
+    )
+    assert "prices the host's part as launches (15.2 ms in *bf16*)" in text
+    # every rung busy: the device-work conclusion for all of them, nothing about the host
+    busy = prose.ladder_miss_cause([moe, dict(moe, rung="triton", measured_ms=217.2, kernel_ms=210.0)])
+    assert "In every rung the profiler finds the device running kernels 97%–99%" in busy and "host" not in busy
+    # a CPU: no kernel time, no conclusion about where the miss lies
+    cpu = prose.ladder_miss_cause([dict(moe, kernel_ms=None)])
+    assert "not isolated here" in cpu and "the miss is in the device work" not in cpu
+    mixed = prose.ladder_miss_cause([dict(moe, kernel_ms=None, bound="launches"), dict(bf16, kernel_ms=None)])
+    assert mixed.startswith(
+        "It calls *grouped_moe* bound by launches; *bf16* bound by device work. The model's t_launch"
+    )
+    with pytest.raises(ValueError, match="no rungs"):
+        prose.ladder_miss_cause([])
+
+
+def test_context_gain_note_says_what_the_profiles_show_and_no_more():
+    # NB10 (7fed682): bf16 gains x1.09 alone (242.1 -> 222.7 ms) and x2.47 in the ladder (215.7 -> 87.4 ms, kernels
+    # 213 -> 43.3 ms, 2,003 launches, no sync). The run did not profile the bf16-alone step: its kernels are made up.
+    ladder = dict(
+        step="the grouped_moe step",
+        before_ms=215.7,
+        after_ms=87.4,
+        before_kernel_ms=213.0,
+        after_kernel_ms=43.3,
+        launches=2003,
+        syncs=0,
+        changes="`aten::mm` 63.5 → 6.43 ms",
+    )
+    alone = dict(
+        ladder,
+        step="the loop-free baseline",
+        before_ms=242.1,
+        after_ms=222.7,
+        before_kernel_ms=230.0,
+        after_kernel_ms=70.0,
+        launches=3300,
+        syncs=33,
+        changes="`aten::mm` 84.8 → 8 ms",
+    )
+    host = prose.context_gain_note("bf16 autocast", alone, ladder)
+    assert host.startswith("Alone, on the loop-free baseline, *bf16 autocast* took the step from 242 to 223 ms")
+    assert "Alone, 12% of the kernel time it removed came off the step, against 76% in the ladder" in host
+    assert "the device ran kernels only 31% of the step" in host and "2,003 kernel launches and 0 syncs" in host
+    assert "these profiles do not isolate" in host and "share of the step it removes" not in host
+    busy = prose.context_gain_note("bf16", dict(alone, after_ms=210.0, after_kernel_ms=200.0), ladder)
+    assert "stays bound by its kernels (busy 95% after it)" in busy and "30 of 242 ms alone, 170 of 216 ms" in busy
+    same = prose.context_gain_note("bf16", dict(alone, launches=1000, syncs=0), ladder)
+    assert "It issues no fewer launches or syncs" in same
+    longer = prose.context_gain_note("bf16", dict(alone, after_kernel_ms=240.0), ladder)
+    assert "did not get shorter in both contexts (-10 and 170 ms less), so these profiles do not isolate" in longer
+    cpu = prose.context_gain_note("bf16", dict(alone, before_kernel_ms=None), dict(ladder, before_kernel_ms=None))
+    assert cpu.startswith("*CPU run:*") and "not isolated here" in cpu
+    with pytest.raises(ValueError, match="missing"):
+        prose.context_gain_note("bf16", {"step": "x"}, ladder)
+
+
+def test_memory_loop_error_note_says_why_the_loop_is_exempt():
+    # NB09 (7fed682): the bf16 loop against float64, out0 3.28e-03 and gradients up to 4.42e-02, tolerance 2e-02
+    errors = dict(out0=3.28e-03, grad0=4.20e-02, grad3=4.42e-02, grad6=7.52e-03)
+    text = prose.memory_loop_error_note(errors, 2e-02, dtype="bfloat16", nodes=64, steps=4)
+    assert text.startswith("The loop's own error, 4.4e-02, is above bfloat16's tolerance (2e-02); it is shown, not")
+    assert "in its gradients (up to 4.4e-02; the output's is 3.3e-03)" in text
+    assert "each of the 64 node rows reads the whole state" in text and "accumulates in float32" in text
+    fwd = prose.memory_loop_error_note(dict(out0=5e-02, grad0=1e-02), 2e-02, dtype="bfloat16", nodes=8, steps=4)
+    assert "The error is in its output (5.0e-02" in fwd
+    ok = prose.memory_loop_error_note(dict(out0=1e-07, grad0=3e-07), 1e-05, dtype="float32", nodes=8, steps=4)
+    assert ok == "The loop itself is within float32's tolerance as well (3.0e-07, tolerance 1e-05)."
+    with pytest.raises(ValueError, match="no output error"):
+        prose.memory_loop_error_note(dict(grad0=1.0), 1e-05, dtype="float32", nodes=8, steps=4)

@@ -7,6 +7,7 @@ something the run measured and shows. Here that is ``torch.profiler`` through :f
   time and count (GPU), and the busiest operators (device time on a GPU, host time on a CPU);
 * :func:`profile_sentence` writes that report as one sentence of measured numbers, and says when the
   evidence is a CPU's (no device queue: host time by operator);
+* :func:`op_changes` lists the operators whose time changed most between two reports;
 * :func:`time_by_group` sums the operators' time into groups (matmuls, attention, the rest),
   :func:`ops_outside` lists the operators of the rest by name, and :func:`group_sentence` writes two such
   summaries side by side (before and after a change).
@@ -38,6 +39,7 @@ __all__ = [
     "ops_outside",
     "group_sentence",
     "top_ops",
+    "op_changes",
 ]
 
 # Operators whose own time is a matrix product (the profiler's names; a kernel's time is charged to the
@@ -94,6 +96,20 @@ def _operators(report: StepReport) -> list[dict]:
 def top_ops(report: StepReport, n: int = 3) -> str:
     """ "name ms (calls×), ..." for the ``n`` busiest operators of ``report`` (profiler bookkeeping left out)."""
     return ", ".join(f"`{_short(r['name'])}` {r['ms']:.3g} ms ({r['calls']:,.0f}×)" for r in _operators(report)[:n])
+
+
+def op_changes(before: StepReport, after: StepReport, n: int = 3) -> str:
+    """ "`name` a → b ms, ..." for the ``n`` operators whose time per step changed most (by absolute change) from
+    ``before`` to ``after`` (device time on a GPU, host time on a CPU; an operator absent from one report counts
+    0 ms there; profiler bookkeeping left out)."""
+    for r in (before, after):
+        if not isinstance(r, StepReport):
+            raise TypeError(f"op_changes: reports must be mahia.profile.StepReport, got {type(r).__name__}")
+    check_int("op_changes", "n", n)
+    ms_b = {r["name"]: r["ms"] for r in _operators(before)}
+    ms_a = {r["name"]: r["ms"] for r in _operators(after)}
+    names = sorted(set(ms_b) | set(ms_a), key=lambda k: -abs(ms_a.get(k, 0.0) - ms_b.get(k, 0.0)))
+    return ", ".join(f"`{_short(k)}` {ms_b.get(k, 0.0):.3g} → {ms_a.get(k, 0.0):.3g} ms" for k in names[:n])
 
 
 def profile_sentence(report: StepReport, what: str, *, n_top: int = 3, measured_ms: float | None = None) -> str:

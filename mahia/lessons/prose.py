@@ -23,6 +23,7 @@ __all__ = [
     "bound_name",
     "cached_buffers_note",
     "compile_evidence",
+    "context_gain_note",
     "copy_sweep_cpu",
     "copy_timing_modes",
     "decode_gain_note",
@@ -41,10 +42,12 @@ __all__ = [
     "host_cost_sentences",
     "host_device_sentence",
     "kernel_time_split",
+    "ladder_miss_cause",
     "launch_model_check",
     "manual_oom_note",
     "matmul_ceiling_check",
     "matmul_tiles_clause",
+    "memory_loop_error_note",
     "model_miss_summary",
     "overlap_bound_clause",
     "padding_cost_note",
@@ -1682,19 +1685,29 @@ def fixed_rate_model_note(
     rows_at: int,
     peak: float,
     target: float,
+    spreads: Sequence[Sequence[float]] | None = None,
 ) -> str:
     """Notebook 08's second exercise: where the measured gains of the expert sweep (``rows`` tokens per expert)
     part from the model that holds one expert's rate fixed at its ``rows_at``-row measurement (``rate_at``
     TFLOP/s; ``model``: its gains), and why, from the rate one expert's matmuls reached at each swept size
-    (``rates``, TFLOP/s, from the sweep's t_expert); and where the measured gain is under ``target``."""
+    (``rates``, TFLOP/s, from the sweep's t_expert); and where the measured gain is under ``target``.
+
+    ``spreads``: per point, the measured gain's range (lo, hi) from the 20–80% spreads of the two times
+    (:func:`gain_range`). A model gain inside it counts as equal to the measurement; without spreads any
+    difference counts."""
     n = len(rows)
     if not (n and len(measured) == len(model) == len(rates) == n) or not peak > 0:
         raise ValueError("fixed_rate_model_note: rows, measured, model and rates need the same, non-zero length")
-    below = [i for i in range(n) if measured[i] < model[i]]
-    above = [i for i in range(n) if measured[i] > model[i]]
+    if spreads is not None and (len(spreads) != n or any(not lo <= m <= hi for (lo, hi), m in zip(spreads, measured))):
+        raise ValueError("fixed_rate_model_note: spreads need one (lo, hi) per point, around its measured gain")
+    lo_hi = spreads if spreads is not None else [(m, m) for m in measured]
+    below = [i for i in range(n) if model[i] > lo_hi[i][1]]
+    above = [i for i in range(n) if model[i] < lo_hi[i][0]]
+    equal = [i for i in range(n) if i not in below and i not in above]
+    beyond = " beyond the measured gain's 20–80% range" if spreads is not None else ""
     text = ""
     if below:
-        text += f"The measurement is below the fixed-rate model at {_rows(rows, below)} rows per expert. "
+        text += f"The measurement is below the fixed-rate model{beyond} at {_rows(rows, below)} rows per expert. "
         faster = [i for i in below if rates[i] > rate_at]
         if faster:
             i = max(faster, key=lambda j: rates[j])
@@ -1711,9 +1724,24 @@ def fixed_rate_model_note(
                 f"explain the gap there. "
             )
     if above:
-        text += f"It is above the model at {_rows(rows, above)} rows. "
+        text += f"It is above the model{beyond} at {_rows(rows, above)} rows. "
     if not below and not above:
-        text += "The measurement equals the model at every swept size. "
+        text += (
+            "The model's gain lies inside the measured gain's 20–80% range at every swept size. "
+            if spreads is not None
+            else "The measurement equals the model at every swept size. "
+        )
+    elif equal and spreads is not None:
+        text += (
+            f"At {_rows(rows, equal)} rows the model's gain lies inside the measured gain's 20–80% range: equal "
+            f"within the timings' spread"
+            + (
+                f" ({rows_at} rows is where the model takes its rate from)"
+                if rows_at in [rows[i] for i in equal]
+                else ""
+            )
+            + ". "
+        )
     under = [i for i in range(n) if measured[i] < target]
     if under:
         return text + (
@@ -1821,6 +1849,39 @@ def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
 # ---------------------------------------------------------------------------------------------------
 
 
+def memory_loop_error_note(errors: Mapping[str, float], tol: float, *, dtype: str, nodes: int, steps: int) -> str:
+    """Notebook 09: why the graph memory's loop, the readable definition, is further from the float64 loop than the
+    batched path. ``errors``: the loop's relative errors against float64 (``out*`` outputs, ``grad*`` gradients,
+    as :class:`mahia.measure.checks.Comparison` names them); ``tol``: the dtype's tolerance (the loop is shown, not
+    checked). In the backward of each of the ``steps`` diffusion steps every one of the ``nodes`` node rows reads
+    the whole state, and autograd adds those ``nodes`` gradient contributions one at a time in the tensors' dtype;
+    the batched path's single matmul accumulates in float32."""
+    outs = [v for k, v in errors.items() if k.startswith("out")]
+    grads = [v for k, v in errors.items() if k.startswith("grad")]
+    if not outs:
+        raise ValueError(f"memory_loop_error_note: no output error among {sorted(errors)}")
+    out, grad = max(outs), max(grads, default=0.0)
+    worst = max(out, grad)
+    if worst <= tol:
+        return f"The loop itself is within {dtype}'s tolerance as well ({worst:.1e}, tolerance {tol:.0e})."
+    text = (
+        f"The loop's own error, {worst:.1e}, is above {dtype}'s tolerance ({tol:.0e}); it is shown, not checked "
+        f"(tol inf): the loop is the definition, not the path under test. "
+    )
+    if grad > out:
+        return text + (
+            f"The error is in its gradients (up to {grad:.1e}; the output's is {out:.1e}): in the backward of each "
+            f"of the {steps} diffusion steps, each of the {nodes} node rows reads the whole state, and autograd adds "
+            f"their {nodes} gradient contributions to it one at a time in {dtype}, rounding every partial sum; the "
+            f"batched path gets that gradient from one matmul, which accumulates in float32."
+        )
+    return text + (
+        f"The error is in its output ({out:.1e}; gradients up to {grad:.1e}): the loop rounds to {dtype} after every "
+        f"op of every node's row and diffusion step, while the batched path builds P^k in float32 and applies it "
+        f"with one matmul."
+    )
+
+
 def first_failure_phrase(first_t: int | None, largest_t: int) -> str:
     """Completes "it returns NaN/inf ...": the first sequence length that failed, if any."""
     return f"from T = {first_t} on" if first_t else f"nowhere up to T = {largest_t}"
@@ -1910,8 +1971,11 @@ def retimed_note(
     what: str, first: Sequence[float], again: Sequence[Sequence[float]], first_label: str, again_label: str
 ) -> str:
     """The same work timed twice: ``first`` is one timing's (median, p20, p80) in ms, ``again`` one or more later
-    timings of the same work. They agree where the 20–80% spreads [p20, p80] overlap; the sentence gives both
-    numbers, and, where no spread overlaps, how far apart the medians are (the later medians' median / first's)."""
+    timings of the same work. They agree where the 20–80% spreads [p20, p80] overlap and each median lies inside
+    the other's spread; the sentence gives both numbers, and, where no spread overlaps, how far apart the medians
+    are (the later medians' median / first's). Spreads that overlap while a median lies outside the other's
+    spread are wide rather than in agreement: the sentence says so and gives their widths (p80 - p20, as a
+    share of the median)."""
     for t in (first, *again):
         if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
             raise ValueError(f"retimed_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
@@ -1925,11 +1989,25 @@ def retimed_note(
         f"{what} {again_label}: {at}, 20–80% spread {lo:.3g}–{hi:.3g} ms, against {first[0]:.3g} ms "
         f"({first[1]:.3g}–{first[2]:.3g} ms) {first_label}: "
     )
-    if n_ok == len(again):
-        return text + (
-            "the spreads overlap: the timings agree." if n_ok == 1 else "every spread overlaps it: they agree."
-        )
     mid = meds[len(meds) // 2] if len(meds) % 2 else (meds[len(meds) // 2 - 1] + meds[len(meds) // 2]) / 2
+    if n_ok == len(again):
+        inside = all(t[1] <= first[0] <= t[2] and first[1] <= t[0] <= first[2] for t in again)
+        if inside:
+            return text + (
+                "the spreads overlap: the timings agree." if n_ok == 1 else "every spread overlaps it: they agree."
+            )
+        width = lambda t: (t[2] - t[1]) / t[0]  # noqa: E731
+        widths = (
+            f"{pct(width(again[0]))} of the median {again_label}, {pct(width(first))} {first_label}"
+            if len(again) == 1
+            else f"{pct(width(first))} of the median {first_label}, {pct(min(map(width, again)))}–"
+            f"{pct(max(map(width, again)))} {again_label}"
+        )
+        overlap = "the spreads overlap" if n_ok == 1 else "every spread overlaps it"
+        return text + (
+            f"{overlap}, but a median lies outside the other's spread ({mid / first[0]:.2f}× between the medians; "
+            f"spread widths {widths}): the timings are noisy, not in agreement."
+        )
     if n_ok:
         return text + f"{n_ok} of {len(again)} spreads overlap it; the medians' median is {mid / first[0]:.2f}× it."
     return (
@@ -2021,22 +2099,211 @@ def slower_rungs_note(rows: Sequence[Mapping]) -> str:
     return text
 
 
-def bf16_saving_note(tokens: float, fp32_ms: float, bf16_ms: float, busy: float) -> str:
-    """Notebook 10's batch sweep: what bf16 saved per step at ``tokens`` tokens against the float32 step's kernel
-    time (``busy``, its profiled busy share, times ``fp32_ms``). A saving larger than all the kernels' time cannot
-    come from shorter kernels alone."""
+_T_LAUNCH_FLOOR = (
+    "t_launch was measured on a chain of one-element in-place adds, the floor of an op, while an op of a training "
+    "step also records autograd state, allocates its output and runs Python around it"
+)
+
+
+def ladder_miss_cause(rows: Sequence[Mapping], *, busy_min: float = 0.8) -> str:
+    """Notebook 10: where the model of the ladder misses, rung by rung, from the profiler's kernel time.
+
+    ``rows``: one per modelled rung, with ``rung`` (its name), ``bound`` (the model's largest term: "device
+    work", "launches" or "syncs"), ``measured_ms`` (the benchmark's median step), ``predicted_ms``, ``work_ms``
+    and ``launch_ms`` (the model's step, device work and launches) and ``kernel_ms`` (the profiled kernel time per
+    step; None on a CPU). A rung whose kernels fill at least ``busy_min`` of its measured step is bound by its
+    device work, and there the miss is in the device work the model prices; below that, the rest of the step the
+    device waited on the host, and the sentence splits that rung's miss into that wait and the kernels' excess
+    over the predicted device work."""
+    if not rows:
+        raise ValueError("ladder_miss_cause: no rungs")
+    by_bound: dict[str, list[str]] = {}
+    for r in rows:
+        by_bound.setdefault(r["bound"], []).append(f"*{r['rung']}*")
+    if len(by_bound) == 1:
+        text = f"It calls every rung bound by {next(iter(by_bound))}. "
+    else:
+        text = "It calls " + "; ".join(f"{', '.join(n)} bound by {b}" for b, n in by_bound.items()) + ". "
+    if any(r["kernel_ms"] is None for r in rows):
+        if set(by_bound) == {"device work"}:
+            return text + (
+                "On a CPU the same cores dispatch and compute, so the profiler has no kernel time to check that "
+                "against, and where the miss lies is not isolated here. "
+            )
+        return text + f"The model's {_T_LAUNCH_FLOOR}. "
+    busy = {r["rung"]: min(1.0, r["kernel_ms"] / r["measured_ms"]) for r in rows}
+    device = [r for r in rows if busy[r["rung"]] >= busy_min]
+    host = [r for r in rows if busy[r["rung"]] < busy_min]
+    span = lambda xs, f: f(min(xs)) if f(min(xs)) == f(max(xs)) else f"{f(min(xs))}–{f(max(xs))}"  # noqa: E731
+    if device:
+        names = "every rung" if not host else ", ".join(f"*{r['rung']}*" for r in device)
+        text += (
+            f"In {names} the profiler finds the device running kernels "
+            f"{span([busy[r['rung']] for r in device], pct)} of the measured step: there the step is its device "
+            f"work, and the miss is in the device work the model prices (each op's roofline time from its traced "
+            f"bytes and FLOPs), not in t_launch: the kernels took "
+            f"{span([r['kernel_ms'] / r['work_ms'] for r in device], lambda x: f'{x:.2g}')}× the predicted device "
+            f"work. "
+        )
+    for r in host:
+        miss, wait = r["measured_ms"] - r["predicted_ms"], r["measured_ms"] - r["kernel_ms"]
+        extra = r["kernel_ms"] - r["work_ms"]
+        kern = (
+            f"{extra:.3g} ms kernels beyond the predicted device work ({r['kernel_ms']:.3g} ms, "
+            f"{r['kernel_ms'] / r['work_ms']:.2g}× it)"
+            if extra > 0
+            else f"its kernels within the predicted device work ({r['kernel_ms']:.3g} against {r['work_ms']:.3g} ms)"
+        )
+        split = (
+            f"of the {miss:.3g} ms the model misses there, {wait:.3g} ms is the device waiting on the host and {kern}"
+            if miss > 0
+            else f"the model did not miss there (predicted {r['predicted_ms']:.3g} ms), yet {wait:.3g} ms of the step "
+            f"is the device waiting on the host, with {kern}"
+        )
+        text += (
+            f"In *{r['rung']}* the device ran kernels only {pct(busy[r['rung']])} of the {r['measured_ms']:.3g} ms "
+            f"step: {split}. "
+        )
+    if host:
+        text += (
+            "The model prices the host's part as launches ("
+            + ", ".join(f"{r['launch_ms']:.3g} ms in *{r['rung']}*" for r in host)
+            + f"), but {_T_LAUNCH_FLOOR}. "
+        )
+    return text
+
+
+def context_gain_note(label: str, alone: Mapping, ladder: Mapping, *, busy_min: float = 0.8) -> str:
+    """Notebook 10: why one optimization (``label``) gains differently alone and in the ladder, from the profiles
+    of the steps before and after it in each context.
+
+    ``alone`` and ``ladder``: ``step`` (what it acts on, a noun phrase), ``before_ms`` and ``after_ms`` (the
+    benchmark's median steps), ``before_kernel_ms`` and ``after_kernel_ms`` (profiled kernel time per step; None
+    on a CPU), ``launches`` and ``syncs`` (kernel launches and host syncs per step of the step before it; launches
+    None on a CPU) and ``changes`` (the operators whose time changed most, :func:`op_changes`).
+
+    Where, alone, the device runs kernels less than ``busy_min`` of the step after the change and less of the
+    kernel time removed came off the step than in the ladder, the step alone waits on the host; where it stays
+    busy, the gains differ by the kernel time removed. Otherwise the cause is not isolated."""
+    keys = ("step", "before_ms", "after_ms", "before_kernel_ms", "after_kernel_ms", "launches", "syncs", "changes")
+    for ctx_ in (alone, ladder):
+        if missing := [k for k in keys if k not in ctx_]:
+            raise ValueError(f"context_gain_note: missing {missing}")
+        if not (ctx_["before_ms"] > 0 and ctx_["after_ms"] > 0):
+            raise ValueError("context_gain_note: step times must be > 0 ms")
+    a, ld = alone, ladder
+    if a["before_kernel_ms"] is None or ld["before_kernel_ms"] is None:
+        return (
+            f"*CPU run:* the profiler gives host time by operator (largest changes alone: {a['changes']}; in the "
+            f"ladder: {ld['changes']}), which cannot split a step into kernels and waiting: why the gains of "
+            f"*{label}* differ is not isolated here."
+        )
+    text = (
+        f"Alone, on {a['step']}, *{label}* took the step from {a['before_ms']:.3g} to {a['after_ms']:.3g} ms and its "
+        f"kernels (`torch.profiler`, per step) from {a['before_kernel_ms']:.3g} to {a['after_kernel_ms']:.3g} ms (largest changes: {a['changes']}); "
+        f"in the ladder, on {ld['step']}, from {ld['before_ms']:.3g} to {ld['after_ms']:.3g} ms and from "
+        f"{ld['before_kernel_ms']:.3g} to {ld['after_kernel_ms']:.3g} ms ({ld['changes']}). "
+    )
+    cut_a, cut_l = a["before_kernel_ms"] - a["after_kernel_ms"], ld["before_kernel_ms"] - ld["after_kernel_ms"]
+    if cut_a <= 0 or cut_l <= 0:
+        return text + (
+            f"Its kernels did not get shorter in both contexts ({cut_a:.3g} and {cut_l:.3g} ms less), so these profiles "
+            f"do not isolate why the gains differ."
+        )
+    share_a = (a["before_ms"] - a["after_ms"]) / cut_a
+    share_l = (ld["before_ms"] - ld["after_ms"]) / cut_l
+    busy_a = min(1.0, a["after_kernel_ms"] / a["after_ms"])
+    if busy_a < busy_min and share_a < share_l:
+        text += (
+            f"Alone, {pct(max(0.0, share_a))} of the kernel time it removed came off the step, against "
+            f"{pct(min(1.0, share_l))} in the ladder: after it the device ran kernels only {pct(busy_a)} of the step "
+            f"and waited on the host the rest. "
+        )
+        fewer = ld["launches"] < a["launches"] or ld["syncs"] < a["syncs"]
+        return text + (
+            (
+                f"The step it acts on in the ladder issues {ld['launches']:,.0f} kernel launches and {ld['syncs']:.0f} "
+                f"syncs a step, against {a['launches']:,.0f} and {a['syncs']:.0f} alone: less host work to wait on. "
+                if fewer
+                else f"It issues no fewer launches or syncs ({ld['launches']:,.0f} and {ld['syncs']:.0f}, against "
+                f"{a['launches']:,.0f} and {a['syncs']:.0f} alone). "
+            )
+            + "Which part of the host's work holds each step, these profiles do not isolate."
+        )
+    if busy_a >= busy_min:
+        return text + (
+            f"Alone the step stays bound by its kernels (busy {pct(busy_a)} after it), so the gains differ by the "
+            f"kernel time it removes: {cut_a:.3g} of {a['before_ms']:.3g} ms alone, {cut_l:.3g} of "
+            f"{ld['before_ms']:.3g} ms in the ladder."
+        )
+    return text + "These profiles do not isolate why the two gains differ."
+
+
+def bf16_saving_note(
+    tokens: float,
+    fp32_ms: float,
+    bf16_ms: float,
+    busy: float,
+    *,
+    fp32_kernel_ms: float | None = None,
+    bf16_kernel_ms: float | None = None,
+    host_bound_below: float = 0.5,
+) -> str:
+    """Notebook 10's batch sweep: what bf16 saved per step (wall time, ``fp32_ms - bf16_ms``) at ``tokens`` tokens,
+    against the kernels' time.
+
+    The float32 step's kernels: ``fp32_kernel_ms`` (profiled), else its profiled busy share ``busy`` times
+    ``fp32_ms``. A saving larger than all of them cannot come from shorter kernels alone. The bf16 step's kernels,
+    ``bf16_kernel_ms``, where profiled; where not, they fit in its wall time, so the kernels got shorter by at least
+    ``fp32 kernels - bf16_ms`` (when that is positive), and otherwise the sentence says the saving is at most the
+    kernels' time and not profiled. A float32 step whose device is busy less than ``host_bound_below`` of its
+    time is host-bound: shorter kernels shorten it only where the host waits for them, so there the cause of
+    the saving is not isolated."""
     if not (fp32_ms > 0 and bf16_ms > 0 and 0 <= busy <= 1):
         raise ValueError(f"bf16_saving_note: need times > 0 and 0 <= busy <= 1, got {fp32_ms!r}, {bf16_ms!r}, {busy!r}")
-    saved, kernels = fp32_ms - bf16_ms, busy * fp32_ms
+    for name, v in (("fp32_kernel_ms", fp32_kernel_ms), ("bf16_kernel_ms", bf16_kernel_ms)):
+        if v is not None and not v >= 0:
+            raise ValueError(f"bf16_saving_note: {name} must be a time >= 0 (ms) or None, got {v!r}")
+    saved = fp32_ms - bf16_ms
+    kernels = fp32_kernel_ms if fp32_kernel_ms is not None else busy * fp32_ms
     at = f"At {tokens:,.0f} tokens"
     if saved <= 0:
         return f"{at} bf16 saved nothing ({bf16_ms:.3g} ms against {fp32_ms:.3g} ms in float32)."
+    host_bound = min(1.0, kernels / fp32_ms) < host_bound_below
+    host = (
+        f" The float32 step is host-bound there (its kernels {pct(min(1.0, kernels / fp32_ms))} of its time): "
+        f"shorter kernels shorten such a step only where the host waits for them, so what the saving came from is "
+        f"not isolated."
+        if host_bound
+        else ""
+    )
+    if bf16_kernel_ms is not None:
+        cut = kernels - bf16_kernel_ms
+        text = (
+            f"{at} bf16 saved {saved:.3g} ms of wall time per step; its kernels took {bf16_kernel_ms:.3g} ms against "
+            f"{kernels:.3g} ms in float32"
+        )
+        if cut <= 0:
+            return text + ": they did not get shorter, so the saving is host work, which this sweep does not split."
+        if saved > cut:
+            return text + (
+                f" ({cut:.3g} ms less): it saved more than its kernels did, so the rest is host work (other code "
+                f"paths, fewer or cheaper ops), which this sweep does not split."
+            )
+        return text + f" ({cut:.3g} ms less), enough to account for the saving." + host
     if saved > kernels:
         return (
             f"{at} bf16 saved {saved:.3g} ms per step, more than the {kernels:.3g} ms of kernels the float32 step ran "
             f"(its profiled busy share of its time): it also cut host work there (other code paths, fewer or cheaper "
             f"ops), which this sweep does not split."
         )
+    if kernels > bf16_ms:
+        return (
+            f"{at} bf16 saved {saved:.3g} of the float32 step's {kernels:.3g} ms of kernels: it shortened the busy "
+            f"share (the bf16 step's kernels fit in its {bf16_ms:.3g} ms, at least {kernels - bf16_ms:.3g} ms less)."
+            + host
+        )
     return (
-        f"{at} bf16 saved {saved:.3g} of the float32 step's {kernels:.3g} ms of kernels: it shortened the busy share."
+        f"{at} bf16 saved {saved:.3g} ms of wall time per step, at most the {kernels:.3g} ms of kernels the float32 "
+        f"step ran, so shorter kernels could account for it; the bf16 step's kernels were not profiled." + host
     )

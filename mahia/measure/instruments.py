@@ -247,7 +247,7 @@ class SyncReport:
     def __str__(self) -> str:
         s = f"{self.count} sync(s)"
         if self.ops:
-            s += " — " + ", ".join(f"{k} x{v}" for k, v in self.ops.most_common())
+            s += " — " + ", ".join(f"{k} ×{v}" for k, v in self.ops.most_common())
         return s
 
 
