@@ -179,6 +179,28 @@ def test_eager_bench_times_back_to_back_calls():
     assert len(calls) >= 1 + info["calls"] * t.n  # the first call, then samples of N calls each
 
 
+def test_eager_bench_interleaves_the_samples_of_its_steps():
+    """Each round takes one sample of every step, forward on even rounds and backward on odd ones, so a
+    drift of the host slows all steps alike."""
+    order = []
+    steps = {n: (lambda n=n: order.append(n) or sum(range(300))) for n in ("a", "b", "c")}
+    info = {}
+    t = bk.eager_bench_interleaved(steps, device="cpu", warmup_ms=0.5, rep_ms=3, sample_ms=0.2, min_calls=2, info=info)
+    rounds = info["a"]["samples"]
+    assert set(t) == set(steps) and rounds >= 5
+    assert all(x.n == rounds and info[k]["samples"] == rounds and x.first_call_ms > 0 for k, x in t.items())
+    tail = order[len(order) - rounds * sum(info[k]["calls"] for k in steps) :]
+    seq, i = [], 0
+    while i < len(tail):  # one sample: calls[k] calls of one step k in a row
+        k = tail[i]
+        assert tail[i : i + info[k]["calls"]] == [k] * info[k]["calls"]
+        seq.append(k)
+        i += info[k]["calls"]
+    assert seq == [n for r in range(rounds) for n in (["a", "b", "c"] if r % 2 == 0 else ["c", "b", "a"])]
+    with pytest.raises(ValueError, match="at least one step"):
+        bk.eager_bench_interleaved({})
+
+
 # -- the quick run -----------------------------------------------------------------------------------
 
 
@@ -187,6 +209,7 @@ def test_quick_run_records_device_and_eager_time_and_resumes(tmp_path, capsys):
     bk.run(rec, rec.ceilings, quick=True, parts=["host", "rmsnorm"])
     out = capsys.readouterr().out
     assert "skipped: torch.compile" in out and "skipped: liger" in out
+    assert "s (checks incl. compiling" in out and "eager time" in out  # where each shape's seconds went
     df = rec.frame()
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     variants = {"eager", "F.rms_norm"} | ({"mahia_triton"} if interp else set())
@@ -198,6 +221,8 @@ def test_quick_run_records_device_and_eager_time_and_resumes(tmp_path, capsys):
             assert (g["dtype"] == "float32").all() and (g["bytes"] == min_bytes(exp, shape, torch.float32)).all()
             mode = bk.timing_mode(exp)
             assert g["notes"].str.startswith(f"timing={mode}").all()
+            if mode == "eager":  # every variant's samples taken side by side
+                assert g["notes"].str.contains(f"samples interleaved with {len(variants) - 1} other").all()
             assert (g["rel_err"] <= 1e-5).all() and (g["median_ms"] > 0).all()
     host = df[df["experiment"].str.contains("_host_")]
     assert set(host["experiment"]) == {f"{k}_host_{p}" for k in bk.KERNELS for p in bk.PASSES}

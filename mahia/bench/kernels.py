@@ -33,6 +33,8 @@ gradients), in two experiments, so that every record keeps the columns of
                              one synchronize, per-call time = total / N, repeated for median and spread:
                              what an eager model sees, host overhead included when the host is the slower
                              side. No L2 flush between the calls (inputs under ~50 MB may stay in L2).
+                             The variants' samples are interleaved (:func:`eager_bench_interleaved`), so
+                             a drift of the host's speed falls on all of them and not on their ratio.
     <kernel>_host_<pass>     host cost: eager time on a tiny tensor (4 x 64; every input that has a gradient
                              requires it, also for the forward, as in training), i.e. Python + dispatch +
                              autograd + launch per call
@@ -136,6 +138,7 @@ __all__ = [
     "min_bytes",
     "input_bytes",
     "eager_bench",
+    "eager_bench_interleaved",
     "parse_args",
     "select_parts",
     "PARTS",
@@ -555,25 +558,79 @@ def eager_bench(
     host is, it is the host's time per call (Python, dispatch, autograd, launches). Nothing is flushed
     between calls: inputs small enough stay in L2, as they would for back-to-back calls on the same data.
 
-    ``info``, when given, receives ``calls`` (N) and ``samples``. (Proposed for mahia.measure.timing,
-    next to ``bench``.)
+    ``info``, when given, receives ``calls`` (N) and ``samples``. One step of
+    :func:`eager_bench_interleaved`, which times several side by side.
     """
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    synchronize(dev)
-    t0 = time.perf_counter()
-    fn()
-    synchronize(dev)
-    first = (time.perf_counter() - t0) * 1e3
-    est = max(_calls(fn, 1 if first > warmup_ms else 3, dev), 1e-4)
-    if warmup_ms > 3 * est:
-        est = max(_calls(fn, max(1, int(warmup_ms / est)), dev), 1e-4)
-    n_calls = int(min(max_calls, max(min_calls, math.ceil(sample_ms / est))))
-    n_samples = int(min(max_samples, max(min_samples, rep_ms // (n_calls * est))))
-    times = [_calls(fn, n_calls, dev) for _ in range(n_samples)]
+    infos: dict = {}
+    timing = eager_bench_interleaved(
+        {"fn": fn},
+        device=device,
+        warmup_ms=warmup_ms,
+        rep_ms=rep_ms,
+        sample_ms=sample_ms,
+        min_calls=min_calls,
+        max_calls=max_calls,
+        min_samples=min_samples,
+        max_samples=max_samples,
+        info=infos,
+    )["fn"]
     if info is not None:
-        info.update(calls=n_calls, samples=n_samples)
-    med, p20, p80 = _pcts(times)
-    return Timing(med, p20, p80, n_samples, first, None, dev.type)
+        info.update(infos["fn"])
+    return timing
+
+
+def eager_bench_interleaved(
+    steps: dict[str, Callable[[], object]],
+    *,
+    device: torch.device | str | None = None,
+    warmup_ms: float = 10.0,
+    rep_ms: float = 25.0,
+    sample_ms: float = 2.0,
+    min_calls: int = 5,
+    max_calls: int = 2000,
+    min_samples: int = 5,
+    max_samples: int = 200,
+    info: dict | None = None,
+) -> dict[str, Timing]:
+    """:func:`eager_bench` of several steps at once, their samples interleaved: each round takes one sample
+    of every step, in the given order on even rounds and in reverse on odd ones. A host whose speed drifts
+    (clock, other tenants; 20-40% between samples on the H100 machine) then slows every step alike, and
+    the ratio of two steps' medians is measured within one window rather than seconds apart.
+
+    Each step gets its own N (calls per sample, about ``sample_ms`` each) and the same number of samples:
+    as many rounds as ``rep_ms`` per step allows, at least ``min_samples``. ``info``, when given, receives
+    ``{name: {"calls": N, "samples": rounds}}``.
+    """
+    if not steps:
+        raise ValueError("eager_bench_interleaved: needs at least one step")
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    first: dict[str, float] = {}
+    n_calls: dict[str, int] = {}
+    longest = 0.0  # ms of the longest sample
+    for name, fn in steps.items():
+        synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(dev)
+        first[name] = (time.perf_counter() - t0) * 1e3
+        est = max(_calls(fn, 1 if first[name] > warmup_ms else 3, dev), 1e-4)
+        if warmup_ms > 3 * est:
+            est = max(_calls(fn, max(1, int(warmup_ms / est)), dev), 1e-4)
+        n_calls[name] = int(min(max_calls, max(min_calls, math.ceil(sample_ms / est))))
+        longest = max(longest, n_calls[name] * est)
+    rounds = int(min(max_samples, max(min_samples, rep_ms // longest)))
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    order = list(steps)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            times[name].append(_calls(steps[name], n_calls[name], dev))
+    if info is not None:
+        info.update({name: {"calls": n_calls[name], "samples": rounds} for name in steps})
+    out = {}
+    for name in steps:
+        med, p20, p80 = _pcts(times[name])
+        out[name] = Timing(med, p20, p80, rounds, first[name], None, dev.type)
+    return out
 
 
 # ------------------------------------------------------------------------------------------- checking
@@ -640,25 +697,56 @@ def _measure(
     copy: bool | None = None,
     budget: dict | None = None,
     failures: list | None = None,
+    phases: dict | None = None,
 ) -> None:
     """Check (:func:`mahia.measure.checks.compare_fn`, errors on the device), then time each variant: forward only,
     or forward + backward with fixed output grads.
 
     ``modes`` maps a timing mode to the experiment it is recorded under: 'device' (``bench``, on CUDA a
-    CUDA-graph replay) and/or 'eager' (:func:`eager_bench`); default ``{"device": experiment}``.
-    ``requires_grad`` (default ``backward``) makes the ``grad_inputs`` leaves require grad, also for a
-    forward. Records whose key is in ``done`` are not measured again (nor checked, when none is left).
-    ``copy`` (default: on CUDA) times a copy of the same bytes after the device-time rows.
+    CUDA-graph replay, one variant after the other) and/or 'eager' (:func:`eager_bench_interleaved`: every
+    variant's samples interleaved, so that their ratios come from one window of the host's time); default
+    ``{"device": experiment}``. ``requires_grad`` (default ``backward``) makes the ``grad_inputs`` leaves
+    require grad, also for a forward. Records whose key is in ``done`` are not measured again (nor checked,
+    when none is left). ``copy`` (default: on CUDA) times a copy of the same bytes after the device-time rows.
     A variant that fails its check raises ``CorrectnessError``; with a ``failures`` list it is appended
-    there instead (and not timed), and the other variants go on.
+    there instead (and not timed), and the other variants go on. ``phases``, when given, adds the seconds
+    spent checking, timing device time, timing eager time and timing the copy (keys ``check``, ``device``,
+    ``eager``, ``copy``): where a part's time goes.
     """
     modes = modes or {"device": experiment}
     done = done if done is not None else set()
+    phases = phases if phases is not None else {}
     dev = torch.device(recorder.device)
     cuda = dev.type == "cuda"
     budget = budget or {}
     requires_grad = backward if requires_grad is None else requires_grad
     tol = tolerance(dtype)
+    eager_steps: dict[str, Callable] = {}  # variant -> its step, timed together after the loop
+    checked: dict[str, tuple] = {}  # variant -> (Variant, Comparison, check seconds)
+
+    def record(v, exp, timing, note, cmp, check_s):
+        if v.name == "torch.compile":
+            note += f"; check incl. compile {check_s:.1f} s"
+        recorder.timing(
+            exp,
+            v.name,
+            ROLE[v.name],
+            timing,
+            shape=shape,
+            dtype=dtype,
+            bytes=nbytes,
+            limit="copy",
+            rel_err=cmp.max_error,
+            notes="; ".join(filter(None, [note, v.notes])),
+        )
+        done.add(_key(exp, v.name, shape, dtype))
+        print(
+            f"  {exp:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
+            f"{timing.median_ms:9.4f} ms {nbytes / timing.median_ms / 1e6:8.1f} GB/s  "
+            f"err {cmp.max_error:.1e}  (check {check_s:.1f} s)",
+            flush=True,
+        )
+
     for v in variants:
         todo = {m: e for m, e in modes.items() if _key(e, v.name, shape, dtype) not in done}
         if not todo:
@@ -686,6 +774,7 @@ def _measure(
             )
             continue
         check_s = time.perf_counter() - t0
+        phases["check"] = phases.get("check", 0.0) + check_s
         inputs = v.adapt(make_inputs())
         leaves = [inputs[i] for i in grad_inputs] if requires_grad else []
         for t in leaves:
@@ -707,58 +796,49 @@ def _measure(
             def step(v=v, inputs=inputs):
                 v.fn(*inputs)
 
-        for mode, exp in todo.items():
-            if mode == "device":
-                kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "max_reps") if k in budget}
-                note = _DEVICE_NOTE.get(dev.type, f"timing=device ({dev.type})")
-                if cuda:
-                    try:
-                        timing = bench(step, device=dev, cuda_graph=True, **kw)
-                    except RuntimeError as e:  # not capturable: time it launched, and say so
-                        timing = bench(step, device=dev, **kw)
-                        note = f"timing=device (launched: not capturable in a CUDA graph: {str(e)[:120]})"
-                else:
+        unknown = set(todo) - {"device", "eager"}
+        if unknown:
+            raise ValueError(f"unknown timing mode {sorted(unknown)[0]!r}; known: device, eager")
+        if "device" in todo:
+            t0 = time.perf_counter()
+            kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "max_reps") if k in budget}
+            note = _DEVICE_NOTE.get(dev.type, f"timing=device ({dev.type})")
+            if cuda:
+                try:
+                    timing = bench(step, device=dev, cuda_graph=True, **kw)
+                except RuntimeError as e:  # not capturable: time it launched, and say so
                     timing = bench(step, device=dev, **kw)
-            elif mode == "eager":
-                kw = {
-                    k: budget[k]
-                    for k in ("warmup_ms", "rep_ms", "sample_ms", "min_calls", "min_samples")
-                    if k in budget
-                }
-                info: dict = {}
-                timing = eager_bench(step, device=dev, info=info, **kw)
-                note = _EAGER_NOTE.format(n=info["calls"])
+                    note = f"timing=device (launched: not capturable in a CUDA graph: {str(e)[:120]})"
             else:
-                raise ValueError(f"unknown timing mode {mode!r}; known: device, eager")
-            if v.name == "torch.compile":
-                note += f"; check incl. compile {check_s:.1f} s"
-            notes = "; ".join(filter(None, [note, v.notes]))
-            recorder.timing(
-                exp,
-                v.name,
-                ROLE[v.name],
-                timing,
-                shape=shape,
-                dtype=dtype,
-                bytes=nbytes,
-                limit="copy",
-                rel_err=cmp.max_error,
-                notes=notes,
-            )
-            done.add(_key(exp, v.name, shape, dtype))
-            print(
-                f"  {exp:24s} {_shape_str(shape):18s} {_dtype_str(dtype):8s} {v.name:13s} "
-                f"{timing.median_ms:9.4f} ms {nbytes / timing.median_ms / 1e6:8.1f} GB/s  "
-                f"err {cmp.max_error:.1e}  (check {check_s:.1f} s)",
-                flush=True,
-            )
+                timing = bench(step, device=dev, **kw)
+            record(v, todo["device"], timing, note, cmp, check_s)
+            phases["device"] = phases.get("device", 0.0) + time.perf_counter() - t0
+        if "eager" in todo:
+            eager_steps[v.name] = step
+            checked[v.name] = (v, cmp, check_s)
         del inputs, leaves, step
+    if eager_steps:
+        t0 = time.perf_counter()
+        kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "sample_ms", "min_calls", "min_samples") if k in budget}
+        info: dict = {}
+        timings = eager_bench_interleaved(eager_steps, device=dev, info=info, **kw)
+        others = len(eager_steps) - 1
+        for name, timing in timings.items():
+            v, cmp, check_s = checked[name]
+            note = _EAGER_NOTE.format(n=info[name]["calls"])
+            if others:
+                note += f"; samples interleaved with {others} other variant(s)"
+            record(v, modes["eager"], timing, note, cmp, check_s)
+        phases["eager"] = phases.get("eager", 0.0) + time.perf_counter() - t0
+        del eager_steps
     if (cuda if copy is None else copy) and "device" in modes:
         exp = modes["device"]
         if _key(exp, "copy_same_bytes", shape, dtype) not in done:
+            t0 = time.perf_counter()
             kw = {k: budget[k] for k in ("warmup_ms", "rep_ms", "max_reps") if k in budget}
             _copy_of_same_bytes(recorder, exp, nbytes, shape, dtype, **kw)
             done.add(_key(exp, "copy_same_bytes", shape, dtype))
+            phases["copy"] = phases.get("copy", 0.0) + time.perf_counter() - t0
 
 
 def _copy_of_same_bytes(recorder, experiment: str, nbytes: int, shape, dtype, **bench_kw) -> None:
@@ -798,6 +878,15 @@ def _free(dev: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _phase_text(total_s: float, phases: dict) -> str:
+    """'9.1 s (checks incl. compiling 3.2, device time 2.1, eager time 1.5, copy 0.3, the rest 2.0)': where a
+    shape's seconds went, so a part's plan can be cut where the time is."""
+    names = {"check": "checks incl. compiling", "device": "device time", "eager": "eager time", "copy": "copy"}
+    parts = [f"{names[k]} {phases[k]:.1f}" for k in names if k in phases]
+    rest = total_s - sum(phases.values())
+    return f"{total_s:.1f} s ({', '.join([*parts, f'the rest {rest:.1f}'])})"
+
+
 def _all_done(done, experiments, names, shape, dtype) -> bool:
     return all(_key(e, n, shape, dtype) in done for e in experiments for n in names)
 
@@ -831,6 +920,7 @@ def _run_kernel(
         if with_compile:
             torch._dynamo.reset()  # compile per shape, and never hit Dynamo's recompile limit
         variants = _variants(op, eager, mahia, dev, liger, with_compile=with_compile)
+        phases: dict = {}
         for p in PASSES:
             exp = f"{kernel}_{p}"
             _measure(
@@ -849,11 +939,15 @@ def _run_kernel(
                 copy=big,
                 budget=budget,
                 failures=failures,
+                phases=phases,
             )
         del variants
         _free(dev)
         stats["shapes"] += 1
-        print(f"  -- {kernel} {_shape_str(shape)} {_dtype_str(dtype)}: {time.perf_counter() - t0:.1f} s", flush=True)
+        print(
+            f"  -- {kernel} {_shape_str(shape)} {_dtype_str(dtype)}: {_phase_text(time.perf_counter() - t0, phases)}",
+            flush=True,
+        )
 
 
 def _run_host(
