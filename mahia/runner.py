@@ -295,6 +295,23 @@ def _failure(out_nb: Path) -> tuple[int | None, str]:
     return None, "the kernel stopped without an error cell (killed, or out of memory?)"
 
 
+def slowest_cells(out_nb: Path, n: int = 3) -> list[dict]:
+    """The ``n`` code cells that took longest (papermill's per-cell ``duration``), slowest first, numbered as in
+    the source notebook: ``[{"cell": 33, "seconds": 26.9}, ...]``; ``[]`` when the notebook is unreadable. Kept
+    with each part's outcome, so a run says where a notebook's time went (a profile that must fit a lease is
+    cut there)."""
+    try:
+        nb = _load(out_nb)
+    except (OSError, ValueError):
+        return []
+    took = [
+        {"cell": number, "seconds": round(float(d), 1)}
+        for number, c in _source_cells(nb)
+        if isinstance(d := c.get("metadata", {}).get("papermill", {}).get("duration"), (int, float))
+    ]
+    return sorted(took, key=lambda r: -r["seconds"])[:n]
+
+
 def _running_cell(out_nb: Path) -> int | None:
     """The code cell (source numbering) papermill had started and not finished when it was stopped."""
     try:
@@ -610,6 +627,7 @@ def _run_notebook(sess: _Session, nb: Path, mine: dict) -> dict:
         cell, err = _failure(out_nb)
         outcome.update(status="failed", cell=cell, error=err)
     outcome["log"] = str(log)
+    outcome["slowest_cells"] = slowest_cells(out_nb)
     return outcome
 
 
@@ -665,6 +683,12 @@ def _run_parts(
         if outcome["status"] == "ok" and on_ok is not None:
             on_ok(outcome)
         msg = f"  {name}: {outcome['status']} in {outcome['seconds']:.0f} s"
+        if outcome.get("slowest_cells"):
+            msg += (
+                " (slowest cells: "
+                + ", ".join(f"{r['cell']}: {r['seconds']:.0f} s" for r in outcome["slowest_cells"])
+                + ")"
+            )
         if outcome["status"] != "ok":
             msg += f" — cell {outcome.get('cell')}: {outcome.get('error')} (log: {outcome.get('log')})"
         (bar.write if bar is not None else print)(msg)

@@ -169,3 +169,16 @@ def test_a_fraction_of_a_ceiling_above_one_is_flagged_and_explained(tmp_path):
     below.timing("act", "eager", "baseline", _t(4.0), bytes=2e7, limit="copy")
     below.timing("act", "fused", "optimized", _t(1.0), bytes=2e7, limit="copy")
     assert ABOVE_ONE not in build_report(below.folder) and "↑ of" not in build_report(below.folder)
+
+
+def test_the_notebooks_table_says_where_each_notebook_spent_its_time(tmp_path):
+    rec = _rec(tmp_path, "06_amp")
+    rec.timing("amp_train_step", "fp32", "baseline", _t(1.2))
+    outcomes = [
+        {"name": "06_amp", "status": "ok", "seconds": 44.2, "slowest_cells": [{"cell": 25, "seconds": 13.4}]},
+        {"name": "07_ckpt", "status": "failed", "seconds": 3.0, "cell": 4, "error": "ValueError: planted"},
+    ]
+    md = build_report(rec.folder, outcomes)
+    assert "| notebook | status | time (s) | slowest cells (s) | where it failed |" in md
+    assert "| 06_amp | ok | 44 | 25: 13 |  |" in md
+    assert "| 07_ckpt | failed | 3 |  | cell 4: ValueError: planted |" in md

@@ -213,6 +213,18 @@ def test_a_run_record_says_which_parts_were_not_ok(tmp_path):
     assert "slowest `04_compile` (900 s)" in " ".join(block.split())
 
 
+def test_a_run_record_keeps_where_the_slowest_part_spent_its_time(tmp_path):
+    path = _run_folder(tmp_path / "r")  # its outcomes.json
+    outcomes = json.loads(path.read_text())
+    outcomes[1]["slowest_cells"] = [{"cell": 19, "seconds": 64.6}, {"cell": 21, "seconds": 33.0}]
+    path.write_text(json.dumps(outcomes))
+    record = load_run(path)
+    assert record["parts"][1]["slowest_cells"][0] == {"cell": 19, "seconds": 64.6}
+    assert "slowest_cells" not in record["parts"][0]
+    block = " ".join(render_runs_block([], [record]).split())
+    assert "slowest `10_full_stack` (130 s; its slowest cells 19: 65 s, 21: 33 s)" in block
+
+
 def test_no_run_record_is_said_plainly():
     block = render_runs_block([], [])
     assert "No run record is committed yet" in block and "--run-record" in block

@@ -350,6 +350,28 @@ def test_cell_numbers_are_the_source_notebooks(tmp_path):
     assert runner._running_cell(path) == 2
 
 
+def test_slowest_cells_are_numbered_as_in_the_source_notebook(tmp_path):
+    def took(seconds):
+        return {"metadata": {"tags": [], "papermill": {"duration": seconds}}}
+
+    path = _executed(
+        tmp_path / "03_x.ipynb",
+        (["parameters"], {"metadata": {"tags": ["parameters"], "papermill": {"duration": 0.01}}}),
+        (["injected-parameters"], {"metadata": {"tags": ["injected-parameters"], "papermill": {"duration": 99.0}}}),
+        ([], took(2.0)),
+        ([], took(30.04)),
+        ([], {}),  # not run: no duration
+        ([], took(7.5)),
+    )
+    assert runner.slowest_cells(path) == [
+        {"cell": 3, "seconds": 30.0},
+        {"cell": 5, "seconds": 7.5},
+        {"cell": 2, "seconds": 2.0},
+    ]
+    assert runner.slowest_cells(path, n=1) == [{"cell": 3, "seconds": 30.0}]
+    assert runner.slowest_cells(tmp_path / "missing.ipynb") == []
+
+
 # -- help ------------------------------------------------------------------------------------------------------
 def _parsers():
     import argparse

@@ -345,15 +345,22 @@ def build_report(
             "",
         ]
     if outcomes:
-        lines += ["## Notebooks", "", "| notebook | status | time (s) | where it failed |", "|---|---|---|---|"]
+        lines += [
+            "## Notebooks",
+            "",
+            "| notebook | status | time (s) | slowest cells (s) | where it failed |",
+            "|---|---|---|---|---|",
+        ]
         for o in outcomes:
             where = ""
             if o.get("status") != "ok":
                 where = o.get("error", "") or ""
                 if o.get("cell") is not None:
                     where = f"cell {o['cell']}: {where}"
+            slow = _slowest_text(o.get("slowest_cells"))
             lines.append(
-                f"| {o['name']} | {o['status']} | {_fmt(o.get('seconds'), '.0f')} | {where.replace('|', '/')[:200]} |"
+                f"| {o['name']} | {o['status']} | {_fmt(o.get('seconds'), '.0f')} | {slow} | "
+                f"{where.replace('|', '/')[:200]} |"
             )
         lines.append("")
     lines += _pair_lines(report_pairs(df))
@@ -644,6 +651,21 @@ _RUN_FIELDS = {
 }
 
 
+def _slowest_text(cells) -> str:
+    """'33: 27, 42: 19' from a part's ``slowest_cells`` (cell number: seconds); '' without them."""
+    if not isinstance(cells, list):
+        return ""
+    return ", ".join(
+        f"{c['cell']}: {c['seconds']:.0f}" for c in cells if isinstance(c, dict) and {"cell", "seconds"} <= set(c)
+    )
+
+
+def _cells_of(part: dict) -> str:
+    """'; its slowest cells 33: 27 s, 42: 19 s' for a run record's part that kept them, else ''."""
+    text = _slowest_text(part.get("slowest_cells"))
+    return f"; its slowest cells {text.replace(', ', ' s, ')} s" if text else ""
+
+
 def _check_run(doc: object, where: str) -> dict:
     if not isinstance(doc, dict):
         raise RunRecordError(f"{where} is not a run record (a JSON object)")
@@ -705,6 +727,7 @@ def load_run(path: str | Path) -> dict:
         raise RunRecordError(f"{outcomes_path} and {meta_path} are not of the same run (their parts differ)")
     parts = [
         {"name": o.get("name"), "status": o.get("status"), "seconds": round(float(o.get("seconds") or 0.0), 1)}
+        | ({"slowest_cells": o["slowest_cells"]} if o.get("slowest_cells") else {})
         for o in outcomes
     ]
     doc = {k: meta.get(k) for k in _RUN_FIELDS} | {"kind": meta.get("kind", "run"), "parts": parts}
@@ -768,7 +791,7 @@ def _run_line(r: dict) -> str:
         f"- {r['device']}{' (a CPU run)' if cpu else ''}, {day} (UTC), {r['profile']} profile"
         f"{' (a reference run)' if r.get('kind') == 'reference' else ''}, commit `{r['commit']}`: "
         f"**{_secs(r['seconds'])} s** ({format_duration(r['seconds'])}) wall time for {len(parts)} part(s), the "
-        f"slowest `{slow['name']}` ({_secs(slow['seconds'])} s); {ok}"
+        f"slowest `{slow['name']}` ({_secs(slow['seconds'])} s{_cells_of(slow)}); {ok}"
     )
     if r["profile"] == "quick" and not cpu and r["seconds"] > QUICK_GOAL_S:
         line += f"; **over the {QUICK_GOAL_S // 60}-minute goal of the quick profile**"
