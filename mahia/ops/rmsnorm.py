@@ -297,11 +297,9 @@ def _check_kernel_inputs(fn: str, **tensors: torch.Tensor) -> None:
             raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
 
 
-def _align(override: int | None, bits: int) -> int:
-    """The ALIGN constexpr for integers whose bitwise OR is ``bits``: ``pow2_divisor(bits)``, or an
-    override (probes), which must be a power of two dividing them all."""
-    if override is None:
-        return pow2_divisor(bits)
+def _checked_align(override: int, bits: int) -> int:
+    """A launcher's ``align`` override (probes), for integers whose bitwise OR is ``bits``: it must be a power
+    of two dividing them all, or the kernel would rebuild them as other values."""
     if override < 1 or override & (override - 1) or bits % override:
         raise ValueError(f"rms_norm: align={override} must be a power of two dividing N and the row strides")
     return override
@@ -413,6 +411,7 @@ def rms_norm_fwd_launch(
     if n_rows == 0:
         return y, h
     stride_x, stride_r = _row_stride(x2), _row_stride(r2) if r2 is not None else 0
+    bits = n_cols | stride_x | stride_r  # every integer ALIGN must divide
     _launch_fwd(
         (_cdiv(n_rows, block_m),),
         x2,
@@ -431,7 +430,7 @@ def rms_norm_fwd_launch(
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        ALIGN=_align(align, n_cols | stride_x | stride_r),
+        ALIGN=pow2_divisor(bits) if align is None else _checked_align(align, bits),
     )
     return y, h
 
@@ -482,7 +481,8 @@ def rms_norm_bwd_launch(
     partials = dw if n_programs == 1 else torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
     stride_dy, stride_x = _row_stride(dy2), _row_stride(x2)
     stride_dh = _row_stride(dh2) if dh2 is not None else 0
-    align = _align(align, n_cols | stride_dy | stride_x | stride_dh)
+    bits = n_cols | stride_dy | stride_x | stride_dh  # every integer ALIGN must divide
+    align = pow2_divisor(bits) if align is None else _checked_align(align, bits)
     _launch_bwd(
         (n_programs,),
         dy2,
