@@ -1,6 +1,7 @@
 """The Triton grouped GEMM against float64 per-group matmuls (element-wise and norm-wise), its index
 guards, and the dispatch rules every op of mahia.ops shares (float64, meta, inputs the kernels cannot take)."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -131,3 +132,47 @@ def test_use_triton_unsupported_input_warns_once():
         assert not dispatch.use_triton("swiglu", x, unsupported="too big")
         assert dispatch.use_triton("swiglu", x)
     dispatch.reset_fallback_warnings()
+
+
+def test_the_cpu_probe_is_marked_constant_as_the_public_decorator_marks():
+    """grouped_mm.py marks its CPU capability probe by hand (the public decorator imports torch._dynamo, seconds
+    per process): the mark must be the one torch.compiler.assume_constant_result sets in this torch."""
+    gm = importlib.import_module("mahia.ops.grouped_mm")  # mahia.ops.grouped_mm is also the function's name
+
+    def probe():
+        return True
+
+    marked = torch.compiler.assume_constant_result(probe)
+    marks = {k: v for k, v in vars(marked).items() if k.startswith("_dynamo")}
+    assert marks == {"_dynamo_marked_constant": True}
+    assert gm._native_cpu_supported._dynamo_marked_constant is True
+
+
+def test_import_mahia_ops_does_not_import_dynamo():
+    """``import mahia.ops`` (every notebook's) stays free of torch._dynamo: about 6 s of the H100 machine's host
+    per process, paid again by each notebook that never compiles."""
+    code = "import sys, mahia.ops; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=_REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "False"
+
+
+def test_compiled_cpu_grouped_mm_has_no_graph_break(monkeypatch):
+    """torch.compile of the CPU bfloat16 grouped matmul, whose backend choice calls the capability probe
+    while tracing: one graph, no break, and the eager result."""
+    gm = importlib.import_module("mahia.ops.grouped_mm")  # mahia.ops.grouped_mm is also the function's name
+
+    monkeypatch.setattr(gm, "_cpu_grouped_mm_probe", {})  # not probed yet: the first call is traced
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")  # the CPU's own paths, not the interpreter
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip(f"torch {torch.__version__} has no torch._grouped_mm")
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(6, 8, generator=g).bfloat16()
+    b = torch.randn(2, 8, 4, generator=g).bfloat16()
+    offs = torch.tensor([2, 6], dtype=torch.int32)
+    explained = torch._dynamo.explain(grouped_mm)(a, b, offs)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    torch._dynamo.reset()
+    got = torch.compile(grouped_mm, backend="eager")(a, b, offs)
+    assert torch.equal(got, grouped_mm(a, b, offs))

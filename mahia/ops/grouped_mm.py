@@ -94,7 +94,6 @@ def _probe_native_cpu(dtype: torch.dtype, result: list) -> None:
         result.append(False)
 
 
-@torch.compiler.assume_constant_result  # torch.compile calls the probe instead of tracing it
 def _native_cpu_supported(dtype: torch.dtype) -> bool:
     """Whether this torch build has a CPU kernel (and autograd) for torch._grouped_mm in ``dtype``."""
     if dtype not in _cpu_grouped_mm_probe:
@@ -110,6 +109,13 @@ def _native_cpu_supported(dtype: torch.dtype) -> bool:
             ok = bool(result and result[0])
         _cpu_grouped_mm_probe[dtype] = ok
     return _cpu_grouped_mm_probe[dtype]
+
+
+# torch.compile calls the probe instead of tracing it. This is what torch.compiler.assume_constant_result
+# does (tests/test_ops_grouped_mm.py checks that it still is), set here by hand: the public decorator imports
+# torch._dynamo, and `import mahia.ops` would pay that in every process (about 6 s on the H100 machine's
+# host, 2026-11-27, in each notebook that never compiles).
+_native_cpu_supported._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _why_not_native(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str | None:
