@@ -3,7 +3,7 @@
 ``kernel[grid](*args, **meta)`` (Triton's JIT launch) binds every argument, works out its
 specialization (dtype, 16-byte alignment of each pointer, ``== 1`` and divisibility by 16 of each
 integer), hashes that into a cache key, looks the compiled kernel up and only then calls its launcher.
-Measured on the H100 machine's host (triton 3.6, ``tools/probes/host_cost.py``, 2026-11-24): 17.3 us
+Measured on the H100 machine's host (triton 3.6, ``tools/probes/host_cost.py`` of 2252f96, 2026-11-24): 17.3 us
 per JIT launch of the RMSNorm forward against 6.2 us for calling the compiled kernel's launcher
 directly. A 0.02 ms kernel cannot hide the difference in an eager model.
 

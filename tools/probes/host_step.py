@@ -3,7 +3,7 @@
     source .whl/env.sh && python3 tools/probes/host_step.py          # on the GPU
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python tools/probes/host_step.py --smoke   # CPU: does it run
 
-issue13_next.py (2026-11-27, H100) found mahia's step ``x.grad = w.grad = None; rms_norm(x, w).backward(g)``
+issue13_next.py (2026-11-27, H100; ``git show 2252f96:tools/probes/issue13_next.py``) found mahia's step ``x.grad = w.grad = None; rms_norm(x, w).backward(g)``
 at 218-247 us of host time against F.rms_norm's 114-134 us, at every size from 4 x 64 to 16384 x 2048, and
 no synchronization in it. This probe splits the step: each piece is timed alone (per call: CALLS back-to-back
 calls, one synchronize, median of 7 repeats), the backward's body is timed from inside (it runs on autograd's
