@@ -80,7 +80,8 @@ Headline shapes (bfloat16): RMSNorm 16384 x 4096, SwiGLU 16384 x 11008, RoPE B=8
 Parts: the sweep runs in parts that resume (one lent GPU command lasts at most 10 minutes): ``host`` and
 ``<kernel>-<dtype>`` (``rmsnorm-bf16`` .. ``moe_combine-fp32``); ``--part rmsnorm`` selects every dtype of a
 kernel, ``--part bf16`` every kernel of a dtype, ``--part list`` prints the plan with the time of each part
-on an H100 (:data:`EST_MIN_H100`: 0.6 to 3.2 min a part, ~43 min in all). A record already in the
+on an H100 (:data:`EST_MIN_H100`: 0.6 to 3.2 min a part, ~40 min in all; the parts measured since the
+eager samples were interleaved took half their estimate). A record already in the
 suite's CSV for the same commit and profile (same experiment, variant, shape, dtype) is not measured
 again (``--fresh`` measures anyway), so a command stopped at its limit is finished by running it again.
 :func:`parse_args` parses these options; until ``python -m mahia.bench`` passes them on,
@@ -89,7 +90,7 @@ rmsnorm-bf16 [--fresh] [mahia.bench options]``. On lent 10-minute commands the s
 command (all parts, stopped by ``tools/reference_run.sh``'s ``DEADLINE``) run again until every part is
 recorded: about six commands. Or seven groups of under 8 minutes each:
 
-    --part host,rmsnorm-bf16,add_rmsnorm-bf16          ~6.8 min
+    --part host,rmsnorm-bf16,add_rmsnorm-bf16          ~5.3 min
     --part swiglu-bf16,rope-bf16                       ~5.7 min
     --part moe_combine-bf16,rmsnorm-fp16               ~5.7 min
     --part add_rmsnorm-fp16,swiglu-fp16                ~5.7 min
@@ -229,9 +230,9 @@ PARTS: list[Part] = [Part("host", None, None)] + [
 ]
 # Wall time of each part on an H100 (minutes), printed by --part list. Measured at 80947a1 (2026-11-25,
 # torch 2.11, triton 3.6, Liger 0.8.5, `python -m mahia reference --bench kernels`): host 0.62,
-# rmsnorm-bf16 3.0 (20 shapes, about 9 s each: 10 variants x fwd/fwd+bwd x device/eager time),
-# add_rmsnorm-bf16 3.23. The others are the earlier estimates (2026-11, which came out 1.8x short for the
-# parts measured since) times 1.8; fp16 is taken as bf16 (same bytes, same kernels).
+# add_rmsnorm-bf16 3.23; rmsnorm-bf16 1.4 at 2252f96 (2026-11-27, 85 s for 20 shapes; 3.0 at 80947a1,
+# before the eager samples were interleaved). The others are the earlier estimates (2026-11, which came out
+# 1.8x short for the parts measured at 80947a1) times 1.8; fp16 is taken as bf16 (same bytes, same kernels).
 # Each command adds ~0.4 min: imports, the ceilings of a fresh results folder, the figures.
 _SHORT_BY = 1.8  # measured / earlier estimate, for the parts measured at 80947a1
 EST_MIN_H100: dict[str, float] = {
@@ -240,7 +241,7 @@ EST_MIN_H100: dict[str, float] = {
         f"{k}-{d}": m
         for d in ("bf16", "fp16")
         for k, m in (
-            ("rmsnorm", 3.0),
+            ("rmsnorm", 1.4),
             ("add_rmsnorm", 3.23),
             ("swiglu", 1.4 * _SHORT_BY),
             ("rope", 1.8 * _SHORT_BY),
