@@ -993,6 +993,14 @@ def test_model_miss_summary_uses_the_measured_gain_range():
     assert "too low for slow (predicted 2.99×" in text and "within" not in text
 
 
+def test_spreads_overlap():
+    assert prose.spreads_overlap((1.0, 0.9, 1.1), (1.2, 1.1, 1.3))  # touching ends count
+    assert prose.spreads_overlap((1.2, 1.1, 1.3), (1.0, 0.9, 1.1))  # either order
+    assert prose.spreads_overlap((1.0, 0.5, 2.0), (1.1, 1.05, 1.15))  # one inside the other
+    assert not prose.spreads_overlap((1.0, 0.9, 1.1), (1.3, 1.2, 1.4))
+    assert not prose.spreads_overlap((1.3, 1.2, 1.4), (1.0, 0.9, 1.1))
+
+
 def test_retimed_note():
     one = prose.retimed_note("batched at N = 64", (1.09, 1.07, 1.13), [(0.70, 0.68, 0.73)], "above", "timed again")
     assert one.startswith("batched at N = 64 timed again: 0.7 ms, 20–80% spread 0.68–0.73 ms, against 1.09 ms")

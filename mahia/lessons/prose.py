@@ -61,6 +61,7 @@ __all__ = [
     "skip_step_summary",
     "slower_rungs_note",
     "slowdown_sentence",
+    "spreads_overlap",
     "specialization_evidence",
     "specialization_verdict",
     "launch_count_note",
@@ -1536,7 +1537,9 @@ def growth_crossover_note(
     )
 
 
-def _overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+def spreads_overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two timings, each (median, p20, p80), have 20–80% spreads that overlap: neither is faster than the
+    other beyond their noise."""
     return a[1] <= b[2] and b[1] <= a[2]
 
 
@@ -1557,14 +1560,14 @@ def extra_work_time_note(more: Sequence[float], refs: Mapping[str, Sequence[floa
         + ": "
     )
     bands = list(refs.values())
-    if any(not _overlap(a, b) for i, a in enumerate(bands) for b in bands[i + 1 :]):
+    if any(not spreads_overlap(a, b) for i, a in enumerate(bands) for b in bands[i + 1 :]):
         text += (
             "the reference's timings disagree with each other (their spreads are apart), so one of them was disturbed; "
         )
     measured, unmeasured = [], []
     for label, r in refs.items():
         change = more[0] / r[0] - 1
-        if _overlap(more, r):
+        if spreads_overlap(more, r):
             unmeasured.append(f"its spread overlaps that of {label}")
         elif change < 0:
             unmeasured.append(f"{-change:.0%} faster than {label} while doing more work: timing noise, not a gain")
@@ -1983,7 +1986,7 @@ def retimed_note(
         raise ValueError("retimed_note: no later timing")
     meds = sorted(t[0] for t in again)
     lo, hi = min(t[1] for t in again), max(t[2] for t in again)
-    n_ok = sum(t[1] <= first[2] and first[1] <= t[2] for t in again)
+    n_ok = sum(spreads_overlap(t, first) for t in again)
     at = f"{meds[0]:.3g} ms" if len(meds) == 1 else f"{meds[0]:.3g}–{meds[-1]:.3g} ms (medians)"
     text = (
         f"{what} {again_label}: {at}, 20–80% spread {lo:.3g}–{hi:.3g} ms, against {first[0]:.3g} ms "

@@ -45,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mahia.lessons.prose import spreads_overlap
 from mahia.measure.instruments import ByteTraffic
 from mahia.ops.dispatch import why_not
 from mahia.ops.rmsnorm import MAX_HIDDEN, check_rms_norm_inputs, sm_count
@@ -739,9 +740,9 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
     if mine in eager.columns and peer in eager.columns:
         for r in rows:
             a, b = eager.loc[r, mine], eager.loc[r, peer]
-            spreads = [x.loc[r, ("eager", v)] for x in (lo, hi) for v in (mine, peer)] if spread else [None]
-            if all(pd.notna(spreads)):  # p20 and p80 of mine and of peer
-                tie = "spreads" if spreads[0] <= spreads[3] and spreads[1] <= spreads[2] else None
+            spreads = [x.loc[r, ("eager", v)] for v in (mine, peer) for x in (lo, hi)] if spread else [None]
+            if all(pd.notna(spreads)):  # p20 and p80 of mine, then of peer
+                tie = "spreads" if spreads_overlap((a, *spreads[:2]), (b, *spreads[2:])) else None
             else:
                 tie = "fraction" if abs(a - b) <= TIE_FRACTION * b else None
             if a <= b or tie:
