@@ -651,19 +651,20 @@ _RUN_FIELDS = {
 }
 
 
-def _slowest_text(cells) -> str:
-    """'33: 27, 42: 19' from a part's ``slowest_cells`` (cell number: seconds); '' without them."""
+def _slowest_text(cells, unit: str = "") -> str:
+    """'33: 27, 42: 19' from a part's ``slowest_cells`` (cell number: seconds, each followed by ``unit``); ''
+    without them."""
     if not isinstance(cells, list):
         return ""
     return ", ".join(
-        f"{c['cell']}: {c['seconds']:.0f}" for c in cells if isinstance(c, dict) and {"cell", "seconds"} <= set(c)
+        f"{c['cell']}: {c['seconds']:.0f}{unit}" for c in cells if isinstance(c, dict) and {"cell", "seconds"} <= set(c)
     )
 
 
 def _cells_of(part: dict) -> str:
     """'; its slowest cells 33: 27 s, 42: 19 s' for a run record's part that kept them, else ''."""
-    text = _slowest_text(part.get("slowest_cells"))
-    return f"; its slowest cells {text.replace(', ', ' s, ')} s" if text else ""
+    text = _slowest_text(part.get("slowest_cells"), " s")
+    return f"; its slowest cells {text}" if text else ""
 
 
 def _check_run(doc: object, where: str) -> dict:
