@@ -166,9 +166,13 @@ def time_by_group(report: StepReport, groups: Mapping[str, Sequence[str]]) -> di
     out = {g: 0.0 for g in groups}
     out["other"] = 0.0
     for r in _operators(report):
-        group = next((g for g, prefixes in groups.items() if r["name"].startswith(tuple(prefixes))), "other")
-        out[group] += r["ms"]
+        out[_group_of(r["name"], groups)] += r["ms"]
     return out
+
+
+def _group_of(name: str, groups: Mapping[str, Sequence[str]]) -> str:
+    """The first group one of whose prefixes ``name`` starts with, else ``"other"``."""
+    return next((g for g, prefixes in groups.items() if name.startswith(tuple(prefixes))), "other")
 
 
 def ops_outside(report: StepReport, groups: Mapping[str, Sequence[str]]) -> dict[str, float]:
@@ -176,10 +180,9 @@ def ops_outside(report: StepReport, groups: Mapping[str, Sequence[str]]) -> dict
     without the profiler's own rows and the driver's "Command Buffer Full" marker, which are no operator's work."""
     if not isinstance(report, StepReport):
         raise TypeError(f"ops_outside: report must be a mahia.profile.StepReport, got {type(report).__name__}")
-    prefixes = tuple(p for ps in groups.values() for p in ps)
     out: dict[str, float] = {}
     for r in _operators(report):
-        if not r["name"].startswith(prefixes):
+        if _group_of(r["name"], groups) == "other":
             out[r["name"]] = out.get(r["name"], 0.0) + r["ms"]
     return out
 
