@@ -20,6 +20,10 @@
 set -u -o pipefail
 tag=$1; shift
 py=${PYTHON:-python3}
+# One spelling of the commit in every part: git's 12 characters, as `python -m mahia commit` prints them (the kernel
+# sweep resumes by comparing the commit as a string, so a full sha in one command and a short one in the next would
+# measure everything again).
+if [[ ${MAHIA_COMMIT:-} =~ ^[0-9a-f]{40}(-dirty)?$ ]]; then export MAHIA_COMMIT=${MAHIA_COMMIT:0:12}${BASH_REMATCH[1]}; fi
 export PYTHONUNBUFFERED=1
 logs=runs/$tag/logs  # runs/ is git-ignored, here and where the archive is unpacked
 mkdir -p $logs
