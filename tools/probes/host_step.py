@@ -5,8 +5,8 @@
 
 issue13_next.py (2026-11-27, H100; ``git show 2252f96:tools/probes/issue13_next.py``) found mahia's step ``x.grad = w.grad = None; rms_norm(x, w).backward(g)``
 at 218-247 us of host time against F.rms_norm's 114-134 us, at every size from 4 x 64 to 16384 x 2048, and
-no synchronization in it. This probe splits the step: each piece is timed alone (per call: CALLS back-to-back
-calls, one synchronize, median of 7 repeats), the backward's body is timed from inside (it runs on autograd's
+no synchronization in it. This probe splits the step: each piece is timed alone (per call, as the benchmark's eager time:
+``mahia.bench.kernels.eager_bench``, back-to-back calls and one synchronize per sample), the backward's body is timed from inside (it runs on autograd's
 device thread), and cProfile lists the Python functions of the forward and backward launchers.
 Prints tables; records nothing.
 """
@@ -24,11 +24,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from mahia.bench.kernels import eager_bench
 from mahia.ops import rmsnorm as R
 
 SMOKE = "--smoke" in sys.argv
 DEV = torch.device("cuda" if torch.cuda.is_available() and not SMOKE else "cpu")
-CALLS = 20 if SMOKE else 1000
 EPS = 1e-6
 inside: dict[str, list[float]] = {"fwd": [], "bwd": []}
 threads: set[str] = set()
@@ -39,18 +39,11 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def per_call_us(fn, calls: int = CALLS, repeats: int = 7) -> tuple[float, float, float]:
-    for _ in range(20):
-        fn()
-    sync()
-    out = []
-    for _ in range(3 if SMOKE else repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(out), min(out), max(out)
+def per_call_us(fn) -> tuple[float, float, float]:
+    """Median, p20 and p80 of the time per call an eager program sees: the benchmark's own
+    ``eager_bench`` (back-to-back calls, one synchronize per sample), in microseconds."""
+    t = eager_bench(fn, device=DEV, warmup_ms=5 if SMOKE else 20, rep_ms=5 if SMOKE else 100)
+    return t.median_ms * 1e3, t.p20_ms * 1e3, t.p80_ms * 1e3
 
 
 class Timed(torch.autograd.Function):
@@ -134,7 +127,7 @@ def shape_rows(m: int, n: int) -> None:
         "torch.empty((264, n), fp32)": lambda: torch.empty((264, n), dtype=torch.float32, device=DEV),
     }
     print(f"\n== {m} x {n} {dtype}", flush=True)
-    print(f"{'row':34s} {'median us':>10s} {'min':>8s} {'max':>8s}", flush=True)
+    print(f"{'row':34s} {'median us':>10s} {'p20':>8s} {'p80':>8s}", flush=True)
     for name, fn in rows.items():
         inside["fwd"].clear()
         inside["bwd"].clear()
