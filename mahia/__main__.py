@@ -302,6 +302,15 @@ def _report(folder: Path | None, prune: bool = False) -> int:
             raise UsageError(str(e)) from None
         for name, n in dropped.items():
             print(f"{folder / name}: {n} record(s) of other commits dropped" if n else f"{folder / name}: kept all")
+        if dropped.get("bench_kernels.csv"):
+            # The kernel keys are derived in mahia.bench.kernels when its sweep ends, so a prune that drops kernel
+            # records derives them again; otherwise they would still name (and read) the dropped commits.
+            from mahia.bench.kernels import SUMMARY_STEM
+            from mahia.bench.kernels import write_summary as write_kernel_summary
+
+            for stale in folder.glob(f"{SUMMARY_STEM}-*.json"):
+                stale.unlink()  # the prune kept full-profile records only
+            print(f"{write_kernel_summary(folder, 'full')}: written again from the records kept")
 
     root = files.reference_results_dir()
     if folder is not None:

@@ -1037,4 +1037,23 @@ def reference(
 
     with sess.stop.installed():
         outcomes = _run_parts(sess, parts, progress, on_ok=mark) if parts else []
+        _set_aside_unfinished(sess, folder, [o for o in outcomes if o["name"] in mine])
         return _finish(sess, skipped + outcomes)
+
+
+def _set_aside_unfinished(sess: _Session, folder: Path, outcomes: list[dict]) -> None:
+    """A notebook part that did not finish leaves the reference only what finished parts wrote: the rows its
+    cells recorded before it stopped go to the run's folder (``<part>.unfinished.csv``). The kernel suite is
+    left alone: it records each of its parts whole and resumes from them."""
+    from mahia.measure.results import set_aside_run
+
+    for o in outcomes:
+        if o["status"] in ("ok", "skipped", "not run"):
+            continue
+        to = sess.out_dir / f"{o['name']}.unfinished.csv"
+        n = set_aside_run(folder / f"{o['name']}.csv", sess.run_id, to)
+        if n:
+            print(
+                f"  {o['name']}: {n} record(s) of this unfinished part moved out of the reference to {to}; "
+                f"figures it drew before it stopped stay in {sess.fig_root / sess.slug} until it runs again"
+            )

@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from mahia import runner
@@ -191,6 +192,20 @@ def test_the_parts_block_sums_seconds_per_gpu(tmp_path):
     assert "| commit(s) | 2 at c1, 1 at c2 | 1 at c1 |" in block
     assert "GPU C: no `parts/` in `gpu-c/`" in block
     assert "3 part(s) recorded (2 at c1, 1 at c2)" in " ".join(readme_tables([a]).split())
+    assert "‡" not in block  # no records: nothing says the part was resumed
+
+
+def test_a_part_resumed_over_several_runs_says_its_seconds_are_the_last_runs(tmp_path):
+    a = _summary(tmp_path / "gpu-a", "GPU A", {})
+    _part(a, "bench_kernels", 357.0, "c2")
+    _part(a, "07_ckpt", 100.0, "c2")
+    # the sweep's records of c2 come from three runs (an older commit's run does not count); 07's from one
+    rows = [("c1", "r0"), ("c2", "r1"), ("c2", "r2"), ("c2", "r2"), ("c2", "r3")]
+    pd.DataFrame(rows, columns=["commit", "run_id"]).to_csv(a / "bench_kernels.csv", index=False)
+    pd.DataFrame([("c2", "r9")], columns=["commit", "run_id"]).to_csv(a / "07_ckpt.csv", index=False)
+    block = parts_table([a])
+    assert "| `bench_kernels` | 357 ‡ (3 runs) |" in block and "| `07_ckpt` | 100 |" in block
+    assert "count its last run only" in " ".join(block.split())
 
 
 def test_a_quick_gpu_run_over_ten_minutes_is_flagged(tmp_path):

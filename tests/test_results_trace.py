@@ -278,6 +278,30 @@ def test_prune_keeps_the_commit_each_part_names_and_refuses_a_folder_without_par
     assert cli(["report", "--prune"]) == 2  # prune needs a folder named
 
 
+def test_prune_derives_the_kernel_keys_again_from_the_records_it_keeps(tmp_path, monkeypatch, capsys):
+    from mahia.bench import kernels
+
+    _clean_env(monkeypatch)
+    folder = tmp_path / hardware.device_slug("cpu")
+    # the host rows of two sweeps: the older commit's kernel was 2x slower than F.rms_norm, the newer's 1.25x faster
+    for commit, ms in (("old", 2.0), ("new", 0.8)):
+        rec = results.Recorder("bench_kernels", "cpu", results_dir=tmp_path, profile="full", commit=commit)
+        for variant, t in (("F.rms_norm", 1.0), ("mahia_triton", ms)):
+            rec.timing("rmsnorm_host_fwd", variant, "baseline", Timing(t, t, t, 3), shape="4x64", dtype="bfloat16")
+    kernels.write_summary(folder, "full")  # what the sweep left: keys over both commits, the newest row wins
+    (folder / "bench_kernels_summary-quick.json").write_text("{}")  # a quick sweep's keys: prune drops its rows
+    (folder / "parts").mkdir()
+    (folder / "parts" / "bench_kernels.json").write_text(json.dumps({"part": "bench_kernels", "commit": "old"}))
+
+    assert cli(["report", str(folder), "--prune"]) == 0
+    assert "bench_kernels_summary.json: written again" in capsys.readouterr().out
+    doc = json.loads((folder / "bench_kernels_summary.json").read_text())
+    assert doc["commits"] == ["old"] and doc["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(0.5)
+    assert not (folder / "bench_kernels_summary-quick.json").exists()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(0.5)
+
+
 def test_a_metric_from_an_older_commit_is_marked_stale(tmp_path, monkeypatch):
     _clean_env(monkeypatch)
     old = results.Recorder("01_sync", "cpu", results_dir=tmp_path, profile="full", commit="aaa")
@@ -451,6 +475,17 @@ def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
     broken = nbformat.v4.new_notebook()
     broken.cells = [nbformat.v4.new_code_cell("x = 1")]  # no parameters cell: fails at once
     nbformat.write(broken, nbdir / "02_broken.ipynb")
+    half = nbformat.v4.new_notebook()  # records a row, then fails: its row must not stay in the reference
+    half.cells = [
+        p,
+        nbformat.v4.new_code_cell(
+            "from mahia.measure.results import Recorder\n"
+            "Recorder('03_half', device, results_dir=results_dir).metric('sync_count', 'baseline', 5)"
+        ),
+        nbformat.v4.new_code_cell("raise RuntimeError('stopped halfway')"),
+    ]
+    half.metadata["kernelspec"] = nb.metadata["kernelspec"]
+    nbformat.write(half, nbdir / "03_half.ipynb")
     nbs = sorted(nbdir.glob("*.ipynb"))
     monkeypatch.setattr(
         runner,
@@ -463,6 +498,7 @@ def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
     def go(**kw):
         out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
         rc = runner.reference(device="cpu", progress=False, timeout=300, out=str(out), params=["batch=2"], **kw)
+        go.out = out
         return rc, {o["name"]: o for o in json.loads((out / "outcomes.json").read_text())}
 
     with pytest.raises(runner.UsageError, match="no such suite"):
@@ -474,6 +510,11 @@ def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
     marker = json.loads((parts / "01_rec.json").read_text())
     assert marker["commit"] == "abc123" and marker["params"] == {"batch": 2}
     assert not (parts / "02_broken.json").exists()  # a part that failed is run again next time
+    # what the unfinished part recorded left the reference for the run's folder
+    assert outcomes["03_half"]["status"] == "failed" and not (parts / "03_half.json").exists()
+    assert pd.read_csv(ref / slug / "03_half.csv").empty
+    moved = pd.read_csv(go.out / "03_half.unfinished.csv", dtype={"commit": str})
+    assert len(moved) == 1 and moved["value"].iloc[0] == 5 and moved["commit"].iloc[0] == "abc123"
     # The executed notebook that finished is committed beside the records (trimmed); the failed one is not.
     assert sorted(p.name for p in (ref / slug / "notebooks").iterdir()) == ["01_rec.ipynb"]
     executed = json.loads((ref / slug / "notebooks" / "01_rec.ipynb").read_text())
@@ -483,7 +524,7 @@ def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
 
     rc, outcomes = go(notebooks="all")  # resumes: only the part not recorded for this commit runs
     assert outcomes["01_rec"]["status"] == "skipped" and outcomes["02_broken"]["status"] == "failed"
-    assert len(pd.read_csv(csv)) == 1
+    assert len(pd.read_csv(csv)) == 1 and pd.read_csv(ref / slug / "03_half.csv").empty
     rc, outcomes = go(notebooks="01", force=True)
     assert rc == 0 and outcomes["01_rec"]["status"] == "ok" and len(pd.read_csv(csv)) == 2
 

@@ -80,23 +80,23 @@ Headline shapes (bfloat16): RMSNorm 16384 x 4096, SwiGLU 16384 x 11008, RoPE B=8
 Parts: the sweep runs in parts that resume (one lent GPU command lasts at most 10 minutes): ``host`` and
 ``<kernel>-<dtype>`` (``rmsnorm-bf16`` .. ``moe_combine-fp32``); ``--part rmsnorm`` selects every dtype of a
 kernel, ``--part bf16`` every kernel of a dtype, ``--part list`` prints the plan with the time of each part
-on an H100 (:data:`EST_MIN_H100`: 0.6 to 3.2 min a part, ~40 min in all; the parts measured since the
-eager samples were interleaved took half their estimate). A record already in the
+on an H100 (:data:`EST_MIN_H100`, from the b34185d sweep: 0.4 to 3.8 min a part, about 43 min in all). A
+record already in the
 suite's CSV for the same commit and profile (same experiment, variant, shape, dtype) is not measured
 again (``--fresh`` measures anyway), so a command stopped at its limit is finished by running it again.
 :func:`parse_args` parses these options; until ``python -m mahia.bench`` passes them on,
 ``MAHIA_BENCH_PARTS=rmsnorm-bf16,host`` selects parts, or run ``python -m mahia.bench.kernels --part
 rmsnorm-bf16 [--fresh] [mahia.bench options]``. On lent 10-minute commands the simplest plan is the same
 command (all parts, stopped by ``tools/reference_run.sh``'s ``DEADLINE``) run again until every part is
-recorded: about six commands. Or seven groups of under 8 minutes each:
+recorded: about six commands (b34185d's took six). Or seven groups of under 8 minutes each:
 
-    --part host,rmsnorm-bf16,add_rmsnorm-bf16          ~5.3 min
-    --part swiglu-bf16,rope-bf16                       ~5.7 min
-    --part moe_combine-bf16,rmsnorm-fp16               ~5.7 min
-    --part add_rmsnorm-fp16,swiglu-fp16                ~5.7 min
-    --part rope-fp16,moe_combine-fp16                  ~5.9 min
-    --part rmsnorm-fp32,add_rmsnorm-fp32               ~6.3 min
-    --part swiglu-fp32,rope-fp32,moe_combine-fp32      ~7.2 min   (+ ~0.4 min each)
+    --part host,rmsnorm-bf16,add_rmsnorm-bf16                   ~5.8 min
+    --part swiglu-bf16,rope-bf16                                ~5.5 min
+    --part moe_combine-bf16,rmsnorm-fp16,moe_combine-fp32       ~7.3 min
+    --part add_rmsnorm-fp16,swiglu-fp16                         ~6.3 min
+    --part rope-fp16,moe_combine-fp16                           ~5.3 min
+    --part rmsnorm-fp32,add_rmsnorm-fp32                        ~7.5 min
+    --part swiglu-fp32,rope-fp32                                ~5.7 min   (+ ~0.4 min each)
 
 Figures (:func:`plot`, at the end of a run but ``--quick``): one per kernel of the selected parts, every
 dtype recorded for this commit so far, and the host cost, in ``runs/figures/<device>/bench_kernels_*``.
@@ -228,31 +228,29 @@ class Part:
 PARTS: list[Part] = [Part("host", None, None)] + [
     Part(f"{k}-{short}", k, dt) for short, dt in DTYPES.items() for k in KERNELS
 ]
-# Wall time of each part on an H100 (minutes), printed by --part list. Measured at 80947a1 (2026-11-25,
-# torch 2.11, triton 3.6, Liger 0.8.5, `python -m mahia reference --bench kernels`): host 0.62,
-# add_rmsnorm-bf16 3.23; rmsnorm-bf16 1.4 at 2252f96 (2026-11-27, 85 s for 20 shapes; 3.0 at 80947a1,
-# before the eager samples were interleaved). The others are the earlier estimates (2026-11, which came out
-# 1.8x short for the parts measured at 80947a1) times 1.8; fp16 is taken as bf16 (same bytes, same kernels).
+# Wall time of each part on an H100 (minutes), printed by --part list: the span of its records' timestamps in the
+# b34185d sweep (2026-11-27, torch 2.11, triton 3.6, Liger 0.8.5, `python -m mahia reference --bench kernels`, six
+# 10-minute commands). Four parts were split between two commands, so their span holds a restart: swiglu-bf16,
+# rmsnorm-fp16 and rope-fp16 take the other 16-bit dtype's time (same bytes, same kernels); add_rmsnorm-fp32 and
+# rope-fp32 the time their second command alone spent on them (220 s and 136 s), a floor.
 # Each command adds ~0.4 min: imports, the ceilings of a fresh results folder, the figures.
-_SHORT_BY = 1.8  # measured / earlier estimate, for the parts measured at 80947a1
 EST_MIN_H100: dict[str, float] = {
-    "host": 0.62,
-    **{
-        f"{k}-{d}": m
-        for d in ("bf16", "fp16")
-        for k, m in (
-            ("rmsnorm", 1.4),
-            ("add_rmsnorm", 3.23),
-            ("swiglu", 1.4 * _SHORT_BY),
-            ("rope", 1.8 * _SHORT_BY),
-            ("moe_combine", 1.5 * _SHORT_BY),
-        )
-    },
-    "rmsnorm-fp32": 1.8 * _SHORT_BY,
-    "add_rmsnorm-fp32": 1.7 * _SHORT_BY,
-    "swiglu-fp32": 1.4 * _SHORT_BY,
-    "rope-fp32": 1.5 * _SHORT_BY,
-    "moe_combine-fp32": 1.1 * _SHORT_BY,
+    "host": 0.4,
+    "rmsnorm-bf16": 2.6,
+    "add_rmsnorm-bf16": 2.8,
+    "swiglu-bf16": 2.7,  # = swiglu-fp16
+    "rope-bf16": 2.75,
+    "moe_combine-bf16": 2.0,
+    "rmsnorm-fp16": 2.6,  # = rmsnorm-bf16
+    "add_rmsnorm-fp16": 3.6,
+    "swiglu-fp16": 2.7,
+    "rope-fp16": 2.75,  # = rope-bf16
+    "moe_combine-fp16": 2.5,
+    "rmsnorm-fp32": 3.8,
+    "add_rmsnorm-fp32": 3.7,  # at least
+    "swiglu-fp32": 3.4,
+    "rope-fp32": 2.3,  # at least
+    "moe_combine-fp32": 2.7,
 }
 
 

@@ -616,19 +616,42 @@ def parts_table(folders: Sequence[Path]) -> str:
             "|---|" + "---|" * len(have),
         ]
         by = [{p["part"]: p for p in ps} for _, ps in have]
+        resumed = False
+
+        def cell(folder: Path, part: dict | None) -> str:
+            nonlocal resumed
+            if part is None:
+                return "—"
+            n = _runs_of_part(folder, part)
+            resumed |= n > 1
+            return _secs(float(part["seconds"])) + (f" ‡ ({n} runs)" if n > 1 else "")
+
         for r in rows:
-            lines.append(
-                f"| `{r}` | " + " | ".join(_secs(float(b[r]["seconds"])) if r in b else "—" for b in by) + " |"
-            )
+            lines.append(f"| `{r}` | " + " | ".join(cell(f, b.get(r)) for (f, _), b in zip(have, by)) + " |")
         totals = [sum(float(p.get("seconds") or 0) for p in ps) for _, ps in have]
         lines.append("| **total** | " + " | ".join(f"**{_secs(t)}** ({format_duration(t)})" for t in totals) + " |")
         lines.append("| commit(s) | " + " | ".join(_parts_per_commit(ps) for _, ps in have) + " |")
+        if resumed:
+            note = (
+                "‡ resumed: the part's records of its commit come from several runs (the kernel sweep goes on "
+                "where a stopped run left it); the seconds, and the total, count its last run only."
+            )
+            lines += ["", _wrap(note).rstrip("\n")]
     for f, ps in cols:
         if not ps:
             lines += ([""] if lines else []) + [
                 f"{_device_name(f)}: no `parts/` in `{f.name}/`, so no wall time per part."
             ]
     return "\n".join(lines) + "\n" if lines else "No reference folder.\n"
+
+
+def _runs_of_part(folder: Path, part: dict) -> int:
+    """How many runs made the records of ``part``'s commit in ``<folder>/<part>.csv`` (1 when unknown)."""
+    path = folder / f"{part['part']}.csv"
+    if not path.exists():
+        return 1
+    df = pd.read_csv(path, usecols=["commit", "run_id"], dtype=str)
+    return max(1, df.loc[df["commit"] == str(part.get("commit")), "run_id"].nunique())
 
 
 def _device_name(folder: Path) -> str:

@@ -375,6 +375,27 @@ def keep_part_commits(folder: str | Path) -> dict[str, int]:
     return {path.name: int((~mine).sum()) for path, (_, mine) in kept.items()}
 
 
+def set_aside_run(path: str | Path, run_id: str, to: str | Path) -> int:
+    """Move the rows of run ``run_id`` from the records file ``path`` to ``to`` (appended; same columns);
+    returns how many moved. For a reference part that did not finish: its first cells' rows would
+    otherwise sit beside the finished parts' and survive a prune (same commit). Nothing is lost: they
+    go to the run's own folder."""
+    path, to = Path(path), Path(to)
+    if not path.exists():
+        return 0
+    df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
+    mine = df["run_id"].astype(str) == run_id
+    if not mine.any():
+        return 0
+    to.parent.mkdir(parents=True, exist_ok=True)
+    moved = df[mine]
+    if to.exists():
+        moved = pd.concat([pd.read_csv(to, dtype={"commit": str, "run_id": str}), moved], ignore_index=True)
+    atomic_write_text(to, moved.to_csv(index=False))  # first the copy, then the removal
+    atomic_write_text(path, df[~mine].to_csv(index=False))
+    return int(mine.sum())
+
+
 def profiles(df: pd.DataFrame) -> list[str]:
     """The profiles that have records, full first."""
     found = set(df["profile"]) if not df.empty else set()
