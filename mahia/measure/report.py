@@ -616,22 +616,13 @@ def parts_table(folders: Sequence[Path]) -> str:
             "|---|" + "---|" * len(have),
         ]
         by = [{p["part"]: p for p in ps} for _, ps in have]
-        resumed = False
-
-        def cell(folder: Path, part: dict | None) -> str:
-            nonlocal resumed
-            if part is None:
-                return "—"
-            n = _runs_of_part(folder, part)
-            resumed |= n > 1
-            return _secs(float(part["seconds"])) + (f" ‡ ({n} runs)" if n > 1 else "")
-
+        runs = [{name: _runs_of_part(f, p) for name, p in b.items()} for (f, _), b in zip(have, by)]
         for r in rows:
-            lines.append(f"| `{r}` | " + " | ".join(cell(f, b.get(r)) for (f, _), b in zip(have, by)) + " |")
+            lines.append(f"| `{r}` | " + " | ".join(_part_cell(b.get(r), n.get(r, 1)) for b, n in zip(by, runs)) + " |")
         totals = [sum(float(p.get("seconds") or 0) for p in ps) for _, ps in have]
         lines.append("| **total** | " + " | ".join(f"**{_secs(t)}** ({format_duration(t)})" for t in totals) + " |")
         lines.append("| commit(s) | " + " | ".join(_parts_per_commit(ps) for _, ps in have) + " |")
-        if resumed:
+        if any(n > 1 for ns in runs for n in ns.values()):
             note = (
                 "‡ resumed: the part's records of its commit come from several runs (the kernel sweep goes on "
                 "where a stopped run left it); the seconds, and the total, count its last run only."
@@ -643,6 +634,13 @@ def parts_table(folders: Sequence[Path]) -> str:
                 f"{_device_name(f)}: no `parts/` in `{f.name}/`, so no wall time per part."
             ]
     return "\n".join(lines) + "\n" if lines else "No reference folder.\n"
+
+
+def _part_cell(part: dict | None, runs: int) -> str:
+    """A part's seconds, marked ‡ when its records come from several runs."""
+    if part is None:
+        return "—"
+    return _secs(float(part["seconds"])) + (f" ‡ ({runs} runs)" if runs > 1 else "")
 
 
 def _runs_of_part(folder: Path, part: dict) -> int:

@@ -384,7 +384,7 @@ def set_aside_run(path: str | Path, run_id: str, to: str | Path) -> int:
     if not path.exists():
         return 0
     df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
-    mine = df["run_id"].astype(str) == run_id
+    mine = df["run_id"] == run_id
     if not mine.any():
         return 0
     to.parent.mkdir(parents=True, exist_ok=True)

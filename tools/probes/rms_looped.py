@@ -94,8 +94,7 @@ GRID_CONFIGS = ((1, 2048, 8), (1, 1024, 4), (2, 1024, 8), (2, 2048, 8))
 
 
 def main(grid: bool = False):
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from _probe import Probe
+    from _probe import Probe  # python3 tools/probes/rms_looped.py puts this folder on sys.path
 
     from mahia.measure.timing import bench
 
