@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -122,6 +124,21 @@ def _total_time(evt, on_device: bool) -> float:
     return _device_attr(evt, "device_time_total", "cuda_time_total")
 
 
+def quiet_profiler_notices(fn: Callable) -> Callable:
+    """Run ``fn`` without the notice torch.profiler prints on every use in recent versions ("Profiler clears
+    events at the end of each cycle ..."): it is about profiling schedules these helpers do not use, and in a
+    notebook's output it reads like an error."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"[\s\S]*Profiler clears events at the end of each cycle")
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@quiet_profiler_notices
 def profile_step(
     step: Callable,
     *args,

@@ -46,7 +46,15 @@ def test_a_gpu_summary_speaks_of_kernels_and_device_time():
     s = ProfileSummary("cuda", 3, wall_ms=2.0, busy_ms=1.0, launches=2, top=top)
     assert s.busy == 0.5
     text = s.sentence("SDPA")
-    assert "2 kernel launch(es) per call ran 1 ms of device time in 2 ms of wall time (device busy 50%)" in text
+    # no timing without the profiler given: its wall time is named as the profiler's, not read as idle device time
+    assert "2 kernels per call ran 1 ms of device time, in 2 ms of profiled wall time (50%; that wall time" in text
+    assert "device busy" not in text
+    # the H100 review of 02 (b34185d): 0.475 ms of kernels in 8.13 ms profiled, against 0.522 ms timed by bench
+    timed = s.sentence("SDPA", measured_ms=1.1)
+    assert "device busy 91% of the 1.1 ms the call takes without the profiler" in timed
+    assert "busy throughout" in s.sentence("SDPA", measured_ms=0.8)
+    with pytest.raises(ValueError, match="measured_ms"):
+        s.sentence("SDPA", measured_ms=0.0)
     assert "`flash_fwd_kernel` (75%)" in text and "`Memcpy DtoD (Device -> Device)` (25%)" in text
     assert list(s.table().columns)[0] == "kernel"
 

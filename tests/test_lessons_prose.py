@@ -124,9 +124,11 @@ def test_kernel_time_split():
     assert "its bench time (6.0 µs) is 2.3× its kernels' device time (2.6 µs, profiler): 3.4 µs are" in text
     assert text.endswith("the kernels reach 0.018 of the ceiling; ")
     assert "no longer than" in prose.kernel_time_split(0.002, 0.0026, 0.05)
-    assert "(the smallest copy's, above, is the same 3.4 µs)" in prose.kernel_time_split(
+    assert "(the smallest copy's, above, is 3.4 µs: about the same" in prose.kernel_time_split(
         0.006, 0.0026, 0.01, other_gap_us=3.4
     )
+    # the H100 run of notebook 00 (b34185d): 5.984 - 2.78 = 3.20 µs against the copy's 3.34 µs is not two costs
+    assert "about the same" in prose.kernel_time_split(0.005984, 0.00278, 0.9, other_gap_us=3.34)
     assert "is 1.2 µs: not one fixed cost" in prose.kernel_time_split(0.006, 0.0026, 0.01, other_gap_us=1.2)
     with pytest.raises(ValueError, match="must be > 0"):
         prose.kernel_time_split(0.006, 0.0, 0.1)
@@ -311,6 +313,9 @@ def test_slowdown_sentence():
     assert "device-bound there (host/device 0.25)" in device and "do not explain the slowdown" in device
     fewer = prose.slowdown_sentence("x", host_ms=4.5, device_ms=0.2, **(kw | dict(ops_after=70)))
     assert "runs no more ops (70 against 78 per step): the op count does not explain it" in fewer
+    # the H100 run of notebook 01 (b34185d): 0.97x with a spread of 0.80-1.11 is no measured slowdown
+    noise = prose.slowdown_sentence("batch 64", host_ms=4.5, device_ms=0.2, **(kw | dict(gain=0.97, lo=0.80, hi=1.11)))
+    assert "0.80–1.11, holds 1: that is no measured change" in noise and "host-bound" not in noise
     with pytest.raises(ValueError, match="gain < 1"):
         prose.slowdown_sentence("x", host_ms=1.0, device_ms=1.0, **(kw | dict(gain=1.1)))
 
@@ -920,9 +925,11 @@ def test_cached_buffers_note():
 
 def _host_row(**kw):
     row = dict(path="The loop", ops=1000, syncs=0)
-    row.update({"host instance": "T=32", "host ops": 1000, "host ms": 24.0, "host µs/op": 24.0, "t_launch µs": 10.0})
+    row.update({"host instance": "T=32", "host ops": 1000, "host µs/op": 24.0, "t_launch µs": 10.0})
     row.update({"measured ms": 30.0, "p20 ms": 28.0, "p80 ms": 33.0, "predicted ms": 10.0, "refined ms": 24.0})
-    return {**row, **kw}
+    row = {**row, **kw}
+    # the instance's whole host time: its ops at the cost per op (no syncs), unless a test gives it
+    return {"host ms": row["host µs/op"] * row["host ops"] / 1e3, **row}
 
 
 def test_host_cost_sentences_decompose_the_miss():
@@ -955,6 +962,16 @@ def test_host_cost_sentences_decompose_the_miss():
     two = prose.host_cost_sentences([_host_row(syncs=64), _host_row(path="the other")], cuda=False)
     assert "The other: the host took" in two and "syncs 64×" not in two  # a CPU sync waits for nothing
     assert two.count("*CPU run:*") == 1 and two.endswith("the model's compute at the measured ceilings is larger.")
+    # the H100 run of notebook 09 (b34185d): the momentum loop's host, issued alone with its 72 syncs, took 2.23 ms
+    # for a call that takes 1.67 ms (p80 1.74) back to back; its per-op cost alone (15.89 µs x 96) would not show it
+    momentum = _host_row(ops=96, syncs=72, **{"host ops": 96, "host µs/op": 15.89, "host ms": 2.23})
+    momentum.update({"measured ms": 1.67, "p20 ms": 1.60, "p80 ms": 1.74, "predicted ms": 0.9, "refined ms": 2.23})
+    assert prose.host_cost_overstated(momentum, cuda=True)
+    # the fabric's masked+plan path: 0.874 ms predicted, inside a wide 0.822-2.05 ms spread, half the 1.71 ms median
+    wide = _host_row(**{"measured ms": 1.71, "p20 ms": 0.822, "p80 ms": 2.05, "predicted ms": 0.5, "refined ms": 0.874})
+    assert not prose.host_model_lands(wide) and prose.host_model_lands(_host_row(**{"refined ms": 29.0}))
+    wide_text = prose.host_cost_sentences([wide], cuda=True)
+    assert "only because that spread is wide (72% of the median): the median is 1.96× the refined model" in wide_text
     with pytest.raises(ValueError, match="p20 <= measured <= p80"):
         say(**{"p20 ms": 31.0})
     with pytest.raises(ValueError, match="no rows"):
@@ -1035,7 +1052,14 @@ def test_retimed_note_calls_overlapping_but_wide_spreads_noisy():
     assert batched.endswith("the timings are noisy, not in agreement.")
     # NB10: the bf16 step, 87.4 ms (86.8–122) in the ladder, 88.2 ms (73.8–100) in the sweep: each median inside
     bf16 = prose.retimed_note("The bf16 step", (87.4, 86.8, 122.0), [(88.2, 73.8, 100.0)], "in the ladder", "here")
-    assert bf16.endswith("the spreads overlap: the timings agree.")
+    assert bf16.endswith("the medians are 0.9% apart: the timings agree within 3%.")
+    near = prose.retimed_note("m", (1.0, 0.95, 1.3), [(1.1, 0.97, 1.4)], "a", "b")  # 10% apart, each inside
+    assert near.endswith("the spreads overlap: the timings agree.")
+    # NB09 on the H100 (b34185d): the foreach update 0.507 ms (tight) and again 0.504 ms: no overlap, 0.6% apart
+    tight = prose.retimed_note("The foreach update", (0.507, 0.505, 0.508), [(0.504, 0.503, 0.5045)], "above", "here")
+    assert tight.endswith(
+        "the medians are 0.6% apart: the timings agree within 3%, though their narrow spreads do not overlap."
+    )
     wide = prose.retimed_note("m", (0.683, 0.633, 1.24), [(1.14, 1.12, 1.16), (1.10, 1.09, 1.12)], "a", "b")
     assert "every spread overlaps it, but a median lies outside" in wide and "89% of the median a, 3%–4% b" in wide
 
@@ -1196,6 +1220,9 @@ def test_context_gain_note_says_what_the_profiles_show_and_no_more():
     host = prose.context_gain_note("bf16 autocast", alone, ladder)
     assert host.startswith("Alone, on the loop-free baseline, *bf16 autocast* took the step from 242 to 223 ms")
     assert "Alone, 12% of the kernel time it removed came off the step, against 76% in the ladder" in host
+    # NB10 on the H100 (b34185d): alone, bf16 made the step slower (241 -> 267 ms) while cutting 112 ms of kernels
+    slower = prose.context_gain_note("bf16 autocast", {**alone, "after_ms": 267.0, "after_kernel_ms": 109.0}, ladder)
+    assert "Alone, the step got 24.9 ms slower although its kernels took 121 ms less" in slower and "0%" not in slower
     assert "the device ran kernels only 31% of the step" in host and "2,003 kernel launches and 0 syncs" in host
     assert "these profiles do not isolate" in host and "share of the step it removes" not in host
     busy = prose.context_gain_note("bf16", dict(alone, after_ms=210.0, after_kernel_ms=200.0), ladder)
@@ -1223,3 +1250,33 @@ def test_memory_loop_error_note_says_why_the_loop_is_exempt():
     assert ok == "The loop itself is within float32's tolerance as well (3.0e-07, tolerance 1e-05)."
     with pytest.raises(ValueError, match="no output error"):
         prose.memory_loop_error_note(dict(grad0=1.0), 1e-05, dtype="float32", nodes=8, steps=4)
+
+
+def test_measured_launch_crossover_uses_the_host_time_of_the_smallest_batch():
+    # notebook 10's H100 sweep (b34185d): batch 1 106.7 ms with 28.1 ms of kernels, batch 16 212 ms of kernels
+    text = prose.measured_launch_crossover(1, 106.7, 28.1, 16, 212.0, model_batch=2.1)
+    assert "batch 7.4" in text and "device busy 26%" in text and "3.5×" in text
+    busy = prose.measured_launch_crossover(1, 30.0, 28.0, 16, 212.0, model_batch=2.1)
+    assert "below batch 1" in busy
+    never = prose.measured_launch_crossover(1, 300.0, 28.0, 16, 212.0, model_batch=2.1)
+    assert "above batch 16" in never
+    with pytest.raises(ValueError, match="measured_launch_crossover"):
+        prose.measured_launch_crossover(16, 100.0, 28.0, 1, 212.0, model_batch=2.1)
+
+
+def test_gain_over_bound_note_flags_a_prediction_above_one_over_busy():
+    # notebook 05's H100 sweep (b34185d): 67.36x and 6.49x predicted against bounds of 17.82x and 2.59x
+    text = prose.gain_over_bound_note(
+        ["16 tokens", "16384 tokens"], [67.36, 6.49], [17.82, 2.59], [0.335, 3.4], [0.706, 8.61]
+    )
+    assert "at 16 tokens and 16384 tokens" in text and "0.335 and 3.4 ms" in text and "0.706 and 8.61 ms" in text
+    one = prose.gain_over_bound_note(
+        ["16 tokens", "16384 tokens"], [12.0, 6.49], [17.82, 2.59], [0.335, 3.4], [0.706, 8.61]
+    )
+    assert "at 16384 tokens," in one and "16 tokens and" not in one
+    assert (
+        prose.gain_over_bound_note(["a", "b"], [2.0, 1.5], [17.8, 2.6], [1, 1], [1, 1])
+        == " Within the 1 / busy bound at every size."
+    )
+    with pytest.raises(ValueError, match="gain_over_bound_note"):
+        prose.gain_over_bound_note(["a"], [2.0], [0.0], [1], [1])

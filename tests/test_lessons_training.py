@@ -335,3 +335,25 @@ def test_op_dtypes_shows_what_autocast_chose():
     assert "_to_copy" in seen
     with pytest.raises(ValueError, match="CUDA device"):
         allocator_summary("cpu")
+
+
+@pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
+def test_full_checkpointing_counts_block_inputs_in_the_residual_streams_dtype(no_triton, param_dtype):
+    """Under autocast the residual stream keeps the parameters' dtype: what full checkpointing keeps of a block is
+    its input at that size, not at the activation dtype's (the H100 review of 07 found the model at half of it)."""
+    torch.manual_seed(0)
+    cfg = HybridConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, hidden=64, max_seq_len=32, attention_impl="sdpa")
+    model = HybridModel(cfg).to(param_dtype)
+    idx = torch.randint(0, cfg.vocab_size, (2, 16))
+    seen = []
+    hook = model.blocks[1].register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(idx, idx)
+    hook.remove()
+    residual = torch.empty((), dtype=seen[0]).element_size()  # what the block was given, measured
+    assert residual == param_dtype.itemsize
+    kept_full, _ = model.activation_bytes_per_token(16, torch.bfloat16, checkpoint="full")
+    head = next(
+        r["full"] for r in model.activation_bytes_per_token(16, torch.bfloat16, itemized=True) if r["block"] is None
+    )
+    assert kept_full - head == cfg.n_layers * cfg.dim * residual

@@ -116,3 +116,26 @@ def test_block_parts_name_each_part_of_every_block():
     parts = block_parts(model)
     assert len(parts["attn"]) == len(model.blocks) and parts["attn"][0] is model.blocks[0].attn
     assert set(parts) == {n for b in model.blocks for n, _ in b.named_children()}
+
+
+def test_quiet_profiler_notices_drops_only_the_profilers_cycle_notice():
+    import warnings
+
+    from mahia.profile import quiet_profiler_notices
+
+    @quiet_profiler_notices
+    def noisy():
+        # torch 2.11's text on an H100 (notebooks 02, 03, 06, 07, 08 of the b34185d reference printed it)
+        warnings.warn(
+            "Warning: Profiler clears events at the end of each cycle.Only events from the current cycle will be "
+            "reported.To keep events across cycles, set acc_events=True.",
+            UserWarning,
+            stacklevel=2,
+        )
+        warnings.warn("something the reader should see", UserWarning, stacklevel=2)
+        return 7
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert noisy() == 7
+    assert [str(w.message) for w in seen] == ["something the reader should see"]

@@ -32,6 +32,7 @@ from mahia.profile import StepReport, profile_step
 
 __all__ = [
     "MATMUL_OPS",
+    "SCAN_OPS",
     "ATTENTION_OPS",
     "profile_call",
     "profile_sentence",
@@ -53,7 +54,13 @@ MATMUL_OPS = (
     "aten::_grouped_mm",
     "aten::addbmm",
     "mahia::moe_grouped_mm",
+    # its backward in eager mode: the custom op's autograd node launches the weight-gradient kernel itself
+    "GeneratedBackwardFor_mahia_moe_grouped_mm",
 )
+# The chunked GLA scan (mahia.ops.gla_scan): its chunk products are matmul FLOPs in the models' FLOP counts, but
+# its kernels also do the decays and the cumulative sums, so it is a group of its own. Eager calls run through
+# the autograd Function (forward and backward rows), compiled ones through the custom ops.
+SCAN_OPS = ("_GLAFunction", "mahia::gla_", "GeneratedBackwardFor_mahia_gla_")
 # by the name prefix of their forward and backward operators; every SDPA backend (the cuDNN one is the default
 # on an H100 with torch 2.11: aten::_cudnn_attention_forward / _backward)
 ATTENTION_OPS = (

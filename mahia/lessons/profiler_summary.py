@@ -36,6 +36,7 @@ import torch
 
 from mahia.lessons.prose import pct
 from mahia.measure.checks import check_int
+from mahia.profile import quiet_profiler_notices
 
 __all__ = [
     "ProfileSummary",
@@ -149,20 +150,43 @@ class ProfileSummary:
         """ "`name` (share), ..." of the ``n`` longest rows."""
         return ", ".join(f"`{short_kernel_name(r.name, 48)}` ({pct(r.share)})" for r in self.top.head(n).itertuples())
 
-    def sentence(self, what: str) -> str:
-        """One sentence of evidence: busy time against wall time and the longest rows; on a CPU it says that
-        these are host operators."""
-        if self.cuda:
+    def sentence(self, what: str, *, measured_ms: float | None = None) -> str:
+        """One sentence of evidence: kernel time against wall time and the longest rows; on a CPU it says that
+        these are host operators.
+
+        The profiled wall time holds the profiler's own cost (a few µs per operator, and its start on the first
+        call), so a short call looks idle under it. Pass the benchmark's time of the same call (``measured_ms``):
+        the device's busy share is then given against that, the time the call really takes."""
+        if measured_ms is not None and not (isinstance(measured_ms, (int, float)) and measured_ms > 0):
+            raise ValueError(
+                f"ProfileSummary.sentence: measured_ms must be a time > 0 (ms) or None, got {measured_ms!r}"
+            )
+        if not self.cuda:
             return (
-                f"Profiler, {what}: {self.launches:.0f} kernel launch(es) per call ran {self.busy_ms:.3g} ms of device "
-                f"time in {self.wall_ms:.3g} ms of wall time (device busy {pct(self.busy)}); the longest: "
+                f"Profiler, {what} (CPU run: host operators, not GPU kernels): the operators spent {self.busy_ms:.3g} "
+                f"ms of their own time in {self.wall_ms:.3g} ms of wall time per call ({pct(self.busy)}); the longest: "
                 f"{self.longest()}."
             )
-        return (
-            f"Profiler, {what} (CPU run: host operators, not GPU kernels): the operators spent {self.busy_ms:.3g} ms "
-            f"of their own time in {self.wall_ms:.3g} ms of wall time per call ({pct(self.busy)}); the longest: "
-            f"{self.longest()}."
+        text = (
+            f"Profiler, {what}: {self.launches:.0f} {'kernel' if round(self.launches) == 1 else 'kernels'} per call "
+            f"ran {self.busy_ms:.3g} ms of device time"
         )
+        if measured_ms is None:
+            text += (
+                f", in {self.wall_ms:.3g} ms of profiled wall time ({pct(self.busy)}; that wall time includes the "
+                f"profiler's own cost)"
+            )
+        elif self.busy_ms <= measured_ms:
+            text += (
+                f": device busy {pct(self.busy_ms / measured_ms)} of the {measured_ms:.3g} ms the call takes without "
+                f"the profiler"
+            )
+        else:
+            text += (
+                f", more than the {measured_ms:.3g} ms the call takes without the profiler (kernels that overlap, or "
+                f"ran slower under it): the device is busy throughout"
+            )
+        return text + f"; the longest: {self.longest()}."
 
 
 @contextlib.contextmanager
@@ -185,6 +209,7 @@ def quiet_native_stderr():
         os.close(devnull)
 
 
+@quiet_profiler_notices
 def profile_calls(
     fn: Callable[[], object], device: str | torch.device, *, calls: int = 3, warmup: int = 1
 ) -> ProfileSummary:

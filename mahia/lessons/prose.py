@@ -374,7 +374,8 @@ def kernel_time_split(
     """GPU: a short op's ``bench`` time against its kernels' device time (profiler): the difference is time the
     CUDA events count around the kernels, outside them; ``kernel_frac``: the ceiling fraction the kernels alone
     reach (FLOPs / kernel time / ceiling); ``other_gap_us``: the same difference measured for another op (the
-    smallest copy), compared when given."""
+    smallest copy), compared when given. Two such gaps count as the same when they are within 0.5 µs or 15% of
+    each other: each comes from two medians, and the events' own resolution is about half a microsecond."""
     if not (bench_ms > 0 and kernel_ms > 0):
         raise ValueError(f"kernel_time_split: times must be > 0, got {bench_ms}, {kernel_ms}")
     b, k = bench_ms * 1e3, kernel_ms * 1e3
@@ -383,9 +384,10 @@ def kernel_time_split(
     gap = b - k
     other = ""
     if other_gap_us is not None:
-        same = f"{gap:.1f}" == f"{other_gap_us:.1f}"
+        same = abs(gap - other_gap_us) <= max(0.5, 0.15 * max(gap, other_gap_us))
         other = (
-            f" (the smallest copy's, above, is the same {other_gap_us:.1f} µs)"
+            f" (the smallest copy's, above, is {other_gap_us:.1f} µs: about the same, as one fixed cost per timed "
+            f"call would be)"
             if same
             else f" (the smallest copy's, above, is {other_gap_us:.1f} µs: not one fixed cost)"
         )
@@ -752,6 +754,11 @@ def slowdown_sentence(
     (ops_after - ops_before) × host time per op, against the n_sync × t_sync of drain the syncs cost."""
     if not gain < 1:
         raise ValueError(f"slowdown_sentence: for a slowdown (gain < 1), got {gain}")
+    if hi >= 1:  # the spread allows no change or a gain: no measured slowdown to explain (gain_range)
+        return (
+            f"At {label} the sync-free loop ran at {gain:.2f}× the syncing one, but the ratio's 20–80% spread, "
+            f"{lo:.2f}–{hi:.2f}, holds 1: that is no measured change, so there is no slowdown to explain."
+        )
     diff_us = (step_after_ms - step_before_ms) * 1e3
     text = (
         f"At {label} removing the syncs slowed the loop: {gain:.2f}× (20–80% spread {lo:.2f}–{hi:.2f}), "
@@ -1359,11 +1366,14 @@ def mib_amount(n_bytes: float) -> str:
     return f"{mib:,.0f} MiB" if mib >= 100 else f"{mib:.3g} MiB"
 
 
-def matmul_time_check(model_ms: float, profiled_ms: float, rest_ms: float, amdahl_rest_ms: float, time: str) -> str:
+def matmul_time_check(
+    model_ms: float, profiled_ms: float, rest_ms: float, amdahl_rest_ms: float, time: str, *, what: str = "matmuls"
+) -> str:
     """Sets the profiler's time of the matmul operators (``profiled_ms``) beside ``model_ms``, the time their FLOPs
     take at the square-matmul ceiling, and the profiler's time of everything else (``rest_ms``) beside
     ``amdahl_rest_ms``, what the Amdahl estimate took for it (the step's time minus ``model_ms``). ``time`` names
-    the profiler's clock ("device" or "host")."""
+    the profiler's clock ("device" or "host"); ``what`` the operators profiled, which must be the work the FLOPs
+    count (e.g. "matmuls and the scan" where the model counts the scan's chunk products as matmul FLOPs)."""
     for name, v in (("model_ms", model_ms), ("profiled_ms", profiled_ms)):
         if not (math.isfinite(v) and v > 0):
             raise ValueError(f"matmul_time_check: {name} must be a time > 0 (ms), got {v!r}")
@@ -1377,7 +1387,7 @@ def matmul_time_check(model_ms: float, profiled_ms: float, rest_ms: float, amdah
         else f"below the {model_ms:.3g} ms their FLOPs take at the square-matmul ceiling"
     )
     return (
-        f"The profiler puts the fp32 matmuls at {profiled_ms:.3g} ms of {time} time, {side}, and everything else at "
+        f"The profiler puts the fp32 {what} at {profiled_ms:.3g} ms of {time} time, {side}, and everything else at "
         f"{rest_ms:.3g} ms, where the Amdahl estimate took {amdahl_rest_ms:.3g} ms (the step minus the matmuls at "
         f"the ceiling)."
     )
@@ -1785,12 +1795,29 @@ def host_cost_sentences(rows: Sequence[Mapping], *, cuda: bool, queue: int | Non
     return text
 
 
+def _host_full_ms(row: Mapping) -> float:
+    """ms: the host's measured time for the full call: the instance's whole host time (its syncs' waits included)
+    scaled to the full call's ops, where the row has it; else the cost per op over the full call's ops."""
+    if row.get("host ms") is not None and row.get("host ops"):
+        return row["host ms"] * row["ops"] / row["host ops"]
+    return row["host µs/op"] * row["ops"] / 1e3
+
+
 def host_cost_overstated(row: Mapping, *, cuda: bool) -> bool:
     """Whether :func:`host_cost_sentences` calls a row's measured host cost "no prediction": on a GPU, the refined
-    model lies above the measurement's spread by more than its width, and the host alone would need longer for the
-    call's ops than the whole call took (so a gain computed from that cost is no prediction either)."""
+    model lies above the measurement's spread by more than its width, and the host alone, as measured, would need
+    longer for the call than the whole call took back to back (so a gain computed from that cost is no prediction
+    either). The host's time counts its waits at the call's syncs: they are part of issuing it."""
     lo, hi, ref = row["p20 ms"], row["p80 ms"], row["refined ms"]
-    return cuda and ref > hi + (hi - lo) and row["host µs/op"] * row["ops"] / 1e3 > hi
+    return cuda and ref > hi + (hi - lo) and _host_full_ms(row) > hi
+
+
+def host_model_lands(row: Mapping) -> bool:
+    """Whether the model with the measured host cost (``refined ms``) lands on the measurement: inside its 20–80%
+    spread and within 0.8–1.25× its median. A wide spread alone does not make a prediction far from the median
+    a hit."""
+    m, lo, hi, ref = row["measured ms"], row["p20 ms"], row["p80 ms"], row["refined ms"]
+    return lo <= ref <= hi and 0.8 <= ref / m <= 1.25
 
 
 def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
@@ -1817,8 +1844,14 @@ def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
         f"t_launch (the measurement is {m / pred:.2f}× that): "
     )
     miss, moved = m - pred, ref - pred
-    if lo <= ref <= hi:
+    if host_model_lands(row):
         return text + f"inside the measurement's 20–80% spread ({lo:.3g}–{hi:.3g} ms): per-op host cost is the miss."
+    if lo <= ref <= hi:
+        return text + (
+            f"inside the measurement's 20–80% spread ({lo:.3g}–{hi:.3g} ms) only because that spread is wide "
+            f"({pct((hi - lo) / m)} of the median): the median is {m / ref:.2f}× the refined model, so per-op host "
+            f"cost is part of the miss, not all of it."
+        )
     if ref < lo:
         share = f", {moved / miss:.0%} of the {miss:.3g} ms miss," if miss > 0 and moved > 0 else ""
         return text + (
@@ -1831,7 +1864,7 @@ def _host_cost_sentence(row: Mapping, *, cuda: bool, queue: int | None) -> str:
             f"just above the measurement's 20–80% spread ({lo:.3g}–{hi:.3g} ms), by less than its width: "
             f"{ref / m:.2f}× the measurement, so per-op host cost is about all of the miss."
         )
-    host_full = h * row["ops"] / 1e3  # ms: the measured cost per op over the full call's ops
+    host_full = _host_full_ms(row)
     if host_cost_overstated(row, cuda=cuda):
         # Issuing cannot take longer than the whole call: the isolated measurement (a sync, then one call into
         # an idle device) cost the host more per op than back-to-back calls do, so it is no prediction here.
@@ -1971,14 +2004,21 @@ def gain_range(before_p20: float, before_p80: float, after_p20: float, after_p80
 
 
 def retimed_note(
-    what: str, first: Sequence[float], again: Sequence[Sequence[float]], first_label: str, again_label: str
+    what: str,
+    first: Sequence[float],
+    again: Sequence[Sequence[float]],
+    first_label: str,
+    again_label: str,
+    *,
+    agree_within: float = 0.03,
 ) -> str:
     """The same work timed twice: ``first`` is one timing's (median, p20, p80) in ms, ``again`` one or more later
-    timings of the same work. They agree where the 20–80% spreads [p20, p80] overlap and each median lies inside
-    the other's spread; the sentence gives both numbers, and, where no spread overlaps, how far apart the medians
-    are (the later medians' median / first's). Spreads that overlap while a median lies outside the other's
-    spread are wide rather than in agreement: the sentence says so and gives their widths (p80 - p20, as a
-    share of the median)."""
+    timings of the same work. Medians within ``agree_within`` of each other (the later medians' median / first's)
+    agree to within that, whatever the spreads: two tight spreads 1% apart are not a disagreement. Otherwise they
+    agree where the 20–80% spreads [p20, p80] overlap and each median lies inside the other's spread; the
+    sentence gives both numbers, and, where no spread overlaps, how far apart the medians are. Spreads that
+    overlap while a median lies outside the other's spread are wide rather than in agreement: the sentence says
+    so and gives their widths (p80 - p20, as a share of the median)."""
     for t in (first, *again):
         if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
             raise ValueError(f"retimed_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
@@ -1993,6 +2033,11 @@ def retimed_note(
         f"({first[1]:.3g}–{first[2]:.3g} ms) {first_label}: "
     )
     mid = meds[len(meds) // 2] if len(meds) % 2 else (meds[len(meds) // 2 - 1] + meds[len(meds) // 2]) / 2
+    if abs(mid / first[0] - 1) <= agree_within:
+        return text + (
+            f"the medians are {pct(abs(mid / first[0] - 1))} apart: the timings agree within {pct(agree_within)}"
+            + ("." if n_ok == len(again) else ", though their narrow spreads do not overlap.")
+        )
     if n_ok == len(again):
         inside = all(t[1] <= first[0] <= t[2] and first[1] <= t[0] <= first[2] for t in again)
         if inside:
@@ -2217,10 +2262,16 @@ def context_gain_note(label: str, alone: Mapping, ladder: Mapping, *, busy_min: 
     share_l = (ld["before_ms"] - ld["after_ms"]) / cut_l
     busy_a = min(1.0, a["after_kernel_ms"] / a["after_ms"])
     if busy_a < busy_min and share_a < share_l:
+        in_ladder = pct(min(1.0, share_l))
+        alone_took = (
+            f"Alone, {pct(share_a)} of the kernel time it removed came off the step, against {in_ladder} in the ladder"
+            if share_a >= 0
+            else f"Alone, the step got {a['after_ms'] - a['before_ms']:.3g} ms slower although its kernels took "
+            f"{cut_a:.3g} ms less, while in the ladder {in_ladder} of the kernel time it removed came off the step"
+        )
         text += (
-            f"Alone, {pct(max(0.0, share_a))} of the kernel time it removed came off the step, against "
-            f"{pct(min(1.0, share_l))} in the ladder: after it the device ran kernels only {pct(busy_a)} of the step "
-            f"and waited on the host the rest. "
+            f"{alone_took}: after it the device ran kernels only {pct(busy_a)} of the step and waited on the host the "
+            f"rest. "
         )
         fewer = ld["launches"] < a["launches"] or ld["syncs"] < a["syncs"]
         return text + (
@@ -2309,4 +2360,74 @@ def bf16_saving_note(
     return (
         f"{at} bf16 saved {saved:.3g} ms of wall time per step, at most the {kernels:.3g} ms of kernels the float32 "
         f"step ran, so shorter kernels could account for it; the bf16 step's kernels were not profiled." + host
+    )
+
+
+def measured_launch_crossover(
+    b_lo: float,
+    step_lo_ms: float,
+    kernel_lo_ms: float,
+    b_hi: float,
+    kernel_hi_ms: float,
+    *,
+    model_batch: float,
+    host_bound_below: float = 0.5,
+) -> str:
+    """Notebook 10's exercise 3, checked against the measurement rather than the model: the batch at which the
+    step's kernels reach the host's pace.
+
+    At the smallest batch ``b_lo`` the step takes ``step_lo_ms`` with ``kernel_lo_ms`` of kernels (profiled). When
+    the device is busy less than ``host_bound_below`` of that step, the host sets the pace there, and its time per
+    step (launches, Python, autograd: it does not grow with the batch) is about ``step_lo_ms``. The kernels' time
+    grows with the batch; interpolated linearly between ``b_lo`` and ``b_hi`` it reaches the host's time at the
+    crossover, compared with the model's answer ``model_batch``."""
+    if not (0 < b_lo < b_hi and step_lo_ms > 0 and kernel_lo_ms >= 0 and kernel_hi_ms >= 0 and model_batch > 0):
+        raise ValueError(
+            "measured_launch_crossover: need 0 < b_lo < b_hi, a step time > 0, kernel times >= 0 and a model batch > 0, "
+            f"got {b_lo!r}, {b_hi!r}, {step_lo_ms!r}, {kernel_lo_ms!r}, {kernel_hi_ms!r}, {model_batch!r}"
+        )
+    busy = min(1.0, kernel_lo_ms / step_lo_ms)
+    at_lo = (
+        f"Measured: at batch {b_lo:.0f} the step took {step_lo_ms:.3g} ms with {kernel_lo_ms:.3g} ms of kernels "
+        f"(device busy {pct(busy)})"
+    )
+    if busy >= host_bound_below:
+        return at_lo + f": the kernels already set the pace there, so the measured crossover is below batch {b_lo:.0f}."
+    slope = (kernel_hi_ms - kernel_lo_ms) / (b_hi - b_lo)
+    reach = f"; the kernels grow to {kernel_hi_ms:.3g} ms at batch {b_hi:.0f}"
+    if slope <= 0 or kernel_hi_ms < step_lo_ms:
+        return at_lo + reach + f", still under that host time: the measured crossover is above batch {b_hi:.0f}."
+    b_star = b_lo + (step_lo_ms - kernel_lo_ms) / slope
+    return (
+        at_lo
+        + ": the host sets the pace at about that time per step, whatever the batch"
+        + reach
+        + f", so at that rate they reach it near **batch {b_star:.2g}** ({b_star / model_batch:.2g}× the model's "
+        f"answer: the model's launch time is the launches alone, and the host spends more per step than that)."
+    )
+
+
+def gain_over_bound_note(
+    labels: Sequence[str],
+    predicted: Sequence[float],
+    bounds: Sequence[float],
+    model_graph_ms: Sequence[float],
+    graph_ms: Sequence[float],
+) -> str:
+    """Notebook 05's sweep: a predicted graph gain set beside the bound 1 / busy, the most removing the device's
+    idle share can give. A prediction above its bound is not a possible outcome: say so, and where it comes from
+    (the model's graphed step against the replay measured), instead of printing it bare."""
+    rows = list(zip(labels, predicted, bounds, model_graph_ms, graph_ms, strict=True))
+    if not rows or any(not (p > 0 and b > 0 and mg > 0 and g > 0) for _, p, b, mg, g in rows):
+        raise ValueError(f"gain_over_bound_note: need gains, bounds and times > 0, got {rows!r}")
+    over = [r for r in rows if r[1] > r[2]]
+    if not over:
+        return " Within the 1 / busy bound at every size."
+    at = " and ".join(label for label, *_ in over)
+    model = " and ".join(f"{mg:.3g}" for *_, mg, _ in over)
+    real = " and ".join(f"{g:.3g}" for *_, g in over)
+    return (
+        f" Above the 1 / busy bound at {at}, so not a possible outcome: the model's graphed step ({model} ms) is "
+        f"shorter than the replay measured ({real} ms), and the host time of a call measured alone includes work "
+        f"that, back to back, overlaps the device's. The bound, from the profiled busy share, is the limit to read."
     )

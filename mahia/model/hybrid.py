@@ -515,6 +515,8 @@ class HybridModel(nn.Module):
         cfg, T = self.cfg, seq_len
         D, Dkv, Hq = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
         s = torch.empty((), dtype=dtype).element_size()
+        # the residual stream (block inputs, the norms' inputs) keeps the parameters' dtype, also under autocast
+        r = self.tok_emb.weight.element_size()
         probs_bytes = 4 + (s if s < 4 else 0)  # float32 softmax, plus its cast to the input dtype
         rows = []  # (full: saved without checkpointing, selective: saved with selective checkpointing)
         for i, block in enumerate(self.blocks):
@@ -523,9 +525,9 @@ class HybridModel(nn.Module):
                 {
                     "block": i,
                     "part": "attention",
-                    "full": (4 * D + 2 * Dkv) * s + core,  # norm in/out, q k v, attention out
+                    "full": D * r + (3 * D + 2 * Dkv) * s + core,  # norm in (the block input)/out, q k v, attn out
                     # block input, q k v, attention out, out-proj out
-                    "selective": (3 * D + 2 * Dkv) * s + core,
+                    "selective": D * r + (2 * D + 2 * Dkv) * s + core,
                 }
             )
             if block.meta is not None:
@@ -548,7 +550,7 @@ class HybridModel(nn.Module):
                     {
                         "block": i,
                         "part": "MoE",
-                        "full": 2 * D * s + k * (2 * D + 3 * Fe) * s + 4 * E,
+                        "full": D * (r + s) + k * (2 * D + 3 * Fe) * s + 4 * E,
                         "selective": k * (2 * D + 2 * Fe) * s + 4 * E,
                     }
                 )
@@ -557,12 +559,13 @@ class HybridModel(nn.Module):
                     {
                         "block": i,
                         "part": "SwiGLU",
-                        "full": (2 * D + 3 * cfg.hidden) * s,
+                        "full": D * r + (D + 3 * cfg.hidden) * s,
                         "selective": (2 * cfg.hidden + D) * s,
                     }
                 )
         # final norm input and output; the float32 log-probabilities nll_loss keeps (4 per vocabulary entry)
-        head = 2 * D * s + 4 * cfg.vocab_size
+        # and, under autocast, the log-softmax's own output in the activation dtype (s more)
+        head = D * (r + s) + (4 + (s if s < 4 else 0)) * cfg.vocab_size
         rows.append({"block": None, "part": "head", "full": head, "selective": head})
         if itemized:
             return rows
@@ -575,7 +578,7 @@ class HybridModel(nn.Module):
         # keep_attention keeps the fused kernel's output (D) and float32 log-sum-exp (Hq); the manual and
         # chunked paths have no such kernel, so there it keeps what full checkpointing keeps
         attn = D * s + 4 * Hq if cfg.attention_impl == "sdpa" else 0.0
-        return activation_bytes(per_block, block_input=D * s, head=head, attention=attn, checkpoint=checkpoint)
+        return activation_bytes(per_block, block_input=D * r, head=head, attention=attn, checkpoint=checkpoint)
 
     def memory_estimate(
         self, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *, checkpoint: str | None = None
@@ -583,38 +586,40 @@ class HybridModel(nn.Module):
         """Training memory in bytes: parameters, gradients, AdamW states, activations, and their total.
 
         Parameters and gradients are counted in the parameters' dtype, AdamW's two states in float32
-        (8 bytes per parameter), activations in ``dtype``. ``activations`` is what autograd keeps from
+        (8 bytes per parameter), activations in ``dtype``, except the residual stream: under autocast it keeps
+        the parameters' dtype (r bytes per element), so each block's input, which its first norm keeps, is D r. ``activations`` is what autograd keeps from
         the forward pass for the backward pass; ``recompute`` is one block's activations, alive while a
         checkpointed block is recomputed (0 without checkpointing); ``total`` adds all of them (the peak
         falls early in the backward pass, when gradients start to exist and little has been freed).
 
         The activation model counts what the fused paths keep, per token, with s = bytes per element of
-        ``dtype`` and the notation of :meth:`flops_breakdown`:
+        ``dtype``, r = bytes per element of the parameters (the residual stream) and the notation of
+        :meth:`flops_breakdown`:
 
-            attention    (4 D + 2 Dkv) s            norm input and output, q, k, v, attention output
+            attention    D r + (3 D + 2 Dkv) s      norm input (the block input) and output, q, k, v,
+                                                    attention output
                          + 4 Hq                     sdpa: the float32 log-sum-exp per head
                          + Hq T (4 [+ s])           manual/chunked: the float32 probabilities (and their
                                                     cast to ``dtype``): the O(T^2) term
-            SwiGLU       (2 D + 3 F) s              norm input and output, up projection (2F), activation
-            MoE          2 D s + k (2 D + 3 Fe) s + 4 E   norms; per assignment the gathered input, up
+            SwiGLU       D r + (D + 3 F) s          norm input and output, up projection (2F), activation
+            MoE          D (r + s) + k (2 D + 3 Fe) s + 4 E   norm; per assignment the gathered input, up
                                                     projection, activation, expert output; router probs
             meta         (3 Hm K + 2 Hm V + D) s    q, k, g, v, output, and the gain's input
             memory       (4 D + 2 N) s              write k, v, read q, read output, write and read
                          + 4 N D s / S              weights; per segment of S tokens: its state, diffused
                                                     state, read keys and values
-            head         2 D s + 4 V                final norm input and output; the float32 log-probabilities
-                                                    nll_loss keeps: the log-softmax's output in float32, and
-                                                    under CUDA autocast the float32 copy autocast makes for
-                                                    nll_loss (a float32-list op) of the log-softmax, which
-                                                    F.cross_entropy runs in the logits' dtype (its output, s V
-                                                    more, is kept too and not counted here)
+            head         D (r + s) + 4 V [+ s V]    final norm input and output; the log-probabilities
+                                                    nll_loss keeps: in float32 (4 V), and under autocast also
+                                                    the log-softmax's own output, which F.cross_entropy runs in
+                                                    the logits' dtype (s V), beside the float32 copy autocast
+                                                    makes of it for nll_loss (a float32-list op)
 
         The eager paths keep more (the eager RMSNorm also keeps its normalized input, eager RoPE both
         the rotated and unrotated q and k, the log-space scan its (C, C, K) pairwise decays per chunk,
         the loop scan every (K, V) state), so for them this is a lower bound. ``checkpoint="full"``
-        keeps each block's input (D s); ``"selective"`` keeps the block input and the outputs of the
+        keeps each block's input (D r); ``"selective"`` keeps the block input and the outputs of the
         matrix products and attention, and recomputes norms and activations; ``"keep_attention"``
-        keeps the block input and the fused attention kernel's output and log-sum-exp (D s + 4 Hq).
+        keeps the block input and the fused attention kernel's output and log-sum-exp (D r + D s + 4 Hq).
         Allocator slack,
         workspaces and forward temporaries are not included: measure ``torch.cuda.max_memory_allocated``
         for the real peak.

@@ -124,8 +124,8 @@ def _check_config(steps: int, alpha: float, impl: str, causal: bool = False, seg
 def diffusion_operator(adj_logits: torch.Tensor, steps: int, alpha: float) -> torch.Tensor:
     """P^k with P = (1 - alpha) I + alpha softmax_row(adj_logits), by repeated squaring. (N, N).
 
-    Built in at least float32 and returned in ``adj_logits.dtype``: rounding P to bfloat16 after every
-    squaring makes its rows drift away from summing to 1, which shifts every diffused node by a
+    Built in at least float32 and returned in ``adj_logits.dtype``: rounding P to bfloat16 before the
+    squarings makes its rows drift away from summing to 1 (a row sum off by d ends about k d off), which shifts every diffused node by a
     fraction of the mean node (measured: ~2-3x the error of the step-by-step loop in bfloat16). The
     operator is N x N, so the float32 work is negligible.
     """
