@@ -148,6 +148,11 @@ def test_host_crossover_reads_a_rows_sweep():
     assert out["rows"] == [8, 1024, 16384]
     assert out["floor_ms"] == {"F.rms_norm": 0.12, "mahia_triton": 0.30}
     assert out["crossover_rows"] == 16384  # mahia's eager time first at most F.rms_norm's there
+    assert out["peer_over_mine"] == pytest.approx(1.5) and out["before"] == (1024, pytest.approx(0.20 / 0.31))
+    # the H100 run of 03 (b34185d) said "first matches" where mahia was 1.62x faster: now it says by how much
+    ahead = tu.host_crossover_sentence(out, 4096)
+    assert "is first at most `F.rms_norm`'s at 16,384 rows × 4096, where it is already 1.50× faster" in ahead
+    assert "(at 1,024 rows it was 1.55× slower: the two cross between those sizes)" in ahead
     assert out["host_bound_rows"] == {"F.rms_norm": 1024, "mahia_triton": 1024}
     never = tu.host_crossover(df[~((df["variant"] == "mahia_triton") & (df["shape"] == "16384x4096"))])
     assert never["crossover_rows"] is None
@@ -274,3 +279,42 @@ def test_min_traffic_splits_min_bytes(kind):
         read, written = tu.min_traffic(kind, shape, dtype)
         assert read + written == tu.min_bytes(kind, shape, dtype) and read >= written > 0
     assert tu.min_traffic("swiglu_fwd", (4, 8), torch.float32) == (2 * 4 * 8 * 4, 4 * 8 * 4)
+
+
+def test_sweep_worst_cases_reads_where_a_peer_wins_and_why(tmp_path):
+    import json
+
+    import pandas as pd
+
+    # the H100 sweep at b34185d: three worst cases as they were recorded there
+    keys = {
+        "rmsnorm_fwdbwd_eager_worst_vs_best_peer": (0.367, "rmsnorm_fwdbwd_eager", "16384x2048", "float16"),
+        "rmsnorm_device_worst_vs_best_peer": (0.797, "rmsnorm_fwd", "1024x5120", "bfloat16"),
+        "swiglu_fwdbwd_eager_worst_vs_best_peer": (0.999, "swiglu_fwdbwd_eager", "16384x11008", "float32"),
+        "rmsnorm_fwdbwd_eager_vs_best_peer": (1.496, "rmsnorm_fwdbwd_eager", "16384x4096", "bfloat16"),
+    }
+    doc = {
+        "profile": "full",
+        "commits": ["b34185deecfd"],
+        "metrics": {k: v[0] for k, v in keys.items()},
+        "where": {k: {"experiment": e, "shape": s, "dtype": d} for k, (_, e, s, d) in keys.items()},
+    }
+    (tmp_path / "bench_kernels_summary.json").write_text(json.dumps(doc))
+    rows = [
+        ("rmsnorm_fwdbwd_eager", "16384x2048", "float16", "mahia_triton", 0.644),
+        ("rmsnorm_fwdbwd_eager", "16384x2048", "float16", "F.rms_norm", 0.236),
+        ("rmsnorm_fwdbwd_eager", "16384x2048", "float16", "torch.compile", 0.9),
+        ("rmsnorm_fwdbwd", "16384x2048", "float16", "mahia_triton", 0.136),
+        ("rmsnorm_fwd", "1024x5120", "bfloat16", "mahia_triton", 0.0140),
+        ("rmsnorm_fwd", "1024x5120", "bfloat16", "torch.compile", 0.0112),
+        ("rmsnorm_fwd", "1024x5120", "bfloat16", "copy_same_bytes", 0.0069),  # not a peer
+    ]
+    df = pd.DataFrame(rows, columns=["experiment", "shape", "dtype", "variant", "median_ms"]).assign(profile="full")
+    df.to_csv(tmp_path / "bench_kernels.csv", index=False)
+    text = tu.sweep_worst_cases(tmp_path)
+    assert "(commit b34185deecfd)" in text
+    assert "mahia 644 µs, F.rms_norm 236 µs; its kernels take 136 µs of it: host-bound" in text
+    assert "mahia 14.0 µs, torch.compile 11.2 µs: 2.8 µs (20% of mahia's kernel) behind" in text
+    assert text.endswith("Within 3% (a tie): `swiglu_fwdbwd_eager_worst_vs_best_peer` 0.999.")
+    assert "rmsnorm_fwdbwd_eager_vs_best_peer" not in text  # a headline key, and mahia leads there
+    assert "No kernel benchmark" in tu.sweep_worst_cases(tmp_path / "nowhere")

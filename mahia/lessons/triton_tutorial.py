@@ -747,6 +747,10 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
                 tie = "fraction" if abs(a - b) <= TIE_FRACTION * b else None
             if a <= b or tie:
                 out["crossover_rows"], out["tie"] = r, tie
+                out["peer_over_mine"] = float(b / a)  # > 1: mine is faster there
+                i = rows.index(r)
+                if i:  # the row before, where mine was still slower: the crossover lies between the two
+                    out["before"] = (rows[i - 1], float(eager.loc[rows[i - 1], peer] / eager.loc[rows[i - 1], mine]))
                 break
     if "device" in t.columns.get_level_values(0):
         device = t["device"]
@@ -762,7 +766,8 @@ def host_crossover_sentence(
 ) -> str:
     """Where ``mine``'s eager time (``label``) first matches ``peer``'s, from :func:`host_crossover`'s ``cross``
     for rows of ``n_cols`` columns, and who decides there: the host (``mine`` still host-bound; ``peer`` too or
-    not) or the device."""
+    not) or the device. Where ``mine`` is already ahead at that size (no tie), it says by how much, and where it
+    was behind at the size before (the crossover lies between the two)."""
     c_rows, rows = cross["crossover_rows"], cross["rows"]
     if not c_rows:
         return (
@@ -770,7 +775,16 @@ def host_crossover_sentence(
             "host cost is larger, and the host decides at all these sizes."
         )
     how = {"spreads": " (a tie: their 20–80% spreads overlap)", "fraction": f" (a tie: within {TIE_FRACTION:.0%})"}
-    text = f"{label}'s eager time first matches `{peer}`'s at {c_rows:,} rows × {n_cols}{how.get(cross['tie'], '')}"
+    if cross["tie"] is None and cross.get("peer_over_mine", 1.0) > 1 + TIE_FRACTION:  # ahead, not level: by how much
+        text = (
+            f"{label}'s eager time is first at most `{peer}`'s at {c_rows:,} rows × {n_cols}, where it is already "
+            f"{cross['peer_over_mine']:.2f}× faster"
+        )
+        if cross.get("before"):
+            prev, ratio = cross["before"]
+            text += f" (at {prev:,} rows it was {1 / ratio:.2f}× slower: the two cross between those sizes)"
+    else:
+        text = f"{label}'s eager time first matches `{peer}`'s at {c_rows:,} rows × {n_cols}{how.get(cross['tie'], '')}"
     bound = cross["host_bound_rows"]
     if (bound.get(mine) or 0) < c_rows:
         return text + ": from there on the device decides."
@@ -782,4 +796,80 @@ def host_crossover_sentence(
     return text + (
         f", where {label} is still host-bound and `{peer}` no longer is: `{peer}`'s device work has grown to "
         f"{label}'s host cost per call, and {label}'s kernel decides only at larger sizes."
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Where a peer still wins: the kernel benchmark's sweep, read back from a results folder
+# ---------------------------------------------------------------------------------------------------
+
+_PEERS = ("eager", "F.rms_norm", "torch.compile", "liger")
+
+
+def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
+    """Markdown: where a peer still wins in the kernel benchmark's sweep (``python -m mahia.bench kernels``; every
+    kernel, three dtypes, forward and forward+backward, device and eager time) recorded in ``folder`` (a device's
+    results folder with ``bench_kernels_summary.json`` and ``bench_kernels.csv``). For each worst-case key below
+    ``tie`` (closer is a tie within the timing's noise): the shape, mahia's and the best peer's times there, and
+    what the records show of the cause. For eager time, the device time of the same call: an eager call more
+    than ``HOST_BOUND_FACTOR`` times its kernels is host-bound (Python, autograd, the launch). For device time, the
+    gap in a kernel of that length; the records alone do not say why."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    summary, csv = folder / "bench_kernels_summary.json", folder / "bench_kernels.csv"
+    if not (summary.exists() and csv.exists()):
+        return (
+            f"*No kernel benchmark for this device in `{folder.name}`: `python -m mahia.bench kernels`, on a GPU, sweeps every "
+            "kernel against its peers.*"
+        )
+    doc = json.loads(summary.read_text())
+    df = pd.read_csv(csv, dtype={"shape": str, "commit": str})
+    df = df[df["profile"].astype(str) == doc.get("profile", "full")].drop_duplicates(
+        ["experiment", "variant", "shape", "dtype"], keep="last"
+    )
+    med = df.set_index(["experiment", "shape", "dtype", "variant"])["median_ms"]
+    lines, ties = [], []
+    for key, value in doc["metrics"].items():
+        if not key.endswith("_worst_vs_best_peer") or value is None or value >= 1:
+            continue
+        if value >= tie:
+            ties.append(f"`{key}` {value:.3f}")
+            continue
+        w = doc["where"][key]
+        at = (w["experiment"], w["shape"], w["dtype"])
+        if (*at, "mahia_triton") not in med.index:
+            continue  # the records behind the key are not in this folder's CSV
+        mine = float(med[(*at, "mahia_triton")])
+        peers = {v: float(med[(*at, v)]) for v in _PEERS if (*at, v) in med.index}
+        best = min(peers, key=peers.get)
+        head = f"* **{key}** {value:.3f}: `{w['experiment']}` at {w['shape']} {w['dtype']}"
+        if w["experiment"].endswith("_eager"):
+            kernels = med.get((w["experiment"].removesuffix("_eager"), w["shape"], w["dtype"], "mahia_triton"))
+            cause = ""
+            if kernels and kernels > 0:
+                cause = (
+                    f"; its kernels take {kernels * 1e3:,.0f} µs of it: host-bound, so the host's time per call "
+                    f"(Python, autograd, the launch) is what is behind, not the kernel"
+                    if mine > HOST_BOUND_FACTOR * kernels
+                    else f"; its kernels take {kernels * 1e3:,.0f} µs of it: the device sets the time"
+                )
+            lines.append(
+                f"{head}, a call from Python: mahia {mine * 1e3:,.0f} µs, {best} {peers[best] * 1e3:,.0f} µs{cause}."
+            )
+        else:
+            gap = mine - peers[best]
+            lines.append(
+                f"{head}, device time: mahia {mine * 1e3:,.1f} µs, {best} {peers[best] * 1e3:,.1f} µs: {gap * 1e3:,.1f} µs "
+                f"({gap / mine:.0%} of mahia's kernel) behind; the records do not say why (PERFORMANCE.md has the probes)."
+            )
+    commits = ", ".join(doc.get("commits", [])) or "unknown"
+    tied = f" Within {1 - tie:.0%} (a tie): {', '.join(ties)}." if ties else ""
+    if not lines:
+        return f"No peer is ahead by more than {1 - tie:.0%} at any shape of the sweep in `{folder.name}` (commit {commits}).{tied}"
+    return (
+        f"Where a peer is still ahead over the whole sweep in `{folder.name}` (commit {commits}):\n\n"
+        + "\n".join(lines)
+        + (f"\n\n{tied.strip()}" if ties else "")
     )
