@@ -310,6 +310,7 @@ def test_sweep_worst_cases_reads_where_a_peer_wins_and_why(tmp_path):
         ("rmsnorm_fwd", "1024x5120", "bfloat16", "copy_same_bytes", 0.0069),  # not a peer
     ]
     df = pd.DataFrame(rows, columns=["experiment", "shape", "dtype", "variant", "median_ms"]).assign(profile="full")
+    df["role"] = df["variant"].map({"mahia_triton": "optimized", "copy_same_bytes": "metric"}).fillna("peer")
     df.to_csv(tmp_path / "bench_kernels.csv", index=False)
     text = tu.sweep_worst_cases(tmp_path)
     assert "(commit b34185deecfd)" in text

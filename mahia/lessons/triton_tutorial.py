@@ -738,7 +738,7 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
     eager = t["eager"]
     out["floor_ms"] = {v: float(eager[v].iloc[0]) for v in eager.columns}
     if mine in eager.columns and peer in eager.columns:
-        for r in rows:
+        for i, r in enumerate(rows):
             a, b = eager.loc[r, mine], eager.loc[r, peer]
             spreads = [x.loc[r, ("eager", v)] for v in (mine, peer) for x in (lo, hi)] if spread else [None]
             if all(pd.notna(spreads)):  # p20 and p80 of mine, then of peer
@@ -748,7 +748,6 @@ def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.
             if a <= b or tie:
                 out["crossover_rows"], out["tie"] = r, tie
                 out["peer_over_mine"] = float(b / a)  # > 1: mine is faster there
-                i = rows.index(r)
                 if i:  # the row before, where mine was still slower: the crossover lies between the two
                     out["before"] = (rows[i - 1], float(eager.loc[rows[i - 1], peer] / eager.loc[rows[i - 1], mine]))
                 break
@@ -803,8 +802,6 @@ def host_crossover_sentence(
 # Where a peer still wins: the kernel benchmark's sweep, read back from a results folder
 # ---------------------------------------------------------------------------------------------------
 
-_PEERS = ("eager", "F.rms_norm", "torch.compile", "liger")
-
 
 def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
     """Markdown: where a peer still wins in the kernel benchmark's sweep (``python -m mahia.bench kernels``; every
@@ -813,12 +810,16 @@ def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
     ``tie`` (closer is a tie within the timing's noise): the shape, mahia's and the best peer's times there, and
     what the records show of the cause. For eager time, the device time of the same call: an eager call more
     than ``HOST_BOUND_FACTOR`` times its kernels is host-bound (Python, autograd, the launch). For device time, the
-    gap in a kernel of that length; the records alone do not say why."""
+    gap in a kernel of that length; the records alone do not say why. The best peer is the fastest row of role
+    "peer", as the keys take it (:mod:`mahia.bench.kernels`)."""
     import json
     from pathlib import Path
 
+    from mahia.bench.kernels import SUMMARY_STEM, _newest_rows
+    from mahia.measure.files import profile_file
+
     folder = Path(folder)
-    summary, csv = folder / "bench_kernels_summary.json", folder / "bench_kernels.csv"
+    summary, csv = profile_file(folder, SUMMARY_STEM, "full"), folder / "bench_kernels.csv"
     if not (summary.exists() and csv.exists()):
         return (
             f"*No kernel benchmark for this device in `{folder.name}`: `python -m mahia.bench kernels`, on a GPU, sweeps every "
@@ -826,10 +827,9 @@ def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
         )
     doc = json.loads(summary.read_text())
     df = pd.read_csv(csv, dtype={"shape": str, "commit": str})
-    df = df[df["profile"].astype(str) == doc.get("profile", "full")].drop_duplicates(
-        ["experiment", "variant", "shape", "dtype"], keep="last"
-    )
+    df = _newest_rows(df[df["profile"].astype(str) == doc.get("profile", "full")])
     med = df.set_index(["experiment", "shape", "dtype", "variant"])["median_ms"]
+    peer_names = set(df.loc[df["role"] == "peer", "variant"])
     lines, ties = [], []
     for key, value in doc["metrics"].items():
         if not key.endswith("_worst_vs_best_peer") or value is None or value >= 1:
@@ -842,7 +842,7 @@ def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
         if (*at, "mahia_triton") not in med.index:
             continue  # the records behind the key are not in this folder's CSV
         mine = float(med[(*at, "mahia_triton")])
-        peers = {v: float(med[(*at, v)]) for v in _PEERS if (*at, v) in med.index}
+        peers = {v: float(med[(*at, v)]) for v in peer_names if (*at, v) in med.index}
         best = min(peers, key=peers.get)
         head = f"* **{key}** {value:.3f}: `{w['experiment']}` at {w['shape']} {w['dtype']}"
         if w["experiment"].endswith("_eager"):
