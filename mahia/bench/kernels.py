@@ -136,6 +136,7 @@ from mahia.ops.swiglu import swiglu_eager
 
 __all__ = [
     "run",
+    "newest_rows",
     "min_bytes",
     "input_bytes",
     "eager_bench",
@@ -1121,7 +1122,7 @@ DEVICE_WORST_MIN_BYTES = 8 * MB
 COPY_FRAC_MIN_BYTES = 64 * MB
 
 
-def _newest_rows(df):
+def newest_rows(df):
     """Newest row per (experiment, variant, shape, dtype)."""
     if df.empty:
         return df
@@ -1203,7 +1204,7 @@ def summary_keys(records, *, where: bool = False) -> dict:
     import pandas as pd
 
     df = (
-        _newest_rows(pd.DataFrame(records))
+        newest_rows(pd.DataFrame(records))
         if len(records)
         else pd.DataFrame(
             columns=["experiment", "variant", "role", "shape", "dtype", "median_ms", "frac_of_limit", "value"]
@@ -1303,7 +1304,7 @@ def plot(
 
     plt = plotting.plt
 
-    df = _newest_rows(pd.DataFrame(records))
+    df = newest_rows(pd.DataFrame(records))
     paths: list[Path] = []
     if df.empty:
         return paths

@@ -815,7 +815,7 @@ def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
     import json
     from pathlib import Path
 
-    from mahia.bench.kernels import SUMMARY_STEM, _newest_rows
+    from mahia.bench.kernels import SUMMARY_STEM, newest_rows
     from mahia.measure.files import profile_file
 
     folder = Path(folder)
@@ -827,7 +827,7 @@ def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
         )
     doc = json.loads(summary.read_text())
     df = pd.read_csv(csv, dtype={"shape": str, "commit": str})
-    df = _newest_rows(df[df["profile"].astype(str) == doc.get("profile", "full")])
+    df = newest_rows(df[df["profile"].astype(str) == doc.get("profile", "full")])
     med = df.set_index(["experiment", "shape", "dtype", "variant"])["median_ms"]
     peer_names = set(df.loc[df["role"] == "peer", "variant"])
     lines, ties = [], []
