@@ -87,7 +87,7 @@ def test_records_carry_profile_and_commit(tmp_path, monkeypatch):
     monkeypatch.setenv("MAHIA_PROFILE", "full")  # set by the runner
     rec = results.Recorder("98_test", "cpu", results_dir=tmp_path)
     rec.metric("x", "y", 1.0)
-    row = pd.read_csv(rec.path).iloc[0]
+    row = pd.read_csv(rec.path, dtype={"commit": str}).iloc[0]  # a sha of digits only stays text
     assert row["commit"] == files.git_commit() and row["profile"] == "full"
     # setup() measures the ceilings for its profile; the recorder takes the profile from them
     rec = results.Recorder("97_test", "cpu", results_dir=tmp_path, ceilings=_ceil(rec.slug, "quick"))
