@@ -342,6 +342,15 @@ def test_summary_keys_on_synthetic_records():
     assert all(v is None for v in empty.values()) and set(empty) == set(bk.SUMMARY_KEYS)
 
 
+def test_eager_pytorch_counts_as_a_peer():
+    # The H100 sweep at b34185d, SwiGLU fwd+bwd 4096x4096 float32, eager time: plain PyTorch (role "baseline")
+    # was the fastest call, so mahia is behind it (0.690), not level with the slower "peer" rows (0.999).
+    rows = _peers("swiglu_fwdbwd_eager", (4096, 4096), "float32", 0.513, {"torch.compile": 0.5125}, eager=0.354)
+    detail = bk.summary_keys(pd.DataFrame(rows), where=True)["swiglu_fwdbwd_eager_worst_vs_best_peer"]
+    assert detail["value"] == pytest.approx(0.354 / 0.513) and detail["shape"] == "4096x4096"
+    assert "baseline" in bk.PEER_ROLES and "optimized" not in bk.PEER_ROLES
+
+
 def test_summary_key_without_mahia_or_peer_is_none():
     rows = [
         _row("rmsnorm_fwdbwd_eager", "eager", (16384, 4096), "bfloat16", 5.0),

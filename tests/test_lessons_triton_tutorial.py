@@ -290,7 +290,8 @@ def test_sweep_worst_cases_reads_where_a_peer_wins_and_why(tmp_path):
     keys = {
         "rmsnorm_fwdbwd_eager_worst_vs_best_peer": (0.367, "rmsnorm_fwdbwd_eager", "16384x2048", "float16"),
         "rmsnorm_device_worst_vs_best_peer": (0.797, "rmsnorm_fwd", "1024x5120", "bfloat16"),
-        "swiglu_fwdbwd_eager_worst_vs_best_peer": (0.999, "swiglu_fwdbwd_eager", "16384x11008", "float32"),
+        "swiglu_fwdbwd_eager_worst_vs_best_peer": (0.690, "swiglu_fwdbwd_eager", "4096x4096", "float32"),
+        "rope_device_worst_vs_best_peer": (0.98, "rope_fwd", "2x2048x12x12x64", "float16"),
         "rmsnorm_fwdbwd_eager_vs_best_peer": (1.496, "rmsnorm_fwdbwd_eager", "16384x4096", "bfloat16"),
     }
     doc = {
@@ -308,14 +309,20 @@ def test_sweep_worst_cases_reads_where_a_peer_wins_and_why(tmp_path):
         ("rmsnorm_fwd", "1024x5120", "bfloat16", "mahia_triton", 0.0140),
         ("rmsnorm_fwd", "1024x5120", "bfloat16", "torch.compile", 0.0112),
         ("rmsnorm_fwd", "1024x5120", "bfloat16", "copy_same_bytes", 0.0069),  # not a peer
+        ("swiglu_fwdbwd_eager", "4096x4096", "float32", "mahia_triton", 0.513),
+        ("swiglu_fwdbwd_eager", "4096x4096", "float32", "eager", 0.354),  # plain PyTorch: a peer too
+        ("swiglu_fwdbwd_eager", "4096x4096", "float32", "torch.compile", 0.5125),
+        ("swiglu_fwdbwd", "4096x4096", "float32", "mahia_triton", 0.187),
     ]
     df = pd.DataFrame(rows, columns=["experiment", "shape", "dtype", "variant", "median_ms"]).assign(profile="full")
-    df["role"] = df["variant"].map({"mahia_triton": "optimized", "copy_same_bytes": "metric"}).fillna("peer")
+    df["role"] = df["variant"].map({"mahia_triton": "optimized", "copy_same_bytes": "metric", "eager": "baseline"})
+    df["role"] = df["role"].fillna("peer")
     df.to_csv(tmp_path / "bench_kernels.csv", index=False)
     text = tu.sweep_worst_cases(tmp_path)
     assert "(commit b34185deecfd)" in text
     assert "mahia 644 µs, F.rms_norm 236 µs; its kernels take 136 µs of it: host-bound" in text
     assert "mahia 14.0 µs, torch.compile 11.2 µs: 2.8 µs (20% of mahia's kernel) behind" in text
-    assert text.endswith("Within 3% (a tie): `swiglu_fwdbwd_eager_worst_vs_best_peer` 0.999.")
+    assert "mahia 513 µs, eager 354 µs; its kernels take 187 µs of it: host-bound" in text
+    assert text.endswith("Within 3% (a tie): `rope_device_worst_vs_best_peer` 0.980.")
     assert "rmsnorm_fwdbwd_eager_vs_best_peer" not in text  # a headline key, and mahia leads there
     assert "No kernel benchmark" in tu.sweep_worst_cases(tmp_path / "nowhere")

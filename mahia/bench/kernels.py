@@ -8,7 +8,8 @@ Variants, each checked against a float64 run of the eager reference on fresh ran
 shape before it is timed (``mahia.measure.checks.compare_fn``, errors computed on the device); a
 wrong one is not timed, the others go on, and the suite ends with a ``CorrectnessError`` naming it:
 
-    eager          the readable reference of mahia.ops (``*_eager``)       role "baseline"
+    eager          the readable reference of mahia.ops (``*_eager``)       role "baseline" (also a peer:
+                   plain PyTorch is what a user calls without mahia)
     F.rms_norm     PyTorch's own RMSNorm (RMSNorm; add + RMSNorm: x + r    role "peer"
                    then F.rms_norm)
     torch.compile  Inductor's fusion of the eager reference: default mode, role "peer"  (CUDA only)
@@ -148,6 +149,7 @@ __all__ = [
     "HEADLINE",
     "summary_keys",
     "SUMMARY_KEYS",
+    "PEER_ROLES",
     "timing_mode",
     "plot",
     "Variant",
@@ -162,6 +164,9 @@ ROLE = {
     "liger": "peer",
     "mahia_triton": "optimized",
 }
+# The variants a user could call instead of mahia: every best-peer key and sentence takes the fastest of these.
+# Eager is the baseline the speedups divide by, and a peer too: where plain PyTorch is fastest, mahia is behind.
+PEER_ROLES = ("baseline", "peer")
 KERNELS = ("rmsnorm", "add_rmsnorm", "swiglu", "rope", "moe_combine")
 PASSES = ("fwd", "fwdbwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -1146,7 +1151,7 @@ def _vs_best_peer(g) -> float | None:
     """time(best peer) / time(mahia_triton) in the rows ``g`` of one experiment, shape and dtype."""
     t = g[g["median_ms"].notna()]
     mine = t[t["variant"] == "mahia_triton"]
-    peers = t[t["role"] == "peer"]
+    peers = t[t["role"].isin(PEER_ROLES)]
     if mine.empty or peers.empty:
         return None
     return float(peers["median_ms"].min()) / float(mine["median_ms"].iloc[0])
@@ -1184,8 +1189,8 @@ def _over_shapes(df, experiments, fn, min_bytes_: float, dtypes=None) -> tuple[f
 def summary_keys(records, *, where: bool = False) -> dict:
     """The kernel benchmark's summary keys from its records (``load_records`` of a device folder, one
     profile; the newest row per experiment, variant, shape and dtype is used). ``x_vs_y`` = time(y) /
-    time(x), y the best peer (the fastest of the role-"peer" variants at that shape and dtype); above 1
-    means mahia is faster. None where the records are missing. With ``where=True`` each value comes as
+    time(x), y the best peer (the fastest variant of a role in PEER_ROLES, eager PyTorch included, at
+    that shape and dtype); above 1 means mahia is faster. None where the records are missing. With ``where=True`` each value comes as
     ``{"value", "experiment", "shape", "dtype"}`` (which shape made a worst case).
 
     rmsnorm_host_fwd[bwd]_vs_native     time(F.rms_norm) / time(mahia_triton), eager time, tiny tensor

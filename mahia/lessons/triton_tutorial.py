@@ -810,12 +810,12 @@ def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
     ``tie`` (closer is a tie within the timing's noise): the shape, mahia's and the best peer's times there, and
     what the records show of the cause. For eager time, the device time of the same call: an eager call more
     than ``HOST_BOUND_FACTOR`` times its kernels is host-bound (Python, autograd, the launch). For device time, the
-    gap in a kernel of that length; the records alone do not say why. The best peer is the fastest row of role
-    "peer", as the keys take it (:mod:`mahia.bench.kernels`)."""
+    gap in a kernel of that length; the records alone do not say why. The best peer is the fastest row of a
+    role in ``PEER_ROLES`` (eager PyTorch included), as the keys take it (:mod:`mahia.bench.kernels`)."""
     import json
     from pathlib import Path
 
-    from mahia.bench.kernels import SUMMARY_STEM, newest_rows
+    from mahia.bench.kernels import PEER_ROLES, SUMMARY_STEM, newest_rows
     from mahia.measure.files import profile_file
 
     folder = Path(folder)
@@ -829,7 +829,7 @@ def sweep_worst_cases(folder, *, tie: float = 0.97) -> str:
     df = pd.read_csv(csv, dtype={"shape": str, "commit": str})
     df = newest_rows(df[df["profile"].astype(str) == doc.get("profile", "full")])
     med = df.set_index(["experiment", "shape", "dtype", "variant"])["median_ms"]
-    peer_names = set(df.loc[df["role"] == "peer", "variant"])
+    peer_names = set(df.loc[df["role"].isin(PEER_ROLES), "variant"])
     lines, ties = [], []
     for key, value in doc["metrics"].items():
         if not key.endswith("_worst_vs_best_peer") or value is None or value >= 1:
