@@ -748,6 +748,16 @@ def test_recompute_cost_note():
         "where it waits on the host, the host's work (its Python policy) adds wall time" in host
         and "(20.5 of the 30.5 ms)" in host
     )
+    # b34185d (H100): selective added 63.2 ms, 33.1 of them not kernel time, while keep_attention, whose policy
+    # PyTorch calls the same way, added 39.1 ms for about as much kernel time: the policy's calls are not the cause
+    peer = prose.recompute_cost_note(
+        63.2, 30.1, 0.99, 0.85, "selective checkpointing", "its Python policy", peer=("keep_attention", 39.1, 39.0)
+    )
+    assert "33.1 of the 63.2 ms added per step are not kernel time" in peer
+    assert "keep_attention does the same host work (its Python policy) and shows no such excess" in peer
+    assert "adds wall time" not in peer and "does not isolate the cause" in peer
+    same = prose.recompute_cost_note(30.5, 10.0, 0.6, 0.5, "selective", "its Python policy", peer=("k", 30.0, 10.0))
+    assert "the host's work (its Python policy) adds wall time" in same
     covered = prose.recompute_cost_note(10.0, 12.0, 0.6, 0.5, "full checkpointing", "the recompute's launches")
     assert "covers the added wall time (10 ms)" in covered
     with pytest.raises(ValueError, match="busy_after"):
@@ -1280,3 +1290,44 @@ def test_gain_over_bound_note_flags_a_prediction_above_one_over_busy():
     )
     with pytest.raises(ValueError, match="gain_over_bound_note"):
         prose.gain_over_bound_note(["a"], [2.0], [0.0], [1], [1])
+
+
+def test_pick_margin_note():
+    """07's H100 run picked keep_attention at 200.2 ms (200.1–208.7) over full at 201.7 ms: a tie, said as one."""
+    tie = prose.pick_margin_note(
+        "keep_attention", {"keep_attention": (200.2, 200.1, 208.7), "full": (201.7, 199.0, 203.0)}
+    )
+    assert "does not show keep_attention to be the faster" in tie and "full 201.7 ms" in tie
+    apart = prose.pick_margin_note("a", {"a": (10, 9, 11), "b": (20, 19, 21)})
+    assert "it is the faster beyond the noise" in apart and "not" not in apart
+    assert "only candidate" in prose.pick_margin_note("a", {"a": (10, 9, 11)})
+    with pytest.raises(ValueError, match="not among"):
+        prose.pick_margin_note("c", {"a": (10, 9, 11)})
+    with pytest.raises(ValueError, match="p20"):
+        prose.pick_margin_note("a", {"a": (10, 11, 12)})
+
+
+def test_out_of_proportion_note():
+    """07's H100 sweep (b34185d): full checkpointing took 176.7 ms for 1 sequence and 136.4 ms for 32, so its
+    +169% at 1,024 tokens was not the recompute's price."""
+    tokens = [1024, 4096, 16384, 32768]
+    text = prose.out_of_proportion_note(
+        tokens, {"none": [65.8, 105.4, 85.7, 84.9], "full": [176.7, 127.2, 144.7, 136.4]}
+    )
+    assert text.startswith("Up to 16,384 tokens per step the steps are not in proportion")
+    assert "the full step took 144.7 ms at 16,384 tokens, no less than 136.4 ms at 32,768" in text
+    # 08's top-k sweep (b34185d, H100): the loop took 15.5, 11.6, 27.1, 15.1 ms for top-1, 2, 4, 8 of 8,192 tokens
+    loop = prose.out_of_proportion_note(
+        [8192, 16384, 32768, 65536],
+        {"loop": [15.5, 11.6, 27.1, 15.1]},
+        unit="assignments",
+        price="the gain's trend over top-k is not the work's",
+    )
+    assert loop.startswith("Up to 32,768 assignments per step") and "27.1 ms at 32,768 assignments, no less" in loop
+    assert loop.endswith("so the gain's trend over top-k is not the work's.")
+    fine = prose.out_of_proportion_note(tokens, {"none": [1, 2, 4, 8], "full": [2, 3, 5, 9]})
+    assert fine.startswith("Every policy's step took longer")
+    with pytest.raises(ValueError, match="increase"):
+        prose.out_of_proportion_note([2, 1], {"a": [1, 2]})
+    with pytest.raises(ValueError, match="times for"):
+        prose.out_of_proportion_note([1, 2], {"a": [1]})

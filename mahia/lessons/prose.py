@@ -80,6 +80,8 @@ __all__ = [
     "recompute_cost_note",
     "growth_crossover_note",
     "extra_work_time_note",
+    "pick_margin_note",
+    "out_of_proportion_note",
     "uncounted_sync_clause",
     "window_mask_note",
     "yes_no",
@@ -1481,14 +1483,23 @@ def loss_log_softmax_note(log_softmax: Mapping[str, int], nll_loss: Mapping[str,
 
 
 def recompute_cost_note(
-    d_wall_ms: float, d_kern_ms: float, busy_before: float, busy_after: float, what: str, host_work: str
+    d_wall_ms: float,
+    d_kern_ms: float,
+    busy_before: float,
+    busy_after: float,
+    what: str,
+    host_work: str,
+    *,
+    peer: tuple[str, float, float] | None = None,
 ) -> str:
     """Where a checkpointing policy's added wall time (``d_wall_ms`` over the step without checkpointing) went,
     from the profiler: ``d_kern_ms`` of added kernel time, and the share of each benchmarked step the device ran
     kernels (``busy_before`` without checkpointing, ``busy_after`` with ``what``). Where both steps keep the
     device busy (at least 90%), the host's work (``host_work``, a noun phrase: the recompute's launches, a Python
     policy) hides behind device work and the added time is kernel time; otherwise the host adds what the kernels
-    do not account for."""
+    do not account for. ``peer`` (its name, added wall ms, added kernel ms) is another policy doing the same host
+    work: where its added wall time is not in excess of its kernels' (less than half of ``what``'s excess), the host
+    work named cannot be the cause, and the sentence says only that the time is not kernel time."""
     for name, v in (("busy_before", busy_before), ("busy_after", busy_after)):
         if not (math.isfinite(v) and v >= 0):
             raise ValueError(f"recompute_cost_note: {name} must be a share >= 0, got {v!r}")
@@ -1506,10 +1517,17 @@ def recompute_cost_note(
             f"the added kernel time ({d_kern_ms:.3g} ms) covers the added wall time ({d_wall_ms:.3g} ms), so the "
             f"host's work ({host_work}) costs no time measurable here."
         )
+    excess = d_wall_ms - d_kern_ms
+    if peer is not None and peer[1] - peer[2] < excess / 2:
+        return text + (
+            f"{excess:.3g} of the {d_wall_ms:.3g} ms added per step are not kernel time. {peer[0]} does the same host "
+            f"work ({host_work}) and shows no such excess ({peer[1]:.3g} ms more per step for {peer[2]:.3g} ms more of "
+            f"kernels), so that work alone does not explain it; this run does not isolate the cause."
+        )
     return text + (
         f"where it waits on the host, the host's work ({host_work}) adds wall time that the added kernels do not "
         f"account for "
-        f"({d_wall_ms - d_kern_ms:.3g} of the {d_wall_ms:.3g} ms)."
+        f"({excess:.3g} of the {d_wall_ms:.3g} ms)."
     )
 
 
@@ -1544,6 +1562,40 @@ def growth_crossover_note(
         f"about **{even:,.0f} tokens per step**. Below that, what checkpointing cannot touch is the larger part, so it "
         f"saves less than half of all training memory there, and sharding or shrinking the optimizer state works on "
         f"the larger part."
+    )
+
+
+def out_of_proportion_note(
+    tokens: Sequence[float],
+    ms: Mapping[str, Sequence[float]],
+    *,
+    unit: str = "tokens",
+    price: str = "the time overhead measured there is not the price of the recompute",
+) -> str:
+    """Where a sweep's steps are not in proportion to their work: ``tokens`` per step (increasing) and, per policy
+    (``ms``: name -> median ms at each size), a step with fewer tokens that took at least as long as one with more.
+    Up to the largest such size, the step time is the host's and the noise's rather than the work's, so a ratio of
+    two policies there is not the price of the work one adds (``price``: what the sentence concludes; ``unit``:
+    what ``tokens`` counts, per step)."""
+    if any(b <= a for a, b in zip(tokens, tokens[1:])):
+        raise ValueError(f"out_of_proportion_note: tokens must increase, got {list(tokens)!r}")
+    worst = None  # (tokens, name, ms, tokens of the larger step, its ms)
+    for name, times in ms.items():
+        if len(times) != len(tokens):
+            raise ValueError(f"out_of_proportion_note: {name} has {len(times)} times for {len(tokens)} sizes")
+        for i in range(len(tokens)):
+            j = min(range(i + 1, len(tokens)), key=lambda k: times[k], default=None)
+            if j is None or times[i] < times[j]:
+                continue
+            if worst is None or (tokens[i], times[i] / times[j]) > (worst[0], worst[2] / worst[4]):
+                worst = (tokens[i], name, times[i], tokens[j], times[j])
+    if worst is None:
+        return "Every policy's step took longer with more tokens across this sweep."
+    t, name, a, t2, b = worst
+    return (
+        f"Up to {t:,.0f} {unit} per step the steps are not in proportion to their work: the {name} step took "
+        f"{a:.4g} ms at {t:,.0f} {unit}, no less than {b:.4g} ms at {t2:,.0f}. There the step time is the host's and "
+        f"the noise's, so {price}."
     )
 
 
@@ -1590,6 +1642,29 @@ def extra_work_time_note(more: Sequence[float], refs: Mapping[str, Sequence[floa
         + "; ".join(measured)
         + ("; no measurable difference otherwise (" + "; ".join(unmeasured) + ")" if unmeasured else "")
         + "."
+    )
+
+
+def pick_margin_note(pick: str, times: Mapping[str, Sequence[float]]) -> str:
+    """Whether the policy picked as the fastest of several candidates (``times``: name -> (median, p20, p80) in
+    ms, ``pick`` among them) is faster beyond the noise: the candidates whose 20–80% spread overlaps the pick's
+    are not separated from it by this run, so the pick between them follows the medians alone."""
+    for t in times.values():
+        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
+            raise ValueError(f"pick_margin_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    if pick not in times:
+        raise ValueError(f"pick_margin_note: {pick!r} is not among the candidates {sorted(times)}")
+    p = times[pick]
+    tied = [k for k, t in times.items() if k != pick and spreads_overlap(p, t)]
+    if len(times) == 1:
+        return f"{pick} is the only candidate."
+    if not tied:
+        return f"{pick}'s 20–80% spread ({p[1]:.4g}–{p[2]:.4g} ms) is apart from the other candidates': it is the faster beyond the noise."
+    others = ", ".join(f"{k} {times[k][0]:.4g} ms ({times[k][1]:.4g}–{times[k][2]:.4g})" for k in tied)
+    return (
+        f"Its time, {p[0]:.4g} ms (20–80% spread {p[1]:.4g}–{p[2]:.4g}), is not apart from {others}: the spreads "
+        f"overlap, so this run does not show {pick} to be the faster, and the pick between them follows the medians "
+        f"alone."
     )
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "PeakComposition",
     "peak_composition",
     "allocator_summary",
+    "allocator_step_summary",
     "state_bytes",
     "op_dtypes",
 ]
@@ -582,6 +583,26 @@ def allocator_summary(device: torch.device | str) -> dict[str, float]:
         "alloc retries": st.get("num_alloc_retries", 0),
         "largest free block": max(free_blocks, default=0),
     }
+
+
+def allocator_step_summary(fn: Callable[[], object], device: torch.device | str) -> dict[str, float]:
+    """:func:`allocator_summary` of one call of ``fn``: the peaks and the accumulated counters (``cudaMalloc
+    calls``, ``alloc retries``) are reset just before it, so they count this call only, not everything since the
+    process started (``torch.cuda.reset_peak_memory_stats`` leaves those counters alone). Adds ``allocated
+    before``: the bytes of tensors alive when the call began (weights, optimizer state, and whatever else the
+    process still holds), so ``allocated peak - allocated before`` is what the call itself allocated at its peak.
+    ``segments`` stays what the cache holds after the call, whichever call made them."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"allocator_step_summary: needs a CUDA device, got {device}")
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.reset_accumulated_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn()
+    out = allocator_summary(device)
+    out["allocated before"] = before
+    return out
 
 
 class _DtypeCounter(TorchDispatchMode):
