@@ -1331,3 +1331,49 @@ def test_out_of_proportion_note():
         prose.out_of_proportion_note([2, 1], {"a": [1, 2]})
     with pytest.raises(ValueError, match="times for"):
         prose.out_of_proportion_note([1, 2], {"a": [1]})
+
+
+def test_model_miss_summary_says_when_a_retiming_flips_the_verdict():
+    """09's H100 run (b34185d): the momentum update's 3.75× predicted was 'too high' against 3.19–3.44× measured,
+    while the sweep timed the same work again at 2.37 / 0.507 ms, a gain of 4.70×, above the prediction."""
+    mom = dict(component="momentum update", before_ms=1.67, before_pred_ms=1.875, after_ms=0.504, after_pred_ms=0.5)
+    mom.update(before_p20=1.62, before_p80=1.74, after_p20=0.503, after_p80=0.508)
+    assert "too high for momentum update" in prose.model_miss_summary([mom])
+    text = prose.model_miss_summary([dict(mom, again_before=(2.37, 2.33, 2.41), again_after=(0.507, 0.506, 0.508))])
+    assert "too high" not in text and "too low" not in text
+    assert "Which way it misses depends on the timing for momentum update (predicted 3.75×, measured 3.19–3.46×" in text
+    assert "4.59–4.76× when the same work was timed again)" in text
+    same = prose.model_miss_summary([dict(mom, again_before=(1.68, 1.62, 1.74), again_after=(0.504, 0.503, 0.508))])
+    assert "too high for momentum update" in same and "depends on the timing" not in same
+
+
+def test_within_phrase():
+    """09's H100 run printed 'the same output within 0' for an exact match."""
+    assert prose.within_phrase(0.0) == "bit-identical"
+    assert prose.within_phrase(1.234e-7) == "within 1.2e-07"
+    with pytest.raises(ValueError, match="finite"):
+        prose.within_phrase(math.nan)
+
+
+def test_gain_hits_note():
+    """10's H100 run (b34185d) said 'much of the bias cancels: 5 of 6 rung gains are within 25%', four of them float32
+    rungs the model gives ×1 by construction; of the two it predicts away from ×1, one is hit."""
+    rows = [
+        ("sync-free", 1.00015, 1.00),
+        ("sdpa", 1.0, 1.01),
+        ("triton", 1.0, 1.06),
+        ("grouped", 1.0048, 1.05),
+        ("bf16", 5.32, 1.82),
+        ("compile", 1.50, 1.69),
+    ]
+    text = prose.gain_hits_note(rows, 0.25, "one op trace")
+    assert text.startswith("Of the 2 rung gains the model predicts away from ×1 (by more than 25%), 1 is within 25%")
+    assert "*bf16* predicted ×5.32, measured ×1.82; *compile* predicted ×1.5, measured ×1.69." in text
+    assert "The other 4 predicted gains are within 25% of ×1 (one op trace), and 4 of them" in text
+    flat = prose.gain_hits_note(rows[:2], 0.25, "x")
+    assert flat.startswith("Every predicted gain is within 25% of ×1 (x), and 2 of 2")
+    assert prose.gain_hits_note(rows[4:], 0.25, "x").endswith("measured ×1.69.")
+    with pytest.raises(ValueError, match="band"):
+        prose.gain_hits_note(rows, 0, "x")
+    with pytest.raises(ValueError, match="no rung"):
+        prose.gain_hits_note([("a", math.nan, 1.0)], 0.25, "x")

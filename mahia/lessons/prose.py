@@ -82,6 +82,8 @@ __all__ = [
     "extra_work_time_note",
     "pick_margin_note",
     "out_of_proportion_note",
+    "within_phrase",
+    "gain_hits_note",
     "uncounted_sync_clause",
     "window_mask_note",
     "yes_no",
@@ -1599,6 +1601,14 @@ def out_of_proportion_note(
     )
 
 
+def within_phrase(err: float) -> str:
+    """How close two outputs are, from their largest error: "bit-identical" where it is 0 (not "within 0"),
+    else "within 1.2e-07"."""
+    if not (math.isfinite(err) and err >= 0):
+        raise ValueError(f"within_phrase: err must be a finite error >= 0, got {err!r}")
+    return "bit-identical" if err == 0 else f"within {err:.1e}"
+
+
 def spreads_overlap(a: Sequence[float], b: Sequence[float]) -> bool:
     """Whether two timings, each (median, p20, p80), have 20–80% spreads that overlap: neither is faster than the
     other beyond their noise."""
@@ -2149,10 +2159,14 @@ def model_miss_summary(rows: Sequence[Mapping]) -> str:
 
     With the 20–80% spreads of both times (``before_p20``, ``before_p80``, ``after_p20``, ``after_p80``) a predicted
     gain is called too high or too low only outside the measured gain's range (:func:`gain_range`); inside it, it
-    is within the spread. Without them, any difference between the two ratios counts."""
+    is within the spread. Without them, any difference between the two ratios counts.
+
+    ``again_before`` and ``again_after`` (each (median, p20, p80) in ms, optional) are a second timing of the same
+    two paths: where the verdict from it differs from the first one's, the component is called neither too high
+    nor too low, and the sentence gives both measured ranges: which way the model misses depends on the timing."""
     if not rows:
         raise ValueError("model_miss_summary: no rows")
-    miss, high, low, within = [], [], [], []
+    miss, high, low, within, flips = [], [], [], [], []
     for r in rows:
         b, a = r["before_ms"] / r["before_pred_ms"], r["after_ms"] / r["after_pred_ms"]
         miss.append((r["component"], b, a))
@@ -2160,6 +2174,16 @@ def model_miss_summary(rows: Sequence[Mapping]) -> str:
             lo, hi = gain_range(*(r[k] for k in _SPREAD_KEYS))
             pred = r["before_pred_ms"] / r["after_pred_ms"]
             side = high if pred > hi else low if pred < lo else within
+            if r.get("again_before") is not None and r.get("again_after") is not None:
+                bb, aa = r["again_before"], r["again_after"]
+                lo2, hi2 = gain_range(bb[1], bb[2], aa[1], aa[2])
+                side2 = high if pred > hi2 else low if pred < lo2 else within
+                if side2 is not side:
+                    flips.append(
+                        f"{r['component']} (predicted {pred:.3g}×, measured {lo:.3g}–{hi:.3g}× in one timing and "
+                        f"{lo2:.3g}–{hi2:.3g}× when the same work was timed again)"
+                    )
+                    continue
             side.append(f"{r['component']} (predicted {pred:.3g}×, measured {lo:.3g}–{hi:.3g}×)")
         elif a != b:
             (high if a > b else low).append(r["component"])
@@ -2182,7 +2206,12 @@ def model_miss_summary(rows: Sequence[Mapping]) -> str:
         text += (
             f"It lies within the measured gain's range from the 20–80% spreads of both times for {', '.join(within)}. "
         )
-    if not high and not low and not within:
+    if flips:
+        text += (
+            f"Which way it misses depends on the timing for {', '.join(flips)}: two timings of the same work put the "
+            f"prediction on either side. "
+        )
+    if not high and not low and not within and not flips:
         text += "Both paths are off by the same factor everywhere, so every predicted gain is the measured one."
     return text.rstrip()
 
@@ -2190,6 +2219,40 @@ def model_miss_summary(rows: Sequence[Mapping]) -> str:
 # ---------------------------------------------------------------------------------------------------
 # 10 · the full stack
 # ---------------------------------------------------------------------------------------------------
+
+
+def gain_hits_note(rows: Sequence[tuple[str, float, float]], band: float, trivial_why: str) -> str:
+    """How many of a ladder's predicted gains the measurement bears out, counting only those the model predicts away
+    from ×1: ``rows`` are (label, predicted gain, measured gain), a gain is hit when the measured one is within
+    ``band`` (relative, on a log scale) of the predicted one. A prediction within ``band`` of ×1 is a trivial one
+    (``trivial_why``: why the model gives such gains, a clause), and its hit tests the model little."""
+    if not band > 0:
+        raise ValueError(f"gain_hits_note: band must be > 0, got {band!r}")
+    rows = [r for r in rows if math.isfinite(r[1]) and math.isfinite(r[2]) and r[1] > 0 and r[2] > 0]
+    if not rows:
+        raise ValueError("gain_hits_note: no rung with a predicted and a measured gain")
+    near = lambda a, b: abs(math.log(a / b)) <= math.log(1 + band)  # noqa: E731
+    real = [r for r in rows if not near(r[1], 1.0)]
+    trivial = [r for r in rows if near(r[1], 1.0)]
+    text = ""
+    if real:
+        hits = sum(near(m, p) for _, p, m in real)
+        text += (
+            f"Of the {len(real)} rung gains the model predicts away from ×1 (by more than {pct(band)}), {hits} "
+            f"{'is' if hits == 1 else 'are'} within {pct(band)} of the measurement: "
+            + "; ".join(f"*{lab}* predicted ×{p:.3g}, measured ×{m:.3g}" for lab, p, m in real)
+            + ". "
+        )
+    if trivial:
+        t_hits = sum(near(m, p) for _, p, m in trivial)
+        text += (
+            f"The other {len(trivial)} predicted gains are within {pct(band)} of ×1 ({trivial_why}), and {t_hits} of "
+            f"them were measured within {pct(band)} of that: such hits test the model little."
+            if real
+            else f"Every predicted gain is within {pct(band)} of ×1 ({trivial_why}), and {t_hits} of {len(trivial)} "
+            f"were measured within {pct(band)} of that: such hits test the model little."
+        )
+    return text.rstrip()
 
 
 def same_tokens_phrase(same: bool) -> str:
