@@ -1377,3 +1377,17 @@ def test_gain_hits_note():
         prose.gain_hits_note(rows, 0, "x")
     with pytest.raises(ValueError, match="no rung"):
         prose.gain_hits_note([("a", math.nan, 1.0)], 0.25, "x")
+
+
+def test_retimed_gain_note():
+    """10's H100 run (b34185d): the bf16 step took 117 ms (115-119) in the ladder and 92.3 ms (86.8-93) when the sweep
+    timed it again, a gain of x2.33 instead of x1.82; the ladder's conclusions about bf16 rest on the first."""
+    text = prose.retimed_gain_note("bf16", (117, 115, 119), (92.3, 86.8, 93), 1.82, 2.33, "its gain and its host wait")
+    assert text == (
+        "With this timing the bf16 rung gains ×2.33, against ×1.82 in the ladder: its gain and its host wait rest on the ladder's "
+        "timing, one of two timings of the same step that disagree, and are only as sure as that."
+    )
+    assert prose.retimed_gain_note("g", (214, 214, 215), (215, 215, 216), 1.05, 1.04, "x") == ""  # within 3%
+    assert prose.retimed_gain_note("g", (100, 90, 110), (80, 70, 95), 1.0, 1.2, "x") == ""  # spreads overlap
+    with pytest.raises(ValueError, match="p20"):
+        prose.retimed_gain_note("g", (100, 110, 120), (80, 70, 95), 1.0, 1.2, "x")

@@ -84,6 +84,7 @@ __all__ = [
     "out_of_proportion_note",
     "within_phrase",
     "gain_hits_note",
+    "retimed_gain_note",
     "uncounted_sync_clause",
     "window_mask_note",
     "yes_no",
@@ -2146,6 +2147,32 @@ def retimed_note(
     return (
         text + f"no spread overlaps it: the same work, timed twice, disagrees ({mid / first[0]:.2f}× between the "
         f"medians), and a gain computed from either timing is only as sure as that."
+    )
+
+
+def retimed_gain_note(
+    rung: str,
+    first: Sequence[float],
+    again: Sequence[float],
+    gain_first: float,
+    gain_again: float,
+    rests_on: str,
+    *,
+    agree_within: float = 0.03,
+) -> str:
+    """What a retiming that disagrees does to the conclusions drawn from the first timing: ``first`` and ``again``
+    are two timings (median, p20, p80) of the same step, ``gain_first`` and ``gain_again`` the rung's gain from
+    each, ``rests_on`` what was concluded from the first (a noun phrase). Empty where the two agree as
+    :func:`retimed_note` has it (medians within ``agree_within``, or spreads that overlap)."""
+    for t in (first, again):
+        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
+            raise ValueError(f"retimed_gain_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    if abs(again[0] / first[0] - 1) <= agree_within or spreads_overlap(first, again):
+        return ""
+    return (
+        f"With this timing the {rung} rung gains ×{gain_again:.2f}, against ×{gain_first:.2f} in the ladder: "
+        f"{rests_on} rest on the ladder's timing, one of two timings of the same step that disagree, and are only as "
+        f"sure as that."
     )
 
 
