@@ -287,3 +287,36 @@ def test_byte_traffic_counts_reads_and_writes_of_kernel_launching_ops():
     assert rows[0] == {"op": "mul", "read_bytes": 4 * (M * N + N), "written_bytes": 4 * M * N, "out_shape": f"{M}x{N}"}
     assert rows[1]["read_bytes"] == rows[1]["written_bytes"] == 2 * 4 * K
     assert rows[2]["read_bytes"] == 4 * M * N and rows[2]["written_bytes"] == 4
+
+
+def test_count_syncs_keeps_the_sync_debug_modes_prototype_notice_out(monkeypatch):
+    """09's and 10's H100 outputs showed 'Synchronization debug mode is a prototype feature ...' under every
+    sync count: PyTorch prints it when the mode is turned on. count_syncs turns it on without the notice."""
+    import warnings
+
+    from mahia.measure.instruments import count_syncs
+
+    modes = []
+
+    def set_mode(mode):
+        if mode == "warn":
+            warnings.warn(
+                "Synchronization debug mode is a prototype feature and does not yet detect all "
+                "synchronizing operations",
+                UserWarning,
+                stacklevel=2,
+            )
+        modes.append(mode)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with count_syncs() as r:
+            torch.ones(2).sum()
+    assert modes == ["warn", 0]
+    assert not [w for w in caught if "prototype" in str(w.message)]
+    assert r.cuda_syncs == 0
