@@ -177,3 +177,19 @@ def test_a_numeric_hue_keeps_the_ordered_colour_map_and_an_explicit_palette_wins
         _sweep_frame(["eager", "sdpa"]), x="T", y="ms", title="mine", palette={"eager": "#123456", "sdpa": "#654321"}
     )
     assert _line_colors(ax) == {"eager": "#123456", "sdpa": "#654321"}
+
+
+def test_sweep_labels_a_short_log_axis_in_plain_numbers():
+    """09's fabric sweep (H100, b34185d) labelled its log-y ticks '6 × 10⁰, 4 × 10⁰, ... 6 × 10⁻¹' for 0.3–7 ms."""
+    df = pd.DataFrame({"T": [1, 2, 4], "ms": [0.3, 2.0, 7.0], "variant": ["a"] * 3})
+    ax = plotting.sweep(df, x="T", y="ms", title="short", logy=True)
+    ax.figure.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() + ax.yaxis.get_minorticklabels() if t.get_text()]
+    assert "1" in labels and "0.6" in labels and "6" in labels
+    assert not [s for s in labels if "10^" in s or "×" in s or "e-" in s or "e−" in s]
+    wide = pd.DataFrame({"T": [1, 2, 4], "ms": [0.01, 1.0, 1000.0], "variant": ["a"] * 3})
+    ax = plotting.sweep(wide, x="T", y="ms", title="wide", logy=True)
+    ax.figure.canvas.draw()
+    assert [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()] == []  # decades only
+    assert "0.01" in [t.get_text() for t in ax.get_yticklabels()]
+    plt.close("all")

@@ -50,6 +50,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib import ticker as mticker  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
 from mahia.measure.hardware import Ceilings  # noqa: E402
@@ -63,6 +64,7 @@ __all__ = [
     "format_value",
     "bars",
     "sweep",
+    "plain_log_ticks",
     "roofline",
     "save",
 ]
@@ -373,8 +375,23 @@ def sweep(
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
     ax.set_title(_label(device_note, title))
     return ax
+
+
+class _PlainLogFormatter(mticker.LogFormatter):
+    """A log axis's tick labels as plain numbers ("0.6", "2", "100"), not "6 × 10⁻¹"."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        return f"{x:g}"
+
+
+def plain_log_ticks(axis) -> None:
+    """Label a log ``axis`` (``ax.yaxis``, ``ax.xaxis``) in plain numbers: at the decades, and where the axis spans
+    about a decade or less, at the 2, 3, 4, 6 between them too (matplotlib's default writes those "6 × 10⁰")."""
+    axis.set_major_formatter(_PlainLogFormatter())
+    axis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def roofline(
