@@ -160,3 +160,14 @@ def test_scan_draw_shows_the_loop_the_chunks_and_the_states(n_chunks, chunk):
 def test_scan_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match="at most 24"):
         scan.draw(n_chunks=5, chunk=8)
+
+
+def test_checkpoint_diagram_names_the_recomputes_and_ramps_the_memory():
+    """07's H100 figure (b34185d): the selective row's small recompute boxes had no label, though its title cites
+    "(r)", and the kept memory jumped at the end of each recompute instead of growing while it runs."""
+    fig = checkpoint.draw(n_blocks=3)
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"r1", "r2", "r3", "R1"} <= texts
+    lines = [ln for ax in fig.axes for ln in ax.get_lines()]
+    assert lines and all(ln.get_drawstyle() == "default" for ln in lines)
+    plt.close(fig)

@@ -95,23 +95,25 @@ def draw(
             work.add_patch(
                 plt.Rectangle((r["start"], 0.1), w, 0.8, facecolor=colors[r["kind"]], edgecolor="black", lw=0.6)
             )
-            if w >= 0.5:
+            if w >= 0.3:  # a selective recompute (r) is narrow: a smaller font still names it
                 work.text(
                     r["start"] + w / 2,
                     0.5,
                     r["label"],
                     ha="center",
                     va="center",
-                    fontsize=7.5,
+                    fontsize=7.5 if w >= 0.5 else 6,
                     color="white" if r["kind"] in ("forward", "backward") else "black",
                 )
         work.set_ylim(0, 1)
         work.axis("off")
         work.set_title(_TITLES[policy], loc="left", fontsize=9)
+        # linear within each piece of work: a forward or a recompute builds its activations while it runs, a
+        # backward frees them while it runs (a step at the piece's end would show them rebuilt after the fact)
         times = [0.0] + [r["end"] for r in steps[policy]]
         levels = [0.0] + [r["memory"] for r in steps[policy]]
-        mem.fill_between(times, levels, step="post", color=MEMORY, alpha=0.45, lw=0)
-        mem.step(times, levels, where="post", color=MEMORY, lw=1.2)
+        mem.fill_between(times, levels, color=MEMORY, alpha=0.45, lw=0)
+        mem.plot(times, levels, color=MEMORY, lw=1.2)
         top = max(levels)
         at = times[levels.index(top)]
         mem.annotate(
