@@ -754,7 +754,7 @@ def test_recompute_cost_note():
         63.2, 30.1, 0.99, 0.85, "selective checkpointing", "its Python policy", peer=("keep_attention", 39.1, 39.0)
     )
     assert "33.1 of the 63.2 ms added per step are not kernel time" in peer
-    assert "keep_attention does the same host work (its Python policy) and shows no such excess" in peer
+    assert "keep_attention does the same kind of host work (its Python policy) and shows no such excess" in peer
     assert "adds wall time" not in peer and "does not isolate the cause" in peer
     same = prose.recompute_cost_note(30.5, 10.0, 0.6, 0.5, "selective", "its Python policy", peer=("k", 30.0, 10.0))
     assert "the host's work (its Python policy) adds wall time" in same

@@ -1523,8 +1523,8 @@ def recompute_cost_note(
     excess = d_wall_ms - d_kern_ms
     if peer is not None and peer[1] - peer[2] < excess / 2:
         return text + (
-            f"{excess:.3g} of the {d_wall_ms:.3g} ms added per step are not kernel time. {peer[0]} does the same host "
-            f"work ({host_work}) and shows no such excess ({peer[1]:.3g} ms more per step for {peer[2]:.3g} ms more of "
+            f"{excess:.3g} of the {d_wall_ms:.3g} ms added per step are not kernel time. {peer[0]} does the same kind of "
+            f"host work ({host_work}) and shows no such excess ({peer[1]:.3g} ms more per step for {peer[2]:.3g} ms more of "
             f"kernels), so that work alone does not explain it; this run does not isolate the cause."
         )
     return text + (
