@@ -86,6 +86,10 @@ __all__ = [
 ]
 
 
+# Two medians of the same work within this share of each other agree (retimed_note's default, 09-6 and 10-5).
+_SAME_MEDIAN = 0.03
+
+
 def pct(x: float) -> str:
     """A share as a percentage that never rounds a small nonzero share to "0%": 0.004 is "0.4%", below 0.001
     "<0.1%"; from 1% on, whole percents."""
@@ -323,7 +327,9 @@ def matmul_ceiling_check(
     p80 (slow) to the p20 (fast) time. Says where the ceiling lies against the ceiling-way band and whether
     the two bands are apart; when the sweep point is above the ceiling, which of those measured differences
     accounts for it (flushed faster, bands apart; the ceiling below its own way's band now), else the spread
-    (the ceiling inside its way's band and the sweep point inside the band of its own way), or that none does."""
+    (the ceiling inside its way's band and the sweep point inside the band of its own way; where the two ways'
+    medians are more than 3% apart although their bands overlap, the spread or the timing mode, which the run
+    does not tell apart), or that none does."""
     bands = {"ceiling_way_ms": ceiling_way_ms} | ({"flushed_ms": flushed_ms} if flushed_ms is not None else {})
     for name, t in bands.items():
         if len(t) != 3 or not all(x > 0 for x in t):
@@ -362,6 +368,12 @@ def matmul_ceiling_check(
         )
         if not causes and where == "inside" and own:
             causes = ["the timings' spread: the ceiling lies inside its way's band and the sweep point inside its own"]
+            if gpu and max(f / b, b / f) > 1 + _SAME_MEDIAN:  # bands overlap, medians not: the spread alone is no answer
+                causes = [
+                    f"the timings' spread or the timing mode, which this run does not tell apart: the ceiling lies "
+                    f"inside its way's band and the sweep point inside its own, but the flushed median is {f / b:.2f}× "
+                    f"the back-to-back one, more than the {_SAME_MEDIAN:.0%} within which two medians agree here"
+                ]
         text += f" The sweep point's {sweep_tflops / ceiling_tflops:.2f} of the ceiling comes from " + (
             " and from ".join(causes) + "." if causes else "none of these, within the spreads measured here."
         )
