@@ -164,9 +164,9 @@ def test_sync_gain_evidence_states_the_busy_fractions():
     assert prose.sync_gain_evidence(1.2, 1.0, cuda=False).startswith("*CPU run:* nothing runs asynchronously")
     larger = prose.sync_gain_evidence(1.43, 1.02, busy_before=0.55, busy_after=0.92, cuda=True)
     assert "busy 55% of the syncing loop's wall time and 92% of the sync-free loop's" in larger
-    assert "1.43×, is larger than the drain model's 1.02×" in larger
+    assert "1.43×, is larger than the read-back model's 1.02×" in larger
     same = prose.sync_gain_evidence(0.82, 1.02, busy_before=0.6, busy_after=0.58, cuda=True)
-    assert "no larger than the drain model's" in same and "keeps the device no busier" in same
+    assert "no larger than the read-back model's" in same and "keeps the device no busier" in same
     busier = prose.sync_gain_evidence(0.95, 1.02, busy_before=0.5, busy_after=0.7, cuda=True)
     assert "the device is busier without syncs" in busier
     with pytest.raises(ValueError, match="busy_before and busy_after"):
@@ -179,6 +179,7 @@ def test_gain_cutoff_sentence():
     assert (
         "for every step longer than 0.4 ms" in rising and "(at the measured sizes it predicts 1.002–1.200×)" in rising
     )
+    assert rising.startswith("The read-back model gives") and "drain" not in rising  # t_sync: nothing queued
     assert "under 1.05× at step times of 0.1 ms (0.82×), 10 ms (1.01×), and above it at 1 ms (1.43×)" in rising
     assert "does not fall steadily" in rising and "sets it against host time / device time" in rising
     assert "because" not in rising  # no cause asserted: the sweep's summary shows the evidence
@@ -307,7 +308,7 @@ def test_slowdown_sentence():
     assert "At batch 64 removing the syncs slowed the loop: 0.90× (20–80% spread 0.78–0.96), 470 µs more" in host
     assert "host-bound there (host/device 22.5: the host needs 4.5 ms to issue it, the device 0.2 ms to run it)" in host
     assert "runs 12 more ops (90 against 78 per step); at the average 50.0 µs of host time per op" in host
-    assert "they cost 600 µs, while the syncs it removes cost 7 × 10.0 µs = 70 µs of drain" in host
+    assert "they cost 600 µs, while the syncs it removes cost 7 × 10.0 µs = 70 µs of read-back" in host
     assert host.endswith("+530 µs net, 113% of the +470 µs measured.")  # within the spread's largest loss, 1185 µs
     tight = prose.slowdown_sentence("batch 64", host_ms=4.5, device_ms=0.2, **(kw | dict(lo=0.89)))
     assert tight.endswith(

@@ -464,7 +464,8 @@ def extra_ops_clause(ops_before: int, ops_after: int) -> str:
 def sync_gain_evidence(
     speedup: float, predicted: float, *, busy_before: float | None = None, busy_after: float | None = None, cuda: bool
 ) -> str:
-    """Why the measured gain of the sync-free loop differs from the drain-only model's (``predicted``), stated
+    """Why the measured gain of the sync-free loop differs from the read-back model's (``predicted``: each sync
+    charged its ``t_sync``, a read-back measured with nothing queued, so no wait for queued work), stated
     with the profiler's device-busy fractions of the two loops (GPU); on a CPU, where the evidence is by
     operator, said to be no waiting at all."""
     if not cuda:
@@ -481,14 +482,14 @@ def sync_gain_evidence(
     )
     if speedup > predicted:
         return text + (
-            f"The gain, {speedup:.2f}×, is larger than the drain model's {predicted:.2f}×: after each sync the "
+            f"The gain, {speedup:.2f}×, is larger than the read-back model's {predicted:.2f}×: after each sync the "
             f"device also waits while the host launches the next kernels, time the model does not charge; the "
             f"busy fractions show that idle time."
         )
     return text + (
-        f"The gain, {speedup:.2f}×, is no larger than the drain model's {predicted:.2f}×: "
+        f"The gain, {speedup:.2f}×, is no larger than the read-back model's {predicted:.2f}×: "
         + (
-            "the sync-free loop keeps the device no busier, so the syncs cost less here than the drain measured "
+            "the sync-free loop keeps the device no busier, so the syncs cost less here than the read-back measured "
             "on the chain of tiny kernels, and the sync-free step runs more ops."
             if busy_after <= busy_before
             else "the device is busier without syncs, but the sync-free step also runs more ops, which takes back "
@@ -509,7 +510,7 @@ def gain_cutoff_sentence(
     hi: Sequence[float] | None = None,
 ) -> str:
     """Where the measured gain of the sync sweep (ascending ``step_ms``) is under ``cut``, against where the
-    drain-only model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut),
+    read-back model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut),
     and whether the measured gain falls with the step time as the model's does (it does not if it rises
     anywhere). ``lo``/``hi``: each gain's range from the 20–80% spreads; with them a size counts as under (over)
     the cut only when its whole range is, and the rest are named as within the spread. ``cuda=False``: a CPU
@@ -527,7 +528,7 @@ def gain_cutoff_sentence(
         for i in idx
     )
     text = (
-        f"The drain-only model gives less than {cut:g}× for every step longer than {model_cut_ms:.3g} ms "
+        f"The read-back model gives less than {cut:g}× for every step longer than {model_cut_ms:.3g} ms "
         f"(at the measured sizes it predicts {min(predicted):.3f}–{max(predicted):.3f}×). "
     )
     if not under and not within:
@@ -763,7 +764,7 @@ def slowdown_sentence(
 ) -> str:
     """Why removing the syncs slowed a sweep size down (``gain`` < 1), from measured quantities: at a
     host-bound size (host ≥ device) the host's work sets the step, and the sync-free step's extra ops cost
-    (ops_after - ops_before) × host time per op, against the n_sync × t_sync of drain the syncs cost."""
+    (ops_after - ops_before) × host time per op, against the n_sync × t_sync of read-back the syncs cost."""
     if not gain < 1:
         raise ValueError(f"slowdown_sentence: for a slowdown (gain < 1), got {gain}")
     if hi >= 1:  # the spread allows no change or a gain: no measured slowdown to explain (gain_range)
@@ -789,7 +790,7 @@ def slowdown_sentence(
             f"({_count(ops_after)} against {_count(ops_before)} per step): the op count does not explain it."
         )
     per_op_us = host_ms * 1e3 / ops_after
-    extra_us, drain_us = extra * per_op_us, n_sync * sync_us
+    extra_us, readback_us = extra * per_op_us, n_sync * sync_us
     return (
         text
         + (
@@ -797,13 +798,13 @@ def slowdown_sentence(
             f"device {device_ms:.3g} ms to run it), so the host's work sets its length. The sync-free step runs "
             f"{_count(extra)} more ops ({_count(ops_after)} against {_count(ops_before)} per step); at the average "
             f"{per_op_us:.1f} µs of host time per op measured there ({host_ms:.3g} ms over {_count(ops_after)} ops) they "
-            f"cost {extra_us:.0f} µs, while the syncs it removes cost {n_sync} × {sync_us:.1f} µs = {drain_us:.0f} µs of "
-            f"drain by section 3's chain: {extra_us - drain_us:+.0f} µs net, {(extra_us - drain_us) / diff_us:.0%} of "
+            f"cost {extra_us:.0f} µs, while the syncs it removes cost {n_sync} × {sync_us:.1f} µs = {readback_us:.0f} µs of "
+            f"read-back by section 3's chain: {extra_us - readback_us:+.0f} µs net, {(extra_us - readback_us) / diff_us:.0%} of "
             f"the {diff_us:+.0f} µs measured"
         )
         + (
             "."
-            if extra_us - drain_us <= step_before_ms * 1e3 * (1 / lo - 1)  # the largest loss the 20-80% spread allows
+            if extra_us - readback_us <= step_before_ms * 1e3 * (1 / lo - 1)  # the largest loss the 20-80% spread allows
             # above it the extra ops would cost more than even the spread's slowest runs lost: they do not explain it
             else ": more than even the spread's slowest runs lost, so the extra ops alone do not account for it."
         )
