@@ -163,7 +163,9 @@ def test_extra_ops_clause():
 def test_sync_gain_evidence_states_the_busy_fractions():
     assert prose.sync_gain_evidence(1.2, 1.0, cuda=False).startswith("*CPU run:* nothing runs asynchronously")
     larger = prose.sync_gain_evidence(1.43, 1.02, busy_before=0.55, busy_after=0.92, cuda=True)
-    assert "busy 55% of the syncing loop's wall time and 92% of the sync-free loop's" in larger
+    assert "runs kernels 55% of the syncing loop's step and 92% of the sync-free loop's (the profiler's kernel" in larger
+    assert "timed without it" in larger and "wall time" not in larger  # not the profiled wall time (01-5)
+    assert "runs kernels 100% of the syncing" in prose.sync_gain_evidence(1.0, 1.0, busy_before=1.02, busy_after=0.9, cuda=True)
     assert "1.43×, is larger than the read-back model's 1.02×" in larger
     same = prose.sync_gain_evidence(0.82, 1.02, busy_before=0.6, busy_after=0.58, cuda=True)
     assert "no larger than the read-back model's" in same and "keeps the device no busier" in same
