@@ -112,7 +112,9 @@ def test_matmul_ceiling_check_compares_like_with_like():
     assert "comes from the timings' spread: the ceiling lies inside its way's band and the sweep point" in spread
     # the H100 run of notebook 00 (b34185d): bands overlap, but the medians are 1.10x apart: not the spread alone
     b2b_wide = (1000 / 674, 1000 / 784, 1000 / 672)
-    apart = prose.matmul_ceiling_check("matmul 4096", 1e12, 694.0, 715.0, b2b_wide, (1000 / 739, 1000 / 745, 1000 / 708))
+    apart = prose.matmul_ceiling_check(
+        "matmul 4096", 1e12, 694.0, 715.0, b2b_wide, (1000 / 739, 1000 / 745, 1000 / 708)
+    )
     assert "comes from the timings' spread or the timing mode, which this run does not tell apart" in apart
     assert "the flushed median is 1.10× the back-to-back one, more than the 3% within which" in apart
     none = prose.matmul_ceiling_check("matmul 4096", 1e12, 720.0, 760.0, b2b, (1.41, 1.39, 1.43))
@@ -141,7 +143,7 @@ def test_kernel_time_split():
 
 def test_matmul_tiles_clause_counts_tiles_for_the_sms():
     text = prose.matmul_tiles_clause(256, "sm90_xmma_gemm", (128, 128), 132)
-    assert "computes 128×128 output tiles, so a 256×256 product is 4 tile(s) for 132 SMs: 4 of them get work" in text
+    assert "computes 128×128 output tiles, so a 256×256 product is 4 tiles for 132 SMs: 4 of them get work" in text
     assert "132 of them get work" in prose.matmul_tiles_clause(8192, "k", (128, 256), 132)
     assert "states no tile size" in prose.matmul_tiles_clause(256, "gemv2T_kernel", None, 132)
     # the kernel's own fraction below what its busy SMs allow: idle SMs explain at most sms / busy of it
@@ -163,9 +165,13 @@ def test_extra_ops_clause():
 def test_sync_gain_evidence_states_the_busy_fractions():
     assert prose.sync_gain_evidence(1.2, 1.0, cuda=False).startswith("*CPU run:* nothing runs asynchronously")
     larger = prose.sync_gain_evidence(1.43, 1.02, busy_before=0.55, busy_after=0.92, cuda=True)
-    assert "runs kernels 55% of the syncing loop's step and 92% of the sync-free loop's (the profiler's kernel" in larger
+    assert (
+        "runs kernels 55% of the syncing loop's step and 92% of the sync-free loop's (the profiler's kernel" in larger
+    )
     assert "timed without it" in larger and "wall time" not in larger  # not the profiled wall time (01-5)
-    assert "runs kernels 100% of the syncing" in prose.sync_gain_evidence(1.0, 1.0, busy_before=1.02, busy_after=0.9, cuda=True)
+    assert "runs kernels 100% of the syncing" in prose.sync_gain_evidence(
+        1.0, 1.0, busy_before=1.02, busy_after=0.9, cuda=True
+    )
     assert "1.43×, is larger than the read-back model's 1.02×" in larger
     same = prose.sync_gain_evidence(0.82, 1.02, busy_before=0.6, busy_after=0.58, cuda=True)
     assert "no larger than the read-back model's" in same and "keeps the device no busier" in same
@@ -1288,3 +1294,18 @@ def test_gain_over_bound_note_flags_a_prediction_above_one_over_busy():
     )
     with pytest.raises(ValueError, match="gain_over_bound_note"):
         prose.gain_over_bound_note(["a"], [2.0], [0.0], [1], [1])
+
+
+def test_spread_range_never_prints_an_empty_range():
+    # 00-8: the H100's bench spread of a 4096 matmul, 2.6376-2.6416 ms, printed "2.64–2.64" at 3 figures
+    assert prose.spread_range(2.6376, 2.6416) == "2.638–2.642"
+    assert prose.spread_range(2.61, 2.68) == "2.61–2.68"
+    assert prose.spread_range(2.64, 2.64) == "2.64"
+    assert prose.spread_range(1234.0, 1567.0) == "1,230–1,570"
+    with pytest.raises(ValueError, match="sig must be 1 to 6"):
+        prose.spread_range(1.0, 2.0, sig=0)
+
+
+def test_matmul_tiles_clause_says_tile_or_tiles():
+    assert "is 44 tiles for 132 SMs" in prose.matmul_tiles_clause(256, "k", (64, 24), 132)
+    assert "is 1 tile for 132 SMs" in prose.matmul_tiles_clause(128, "k", (128, 128), 132)

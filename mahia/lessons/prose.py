@@ -54,6 +54,7 @@ __all__ = [
     "predicted_gain_phrase",
     "per_tensor_reads",
     "pct",
+    "spread_range",
     "plain_numbers",
     "reorder_print_summary",
     "same_tokens_phrase",
@@ -125,6 +126,19 @@ def plain_numbers(text: str) -> str:
     return _E_NUMBER.sub(_plain, text)
 
 
+def spread_range(lo: float, hi: float, *, sig: int = 3) -> str:
+    """``lo–hi`` (a 20–80% spread) to ``sig`` significant figures, or as many more (up to 6) as it takes for the
+    two ends to print differently: "2.64–2.64" says nothing, "2.637–2.641" gives the spread; ends equal even at
+    6 figures print once, as one number."""
+    if not (isinstance(sig, int) and 1 <= sig <= 6):
+        raise ValueError(f"spread_range: sig must be 1 to 6, got {sig!r}")
+    for d in range(sig, 7):
+        a, b = f"{lo:.{d}g}", f"{hi:.{d}g}"
+        if a != b:
+            return plain_numbers(f"{a}–{b}")
+    return plain_numbers(a)
+
+
 def spread_note(lo: float, hi: float) -> str:
     """Appended to "20–80% spread of the ratio lo–hi": says when the spread contains 1."""
     return "; it contains 1, so the difference is not significant" if lo <= 1 <= hi else ""
@@ -170,7 +184,7 @@ def copy_timing_modes(
     slower than the flushed one took longer than the device needs (the flushed time bounds that); its time is
     given as a fraction of ``host_us`` (the host's launch of one copy measured alone, no sync), the pace of the
     launches, without claiming the two are equal.
-    ``l2_mib``: the L2 cache's size (the device report's ``l2_cache_mb``, which counts MiB)."""
+    ``l2_mib``: the L2 cache's size (the device report's ``l2_cache_mib``)."""
     n = len(mib)
     if not (n and len(flushed_us) == len(warm_us) == len(host_us) == len(predicted_us) == n):
         raise ValueError(
@@ -368,7 +382,9 @@ def matmul_ceiling_check(
         )
         if not causes and where == "inside" and own:
             causes = ["the timings' spread: the ceiling lies inside its way's band and the sweep point inside its own"]
-            if gpu and max(f / b, b / f) > 1 + _SAME_MEDIAN:  # bands overlap, medians not: the spread alone is no answer
+            if (
+                gpu and max(f / b, b / f) > 1 + _SAME_MEDIAN
+            ):  # bands overlap, medians not: the spread alone is no answer
                 causes = [
                     f"the timings' spread or the timing mode, which this run does not tell apart: the ceiling lies "
                     f"inside its way's band and the sweep point inside its own, but the flushed median is {f / b:.2f}× "
@@ -424,7 +440,7 @@ def matmul_tiles_clause(
     tiles = -(-n // tm) * -(-n // tn)
     busy = min(tiles, sms)
     text = (
-        f"its kernel, `{kernel}`, computes {tm}×{tn} output tiles, so a {n}×{n} product is {tiles} tile(s) for "
+        f"its kernel, `{kernel}`, computes {tm}×{tn} output tiles, so a {n}×{n} product is {tiles} {'tile' if tiles == 1 else 'tiles'} for "
         f"{sms} SMs: {busy} of them get work"
     )
     if kernel_frac is not None and busy < sms and kernel_frac < busy / sms:
@@ -808,7 +824,8 @@ def slowdown_sentence(
         )
         + (
             "."
-            if extra_us - readback_us <= step_before_ms * 1e3 * (1 / lo - 1)  # the largest loss the 20-80% spread allows
+            if extra_us - readback_us
+            <= step_before_ms * 1e3 * (1 / lo - 1)  # the largest loss the 20-80% spread allows
             # above it the extra ops would cost more than even the spread's slowest runs lost: they do not explain it
             else ": more than even the spread's slowest runs lost, so the extra ops alone do not account for it."
         )
