@@ -10,8 +10,6 @@ import torch
 matplotlib.use("Agg")
 
 from mahia.lessons.full_stack import (  # noqa: E402
-    optimizations_in_use,
-    peer_scope_note,
     LADDER,
     Rung,
     Stack,
@@ -24,6 +22,8 @@ from mahia.lessons.full_stack import (  # noqa: E402
     for_device,
     greedy_gap,
     mfu,
+    optimizations_in_use,
+    peer_scope_note,
     predict_ms,
     profile_step,
     step_outputs,

@@ -530,9 +530,7 @@ def peer_scope_note(cfg, names: Sequence[str], *, peer: Sequence[str] = ("sdpa",
             f"{', '.join(used) or 'none'}"
             + (", which the peer uses too" if used else "")
             + ": both runs share the recipe, so this compares mahia's model code with plain PyTorch modules, not "
-            f"the stack"
-            + (f" ({', '.join(idle)} act on parts this model does not have)" if idle else "")
-            + ". "
+            "the stack" + (f" ({', '.join(idle)} act on parts this model does not have)" if idle else "") + ". "
         )
     extra = [n for n in used if n not in peer]
     return f"Beyond the peer's recipe, the stack gives this model {', '.join(extra)}. "
