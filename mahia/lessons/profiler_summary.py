@@ -160,6 +160,17 @@ class ProfileSummary:
         """ "`name` (share), ..." of the ``n`` longest rows."""
         return ", ".join(f"`{short_kernel_name(r.name, 48)}` ({pct(r.share)})" for r in self.top.head(n).itertuples())
 
+    def _noun(self) -> str:
+        """What the device ran (GPU): kernels, copies (the profiler's Memcpy and Memset rows), or both."""
+        names = [] if self.top.empty else list(self.top["name"])
+        copies = sum(n.startswith(("Memcpy", "Memset")) for n in names)
+        one = round(self.launches) == 1
+        if names and copies == len(names):
+            return "copy" if one else "copies"
+        if copies:
+            return "kernel or copy" if one else "kernels and copies"
+        return "kernel" if one else "kernels"
+
     def sentence(self, what: str, *, measured_ms: float | None = None) -> str:
         """One sentence of evidence: kernel time against wall time and the longest rows; on a CPU it says that
         these are host operators.
@@ -178,8 +189,7 @@ class ProfileSummary:
                 f"{self.longest()}."
             )
         text = (
-            f"Profiler, {what}: {self.launches:.0f} {'kernel' if round(self.launches) == 1 else 'kernels'} per call "
-            f"ran {duration(self.busy_ms)} of device time"
+            f"Profiler, {what}: {self.launches:.0f} {self._noun()} per call ran {duration(self.busy_ms)} of device time"
         )
         if measured_ms is None:
             text += (
