@@ -177,3 +177,19 @@ def test_a_numeric_hue_keeps_the_ordered_colour_map_and_an_explicit_palette_wins
         _sweep_frame(["eager", "sdpa"]), x="T", y="ms", title="mine", palette={"eager": "#123456", "sdpa": "#654321"}
     )
     assert _line_colors(ax) == {"eager": "#123456", "sdpa": "#654321"}
+
+
+def test_a_roofline_point_on_another_is_drawn_smaller_on_top():
+    # 00-10: on the H100, x*y+z (0.25 FLOP/byte, 0.74 TFLOP/s) hid under exp bfloat16 (0.25, 0.72)
+    m = 2**26
+    pts = pd.DataFrame(
+        {
+            "variant": ["x*y+z", "exp bfloat16", "matmul 4096"],
+            "flops": [2 * m, m, 2 * 4096**3],
+            "bytes": [8 * m, 4 * m, 3 * 4096**2 * 2],
+            "median_ms": [0.1806, 0.0936, 0.192],
+        }
+    )
+    ax = plotting.roofline(pts, Ceilings("x", 3000.0, 700.0, 50.0, "now"))
+    assert [float(c.get_sizes()[0]) for c in ax.collections] == [50.0, 18.0, 50.0]
+    assert ax.collections[1].get_zorder() > ax.collections[0].get_zorder()
