@@ -382,9 +382,8 @@ def matmul_ceiling_check(
         )
         if not causes and where == "inside" and own:
             causes = ["the timings' spread: the ceiling lies inside its way's band and the sweep point inside its own"]
-            if (
-                gpu and max(f / b, b / f) > 1 + _SAME_MEDIAN
-            ):  # bands overlap, medians not: the spread alone is no answer
+            # bands that overlap while the medians do not agree: the spread alone is no answer
+            if gpu and max(f / b, b / f) > 1 + _SAME_MEDIAN:
                 causes = [
                     f"the timings' spread or the timing mode, which this run does not tell apart: the ceiling lies "
                     f"inside its way's band and the sweep point inside its own, but the flushed median is {f / b:.2f}× "
