@@ -22,6 +22,8 @@ from mahia.lessons.full_stack import (  # noqa: E402
     for_device,
     greedy_gap,
     mfu,
+    optimizations_in_use,
+    peer_scope_note,
     predict_ms,
     profile_step,
     step_outputs,
@@ -285,3 +287,19 @@ def test_alone_from_another_base():
     assert solo["baseline"] == base and solo["sdpa"] == Stack(model=base.model + ("sdpa",))
     with pytest.raises(TypeError, match="base"):
         alone(LADDER[1:], base="loop-free")
+
+
+def test_optimizations_in_use_and_peer_scope():
+    # notebook 11's compiled stack on the dense preset: only SDPA acts on it, as on the PlainGPT peer (11-3)
+    names = ("sdpa", "grouped_moe", "triton_scan", "batched_memory", "masked_gating")
+    dense = HybridConfig.preset("dense-350m")
+    assert optimizations_in_use(dense, names) == ("sdpa",)
+    assert optimizations_in_use(HybridConfig.preset("hybrid"), names) == names  # MoE, meta, memory and gating
+    assert optimizations_in_use(HybridConfig.preset("dense-350m", moe=True), names) == ("sdpa", "grouped_moe")
+    note = peer_scope_note(dense, names)
+    assert "the only one that acts on this model is sdpa, which the peer uses too: both runs share the recipe" in note
+    assert "not the stack (grouped_moe, triton_scan, batched_memory, masked_gating act on parts this model" in note
+    assert peer_scope_note(dense, ("all",)) == "Beyond the peer's recipe, the stack gives this model all. "
+    assert "triton" in peer_scope_note(dense, ("sdpa", "triton"))
+    with pytest.raises(ValueError, match="unknown model optimization"):
+        optimizations_in_use(dense, ("nope",))

@@ -113,3 +113,35 @@ def test_a_sweep_palette_keeps_each_line_in_its_colour_in_every_panel():
     for ax in (a1, a2):
         by_label = {h.get_label(): to_hex(h.get_color()) for h in ax.get_legend().legend_handles}
         assert by_label == {k: v for k, v in palette.items() if k in by_label} and len(by_label) >= 2
+
+
+def test_leader_lines_do_not_cross_on_the_h100_roofline():
+    # 00-10: the H100's matmul sweep (b34185d): the leaders of matmul 4096 and 8192 crossed
+    def side(a, b, p):
+        return (b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0])
+
+    def _segments_cross(p1, p2, q1, q2):
+        return side(q1, q2, p1) * side(q1, q2, p2) < 0 and side(p1, p2, q1) * side(p1, p2, q2) < 0
+
+    c = Ceilings("x", 3021.0, 693.6, 51.4, "now")
+    times = {256: 0.005984, 512: 0.006592, 1024: 0.010304, 2048: 0.028032, 4096: 0.19232, 8192: 1.601888}
+    rows = [(f"matmul {n}", 2 * n**3, 6 * n * n, ms) for n, ms in times.items()]
+    rows.append(("x*y+z", 2 * 2**26, 8 * 2**26, 0.180608))
+    pts = pd.DataFrame(rows, columns=["variant", "flops", "bytes", "median_ms"])
+    ax = plotting.roofline(pts, c, device_note="H100", title="Roofline (bfloat16)")
+    anns = spread_labels(ax)
+    fig = ax.figure
+    r = fig.canvas.get_renderer()
+    lines = []
+    for a in anns:
+        if a.arrow_patch is None:
+            continue
+        box = a.get_window_extent(r)
+        lines.append((tuple(ax.transData.transform(a.xy)), ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2)))
+    assert len(lines) >= 2
+    crossing = [
+        (i, j) for i in range(len(lines)) for j in range(i + 1, len(lines)) if _segments_cross(*lines[i], *lines[j])
+    ]
+    assert crossing == []
+    assert overlapping_texts(fig) == []
+    assert _segments_cross((0, 0), (2, 2), (0, 2), (2, 0)) and not _segments_cross((0, 0), (1, 1), (2, 2), (3, 3))

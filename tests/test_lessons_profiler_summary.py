@@ -10,6 +10,7 @@ from mahia.lessons.profiler_summary import (
     MATMUL_KERNELS,
     ProfileSummary,
     compare,
+    duration,
     profile_calls,
     short_kernel_name,
     tile_shape,
@@ -47,12 +48,28 @@ def test_a_gpu_summary_speaks_of_kernels_and_device_time():
     assert s.busy == 0.5
     text = s.sentence("SDPA")
     # no timing without the profiler given: its wall time is named as the profiler's, not read as idle device time
-    assert "2 kernels per call ran 1 ms of device time, in 2 ms of profiled wall time (50%; that wall time" in text
+    assert (
+        "2 kernels and copies per call ran 1 ms of device time, in 2 ms of profiled wall time (50%; that wall" in text
+    )
     assert "device busy" not in text
     # the H100 review of 02 (b34185d): 0.475 ms of kernels in 8.13 ms profiled, against 0.522 ms timed by bench
     timed = s.sentence("SDPA", measured_ms=1.1)
     assert "device busy 91% of the 1.1 ms the call takes without the profiler" in timed
     assert "busy throughout" in s.sentence("SDPA", measured_ms=0.8)
+    assert "more than the 800 µs the call takes" in s.sentence("SDPA", measured_ms=0.8)
+    # 00-9: a short copy's device time in µs, as the prose beside it gives it, not "0.00104 ms"
+    short = ProfileSummary("cuda", 20, wall_ms=0.137, busy_ms=0.00104, launches=1, top=top)
+    assert "1 kernel or copy per call ran 1.04 µs of device time, in 137 µs of profiled wall" in short.sentence("copy")
+    # 01-5: a copy is not a kernel; the profiler's device rows hold both
+    copy_only = ProfileSummary("cuda", 20, wall_ms=0.137, busy_ms=0.00104, launches=1, top=top.iloc[1:])
+    assert "1 copy per call ran" in copy_only.sentence("copy")
+    kernels = ProfileSummary("cuda", 3, wall_ms=2.0, busy_ms=1.0, launches=3, top=top.iloc[:1])
+    assert "3 kernels per call ran" in kernels.sentence("x")
+    cpu = ProfileSummary("cpu", 20, wall_ms=0.0051, busy_ms=0.00202, launches=1, top=top).sentence("copy")
+    assert "the operators spent 2.02 µs of their own time in 5.1 µs of wall time per call" in cpu
+    assert duration(2.64) == "2.64 ms" and duration(0.9996) == "1,000 µs"
+    with pytest.raises(ValueError, match="need a time in ms"):
+        duration(float("nan"))
     with pytest.raises(ValueError, match="measured_ms"):
         s.sentence("SDPA", measured_ms=0.0)
     assert "`flash_fwd_kernel` (75%)" in text and "`Memcpy DtoD (Device -> Device)` (25%)" in text

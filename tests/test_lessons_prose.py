@@ -110,6 +110,13 @@ def test_matmul_ceiling_check_compares_like_with_like():
     assert "comes from the ceiling's measurement" in low and "timing mode" not in low
     spread = prose.matmul_ceiling_check("matmul 4096", 1e12, 712.0, 715.0, b2b, (1.41, 1.39, 1.43))
     assert "comes from the timings' spread: the ceiling lies inside its way's band and the sweep point" in spread
+    # the H100 run of notebook 00 (b34185d): bands overlap, but the medians are 1.10x apart: not the spread alone
+    b2b_wide = (1000 / 674, 1000 / 784, 1000 / 672)
+    apart = prose.matmul_ceiling_check(
+        "matmul 4096", 1e12, 694.0, 715.0, b2b_wide, (1000 / 739, 1000 / 745, 1000 / 708)
+    )
+    assert "comes from the timings' spread or the timing mode, which this run does not tell apart" in apart
+    assert "the flushed median is 1.10× the back-to-back one, more than the 3% within which" in apart
     none = prose.matmul_ceiling_check("matmul 4096", 1e12, 720.0, 760.0, b2b, (1.41, 1.39, 1.43))
     assert "comes from none of these, within the spreads measured here." in none
     cpu = prose.matmul_ceiling_check("matmul 512", 1e12, 800.0, 700.0, b2b)
@@ -136,7 +143,7 @@ def test_kernel_time_split():
 
 def test_matmul_tiles_clause_counts_tiles_for_the_sms():
     text = prose.matmul_tiles_clause(256, "sm90_xmma_gemm", (128, 128), 132)
-    assert "computes 128×128 output tiles, so a 256×256 product is 4 tile(s) for 132 SMs: 4 of them get work" in text
+    assert "computes 128×128 output tiles, so a 256×256 product is 4 tiles for 132 SMs: 4 of them get work" in text
     assert "132 of them get work" in prose.matmul_tiles_clause(8192, "k", (128, 256), 132)
     assert "states no tile size" in prose.matmul_tiles_clause(256, "gemv2T_kernel", None, 132)
     # the kernel's own fraction below what its busy SMs allow: idle SMs explain at most sms / busy of it
@@ -158,10 +165,16 @@ def test_extra_ops_clause():
 def test_sync_gain_evidence_states_the_busy_fractions():
     assert prose.sync_gain_evidence(1.2, 1.0, cuda=False).startswith("*CPU run:* nothing runs asynchronously")
     larger = prose.sync_gain_evidence(1.43, 1.02, busy_before=0.55, busy_after=0.92, cuda=True)
-    assert "busy 55% of the syncing loop's wall time and 92% of the sync-free loop's" in larger
-    assert "1.43×, is larger than the drain model's 1.02×" in larger
+    assert (
+        "runs kernels 55% of the syncing loop's step and 92% of the sync-free loop's (the profiler's kernel" in larger
+    )
+    assert "timed without it" in larger and "wall time" not in larger  # not the profiled wall time (01-5)
+    assert "runs kernels 100% of the syncing" in prose.sync_gain_evidence(
+        1.0, 1.0, busy_before=1.02, busy_after=0.9, cuda=True
+    )
+    assert "1.43×, is larger than the read-back model's 1.02×" in larger
     same = prose.sync_gain_evidence(0.82, 1.02, busy_before=0.6, busy_after=0.58, cuda=True)
-    assert "no larger than the drain model's" in same and "keeps the device no busier" in same
+    assert "no larger than the read-back model's" in same and "keeps the device no busier" in same
     busier = prose.sync_gain_evidence(0.95, 1.02, busy_before=0.5, busy_after=0.7, cuda=True)
     assert "the device is busier without syncs" in busier
     with pytest.raises(ValueError, match="busy_before and busy_after"):
@@ -174,6 +187,7 @@ def test_gain_cutoff_sentence():
     assert (
         "for every step longer than 0.4 ms" in rising and "(at the measured sizes it predicts 1.002–1.200×)" in rising
     )
+    assert rising.startswith("The read-back model gives") and "drain" not in rising  # t_sync: nothing queued
     assert "under 1.05× at step times of 0.1 ms (0.82×), 10 ms (1.01×), and above it at 1 ms (1.43×)" in rising
     assert "does not fall steadily" in rising and "sets it against host time / device time" in rising
     assert "because" not in rising  # no cause asserted: the sweep's summary shows the evidence
@@ -302,7 +316,7 @@ def test_slowdown_sentence():
     assert "At batch 64 removing the syncs slowed the loop: 0.90× (20–80% spread 0.78–0.96), 470 µs more" in host
     assert "host-bound there (host/device 22.5: the host needs 4.5 ms to issue it, the device 0.2 ms to run it)" in host
     assert "runs 12 more ops (90 against 78 per step); at the average 50.0 µs of host time per op" in host
-    assert "they cost 600 µs, while the syncs it removes cost 7 × 10.0 µs = 70 µs of drain" in host
+    assert "they cost 600 µs, while the syncs it removes cost 7 × 10.0 µs = 70 µs of read-back" in host
     assert host.endswith("+530 µs net, 113% of the +470 µs measured.")  # within the spread's largest loss, 1185 µs
     tight = prose.slowdown_sentence("batch 64", host_ms=4.5, device_ms=0.2, **(kw | dict(lo=0.89)))
     assert tight.endswith(
@@ -1391,3 +1405,18 @@ def test_retimed_gain_note():
     assert prose.retimed_gain_note("g", (100, 90, 110), (80, 70, 95), 1.0, 1.2, "x") == ""  # spreads overlap
     with pytest.raises(ValueError, match="p20"):
         prose.retimed_gain_note("g", (100, 110, 120), (80, 70, 95), 1.0, 1.2, "x")
+
+
+def test_spread_range_never_prints_an_empty_range():
+    # 00-8: the H100's bench spread of a 4096 matmul, 2.6376-2.6416 ms, printed "2.64–2.64" at 3 figures
+    assert prose.spread_range(2.6376, 2.6416) == "2.638–2.642"
+    assert prose.spread_range(2.61, 2.68) == "2.61–2.68"
+    assert prose.spread_range(2.64, 2.64) == "2.64"
+    assert prose.spread_range(1234.0, 1567.0) == "1,230–1,570"
+    with pytest.raises(ValueError, match="sig must be 1 to 6"):
+        prose.spread_range(1.0, 2.0, sig=0)
+
+
+def test_matmul_tiles_clause_says_tile_or_tiles():
+    assert "is 44 tiles for 132 SMs" in prose.matmul_tiles_clause(256, "k", (64, 24), 132)
+    assert "is 1 tile for 132 SMs" in prose.matmul_tiles_clause(128, "k", (128, 128), 132)

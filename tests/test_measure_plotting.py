@@ -193,3 +193,19 @@ def test_sweep_labels_a_short_log_axis_in_plain_numbers():
     assert [t.get_text() for t in ax.yaxis.get_minorticklabels() if t.get_text()] == []  # decades only
     assert "0.01" in [t.get_text() for t in ax.get_yticklabels()]
     plt.close("all")
+
+
+def test_a_roofline_point_on_another_is_drawn_smaller_on_top():
+    # 00-10: on the H100, x*y+z (0.25 FLOP/byte, 0.74 TFLOP/s) hid under exp bfloat16 (0.25, 0.72)
+    m = 2**26
+    pts = pd.DataFrame(
+        {
+            "variant": ["x*y+z", "exp bfloat16", "matmul 4096"],
+            "flops": [2 * m, m, 2 * 4096**3],
+            "bytes": [8 * m, 4 * m, 3 * 4096**2 * 2],
+            "median_ms": [0.1806, 0.0936, 0.192],
+        }
+    )
+    ax = plotting.roofline(pts, Ceilings("x", 3000.0, 700.0, 50.0, "now"))
+    assert [float(c.get_sizes()[0]) for c in ax.collections] == [50.0, 18.0, 50.0]
+    assert ax.collections[1].get_zorder() > ax.collections[0].get_zorder()

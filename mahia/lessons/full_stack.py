@@ -60,6 +60,8 @@ __all__ = [
     "predict_ms",
     "tokens_per_s",
     "mfu",
+    "optimizations_in_use",
+    "peer_scope_note",
     "waterfall",
 ]
 
@@ -492,6 +494,46 @@ def mfu(flops_per_token: float, tokens_per_second: float, peak_tflops: float) ->
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or v == float("inf"):
             raise ValueError(f"mfu: {name} must be a finite positive number, got {v!r}")
     return flops_per_token * tokens_per_second / (peak_tflops * 1e12)
+
+
+# The config switch whose part each model optimization changes; the others (attention, kernels) act on every model.
+_PART_OF = {
+    "grouped_moe": "moe",
+    "logspace_scan": "meta_attention",
+    "triton_scan": "meta_attention",
+    "batched_memory": "graph_memory",
+    "masked_gating": "gating",
+}
+
+
+def optimizations_in_use(cfg, names: Sequence[str]) -> tuple[str, ...]:
+    """The model optimizations among ``names`` (:data:`mahia.model.optimize.OPTIMIZATIONS`) that change a part
+    ``cfg`` has: ``grouped_moe`` only where it has MoE blocks, the scans only with meta-attention,
+    ``batched_memory`` only with graph memory, ``masked_gating`` only with gating; the rest on every model."""
+    from mahia.model.config import HybridConfig
+
+    if not isinstance(cfg, HybridConfig):
+        raise TypeError(f"optimizations_in_use: cfg must be a HybridConfig, got {type(cfg).__name__}")
+    return tuple(n for n in _names("optimizations_in_use", tuple(names)) if getattr(cfg, _PART_OF.get(n, ""), True))
+
+
+def peer_scope_note(cfg, names: Sequence[str], *, peer: Sequence[str] = ("sdpa",)) -> str:
+    """What a run of ``cfg`` with the model optimizations ``names`` measures against a peer that shares its
+    recipe (precision, compile, optimizer, logging) and uses the optimizations ``peer`` (PlainGPT: SDPA). Where
+    every optimization that acts on ``cfg`` is the peer's too, the two differ only in the model's code: the
+    comparison measures that code, not the stack's optimizations."""
+    used = optimizations_in_use(cfg, names)
+    idle = [n for n in names if n not in used]
+    if set(used) <= set(peer):
+        return (
+            f"Of the stack's model optimizations ({', '.join(names)}), the only one that acts on this model is "
+            f"{', '.join(used) or 'none'}"
+            + (", which the peer uses too" if used else "")
+            + ": both runs share the recipe, so this compares mahia's model code with plain PyTorch modules, not "
+            "the stack" + (f" ({', '.join(idle)} act on parts this model does not have)" if idle else "") + ". "
+        )
+    extra = [n for n in used if n not in peer]
+    return f"Beyond the peer's recipe, the stack gives this model {', '.join(extra)}. "
 
 
 # ---------------------------------------------------------------------------------------------------

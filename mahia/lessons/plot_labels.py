@@ -114,6 +114,7 @@ def spread_labels(ax, *, fontsize: float = 8, offset_pt: float = 5, gap_pt: floa
     gap = gap_pt * to_px
     if _relax(boxes, [y for _, y in points], markers + fixed_other, frame, gap) > 0:
         _settle(boxes, points, sizes, sides, fits, off, markers, fixed_other, frame, gap)
+    _uncross(boxes, points, sizes, sides, off, markers, fixed_other, frame, gap, 0.5 * to_px)
     out = []
     for (text, xy), (_x, y), s, b in zip(labels, points, sides, boxes):
         dy_pt = (b[2] - y) / to_px
@@ -164,6 +165,56 @@ def _settle(boxes, points, sizes, sides, fits, off, markers, fixed, frame, gap) 
             if cost(i, b) == 0:
                 boxes[i], sides[i] = b, side
                 break
+
+
+def _segments_cross(p1, p2, q1, q2) -> bool:
+    """Whether the segments p1-p2 and q1-q2 cross (touching ends do not count)."""
+
+    def side(a, b, c) -> float:
+        return (b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0])
+
+    return side(q1, q2, p1) * side(q1, q2, p2) < 0 and side(p1, p2, q1) * side(p1, p2, q2) < 0
+
+
+def _uncross(boxes, points, sizes, sides, off, markers, fixed, frame, gap, still_px) -> None:
+    """Two labels whose leader lines cross (matplotlib draws each from the point towards its label's centre)
+    are re-placed, the two of them only: either side of its point, the two heights kept or swapped, where
+    both stay free and fewer lines cross (the H100's matmul 4096 and 8192, review 00-10)."""
+
+    def leader(k, b):
+        return points[k], ((b[0] + b[1]) / 2, b[2])
+
+    def crossings(bs) -> int:  # pairs of leader lines that cross, among labels moved off their point's line
+        moved = [k for k, b in bs.items() if abs(b[2] - points[k][1]) > still_px]
+        return sum(
+            _segments_cross(*leader(i, bs[i]), *leader(j, bs[j])) for n, i in enumerate(moved) for j in moved[n + 1 :]
+        )
+
+    def free(k, b, bs):
+        box = _bbox(b, gap / 2)
+        inside = frame.y0 <= box.y0 and box.y1 <= frame.y1 and frame.x0 <= box.x0 and box.x1 <= frame.x1
+        rest = [_bbox(o, gap / 2) for j, o in bs.items() if j != k] + [m for j, m in enumerate(markers) if j != k]
+        return inside and sum(_overlap(box, o) for o in rest + list(fixed)) == 0
+
+    def placed(k, side, y):
+        x, w = points[k][0], sizes[k][0]
+        return [x + off, x + off + w, y, sizes[k][1]] if side > 0 else [x - off - w, x - off, y, sizes[k][1]]
+
+    for _ in range(len(boxes)):  # each change removes at least one crossing, so this ends
+        now = dict(enumerate(boxes))
+        count, best = crossings(now), None
+        pairs = [(i, j) for i in now for j in now if i < j and _segments_cross(*leader(i, now[i]), *leader(j, now[j]))]
+        for i, j in pairs:
+            for si in (sides[i], -sides[i]):
+                for sj in (sides[j], -sides[j]):
+                    for yi, yj in ((now[i][2], now[j][2]), (now[j][2], now[i][2])):
+                        bi, bj = placed(i, si, yi), placed(j, sj, yj)
+                        trial = {**now, i: bi, j: bj}
+                        if free(i, bi, trial) and free(j, bj, trial) and crossings(trial) < count:
+                            count, best = crossings(trial), (i, j, si, sj, bi, bj)
+        if best is None:
+            return
+        i, j, sides[i], sides[j], boxes[i], boxes[j] = best
 
 
 def drawn_texts(fig) -> list:

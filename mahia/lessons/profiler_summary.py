@@ -24,6 +24,7 @@ use :mod:`mahia.lessons.profile_evidence`, which reports by operator through :mo
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import sys
@@ -34,12 +35,13 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from mahia.lessons.prose import pct
+from mahia.lessons.prose import pct, plain_numbers
 from mahia.measure.checks import check_int
 from mahia.profile import quiet_profiler_notices
 
 __all__ = [
     "ProfileSummary",
+    "duration",
     "profile_calls",
     "compare",
     "short_kernel_name",
@@ -111,6 +113,14 @@ def tile_shape(name: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+def duration(ms: float) -> str:
+    """A time given in ms, written in µs below a millisecond ("1.05 µs", "673 µs", "2.64 ms"), to three figures:
+    the µs the lessons' prose gives short kernels in, rather than "0.00105 ms" beside them."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or math.isnan(ms):
+        raise ValueError(f"duration: need a time in ms, got {ms!r}")
+    return plain_numbers(f"{ms * 1e3:.3g} µs") if abs(ms) < 1 else plain_numbers(f"{ms:.3g} ms")
+
+
 @dataclass
 class ProfileSummary:
     """Per call, averaged over the profiled calls. ``busy_ms``: the device time of the kernels on a GPU,
@@ -150,6 +160,17 @@ class ProfileSummary:
         """ "`name` (share), ..." of the ``n`` longest rows."""
         return ", ".join(f"`{short_kernel_name(r.name, 48)}` ({pct(r.share)})" for r in self.top.head(n).itertuples())
 
+    def _noun(self) -> str:
+        """What the device ran (GPU): kernels, copies (the profiler's Memcpy and Memset rows), or both."""
+        names = [] if self.top.empty else list(self.top["name"])
+        copies = sum(n.startswith(("Memcpy", "Memset")) for n in names)
+        one = round(self.launches) == 1
+        if names and copies == len(names):
+            return "copy" if one else "copies"
+        if copies:
+            return "kernel or copy" if one else "kernels and copies"
+        return "kernel" if one else "kernels"
+
     def sentence(self, what: str, *, measured_ms: float | None = None) -> str:
         """One sentence of evidence: kernel time against wall time and the longest rows; on a CPU it says that
         these are host operators.
@@ -163,27 +184,26 @@ class ProfileSummary:
             )
         if not self.cuda:
             return (
-                f"Profiler, {what} (CPU run: host operators, not GPU kernels): the operators spent {self.busy_ms:.3g} "
-                f"ms of their own time in {self.wall_ms:.3g} ms of wall time per call ({pct(self.busy)}); the longest: "
+                f"Profiler, {what} (CPU run: host operators, not GPU kernels): the operators spent "
+                f"{duration(self.busy_ms)} of their own time in {duration(self.wall_ms)} of wall time per call ({pct(self.busy)}); the longest: "
                 f"{self.longest()}."
             )
         text = (
-            f"Profiler, {what}: {self.launches:.0f} {'kernel' if round(self.launches) == 1 else 'kernels'} per call "
-            f"ran {self.busy_ms:.3g} ms of device time"
+            f"Profiler, {what}: {self.launches:.0f} {self._noun()} per call ran {duration(self.busy_ms)} of device time"
         )
         if measured_ms is None:
             text += (
-                f", in {self.wall_ms:.3g} ms of profiled wall time ({pct(self.busy)}; that wall time includes the "
+                f", in {duration(self.wall_ms)} of profiled wall time ({pct(self.busy)}; that wall time includes the "
                 f"profiler's own cost)"
             )
         elif self.busy_ms <= measured_ms:
             text += (
-                f": device busy {pct(self.busy_ms / measured_ms)} of the {measured_ms:.3g} ms the call takes without "
+                f": device busy {pct(self.busy_ms / measured_ms)} of the {duration(measured_ms)} the call takes without "
                 f"the profiler"
             )
         else:
             text += (
-                f", more than the {measured_ms:.3g} ms the call takes without the profiler (kernels that overlap, or "
+                f", more than the {duration(measured_ms)} the call takes without the profiler (kernels that overlap, or "
                 f"ran slower under it): the device is busy throughout"
             )
         return text + f"; the longest: {self.longest()}."

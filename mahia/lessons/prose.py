@@ -54,6 +54,7 @@ __all__ = [
     "predicted_gain_phrase",
     "per_tensor_reads",
     "pct",
+    "spread_range",
     "plain_numbers",
     "reorder_print_summary",
     "same_tokens_phrase",
@@ -91,6 +92,10 @@ __all__ = [
 ]
 
 
+# Two medians of the same work within this share of each other agree (retimed_note's default, 09-6 and 10-5).
+_SAME_MEDIAN = 0.03
+
+
 def pct(x: float) -> str:
     """A share as a percentage that never rounds a small nonzero share to "0%": 0.004 is "0.4%", below 0.001
     "<0.1%"; from 1% on, whole percents."""
@@ -124,6 +129,19 @@ def plain_numbers(text: str) -> str:
     "3.39 × 10^38"). Negative exponents (tolerances such as 1e-05) stay as they are: there the exponent is the
     clearer form."""
     return _E_NUMBER.sub(_plain, text)
+
+
+def spread_range(lo: float, hi: float, *, sig: int = 3) -> str:
+    """``lo–hi`` (a 20–80% spread) to ``sig`` significant figures, or as many more (up to 6) as it takes for the
+    two ends to print differently: "2.64–2.64" says nothing, "2.637–2.641" gives the spread; ends equal even at
+    6 figures print once, as one number."""
+    if not (isinstance(sig, int) and 1 <= sig <= 6):
+        raise ValueError(f"spread_range: sig must be 1 to 6, got {sig!r}")
+    for d in range(sig, 7):
+        a, b = f"{lo:.{d}g}", f"{hi:.{d}g}"
+        if a != b:
+            return plain_numbers(f"{a}–{b}")
+    return plain_numbers(a)
 
 
 def spread_note(lo: float, hi: float) -> str:
@@ -171,7 +189,7 @@ def copy_timing_modes(
     slower than the flushed one took longer than the device needs (the flushed time bounds that); its time is
     given as a fraction of ``host_us`` (the host's launch of one copy measured alone, no sync), the pace of the
     launches, without claiming the two are equal.
-    ``l2_mib``: the L2 cache's size (the device report's ``l2_cache_mb``, which counts MiB)."""
+    ``l2_mib``: the L2 cache's size (the device report's ``l2_cache_mib``)."""
     n = len(mib)
     if not (n and len(flushed_us) == len(warm_us) == len(host_us) == len(predicted_us) == n):
         raise ValueError(
@@ -328,7 +346,9 @@ def matmul_ceiling_check(
     p80 (slow) to the p20 (fast) time. Says where the ceiling lies against the ceiling-way band and whether
     the two bands are apart; when the sweep point is above the ceiling, which of those measured differences
     accounts for it (flushed faster, bands apart; the ceiling below its own way's band now), else the spread
-    (the ceiling inside its way's band and the sweep point inside the band of its own way), or that none does."""
+    (the ceiling inside its way's band and the sweep point inside the band of its own way; where the two ways'
+    medians are more than 3% apart although their bands overlap, the spread or the timing mode, which the run
+    does not tell apart), or that none does."""
     bands = {"ceiling_way_ms": ceiling_way_ms} | ({"flushed_ms": flushed_ms} if flushed_ms is not None else {})
     for name, t in bands.items():
         if len(t) != 3 or not all(x > 0 for x in t):
@@ -367,6 +387,13 @@ def matmul_ceiling_check(
         )
         if not causes and where == "inside" and own:
             causes = ["the timings' spread: the ceiling lies inside its way's band and the sweep point inside its own"]
+            # bands that overlap while the medians do not agree: the spread alone is no answer
+            if gpu and max(f / b, b / f) > 1 + _SAME_MEDIAN:
+                causes = [
+                    f"the timings' spread or the timing mode, which this run does not tell apart: the ceiling lies "
+                    f"inside its way's band and the sweep point inside its own, but the flushed median is {f / b:.2f}× "
+                    f"the back-to-back one, more than the {_SAME_MEDIAN:.0%} within which two medians agree here"
+                ]
         text += f" The sweep point's {sweep_tflops / ceiling_tflops:.2f} of the ceiling comes from " + (
             " and from ".join(causes) + "." if causes else "none of these, within the spreads measured here."
         )
@@ -417,7 +444,7 @@ def matmul_tiles_clause(
     tiles = -(-n // tm) * -(-n // tn)
     busy = min(tiles, sms)
     text = (
-        f"its kernel, `{kernel}`, computes {tm}×{tn} output tiles, so a {n}×{n} product is {tiles} tile(s) for "
+        f"its kernel, `{kernel}`, computes {tm}×{tn} output tiles, so a {n}×{n} product is {tiles} {'tile' if tiles == 1 else 'tiles'} for "
         f"{sms} SMs: {busy} of them get work"
     )
     if kernel_frac is not None and busy < sms and kernel_frac < busy / sms:
@@ -457,8 +484,12 @@ def extra_ops_clause(ops_before: int, ops_after: int) -> str:
 def sync_gain_evidence(
     speedup: float, predicted: float, *, busy_before: float | None = None, busy_after: float | None = None, cuda: bool
 ) -> str:
-    """Why the measured gain of the sync-free loop differs from the drain-only model's (``predicted``), stated
-    with the profiler's device-busy fractions of the two loops (GPU); on a CPU, where the evidence is by
+    """Why the measured gain of the sync-free loop differs from the read-back model's (``predicted``: each sync
+    charged its ``t_sync``, a read-back measured with nothing queued, so no wait for queued work), stated
+    with the device-busy fractions of the two loops (GPU): ``busy_before`` and ``busy_after``, each loop's kernel
+    time per step (profiler) over its step timed *without* the profiler. The profiler's own cost slows the host,
+    so the busy share of the profiled wall time shows idle time the profiler makes itself (73% busy under it
+    where the device ran 97% of the unprofiled step, H100 of b34185d). On a CPU, where the evidence is by
     operator, said to be no waiting at all."""
     if not cuda:
         return (
@@ -469,19 +500,20 @@ def sync_gain_evidence(
     if busy_before is None or busy_after is None:
         raise ValueError("sync_gain_evidence: a GPU run needs busy_before and busy_after")
     text = (
-        f"The profiler has the device busy {pct(busy_before)} of the syncing loop's wall time and {pct(busy_after)} "
-        f"of the sync-free loop's. "
+        f"The device runs kernels {pct(min(busy_before, 1.0))} of the syncing loop's step and "
+        f"{pct(min(busy_after, 1.0))} of the sync-free loop's (the profiler's kernel time per step over the step "
+        f"timed without it: under the profiler, whose own cost slows the host, both would look idler). "
     )
     if speedup > predicted:
         return text + (
-            f"The gain, {speedup:.2f}×, is larger than the drain model's {predicted:.2f}×: after each sync the "
+            f"The gain, {speedup:.2f}×, is larger than the read-back model's {predicted:.2f}×: after each sync the "
             f"device also waits while the host launches the next kernels, time the model does not charge; the "
             f"busy fractions show that idle time."
         )
     return text + (
-        f"The gain, {speedup:.2f}×, is no larger than the drain model's {predicted:.2f}×: "
+        f"The gain, {speedup:.2f}×, is no larger than the read-back model's {predicted:.2f}×: "
         + (
-            "the sync-free loop keeps the device no busier, so the syncs cost less here than the drain measured "
+            "the sync-free loop keeps the device no busier, so the syncs cost less here than the read-back measured "
             "on the chain of tiny kernels, and the sync-free step runs more ops."
             if busy_after <= busy_before
             else "the device is busier without syncs, but the sync-free step also runs more ops, which takes back "
@@ -502,7 +534,7 @@ def gain_cutoff_sentence(
     hi: Sequence[float] | None = None,
 ) -> str:
     """Where the measured gain of the sync sweep (ascending ``step_ms``) is under ``cut``, against where the
-    drain-only model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut),
+    read-back model crosses it (``model_cut_ms``: the step time at which 1 + syncs·t_sync / t_step = cut),
     and whether the measured gain falls with the step time as the model's does (it does not if it rises
     anywhere). ``lo``/``hi``: each gain's range from the 20–80% spreads; with them a size counts as under (over)
     the cut only when its whole range is, and the rest are named as within the spread. ``cuda=False``: a CPU
@@ -520,7 +552,7 @@ def gain_cutoff_sentence(
         for i in idx
     )
     text = (
-        f"The drain-only model gives less than {cut:g}× for every step longer than {model_cut_ms:.3g} ms "
+        f"The read-back model gives less than {cut:g}× for every step longer than {model_cut_ms:.3g} ms "
         f"(at the measured sizes it predicts {min(predicted):.3f}–{max(predicted):.3f}×). "
     )
     if not under and not within:
@@ -756,7 +788,7 @@ def slowdown_sentence(
 ) -> str:
     """Why removing the syncs slowed a sweep size down (``gain`` < 1), from measured quantities: at a
     host-bound size (host ≥ device) the host's work sets the step, and the sync-free step's extra ops cost
-    (ops_after - ops_before) × host time per op, against the n_sync × t_sync of drain the syncs cost."""
+    (ops_after - ops_before) × host time per op, against the n_sync × t_sync of read-back the syncs cost."""
     if not gain < 1:
         raise ValueError(f"slowdown_sentence: for a slowdown (gain < 1), got {gain}")
     if hi >= 1:  # the spread allows no change or a gain: no measured slowdown to explain (gain_range)
@@ -782,7 +814,7 @@ def slowdown_sentence(
             f"({_count(ops_after)} against {_count(ops_before)} per step): the op count does not explain it."
         )
     per_op_us = host_ms * 1e3 / ops_after
-    extra_us, drain_us = extra * per_op_us, n_sync * sync_us
+    extra_us, readback_us = extra * per_op_us, n_sync * sync_us
     return (
         text
         + (
@@ -790,13 +822,14 @@ def slowdown_sentence(
             f"device {device_ms:.3g} ms to run it), so the host's work sets its length. The sync-free step runs "
             f"{_count(extra)} more ops ({_count(ops_after)} against {_count(ops_before)} per step); at the average "
             f"{per_op_us:.1f} µs of host time per op measured there ({host_ms:.3g} ms over {_count(ops_after)} ops) they "
-            f"cost {extra_us:.0f} µs, while the syncs it removes cost {n_sync} × {sync_us:.1f} µs = {drain_us:.0f} µs of "
-            f"drain by section 3's chain: {extra_us - drain_us:+.0f} µs net, {(extra_us - drain_us) / diff_us:.0%} of "
+            f"cost {extra_us:.0f} µs, while the syncs it removes cost {n_sync} × {sync_us:.1f} µs = {readback_us:.0f} µs of "
+            f"read-back by section 3's chain: {extra_us - readback_us:+.0f} µs net, {(extra_us - readback_us) / diff_us:.0%} of "
             f"the {diff_us:+.0f} µs measured"
         )
         + (
             "."
-            if extra_us - drain_us <= step_before_ms * 1e3 * (1 / lo - 1)  # the largest loss the 20-80% spread allows
+            if extra_us - readback_us
+            <= step_before_ms * 1e3 * (1 / lo - 1)  # the largest loss the 20-80% spread allows
             # above it the extra ops would cost more than even the spread's slowest runs lost: they do not explain it
             else ": more than even the spread's slowest runs lost, so the extra ops alone do not account for it."
         )

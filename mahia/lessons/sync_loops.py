@@ -5,7 +5,10 @@ A *sync* is a point where the CPU waits for the GPU to finish everything queued 
 drains that queue: the GPU finishes and idles, the result crosses to the host, and the GPU waits again
 until the CPU has launched the next kernel. Per sync this costs roughly
 
-    drain + device-to-host copy + launch latency of the next kernel     (measured by launch_chain)
+    drain + device-to-host copy + launch latency of the next kernel
+
+(launch_chain measures the copy and the launch, the read-back's round trip: its queue holds at most one tiny
+kernel at each read, so nothing drains there)
 
 plus, when CPU and GPU work were overlapping, the overlap itself: a step then takes host time + device
 time instead of the larger of the two, which costs most when the two are about equal.
@@ -357,7 +360,9 @@ def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> tor
     ``x[0]`` back to the host after every k-th kernel (one sync each).
 
     On a GPU, time(read_every=1) - time(read_every=0), divided by ``n_kernels``, is what one sync adds
-    to a stream of short kernels: drain + copy to host + launch latency of the next kernel.
+    to a stream of short kernels. The chain is launch-bound, so at each read at most one tiny kernel is
+    queued: this is the read-back's round trip (copy to host, the host's wake-up, launch latency of the
+    next kernel), not the wait for a queue of longer work to drain, which a device-bound loop also pays.
     """
     if not isinstance(x, torch.Tensor) or x.numel() == 0:
         raise ValueError("launch_chain: x must be a non-empty tensor")

@@ -128,7 +128,7 @@ def device_report(device: str = "auto") -> dict:
                 "compute_capability": f"{p.major}.{p.minor}",
                 "sm_count": p.multi_processor_count,
                 "gpu_memory_gib": round(p.total_memory / 2**30, 1),
-                "l2_cache_mb": round(getattr(p, "L2_cache_size", 0) / 2**20, 1) or None,
+                "l2_cache_mib": round(getattr(p, "L2_cache_size", 0) / 2**20, 1) or None,
                 "driver": _driver_version(),
             }
         )

@@ -394,6 +394,10 @@ def plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
+# Two roofline points closer than this on both log axes (decades) would hide one another at a marker's size.
+COINCIDENT_DECADES = 0.03
+
+
 def roofline(
     points: pd.DataFrame,
     ceilings: Ceilings,
@@ -407,7 +411,8 @@ def roofline(
 
     ``points`` needs columns ``variant``, ``flops``, ``bytes``, ``median_ms``. Attainable
     performance is min(peak, bandwidth x intensity); a point's distance below the roof is its gap.
-    Points are coloured by variant (:func:`palette_for`).
+    Points are coloured by variant (:func:`palette_for`); one that lies on a point drawn before it (within
+    ``COINCIDENT_DECADES`` on both axes) is drawn smaller on top, so that neither hides the other.
     """
     need = {"variant", "flops", "bytes", "median_ms"}
     if not need <= set(points.columns):
@@ -430,8 +435,15 @@ def roofline(
         label=f"measured roof: {ceilings.copy_gbps:.4g} GB/s, {peak:.4g} TFLOP/s ({matmul})",
     )
     pal = palette_for(p["variant"])
+    drawn: list[tuple[float, float]] = []  # log10 (intensity, achieved) of the points drawn so far
     for _, r in p.iterrows():
-        ax.scatter(r["intensity"], r["achieved"], s=50, zorder=3, color=pal[r["variant"]])
+        lx, ly = np.log10(r["intensity"]), np.log10(r["achieved"])
+        # a point on one already drawn (within about a marker's radius) is drawn smaller on top, so that both show
+        on_top = any(abs(lx - x) < COINCIDENT_DECADES and abs(ly - y) < COINCIDENT_DECADES for x, y in drawn)
+        drawn.append((lx, ly))
+        ax.scatter(
+            r["intensity"], r["achieved"], s=18 if on_top else 50, zorder=4 if on_top else 3, color=pal[r["variant"]]
+        )
         ax.annotate(f" {r['variant']}", (r["intensity"], r["achieved"]), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")
