@@ -535,6 +535,32 @@ def test_not_faster_note():
         prose.not_faster_note([1, 2], [1.0], "bf16", "tokens")
 
 
+def test_not_faster_note_reads_the_spread():
+    # Review 06-4: a 1.02x median whose spread holds 1 is no measured gain, so not "faster at every size".
+    sizes, ratios = [1024, 16384], [1.02, 2.53]
+    ranges = [(0.85, 1.2), (2.3, 2.7)]
+    assert prose.not_faster_note(sizes, ratios, "bf16", "tokens", ranges) == (
+        "bf16 was faster at every size by the median, but at 1,024 tokens (1.02×, spread 0.85–1.20×) the ratio's "
+        "spread holds 1: no measured gain there."
+    )
+    assert prose.not_faster_note(
+        [1, 2, 3], [0.9, 1.1, 2.0], "bf16", "tokens", [(0.8, 0.95), (0.9, 1.3), (1.8, 2.2)]
+    ) == (
+        "bf16 was not faster at 1 tokens (0.90×); at 2 tokens (1.10×, spread 0.90–1.30×) the ratio's spread holds 1: "
+        "no measured gain there."
+    )
+    assert prose.not_faster_note([1, 2], [1.1, 1.5], "bf16", "tokens", [(1.05, 1.2), (1.4, 1.6)]) == (
+        "bf16 was faster at every size, beyond the spread of every ratio."
+    )
+    import pandas as pd  # notebook 06 passes its table's columns
+
+    assert prose.not_faster_note(
+        pd.Series([1, 2]), pd.Series([1.1, 1.5]), "x", "u", pd.Series([(1.05, 1.2), (1.4, 1.6)])
+    )
+    with pytest.raises(ValueError, match="as many sizes"):
+        prose.not_faster_note([1, 2], [1.1, 1.5], "bf16", "tokens", [(1.0, 1.2)])
+
+
 def test_reorder_print_summary():
     rows = [
         {"print": "print(h.shape)", "reorderable": False, "graphs": 2, "graph breaks": 1},
@@ -1280,3 +1306,33 @@ def test_gain_over_bound_note_flags_a_prediction_above_one_over_busy():
     )
     with pytest.raises(ValueError, match="gain_over_bound_note"):
         prose.gain_over_bound_note(["a"], [2.0], [0.0], [1], [1])
+
+
+def test_time_drop_note():
+    # Review 02/03 #5: SDPA took longer at T=512 than at T=1024, with a wide spread, and no sentence said so.
+    sizes, med = [256, 512, 1024, 2048], [0.0147, 0.0603, 0.0516, 0.12]
+    lo, hi = [0.0145, 0.0447, 0.051, 0.119], [0.015, 0.0760, 0.0525, 0.121]
+    assert prose.time_drop_note(sizes, med, lo, hi, "SDPA", "tokens") == (
+        "SDPA took 0.0603 ms at 512 tokens, more than the 0.0516 ms at 1,024 (20–80% spread 0.0447–0.076 ms, 52% of the "
+        "median, wide: its calls varied, so the drop is not a cost of the size)."
+    )
+    narrow = prose.time_drop_note([1, 2], [2.0, 1.5], [1.98, 1.49], [2.02, 1.51], "x", "rows")
+    assert narrow.endswith("of the median, narrow: the drop repeated call after call).")
+    assert prose.time_drop_note([2, 1], [2.0, 1.0], [1.9, 0.9], [2.1, 1.1], "x", "u") == ""  # unsorted, rising
+    with pytest.raises(ValueError, match="as many"):
+        prose.time_drop_note([1, 2], [1.0], [1.0], [1.0], "x", "u")
+
+
+def test_autotune_verdict():
+    # Review 04-3: max-autotune-no-cudagraphs was slower than default on the H100 and no sentence said so.
+    slower = prose.autotune_verdict("max-autotune-no-cudagraphs", "default", 1.27, 1.07, 82.5, 5.6, (0.8, 0.88))
+    assert slower == (
+        "`max-autotune-no-cudagraphs` 1.27 ms against `default` 1.07 ms, after 82.5 s of compiling against 5.6 s: "
+        "1.19× slower, so here autotuning did not pay; the profiler's comparison below shows which kernels it replaced."
+    )
+    faster = prose.autotune_verdict("max-autotune", "reduce-overhead", 0.2, 0.3, 50.0, 10.0, (1.3, 1.7))
+    assert faster.endswith("the autotuned kernels made the call 1.5× faster.")
+    tie = prose.autotune_verdict("max-autotune", "reduce-overhead", 0.29, 0.3, 50.0, 10.0, (0.9, 1.1))
+    assert tie.endswith("within the spread of each other (0.90–1.10×), so autotuning bought no measured gain.")
+    with pytest.raises(ValueError, match="> 0"):
+        prose.autotune_verdict("a", "b", 0.0, 1.0, 1.0, 1.0, (1.0, 1.0))

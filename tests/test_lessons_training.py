@@ -357,3 +357,18 @@ def test_full_checkpointing_counts_block_inputs_in_the_residual_streams_dtype(no
         r["full"] for r in model.activation_bytes_per_token(16, torch.bfloat16, itemized=True) if r["block"] is None
     )
     assert kept_full - head == cfg.n_layers * cfg.dim * residual
+
+
+def test_matmul_precision_says_mahias_triton_kernels_stay_fp32():
+    # Review 06-2: the docstring (shown in notebook 06) said tl.dot defaults to TF32 for float32 inputs, which
+    # would make the "true fp32" baseline TF32 in Triton; mahia's kernels take float32 products in full precision.
+    import importlib
+
+    gla_scan = importlib.import_module("mahia.ops.gla_scan")
+    grouped_mm = importlib.import_module("mahia.ops.grouped_mm")
+
+    doc = matmul_precision.__doc__
+    assert "defaults to TF32" not in doc and 'input_precision="ieee"' in doc
+    q = torch.zeros(1, 1, 16, 16)
+    assert gla_scan._config(q, 16, None)[-1] == "ieee"
+    assert grouped_mm._ieee_dot(q)
