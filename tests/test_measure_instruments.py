@@ -287,3 +287,25 @@ def test_byte_traffic_counts_reads_and_writes_of_kernel_launching_ops():
     assert rows[0] == {"op": "mul", "read_bytes": 4 * (M * N + N), "written_bytes": 4 * M * N, "out_shape": f"{M}x{N}"}
     assert rows[1]["read_bytes"] == rows[1]["written_bytes"] == 2 * 4 * K
     assert rows[2]["read_bytes"] == 4 * M * N and rows[2]["written_bytes"] == 4
+
+
+def test_trace_ops_records_triton_launches_outside_the_dispatcher():
+    # Review 04-1 / 05-1: mahia's eager GLA scan launches Triton from an autograd Function, outside the
+    # dispatcher, so the traced kernel count left it out while the profiler (and the compiled code) counted it.
+    triton = pytest.importorskip("triton")
+    runtime = triton.knobs.runtime
+    x = torch.randn(5)
+
+    def step(x):
+        runtime.launch_enter_hook(_LaunchMetadata("gla_fwd_kernel"))  # what a direct compiled launch calls
+        return _triton_inside(x * 2)  # a custom op: one opaque op, its inner launches not counted again
+
+    tr = trace_ops(step, x)
+    assert [(o.name, o.kind) for o in tr.ops if o.kind != "free"] == [
+        ("triton.gla_fwd_kernel", "opaque"),
+        ("mul", "pointwise"),
+        ("triton_inside", "opaque"),
+    ]
+    assert tr.kernels == 3 and tr.ops[0].bytes == 0
+    runtime.launch_enter_hook(_LaunchMetadata("after"))  # the hook is gone once the trace ends
+    assert trace_ops(lambda: x + 1).kernels == 1

@@ -72,6 +72,8 @@ __all__ = [
     "group_change_sentence",
     "bytes_bound_note",
     "not_faster_note",
+    "trace_check_note",
+    "absolute_miss_note",
     "autotune_verdict",
     "time_drop_note",
     "mib_amount",
@@ -1031,6 +1033,54 @@ def above_copy_note(
 # ---------------------------------------------------------------------------------------------------
 
 
+def absolute_miss_note(
+    eager_ms: float, eager_pred_ms: float, comp_ms: float, comp_pred_ms: float, ops: int, launch_us: float
+) -> str:
+    """Notebook 04: the model's absolute times against the measured ones (ms), eager and `default`, beside the
+    ratio it predicts. When both miss by about as much (their misses within 25% of each other) and neither lands
+    (0.8–1.25× the measurement), an agreeing ratio is two misses cancelling, said so. ``ops``: the eager call's
+    traced ops; eager's measured time per op against ``launch_us`` (t_launch, µs) shows the host work per op that
+    a bare launch chain does not have."""
+    if not (eager_ms > 0 and eager_pred_ms > 0 and comp_ms > 0 and comp_pred_ms > 0 and ops > 0 and launch_us > 0):
+        raise ValueError("absolute_miss_note: the times, ops and t_launch must be > 0")
+    me, mc = eager_ms / eager_pred_ms, comp_ms / comp_pred_ms
+    text = (
+        f"Eager measured {eager_ms:.3g} ms against {eager_pred_ms:.3g} ms predicted ({me:.2f}× the prediction), "
+        f"`default` {comp_ms:.3g} ms against {comp_pred_ms:.3g} ms ({mc:.2f}×). "
+    )
+    if all(0.8 <= m <= 1.25 for m in (me, mc)):
+        return text + "The model prices both calls, so its ratio is a prediction that held. "
+    per_op = eager_ms * 1e3 / ops
+    if per_op > 1.25 * launch_us:
+        text += (
+            f"Eager took {per_op:.3g} µs per traced op against t_launch = {launch_us:.3g} µs: host work per op "
+            "(Python, module calls, dispatch) that a bare chain of launches does not have and the model leaves out. "
+        )
+    if 0.8 <= me / mc <= 1.25:
+        text += (
+            "Both miss by about as much, so however close the predicted gain comes, that is two misses cancelling, "
+            "not the model pricing either call. "
+        )
+    return text
+
+
+def trace_check_note(traced: int, profiled: int, *, within: float = 0.05) -> str:
+    """The traced kernel count of a step (``traced``, :func:`mahia.measure.instruments.trace_ops`) against the
+    device events the profiler saw (``profiled``: kernels, copies and memsets): a cross-check that holds when they
+    are within ``within`` of each other, else the gap, which the launch model (priced on the traced count) misses."""
+    if not (traced > 0 and profiled >= 0):
+        raise ValueError(f"trace_check_note: need traced > 0 and profiled >= 0, got {traced!r}, {profiled!r}")
+    gap = profiled - traced
+    if abs(gap) <= within * traced:
+        return f"the profiler sees {profiled:,} device events on the GPU: the trace's count holds"
+    return (
+        f"the profiler sees {profiled:,} device events on the GPU, {abs(gap):,} {'more' if gap > 0 else 'fewer'} "
+        f"({abs(gap) / traced:.0%} of the trace's count): events the trace does not see (an op that launches "
+        f"several kernels, copies and memsets), which the launch model below, priced on the traced count, "
+        f"{'leaves out' if gap > 0 else 'counts too'}"
+    )
+
+
 def compile_evidence(ratio: float, eager, compiled, saved_ms: float) -> str:
     """`default`'s measured gain over the predicted one (``ratio``), with the profiler's account of one eager and
     one compiled call (two :class:`mahia.lessons.profiler_summary.ProfileSummary`): launches, busy and wall time.
@@ -1039,9 +1089,10 @@ def compile_evidence(ratio: float, eager, compiled, saved_ms: float) -> str:
     if not (isinstance(saved_ms, (int, float)) and math.isfinite(saved_ms)):
         raise ValueError(f"compile_evidence: saved_ms must be a finite number, got {saved_ms!r}")
     what = "kernel" if eager.cuda else "operator"
+    counted = "device events (kernels, copies and memsets)" if eager.cuda else "operators"
     text = (
         f"`default` measured {ratio:.2f}× the predicted gain. Per call, the profiler counts {eager.launches:.0f} "
-        f"{what} launches eager and {compiled.launches:.0f} compiled; {what} time {eager.busy_ms:.3g} → "
+        f"{counted} eager and {compiled.launches:.0f} compiled; {what} time {eager.busy_ms:.3g} → "
         f"{compiled.busy_ms:.3g} ms, wall time under the profiler {eager.wall_ms:.3g} → {compiled.wall_ms:.3g} ms. "
     )
     saved_busy = eager.busy_ms - compiled.busy_ms
@@ -1245,6 +1296,7 @@ def time_drop_note(
     each such point with the larger size's time and the point's 20–80% spread (``lows``–``highs``, ms). A spread
     wider than ``wide`` of the median says the point's calls varied (the host's jitter, the device's clocks), so the
     drop is not a cost of the size; a narrow one says the drop repeated call after call. "" when no time drops."""
+    sizes, medians, lows, highs = (list(x) for x in (sizes, medians, lows, highs))  # by position, not label
     n = len(sizes)
     if not n or not (len(medians) == len(lows) == len(highs) == n):
         raise ValueError(f"time_drop_note: need as many medians and spreads as sizes, at least one, got {n}")
