@@ -309,3 +309,32 @@ def test_trace_ops_records_triton_launches_outside_the_dispatcher():
     assert tr.kernels == 3 and tr.ops[0].bytes == 0
     runtime.launch_enter_hook(_LaunchMetadata("after"))  # the hook is gone once the trace ends
     assert trace_ops(lambda: x + 1).kernels == 1
+
+
+def test_count_syncs_keeps_the_prototype_notice_of_the_sync_debug_mode_quiet(monkeypatch):
+    # Review 05-8 / 04-6: "Synchronization debug mode is a prototype feature" showed in notebooks 04 and 05.
+    import warnings
+
+    from mahia.measure.instruments import count_syncs
+
+    mode = {"now": 0}
+
+    def set_mode(m):  # as torch/csrc/cuda/Module.cpp does when a debug mode is turned on
+        if m != 0:
+            warnings.warn(
+                "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations",
+                stacklevel=2,
+            )
+        mode["now"] = m
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode["now"])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with count_syncs() as r:
+            torch.ones(2).sum()
+    assert not [w for w in caught if "prototype" in str(w.message)]
+    assert r.cuda_syncs == 0

@@ -293,7 +293,9 @@ def count_syncs(*, keep_stack: bool = True):
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     if cuda:
         prev = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings():  # PyTorch's notice that the mode is a prototype: not the caller's concern
+            warnings.filterwarnings("ignore", message=".*[Ss]ynchronization debug mode is a prototype")
+            torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
