@@ -49,6 +49,15 @@ def test_profile_sentence_states_the_numbers_and_marks_cpu_evidence():
     # against the benchmark's time, which has no profiler cost per operator in it
     bench = profile_sentence(_report(kernel_ms=6.0), "the step", measured_ms=8.0)
     assert "ran kernels 60% of the profiled time, and 75% of the 8 ms the benchmark measured" in bench
+    assert bench.endswith(
+        "without the profiler's cost per operator. Busiest operators by device time: "
+        + top_ops(_report(kernel_ms=6.0), 3)
+        + "."
+    )
+    # review 05-6: the benchmark's time above the profiled wall time is not "without the profiler's cost"
+    slower = profile_sentence(_report(kernel_ms=6.0), "the step", measured_ms=11.0)
+    assert "of the 11 ms the benchmark measured without the profiler (more than the profiled call took" in slower
+    assert "cost per operator" not in slower
     faster = profile_sentence(_report(kernel_ms=6.0), "the step", measured_ms=5.0)
     assert "the benchmark measured 5 ms without the profiler, less than the kernels' summed time" in faster
     tiny = profile_sentence(_report(kernel_ms=0.04), "the step")

@@ -467,11 +467,14 @@ def _summary(cuda, launches, busy, wall):
 def test_compile_evidence_splits_the_time_saved():
     # the benchmark's saving (1.1 ms), not the profiler's wall-time drop (2.0 - 0.9), is what gets split
     gpu = prose.compile_evidence(0.8, _summary(True, 74, 0.9, 5.0), _summary(True, 12, 0.6, 0.9), 1.1)
-    assert "`default` measured 0.80× the predicted gain" in gpu and "74 kernel launches eager and 12 compiled" in gpu
+    assert (
+        "`default` measured 0.80× the predicted gain" in gpu
+        and "74 device events (kernels, copies and memsets) eager and 12 compiled" in gpu
+    )
     assert "Of the 1.1 ms per call that the benchmark's medians save, the profiler puts 0.3 ms in kernel time" in gpu
     assert "the other 0.8 ms is the host's" in gpu and gpu.endswith(".") and "4.1 ms" not in gpu
     cpu = prose.compile_evidence(1.0, _summary(False, 74, 0.45, 0.79), _summary(False, 2, 0.32, 0.4), 0.3)
-    assert "operator launches" in cpu and "*CPU run:" in cpu
+    assert "counts 74 operators eager" in cpu and "*CPU run:" in cpu  # review 04-8: events, not "launches"
     all_device = prose.compile_evidence(1.0, _summary(True, 74, 0.9, 2.0), _summary(True, 12, 0.4, 0.9), 0.3)
     assert "drops by 0.5 ms, all of that saving or more" in all_device and "host's" not in all_device
     slower = prose.compile_evidence(0.5, _summary(True, 10, 1.0, 1.0), _summary(True, 5, 1.0, 0.5), -0.1)
@@ -547,6 +550,32 @@ def test_not_faster_note():
     assert prose.not_faster_note([1, 2], [1.1, 1.5], "bf16", "tokens") == "bf16 was faster at every size."
     with pytest.raises(ValueError, match="as many sizes"):
         prose.not_faster_note([1, 2], [1.0], "bf16", "tokens")
+
+
+def test_not_faster_note_reads_the_spread():
+    # Review 06-4: a 1.02x median whose spread holds 1 is no measured gain, so not "faster at every size".
+    sizes, ratios = [1024, 16384], [1.02, 2.53]
+    ranges = [(0.85, 1.2), (2.3, 2.7)]
+    assert prose.not_faster_note(sizes, ratios, "bf16", "tokens", ranges) == (
+        "bf16 was faster at every size by the median, but at 1,024 tokens (1.02×, spread 0.85–1.20×) the ratio's "
+        "spread holds 1: no measured gain there."
+    )
+    assert prose.not_faster_note(
+        [1, 2, 3], [0.9, 1.1, 2.0], "bf16", "tokens", [(0.8, 0.95), (0.9, 1.3), (1.8, 2.2)]
+    ) == (
+        "bf16 was not faster at 1 tokens (0.90×); at 2 tokens (1.10×, spread 0.90–1.30×) the ratio's spread holds 1: "
+        "no measured gain there."
+    )
+    assert prose.not_faster_note([1, 2], [1.1, 1.5], "bf16", "tokens", [(1.05, 1.2), (1.4, 1.6)]) == (
+        "bf16 was faster at every size, beyond the spread of every ratio."
+    )
+    import pandas as pd  # notebook 06 passes its table's columns
+
+    assert prose.not_faster_note(
+        pd.Series([1, 2]), pd.Series([1.1, 1.5]), "x", "u", pd.Series([(1.05, 1.2), (1.4, 1.6)])
+    )
+    with pytest.raises(ValueError, match="as many sizes"):
+        prose.not_faster_note([1, 2], [1.1, 1.5], "bf16", "tokens", [(1.0, 1.2)])
 
 
 def test_reorder_print_summary():
@@ -1420,3 +1449,63 @@ def test_spread_range_never_prints_an_empty_range():
 def test_matmul_tiles_clause_says_tile_or_tiles():
     assert "is 44 tiles for 132 SMs" in prose.matmul_tiles_clause(256, "k", (64, 24), 132)
     assert "is 1 tile for 132 SMs" in prose.matmul_tiles_clause(128, "k", (128, 128), 132)
+
+
+def test_time_drop_note():
+    # Review 02/03 #5: SDPA took longer at T=512 than at T=1024, with a wide spread, and no sentence said so.
+    sizes, med = [256, 512, 1024, 2048], [0.0147, 0.0603, 0.0516, 0.12]
+    lo, hi = [0.0145, 0.0447, 0.051, 0.119], [0.015, 0.0760, 0.0525, 0.121]
+    assert prose.time_drop_note(sizes, med, lo, hi, "SDPA", "tokens") == (
+        "SDPA took 0.0603 ms at 512 tokens, more than the 0.0516 ms at 1,024 (20–80% spread 0.0447–0.076 ms, 52% of the "
+        "median, wide: its calls varied, so the drop is not a cost of the size)."
+    )
+    narrow = prose.time_drop_note([1, 2], [2.0, 1.5], [1.98, 1.49], [2.02, 1.51], "x", "rows")
+    assert narrow.endswith("of the median, narrow: the drop repeated call after call).")
+    assert prose.time_drop_note([2, 1], [2.0, 1.0], [1.9, 0.9], [2.1, 1.1], "x", "u") == ""  # unsorted, rising
+    import pandas as pd  # a notebook passes one group of a table: its index does not start at 0
+
+    g = pd.DataFrame({"T": sizes, "m": med, "lo": lo, "hi": hi}, index=[5, 7, 9, 11])
+    assert prose.time_drop_note(g["T"], g["m"], g["lo"], g["hi"], "SDPA", "tokens").startswith("SDPA took 0.0603")
+    with pytest.raises(ValueError, match="as many"):
+        prose.time_drop_note([1, 2], [1.0], [1.0], [1.0], "x", "u")
+
+
+def test_autotune_verdict():
+    # Review 04-3: max-autotune-no-cudagraphs was slower than default on the H100 and no sentence said so.
+    slower = prose.autotune_verdict("max-autotune-no-cudagraphs", "default", 1.27, 1.07, 82.5, 5.6, (0.8, 0.88))
+    assert slower == (
+        "`max-autotune-no-cudagraphs` 1.27 ms against `default` 1.07 ms, after 82.5 s of compiling against 5.6 s: "
+        "1.19× slower, so here autotuning did not pay; the profiler's comparison below shows which kernels it replaced."
+    )
+    faster = prose.autotune_verdict("max-autotune", "reduce-overhead", 0.2, 0.3, 50.0, 10.0, (1.3, 1.7))
+    assert faster.endswith("the autotuned kernels made the call 1.5× faster.")
+    tie = prose.autotune_verdict("max-autotune", "reduce-overhead", 0.29, 0.3, 50.0, 10.0, (0.9, 1.1))
+    assert tie.endswith("within the spread of each other (0.90–1.10×), so autotuning bought no measured gain.")
+    with pytest.raises(ValueError, match="> 0"):
+        prose.autotune_verdict("a", "b", 0.0, 1.0, 1.0, 1.0, (1.0, 1.0))
+
+
+def test_absolute_miss_note():
+    # Review 04-2: on the H100 eager ran 3.9x and `default` 4.2x its predicted time, so the ratio's 0.92x agreement
+    # was two misses cancelling; the text gave no reason.
+    miss = prose.absolute_miss_note(2.40, 0.620, 1.07, 0.255, 68, 9.12)
+    assert miss.startswith("Eager measured 2.4 ms against 0.62 ms predicted (3.87× the prediction), `default` 1.07 ms")
+    assert "Eager took 35.3 µs per traced op against t_launch = 9.12 µs" in miss
+    assert "two misses cancelling" in miss
+    held = prose.absolute_miss_note(1.0, 0.9, 0.5, 0.45, 68, 9.12)
+    assert "prediction that held" in held and "cancelling" not in held
+    apart = prose.absolute_miss_note(2.4, 0.6, 1.0, 0.8, 68, 40.0)
+    assert "cancelling" not in apart and "per traced op" not in apart
+    with pytest.raises(ValueError, match="> 0"):
+        prose.absolute_miss_note(0.0, 1.0, 1.0, 1.0, 1, 1.0)
+
+
+def test_trace_check_note():
+    # Review 05-1: 244 traced kernels against 295 profiled events was called a cross-check, and not commented on.
+    gap = prose.trace_check_note(244, 295)
+    assert gap.startswith("the profiler sees 295 device events on the GPU, 51 more (21% of the trace's count)")
+    assert gap.endswith("leaves out")
+    assert prose.trace_check_note(290, 295) == "the profiler sees 295 device events on the GPU: the trace's count holds"
+    assert "fewer" in prose.trace_check_note(300, 200)
+    with pytest.raises(ValueError, match="traced > 0"):
+        prose.trace_check_note(0, 3)

@@ -388,3 +388,18 @@ def test_allocator_step_summary_counts_one_call_only(monkeypatch):
     assert got["allocated before"] == 300 and got["allocated peak"] - got["allocated before"] == 600
     with pytest.raises(ValueError, match="CUDA device"):
         allocator_step_summary(step, "cpu")
+
+
+def test_matmul_precision_says_mahias_triton_kernels_stay_fp32():
+    # Review 06-2: the docstring (shown in notebook 06) said tl.dot defaults to TF32 for float32 inputs, which
+    # would make the "true fp32" baseline TF32 in Triton; mahia's kernels take float32 products in full precision.
+    import importlib
+
+    gla_scan = importlib.import_module("mahia.ops.gla_scan")
+    grouped_mm = importlib.import_module("mahia.ops.grouped_mm")
+
+    doc = matmul_precision.__doc__
+    assert "defaults to TF32" not in doc and 'input_precision="ieee"' in doc
+    q = torch.zeros(1, 1, 16, 16)
+    assert gla_scan._config(q, 16, None)[-1] == "ieee"
+    assert grouped_mm._ieee_dot(q)

@@ -128,6 +128,24 @@ def test_measure_records_the_benchmark_rows(tmp_path):
         tu.measure(rec, "swiglu_fwd", (4, 40), torch.float32, skip=("cublas",))
 
 
+def test_measure_returns_timings_not_metric_rows(tmp_path, monkeypatch):
+    # Review 02/03 #10: on a GPU the benchmark also records the copy of the same bytes as a metric row, which
+    # leaked into notebook 03's tables (a row of NaN) and its figures' legends (an entry with no line).
+    from mahia.bench import kernels as bk
+
+    real = bk._measure
+
+    def with_metric(recorder, experiment, *args, **kwargs):
+        real(recorder, experiment, *args, **kwargs)
+        recorder.metric(experiment, "copy_same_bytes", 0.9, unit="fraction", shape=(4, 40), dtype=torch.float32)
+
+    monkeypatch.setattr(bk, "_measure", with_metric)
+    rec = Recorder("03_test", DEVICE, results_dir=tmp_path)
+    df = tu.measure(rec, "swiglu_fwd", (4, 40), torch.float32, skip=("torch.compile",))
+    assert "copy_same_bytes" not in set(df["variant"]) and (df["role"] != "metric").all() and len(df)
+    assert any(r["variant"] == "copy_same_bytes" for r in rec.rows)  # still recorded
+
+
 def test_host_crossover_reads_a_rows_sweep():
     import pandas as pd
 

@@ -320,3 +320,25 @@ def test_count_syncs_keeps_the_sync_debug_modes_prototype_notice_out(monkeypatch
     assert modes == ["warn", 0]
     assert not [w for w in caught if "prototype" in str(w.message)]
     assert r.cuda_syncs == 0
+
+
+def test_trace_ops_records_triton_launches_outside_the_dispatcher():
+    # Review 04-1 / 05-1: mahia's eager GLA scan launches Triton from an autograd Function, outside the
+    # dispatcher, so the traced kernel count left it out while the profiler (and the compiled code) counted it.
+    triton = pytest.importorskip("triton")
+    runtime = triton.knobs.runtime
+    x = torch.randn(5)
+
+    def step(x):
+        runtime.launch_enter_hook(_LaunchMetadata("gla_fwd_kernel"))  # what a direct compiled launch calls
+        return _triton_inside(x * 2)  # a custom op: one opaque op, its inner launches not counted again
+
+    tr = trace_ops(step, x)
+    assert [(o.name, o.kind) for o in tr.ops if o.kind != "free"] == [
+        ("triton.gla_fwd_kernel", "opaque"),
+        ("mul", "pointwise"),
+        ("triton_inside", "opaque"),
+    ]
+    assert tr.kernels == 3 and tr.ops[0].bytes == 0
+    runtime.launch_enter_hook(_LaunchMetadata("after"))  # the hook is gone once the trace ends
+    assert trace_ops(lambda: x + 1).kernels == 1

@@ -145,9 +145,12 @@ def profile_sentence(report: StepReport, what: str, *, n_top: int = 3, measured_
     if measured_ms is None:
         text += f" and waited {pct(1 - report.busy)}."
     elif report.kernel_ms <= measured_ms:
+        text += f", and {pct(report.kernel_ms / measured_ms)} of the {measured_ms:.3g} ms the benchmark measured"
         text += (
-            f", and {pct(report.kernel_ms / measured_ms)} of the {measured_ms:.3g} ms the benchmark measured "
-            f"without the profiler's cost per operator."
+            " without the profiler's cost per operator."
+            if report.wall_ms >= measured_ms
+            else " without the profiler (more than the profiled call took: the two runs varied by more than the "
+            "profiler's own cost)."
         )
     else:
         text += (

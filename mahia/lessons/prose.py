@@ -73,6 +73,10 @@ __all__ = [
     "group_change_sentence",
     "bytes_bound_note",
     "not_faster_note",
+    "trace_check_note",
+    "absolute_miss_note",
+    "autotune_verdict",
+    "time_drop_note",
     "mib_amount",
     "matmul_time_check",
     "tail_loss_list",
@@ -1067,6 +1071,54 @@ def above_copy_note(
 # ---------------------------------------------------------------------------------------------------
 
 
+def absolute_miss_note(
+    eager_ms: float, eager_pred_ms: float, comp_ms: float, comp_pred_ms: float, ops: int, launch_us: float
+) -> str:
+    """Notebook 04: the model's absolute times against the measured ones (ms), eager and `default`, beside the
+    ratio it predicts. When both miss by about as much (their misses within 25% of each other) and neither lands
+    (0.8–1.25× the measurement), an agreeing ratio is two misses cancelling, said so. ``ops``: the eager call's
+    traced ops; eager's measured time per op against ``launch_us`` (t_launch, µs) shows the host work per op that
+    a bare launch chain does not have."""
+    if not (eager_ms > 0 and eager_pred_ms > 0 and comp_ms > 0 and comp_pred_ms > 0 and ops > 0 and launch_us > 0):
+        raise ValueError("absolute_miss_note: the times, ops and t_launch must be > 0")
+    me, mc = eager_ms / eager_pred_ms, comp_ms / comp_pred_ms
+    text = (
+        f"Eager measured {eager_ms:.3g} ms against {eager_pred_ms:.3g} ms predicted ({me:.2f}× the prediction), "
+        f"`default` {comp_ms:.3g} ms against {comp_pred_ms:.3g} ms ({mc:.2f}×). "
+    )
+    if all(0.8 <= m <= 1.25 for m in (me, mc)):
+        return text + "The model prices both calls, so its ratio is a prediction that held. "
+    per_op = eager_ms * 1e3 / ops
+    if per_op > 1.25 * launch_us:
+        text += (
+            f"Eager took {per_op:.3g} µs per traced op against t_launch = {launch_us:.3g} µs: host work per op "
+            "(Python, module calls, dispatch) that a bare chain of launches does not have and the model leaves out. "
+        )
+    if 0.8 <= me / mc <= 1.25:
+        text += (
+            "Both miss by about as much, so however close the predicted gain comes, that is two misses cancelling, "
+            "not the model pricing either call. "
+        )
+    return text
+
+
+def trace_check_note(traced: int, profiled: int, *, within: float = 0.05) -> str:
+    """The traced kernel count of a step (``traced``, :func:`mahia.measure.instruments.trace_ops`) against the
+    device events the profiler saw (``profiled``: kernels, copies and memsets): a cross-check that holds when they
+    are within ``within`` of each other, else the gap, which the launch model (priced on the traced count) misses."""
+    if not (traced > 0 and profiled >= 0):
+        raise ValueError(f"trace_check_note: need traced > 0 and profiled >= 0, got {traced!r}, {profiled!r}")
+    gap = profiled - traced
+    if abs(gap) <= within * traced:
+        return f"the profiler sees {profiled:,} device events on the GPU: the trace's count holds"
+    return (
+        f"the profiler sees {profiled:,} device events on the GPU, {abs(gap):,} {'more' if gap > 0 else 'fewer'} "
+        f"({abs(gap) / traced:.0%} of the trace's count): events the trace does not see (an op that launches "
+        f"several kernels, copies and memsets), which the launch model below, priced on the traced count, "
+        f"{'leaves out' if gap > 0 else 'counts too'}"
+    )
+
+
 def compile_evidence(ratio: float, eager, compiled, saved_ms: float) -> str:
     """`default`'s measured gain over the predicted one (``ratio``), with the profiler's account of one eager and
     one compiled call (two :class:`mahia.lessons.profiler_summary.ProfileSummary`): launches, busy and wall time.
@@ -1075,9 +1127,10 @@ def compile_evidence(ratio: float, eager, compiled, saved_ms: float) -> str:
     if not (isinstance(saved_ms, (int, float)) and math.isfinite(saved_ms)):
         raise ValueError(f"compile_evidence: saved_ms must be a finite number, got {saved_ms!r}")
     what = "kernel" if eager.cuda else "operator"
+    counted = "device events (kernels, copies and memsets)" if eager.cuda else "operators"
     text = (
         f"`default` measured {ratio:.2f}× the predicted gain. Per call, the profiler counts {eager.launches:.0f} "
-        f"{what} launches eager and {compiled.launches:.0f} compiled; {what} time {eager.busy_ms:.3g} → "
+        f"{counted} eager and {compiled.launches:.0f} compiled; {what} time {eager.busy_ms:.3g} → "
         f"{compiled.busy_ms:.3g} ms, wall time under the profiler {eager.wall_ms:.3g} → {compiled.wall_ms:.3g} ms. "
     )
     saved_busy = eager.busy_ms - compiled.busy_ms
@@ -1224,19 +1277,85 @@ def bytes_bound_note(
     )
 
 
-def not_faster_note(sizes: Sequence[float], ratios: Sequence[float], what: str, unit: str) -> str:
+def not_faster_note(
+    sizes: Sequence[float],
+    ratios: Sequence[float],
+    what: str,
+    unit: str,
+    ranges: Sequence[tuple[float, float]] | None = None,
+) -> str:
     """Names the ``sizes`` at which ``what`` was not faster (its speedup ``ratios`` at or below 1), with their
-    ratios; says so when it was faster at every size."""
-    if len(sizes) != len(ratios) or not len(sizes):
+    ratios; says so when it was faster at every size. Given ``ranges`` (the ratio's low and high end at each size,
+    from the two timings' 20–80% spreads: :func:`gain_range`), a size whose range holds 1 is no measured gain
+    either, whatever its median ratio, and "faster at every size" needs every range above 1."""
+    if len(sizes) != len(ratios) or not len(sizes) or (ranges is not None and len(ranges) != len(sizes)):
         raise ValueError(
-            f"not_faster_note: need as many sizes as ratios, at least one, got {len(sizes)}, {len(ratios)}"
+            f"not_faster_note: need as many sizes as ratios (and ranges), at least one, got {len(sizes)}, "
+            f"{len(ratios)}" + ("" if ranges is None else f", {len(ranges)}")
         )
-    slow = [(s, r) for s, r in zip(sizes, ratios) if r <= 1]
-    if not slow:
-        return f"{what} was faster at every size."
-    names = [f"{s:,.0f}" for s, _ in slow]
-    at = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    return f"{what} was not faster at {at} {unit} ({', '.join(f'{r:.2f}×' for _, r in slow)})."
+
+    def listed(items: Sequence[tuple[float, str]]) -> str:
+        names = [f"{s:,.0f}" for s, _ in items]
+        at = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        return f"{at} {unit} ({', '.join(r for _, r in items)})"
+
+    slow = [(s, f"{r:.2f}×") for s, r in zip(sizes, ratios) if r <= 1]
+    unsure = (
+        [
+            (s, f"{r:.2f}×, spread {lo:.2f}–{hi:.2f}×")
+            for s, r, (lo, hi) in zip(sizes, ratios, ranges)
+            if r > 1 and lo <= 1
+        ]
+        if ranges is not None
+        else []
+    )
+    if not slow and not unsure:
+        return f"{what} was faster at every size" + (
+            ", beyond the spread of every ratio." if ranges is not None else "."
+        )
+    parts = [f"{what} was not faster at {listed(slow)}"] if slow else []
+    if unsure:
+        lead = "" if slow else f"{what} was faster at every size by the median, but "
+        parts.append(f"{lead}at {listed(unsure)} the ratio's spread holds 1: no measured gain there")
+    return "; ".join(parts) + "."
+
+
+def time_drop_note(
+    sizes: Sequence[float],
+    medians: Sequence[float],
+    lows: Sequence[float],
+    highs: Sequence[float],
+    what: str,
+    unit: str,
+    *,
+    wide: float = 0.1,
+) -> str:
+    """Where ``what`` took longer (median, ms) at a size than at a larger one, though its work grows with the size:
+    each such point with the larger size's time and the point's 20–80% spread (``lows``–``highs``, ms). A spread
+    wider than ``wide`` of the median says the point's calls varied (the host's jitter, the device's clocks), so the
+    drop is not a cost of the size; a narrow one says the drop repeated call after call. "" when no time drops."""
+    sizes, medians, lows, highs = (list(x) for x in (sizes, medians, lows, highs))  # by position, not label
+    n = len(sizes)
+    if not n or not (len(medians) == len(lows) == len(highs) == n):
+        raise ValueError(f"time_drop_note: need as many medians and spreads as sizes, at least one, got {n}")
+    order = sorted(range(n), key=lambda i: sizes[i])
+    parts = []
+    for a, i in enumerate(order[:-1]):
+        j = min(order[a + 1 :], key=lambda k: medians[k])
+        if medians[j] < medians[i]:
+            width = (highs[i] - lows[i]) / medians[i]
+            verdict = (
+                "wide: its calls varied, so the drop is not a cost of the size"
+                if width > wide
+                else "narrow: the drop repeated call after call"
+            )
+            parts.append(
+                f"{medians[i]:.3g} ms at {sizes[i]:,.0f} {unit}, more than the {medians[j]:.3g} ms at "
+                f"{sizes[j]:,.0f} (20–80% spread {lows[i]:.3g}–{highs[i]:.3g} ms, {width:.0%} of the median, {verdict})"
+            )
+    if not parts:
+        return ""
+    return f"{what} took " + "; ".join(parts) + "."
 
 
 def reorder_print_summary(rows: Sequence[Mapping]) -> str:
@@ -2056,6 +2175,34 @@ def faster_or_slower(ratio: float) -> str:
     if ratio < 1:
         return f"{1 / ratio:.3g}× slower"
     return "as fast"
+
+
+def autotune_verdict(
+    tuned: str,
+    plain: str,
+    tuned_ms: float,
+    plain_ms: float,
+    tuned_compile_s: float,
+    plain_compile_s: float,
+    gain: tuple[float, float],
+) -> str:
+    """Notebook 04: a mode that autotunes (``tuned``) against the same mode without autotuning (``plain``): their
+    medians (ms), compile times (s) and the range of plain / tuned that the two 20–80% spreads allow (``gain``,
+    :func:`gain_range`). Says whether the autotuned kernels paid for the longer compile: faster or slower only
+    where the whole range says so, else no measured difference."""
+    if not (tuned_ms > 0 and plain_ms > 0 and tuned_compile_s >= 0 and plain_compile_s >= 0):
+        raise ValueError("autotune_verdict: the times must be > 0 and the compile times >= 0")
+    lo, hi = gain
+    cost = f"after {tuned_compile_s:.1f} s of compiling against {plain_compile_s:.1f} s"
+    head = f"`{tuned}` {tuned_ms:.3g} ms against `{plain}` {plain_ms:.3g} ms, {cost}"
+    if lo > 1:
+        return f"{head}: the autotuned kernels made the call {faster_or_slower(plain_ms / tuned_ms)}."
+    if hi < 1:
+        return (
+            f"{head}: {faster_or_slower(plain_ms / tuned_ms)}, so here autotuning did not pay; the profiler's "
+            "comparison below shows which kernels it replaced."
+        )
+    return f"{head}: within the spread of each other ({lo:.2f}–{hi:.2f}×), so autotuning bought no measured gain."
 
 
 def shortfall_source(

@@ -153,7 +153,9 @@ def matmul_precision(tf32: bool) -> Iterator[None]:
     (``tf32=True``: 10-bit mantissa inputs, float32 accumulation) or true float32 (``False``).
     The previous settings are restored on exit. No effect on the CPU.
 
-    Note: Triton kernels choose their own precision (``tl.dot`` defaults to TF32 for float32 inputs).
+    Triton kernels choose their own precision and are not reached by this switch: mahia's (the GLA scan, the
+    grouped GEMM) take float32 products in full precision (``tl.dot(..., input_precision="ieee")``), so TF32
+    leaves them at the fp32 speed.
     """
     if not isinstance(tf32, bool):
         raise TypeError(f"matmul_precision: tf32 must be a bool, got {tf32!r}")

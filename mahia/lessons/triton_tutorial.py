@@ -653,7 +653,8 @@ def measure(
     eager_time: bool = False,
 ) -> pd.DataFrame:
     """Check, then time every variant of ``kind`` at ``shape`` exactly as ``python -m mahia.bench
-    kernels`` does, and record one row per variant in ``recorder``; returns those rows.
+    kernels`` does, and record one row per variant in ``recorder``; returns those rows (not the benchmark's
+    metric rows, such as the copy of the same bytes, which it records too).
 
     ``eager_time=True`` also records the time an eager program sees (back-to-back calls from Python,
     one synchronize: host overhead included where the host is slower), under ``<experiment>_eager``,
@@ -705,7 +706,8 @@ def measure(
         shape=shape,
         dtype=dtype,
     )
-    return pd.DataFrame(recorder.rows[before:])
+    # the timings only: the copy reference at the same bytes (a metric row, CUDA) stays in the records and the log
+    return pd.DataFrame([r for r in recorder.rows[before:] if r.get("role") != "metric"])
 
 
 def host_crossover(df: pd.DataFrame, mine: str = "mahia_triton", peer: str = "F.rms_norm") -> dict:

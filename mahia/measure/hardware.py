@@ -33,7 +33,7 @@ import torch
 from mahia.measure import files
 from mahia.measure.timing import bench
 
-__all__ = ["resolve_device", "device_slug", "device_report", "Ceilings", "ceilings", "DATASHEET"]
+__all__ = ["resolve_device", "device_slug", "device_report", "Ceilings", "ceilings", "DATASHEET", "CUDA_MATMUL_SIZES"]
 
 # Datasheet peaks, for context only (dense, no sparsity). Key: substring of the GPU name.
 DATASHEET = {
@@ -159,6 +159,11 @@ class Ceilings:
         return asdict(self)
 
 
+# The square sizes of the CUDA bf16 ceiling (the best of them; the quick profile takes the first only), and the
+# first is the fp32 ceiling's one size. Notebook 06 measures fp16 and TF32 the same way.
+CUDA_MATMUL_SIZES = (4096, 6144, 8192)
+
+
 def _measure(dev: torch.device, quick: bool) -> dict:
     cuda = dev.type == "cuda"
     # Copy: large enough to dwarf the L2 cache (50-60 MB on Hopper).
@@ -182,7 +187,7 @@ def _measure(dev: torch.device, quick: bool) -> dict:
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 ceiling is true fp32
     try:
-        sizes = ((4096, 6144, 8192) if not quick else (4096,)) if cuda else (512,)
+        sizes = (CUDA_MATMUL_SIZES if not quick else CUDA_MATMUL_SIZES[:1]) if cuda else (512,)
         bf16 = matmul_rate(torch.bfloat16, sizes)
         fp32 = matmul_rate(torch.float32, sizes[:1] if cuda else sizes)
     finally:

@@ -721,6 +721,17 @@ class _Tracer(TorchDispatchMode):
         self.sizes: dict[int, int] = {}  # tensor id -> bytes of the whole tensor
         self._keep: list[torch.Tensor] = []  # keeps traced tensors alive, so Python ids are not reused
         self._next = 0
+        self._depth = 0  # dispatched ops running now: a Triton launch inside one belongs to that op
+
+    def launched_triton(self, metadata=None) -> None:
+        """Triton's launch-enter hook: a compiled Triton kernel launched from Python outside any dispatched op
+        (an autograd Function calling its launcher, as mahia's eager fast paths do) is one opaque kernel that
+        the dispatcher never sees; its tensors are unknown, so it records no bytes."""
+        if self._depth:
+            return
+        data = getattr(metadata, "data", None)
+        name = data.get("name", "kernel") if isinstance(data, dict) else "kernel"
+        self.ops.append(OpRecord(f"triton.{name}", "opaque", (), (), 0, 0, False))
 
     def tid(self, t: torch.Tensor) -> int:
         key = id(t)
@@ -736,7 +747,11 @@ class _Tracer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        self._depth += 1
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self._depth -= 1
         name = _bare_name(func)
         schema_args = func._schema.arguments
         named = {a.name: v for a, v in zip(schema_args, args)} | dict(kwargs)
@@ -790,7 +805,9 @@ class _Tracer(TorchDispatchMode):
 
 def trace_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpTrace:
     """Run ``fn(*args, **kwargs)`` once and record its ops (backward too, if ``fn`` calls it): the module
-    docstring says what is recorded.
+    docstring says what is recorded. A compiled Triton kernel launched from Python outside any dispatched op
+    (seen by Triton's launch hook) is recorded as an opaque op ``triton.<kernel>`` with no bytes: the
+    dispatcher never sees it, but eager mode launches it.
 
     The tensors it creates are kept alive until the trace is built, so trace small shapes or
     expect one extra step's worth of memory.
@@ -798,8 +815,13 @@ def trace_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpTrace:
     if not callable(fn):
         raise TypeError(f"trace_ops: fn must be callable, got {type(fn).__name__}")
     tracer = _Tracer()
-    with tracer:
-        result = fn(*args, **kwargs)
+    hook = _TritonLaunchHook(tracer.launched_triton)  # Triton kernels launched outside the dispatcher
+    hook.install()
+    try:
+        with tracer:
+            result = fn(*args, **kwargs)
+    finally:
+        hook.remove()
     out_ids = frozenset(
         tracer._tid[id(t)] for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor) and id(t) in tracer._tid
     )

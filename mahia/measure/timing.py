@@ -152,7 +152,9 @@ def _cuda_times(
     """Per-call times from CUDA events.
 
     With ``flush_l2`` each repetition is one call after an L2-sized buffer write (the write also
-    gives the CPU time to queue the call, so the events time the kernel, not the launch). Without
+    gives the CPU time to queue the call, so the events time the kernel, not the launch, as long as the
+    host's work for the call is shorter than the write; beyond that the device waits and the events
+    time the wait too). Without
     it, calls run back to back in blocks of ``k`` between one pair of events, and each block's
     time / k is one sample: timing a single short kernel between events would measure the host's
     launch gap instead.

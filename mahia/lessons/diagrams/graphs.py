@@ -3,8 +3,8 @@
 * **eager**: the host launches every kernel; short kernels finish before the next launch arrives, and
   the device idles in between;
 * **capture** (once): under ``torch.cuda.graph(g)`` the step runs on the host, but its kernels are only
-  recorded, with the addresses of the static input, the temporaries and the output, all allocated from
-  the graph's memory pool;
+  recorded, with the addresses of the static input (allocated before the capture, in ordinary memory), and
+  of the temporaries and the output (allocated during it, from the graph's memory pool);
 * **replay** (every step): copy the new input into the static input, one ``g.replay()`` launch, and the
   device runs the recorded kernels back to back.
 
@@ -51,13 +51,15 @@ def draw(n_kernels: int = 4):
     chain = " → ".join(kernels)
     box(ax, x0 + 43.5, 31.5, 44, 4, f"graph g: {chain}, fixed addresses", color="white", fontsize=7.5, ls="--")
     caption(ax, 1, 26.5, "memory")
+    # static_in is allocated (cloned) before the capture, so it lives in the ordinary allocator, not in the pool
+    box(ax, x0, 24.5, 27, 4, "static_in: allocated before capture", color="white", fontsize=7.5)
     box(
         ax,
-        x0,
+        x0 + 28,
         24.5,
-        87.5,
+        59.5,
         4,
-        "memory pool of g (pool=): static_in, temporaries and out stay allocated as long as g lives",
+        "memory pool of g (pool=): temporaries and out, kept as long as g lives",
         color=MEMORY,
         text_color="white",
         fontsize=7.5,
