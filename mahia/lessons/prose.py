@@ -100,6 +100,13 @@ __all__ = [
 _SAME_MEDIAN = 0.03
 
 
+def _check_timings(fn: str, *timings: Sequence[float]) -> None:
+    """Each of ``timings`` is (median, p20, p80) with 0 < p20 <= median <= p80, else a ValueError naming ``fn``."""
+    for t in timings:
+        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
+            raise ValueError(f"{fn}: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+
+
 def pct(x: float) -> str:
     """A share as a percentage that never rounds a small nonzero share to "0%": 0.004 is "0.4%", below 0.001
     "<0.1%"; from 1% on, whole percents."""
@@ -1320,6 +1327,15 @@ def not_faster_note(
     return "; ".join(parts) + "."
 
 
+def _later_no_slower(times: Sequence[float], order: Sequence[int]):
+    """(i, j) for each point i of ``order`` (positions in ``times``, smallest size first) whose fastest later point j
+    took no longer than it: where a sweep's times are not in proportion to its sizes."""
+    for a, i in enumerate(order[:-1]):
+        j = min(order[a + 1 :], key=lambda k: times[k])
+        if times[j] <= times[i]:
+            yield i, j
+
+
 def time_drop_note(
     sizes: Sequence[float],
     medians: Sequence[float],
@@ -1338,10 +1354,8 @@ def time_drop_note(
     n = len(sizes)
     if not n or not (len(medians) == len(lows) == len(highs) == n):
         raise ValueError(f"time_drop_note: need as many medians and spreads as sizes, at least one, got {n}")
-    order = sorted(range(n), key=lambda i: sizes[i])
     parts = []
-    for a, i in enumerate(order[:-1]):
-        j = min(order[a + 1 :], key=lambda k: medians[k])
+    for i, j in _later_no_slower(medians, sorted(range(n), key=lambda i: sizes[i])):
         if medians[j] < medians[i]:
             width = (highs[i] - lows[i]) / medians[i]
             verdict = (
@@ -1738,10 +1752,7 @@ def out_of_proportion_note(
     for name, times in ms.items():
         if len(times) != len(tokens):
             raise ValueError(f"out_of_proportion_note: {name} has {len(times)} times for {len(tokens)} sizes")
-        for i in range(len(tokens)):
-            j = min(range(i + 1, len(tokens)), key=lambda k: times[k], default=None)
-            if j is None or times[i] < times[j]:
-                continue
+        for i, j in _later_no_slower(times, list(range(len(tokens)))):
             if worst is None or (tokens[i], times[i] / times[j]) > (worst[0], worst[2] / worst[4]):
                 worst = (tokens[i], name, times[i], tokens[j], times[j])
     if worst is None:
@@ -1774,9 +1785,7 @@ def extra_work_time_note(more: Sequence[float], refs: Mapping[str, Sequence[floa
     (median, p20, p80)). A difference is measured only where the 20–80% spreads are apart and the step doing more is the
     slower; where they overlap, or where it measured faster although it does more, there is no measurable
     difference. Two timings of the reference whose spreads are apart disagree with each other, and the note says so."""
-    for t in (more, *refs.values()):
-        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
-            raise ValueError(f"extra_work_time_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    _check_timings("extra_work_time_note", more, *refs.values())
     if not refs:
         raise ValueError("extra_work_time_note: no reference timing")
     text = (
@@ -1812,9 +1821,7 @@ def pick_margin_note(pick: str, times: Mapping[str, Sequence[float]]) -> str:
     """Whether the policy picked as the fastest of several candidates (``times``: name -> (median, p20, p80) in
     ms, ``pick`` among them) is faster beyond the noise: the candidates whose 20–80% spread overlaps the pick's
     are not separated from it by this run, so the pick between them follows the medians alone."""
-    for t in times.values():
-        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
-            raise ValueError(f"pick_margin_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    _check_timings("pick_margin_note", *times.values())
     if pick not in times:
         raise ValueError(f"pick_margin_note: {pick!r} is not among the candidates {sorted(times)}")
     p = times[pick]
@@ -2276,7 +2283,7 @@ def retimed_note(
     first_label: str,
     again_label: str,
     *,
-    agree_within: float = 0.03,
+    agree_within: float = _SAME_MEDIAN,
 ) -> str:
     """The same work timed twice: ``first`` is one timing's (median, p20, p80) in ms, ``again`` one or more later
     timings of the same work. Medians within ``agree_within`` of each other (the later medians' median / first's)
@@ -2285,9 +2292,7 @@ def retimed_note(
     sentence gives both numbers, and, where no spread overlaps, how far apart the medians are. Spreads that
     overlap while a median lies outside the other's spread are wide rather than in agreement: the sentence says
     so and gives their widths (p80 - p20, as a share of the median)."""
-    for t in (first, *again):
-        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
-            raise ValueError(f"retimed_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    _check_timings("retimed_note", first, *again)
     if not again:
         raise ValueError("retimed_note: no later timing")
     meds = sorted(t[0] for t in again)
@@ -2338,15 +2343,14 @@ def retimed_gain_note(
     gain_again: float,
     rests_on: str,
     *,
-    agree_within: float = 0.03,
+    agree_within: float = _SAME_MEDIAN,
 ) -> str:
     """What a retiming that disagrees does to the conclusions drawn from the first timing: ``first`` and ``again``
     are two timings (median, p20, p80) of the same step, ``gain_first`` and ``gain_again`` the rung's gain from
-    each, ``rests_on`` what was concluded from the first (a noun phrase). Empty where the two agree as
-    :func:`retimed_note` has it (medians within ``agree_within``, or spreads that overlap)."""
-    for t in (first, again):
-        if len(t) != 3 or not 0 < t[1] <= t[0] <= t[2]:
-            raise ValueError(f"retimed_gain_note: need (median, p20, p80) with 0 < p20 <= median <= p80, got {t!r}")
+    each, ``rests_on`` what was concluded from the first (a noun phrase). Empty unless they disagree as
+    :func:`retimed_note`'s last case has it: medians more than ``agree_within`` apart and spreads that do not
+    overlap."""
+    _check_timings("retimed_gain_note", first, again)
     if abs(again[0] / first[0] - 1) <= agree_within or spreads_overlap(first, again):
         return ""
     return (
