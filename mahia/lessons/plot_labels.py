@@ -210,8 +210,8 @@ def _uncross(boxes, points, sizes, sides, off, markers, fixed, frame, gap, still
                     for yi, yj in ((now[i][2], now[j][2]), (now[j][2], now[i][2])):
                         bi, bj = placed(i, si, yi), placed(j, sj, yj)
                         trial = {**now, i: bi, j: bj}
-                        if free(i, bi, trial) and free(j, bj, trial) and crossings(trial) < count:
-                            count, best = crossings(trial), (i, j, si, sj, bi, bj)
+                        if free(i, bi, trial) and free(j, bj, trial) and (n := crossings(trial)) < count:
+                            count, best = n, (i, j, si, sj, bi, bj)
         if best is None:
             return
         i, j, sides[i], sides[j], boxes[i], boxes[j] = best
