@@ -209,3 +209,17 @@ def test_a_roofline_point_on_another_is_drawn_smaller_on_top():
     ax = plotting.roofline(pts, Ceilings("x", 3000.0, 700.0, 50.0, "now"))
     assert [float(c.get_sizes()[0]) for c in ax.collections] == [50.0, 18.0, 50.0]
     assert ax.collections[1].get_zorder() > ax.collections[0].get_zorder()
+
+
+def test_a_qualified_variant_keeps_the_colour_of_the_variant_it_qualifies():
+    # notebook 02 names its attention rows "<backend> causal" / "<backend> full": each backend keeps one colour
+    # in every figure (the roofline and the training bars colour by these names, the backends figure by backend)
+    for backend in ("flash", "cudnn", "efficient", "math"):
+        assert plotting.variant_color(f"{backend} causal") == plotting.variant_color(backend)
+        assert plotting.variant_color(f"{backend} full") == plotting.variant_color(backend)
+    pal = plotting.palette_for(["manual causal", "cudnn causal", "flash causal", "efficient causal", "math causal"])
+    assert pal["cudnn causal"] == plotting.variant_color("cudnn") != pal["flash causal"]
+    assert len(set(pal.values())) == len(pal)
+    # in one plot with both, the fixed name keeps its colour and the qualified one moves
+    pal = plotting.palette_for(["flash", "flash causal"])
+    assert pal["flash"] == plotting.variant_color("flash") != pal["flash causal"]

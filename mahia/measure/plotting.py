@@ -160,22 +160,31 @@ def _key(name) -> str:
     return re.sub(r"\s*\([^()]*\)$", "", s) or s
 
 
-def variant_color(name) -> str:
-    """The colour of variant ``name`` (a hex string): its fixed colour from ``VARIANT_COLORS``, else one of
-    ``PALETTE`` picked by a CRC-32 of the name (the same in every process and run). It does not avoid the
-    other names of a plot: :func:`palette_for` does."""
-    key = _key(name)
+def _fixed_color(key: str) -> str | None:
+    """The fixed colour of a lookup key: its own, else its first word's, so that a variant qualified by
+    more words ("flash causal", "cudnn full") keeps the colour of the variant it qualifies ("flash")."""
     if key in VARIANT_COLORS:
         return VARIANT_COLORS[key]
+    return VARIANT_COLORS.get(key.split(" ", 1)[0])
+
+
+def variant_color(name) -> str:
+    """The colour of variant ``name`` (a hex string): its fixed colour from ``VARIANT_COLORS`` (or its first
+    word's), else one of ``PALETTE`` picked by a CRC-32 of the name (the same in every process and run). It
+    does not avoid the other names of a plot: :func:`palette_for` does."""
+    key = _key(name)
+    fixed = _fixed_color(key)
+    if fixed is not None:
+        return fixed
     return _HASHED[zlib.crc32(key.encode("utf-8")) % len(_HASHED)]
 
 
 def palette_for(names: Iterable) -> dict:
     """``{name: colour}`` for the names of one plot (duplicates and order do not matter): each gets
     :func:`variant_color`, except that when two would share a colour the one later in a fixed order (names
-    of ``VARIANT_COLORS`` first, then alphabetical by name) takes the next free colour of ``PALETTE``."""
+    with a fixed colour first, then alphabetical by name) takes the next free colour of ``PALETTE``."""
     unique = list(dict.fromkeys(n for n in names if not (isinstance(n, float) and math.isnan(n))))
-    order = sorted(unique, key=lambda n: (_key(n) not in VARIANT_COLORS, _key(n), str(n)))
+    order = sorted(unique, key=lambda n: (_fixed_color(_key(n)) is None, _key(n), str(n)))
     used: set[str] = set()
     out = {}
     for name in order:
