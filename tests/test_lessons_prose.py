@@ -1509,3 +1509,30 @@ def test_trace_check_note():
     assert "fewer" in prose.trace_check_note(300, 200)
     with pytest.raises(ValueError, match="traced > 0"):
         prose.trace_check_note(0, 3)
+
+
+def test_tf32_warning_note():
+    # Review 04-6, 05-8, 11-8: the TF32 warning of a bf16 run, explained from the traced float32 products.
+    from types import SimpleNamespace as NS
+
+    def trace(*products, total):
+        return NS(products=list(products), count=sum(p.count for p in products), total=total)
+
+    gate = type("P", (), {"count": 1, "function": "fabric_gates", "__str__": lambda s: "`addmm` (2×64) @ (64×2)"})()
+    odd = type("P", (), {"count": 2, "function": "mine", "__str__": lambda s: "`mm` (3×3) @ (3×3) ×2"})()
+    gpu = prose.tf32_warning_note({"The hybrid's forward": trace(gate, total=46)}, dtype="bf16", cuda=True)
+    assert gpu.startswith("Inductor warns that *TensorFloat32")
+    assert "The hybrid's forward computes 1 of its 46 matrix products in float32, `addmm` (2×64) @ (64×2): " in gpu
+    assert "the fabric's gates" in gpu and "the other 45 run in bf16." in gpu
+    assert "float32 on purpose" in gpu and "CPU run" not in gpu and "fuse_attention" not in gpu
+    both = prose.tf32_warning_note(
+        {"The dense model's forward": trace(total=13), "The model's forward": trace(odd, total=5)},
+        dtype="bf16",
+        cuda=False,
+    )
+    assert "*CPU run: no such warning here; traced on this CPU in bf16" in both
+    assert "The dense model's forward computes none of its 13 matrix products in float32: all run in bf16." in both
+    assert "`mm` (3×3) @ (3×3) ×2; the other 3 run in bf16. Those products are what the warning points at." in both
+    assert "on purpose" not in both and "`fuse_attention`" in both  # an unknown function, and a model with none
+    with pytest.raises(ValueError, match="no traces"):
+        prose.tf32_warning_note({}, dtype="bf16", cuda=True)

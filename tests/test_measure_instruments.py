@@ -342,3 +342,68 @@ def test_trace_ops_records_triton_launches_outside_the_dispatcher():
     assert tr.kernels == 3 and tr.ops[0].bytes == 0
     runtime.launch_enter_hook(_LaunchMetadata("after"))  # the hook is gone once the trace ends
     assert trace_ops(lambda: x + 1).kernels == 1
+
+
+# --- float32 matrix products (Inductor's TF32 warning) ----------------------------------------------
+
+
+class _Mixed(torch.nn.Module):
+    """A bf16 product under autocast, and one kept in float32 outside it (as the MoE router does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(K, M)
+        self.router = torch.nn.Linear(K, 3)
+
+    def forward(self, x):
+        y = self.proj(x)  # autocast: bf16
+        with torch.autocast("cpu", enabled=False):
+            logits = self.router(x.float())  # float32 on purpose
+        return y, logits
+
+
+def test_float32_matmuls_sees_autocast_casts_and_names_the_module_and_function():
+    from mahia.measure.instruments import float32_matmuls
+
+    x = torch.randn(N, K)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        r = float32_matmuls(_Mixed(), x)
+    assert r.by_dtype == {"bfloat16": 1, "float32": 1} and (r.count, r.total) == (1, 2)
+    (p,) = r.products
+    assert (p.op, p.a, p.b, p.count) == ("addmm", (N, K), (K, 3), 1)  # linear reaches the mode as addmm
+    assert p.function == "_Mixed.forward" and p.module == "`router` (Linear)"
+    assert str(p) == f"`addmm` ({N}×{K}) @ ({K}×3) in `_Mixed.forward` of `router` (Linear)"
+
+
+def test_float32_matmuls_counts_mm_bmm_and_ignores_other_dtypes_and_ops():
+    from mahia.measure.instruments import float32_matmuls
+
+    a, b = torch.randn(4, N, K), torch.randn(4, K, M)
+
+    def f():
+        for _ in range(3):
+            a @ b  # bmm, float32, three times
+        a[0] @ b[0]  # mm
+        (a.double() @ b.double()).sum()  # float64: counted by dtype only
+        torch.baddbmm(torch.zeros(4, N, M, dtype=torch.bfloat16), a.bfloat16(), b.bfloat16())
+        return torch.sin(a)  # not a product
+
+    r = float32_matmuls(f)
+    assert [(p.op, p.a, p.b, p.count, p.module) for p in r.products] == [
+        ("bmm", (4, N, K), (4, K, M), 3, None),
+        ("mm", (N, K), (K, M), 1, None),
+    ]
+    assert r.by_dtype == {"float32": 4, "float64": 1, "bfloat16": 1}
+    assert all(p.function.endswith("f") for p in r.products)
+    with pytest.raises(TypeError, match="callable"):
+        float32_matmuls(3)
+
+
+def test_float32_matmuls_removes_its_hooks_and_a_custom_op_is_one_op():
+    from mahia.measure.instruments import float32_matmuls
+
+    lin = torch.nn.Linear(K, M)
+    float32_matmuls(lin, torch.randn(2, K))
+    assert not lin._forward_hooks and not lin._forward_pre_hooks
+    # _twice's insides never reach the mode; no product at all
+    assert float32_matmuls(_twice, torch.randn(3)).total == 0

@@ -74,6 +74,7 @@ __all__ = [
     "bytes_bound_note",
     "not_faster_note",
     "trace_check_note",
+    "tf32_warning_note",
     "absolute_miss_note",
     "autotune_verdict",
     "time_drop_note",
@@ -2780,3 +2781,72 @@ def gain_over_bound_note(
         f"shorter than the replay measured ({real} ms), and the host time of a call measured alone includes work "
         f"that, back to back, overlaps the device's. The bound, from the profiled busy share, is the limit to read."
     )
+
+
+# Why a product of mahia's models is float32 on purpose, by the function that computes it (the reasons their
+# code gives). :func:`tf32_warning_note` adds the reason to each product it lists; other functions get none.
+FLOAT32_ON_PURPOSE = {
+    "fabric_gates": "the fabric's gates (batch × layers), outside autocast so that a block's on/off decision does "
+    "not hinge on a bf16 rounding",
+    "MoE._route": "the MoE router's logits (tokens × experts), outside autocast so that the routing decision does "
+    "not hinge on a bf16 rounding",
+    "diffusion_operator": "the graph memory's diffusion operator (nodes × nodes), built in float32 so that its rows "
+    "keep summing to 1 through the squarings",
+    "_gla_logspace": "the meta-attention's chunked scan in PyTorch, in float32 for the range of its decays (where the "
+    "Triton scan runs instead, as on a GPU, it is one custom op whose products Inductor does not see)",
+}
+
+
+def _product_list(products: Sequence) -> str:
+    said = []
+    for p in products:
+        why = FLOAT32_ON_PURPOSE.get(getattr(p, "function", None))
+        said.append(f"{p}" + (f": {why}" if why else ""))
+    return "; ".join(said)
+
+
+def tf32_warning_note(traces: Mapping[str, object], *, dtype: str, cuda: bool) -> str:
+    """Why Inductor's "TensorFloat32 tensor cores ... available but not enabled" warning appears (or would), from
+    the evidence: ``traces`` maps what was traced ("the model's forward") to a
+    :class:`mahia.measure.instruments.Float32Matmuls` of one call (``products``: the float32 ones, ``count``,
+    ``total``: every matrix product); ``dtype`` names the dtype the rest computes in; ``cuda``: this run's device.
+    Inductor warns once per process, on a CUDA GPU of compute capability 8.0 or newer with TF32 off, when a graph it
+    compiles holds an ``mm``/``addmm``/``bmm``/``baddbmm`` with a float32 output."""
+    if not traces:
+        raise ValueError("tf32_warning_note: no traces")
+    text = (
+        "Inductor warns that *TensorFloat32 tensor cores … are available but not enabled* when a graph it compiles "
+        "holds a float32 matrix product (once per process, on a CUDA GPU of compute capability 8.0 or newer with "
+        "TF32 off)."
+    )
+    if not cuda:
+        text += f" *CPU run: no such warning here; traced on this CPU in {dtype}, the GPU run's dtype:*"
+    else:
+        text += " Traced once here (`float32_matmuls`, a dispatch mode):"
+    found = False
+    for what, t in traces.items():
+        n, total = t.count, t.total
+        if n:
+            found = True
+            text += (
+                f" {what} computes {n} of its {total} matrix products in float32, "
+                f"{_product_list(t.products)}; the other {total - n} run in {dtype}."
+            )
+        else:
+            text += f" {what} computes none of its {total} matrix products in float32: all run in {dtype}."
+    every_known = all(getattr(p, "function", None) in FLOAT32_ON_PURPOSE for t in traces.values() for p in t.products)
+    if found and every_known:
+        text += (
+            " Those products are what the warning points at, and they are float32 on purpose: TF32 would round "
+            "exactly their inputs, so it stays off."
+        )
+    elif found:
+        text += " Those products are what the warning points at."
+    if not all(t.count for t in traces.values()):
+        text += (
+            " A model with none gives the compiler no cause in its forward graph: a warning in its cell would come "
+            "from another graph compiled there (a backward, or code that is not the model's) or from Inductor's "
+            "attention-pattern pass (`fuse_attention`), which warns in words of its own (*Skipping pattern matching "
+            "to fused flash-attention*)."
+        )
+    return text

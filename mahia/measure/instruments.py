@@ -12,6 +12,8 @@ arguments and outputs. On a CPU they see what the same code would do on a GPU.
                                    (:class:`OpTrace`), and what an ideal fusing compiler would launch and move
                                    (:meth:`OpTrace.fused`)
     ByteTraffic                    one row per kernel-launching op: bytes read, bytes written, output shape
+    float32_matmuls                the matrix products whose output is float32 (:class:`Float32Matmuls`): the
+                                   ones that make Inductor suggest TF32 on a GPU
 
 Eager code only: the kernels of a compiled region do not pass through the dispatcher, and a custom op is
 seen as one op (whatever it launches inside). A Triton kernel launched from Python (``kernel[grid](...)``,
@@ -106,6 +108,10 @@ __all__ = [
     "OpTrace",
     "trace_ops",
     "ByteTraffic",
+    "FLOAT32_MATMUL_OPS",
+    "Float32Product",
+    "Float32Matmuls",
+    "float32_matmuls",
 ]
 
 
@@ -867,3 +873,129 @@ class ByteTraffic(TorchDispatchMode):
                 }
             )
         return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Float32 matrix products (Inductor's TF32 hint)
+# ---------------------------------------------------------------------------------------------------
+
+# The products Inductor checks before it warns that TF32 is available but off
+# (torch._inductor.compile_fx.is_tf32_warning_applicable). linear and matmul are composite: they reach a
+# dispatch mode as addmm/mm/bmm already, and are listed in case a PyTorch hands them over whole.
+FLOAT32_MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "linear", "matmul"})
+
+# The two factors of each op, by schema argument name (addmm's and baddbmm's ``self`` is the added term).
+_FACTORS = {
+    "mm": ("self", "mat2"),
+    "addmm": ("mat1", "mat2"),
+    "bmm": ("self", "mat2"),
+    "baddbmm": ("batch1", "batch2"),
+    "linear": ("input", "weight"),
+    "matmul": ("self", "other"),
+}
+
+
+@dataclass(frozen=True)
+class Float32Product:
+    """``count`` matrix products of one op and one pair of factor shapes with a float32 output; where they
+    ran: the innermost Python function outside PyTorch that called them (``function``, its qualified name)
+    and the innermost submodule running (``module``: qualified name and class; None when untold)."""
+
+    op: str
+    a: tuple[int, ...]
+    b: tuple[int, ...]
+    count: int
+    function: str | None = None
+    module: str | None = None
+
+    def __str__(self) -> str:
+        a, b = ("×".join(map(str, s)) for s in (self.a, self.b))
+        text = f"`{self.op}` ({a}) @ ({b})" + (f" ×{self.count}" if self.count > 1 else "")
+        text += f" in `{self.function}`" if self.function else ""
+        return text + (f" of {self.module}" if self.module else "")
+
+
+@dataclass
+class Float32Matmuls:
+    """What :func:`float32_matmuls` saw: the float32 products (first seen first) and every product's
+    output dtype (``by_dtype``: dtype name -> products, float32 included)."""
+
+    products: list[Float32Product]
+    by_dtype: Counter
+
+    @property
+    def count(self) -> int:
+        return sum(p.count for p in self.products)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_dtype.values())
+
+
+_TORCH_DIR = torch.__file__.rsplit("/", 1)[0]
+
+
+def _caller() -> str | None:
+    """The qualified name of the innermost function on the stack outside PyTorch and this module."""
+    f = sys._getframe(1)
+    while f is not None and (f.f_code.co_filename.startswith(_TORCH_DIR) or f.f_code.co_filename == __file__):
+        f = f.f_back
+    return None if f is None else getattr(f.f_code, "co_qualname", f.f_code.co_name)
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.where: list[str] = []  # the submodules running now, outermost first
+        self.float32: Counter = Counter()  # (op, a, b, function, module) -> calls, in first-seen order
+        self.by_dtype: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = _bare_name(func)
+        if func.namespace == "aten" and name in FLOAT32_MATMUL_OPS and isinstance(out, torch.Tensor):
+            self.by_dtype[str(out.dtype).removeprefix("torch.")] += 1
+            if out.dtype == torch.float32:
+                named = {a.name: v for a, v in zip(func._schema.arguments, args)} | kwargs
+                a, b = (tuple(named[k].shape) for k in _FACTORS[name])
+                self.float32[(name, a, b, _caller(), self.where[-1] if self.where else None)] += 1
+        return out
+
+
+def float32_matmuls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Float32Matmuls:
+    """Run ``fn(*args, **kwargs)`` once and return the matrix products (:data:`FLOAT32_MATMUL_OPS`) whose
+    output is float32, with their factor shapes and counts; where ``fn`` is an ``nn.Module``, each product
+    also names the innermost submodule that ran it ("`blocks.1.mlp` (MoE)"; the class alone for the root).
+
+    Why: on a GPU with TF32 (sm 8.0 or newer) and TF32 off, Inductor warns "TensorFloat32 tensor cores ...
+    available but not enabled" once per process, as soon as a graph it compiles holds such a product. In a
+    bf16 model these are the products computed in float32 on purpose (or by accident); this names them.
+    The mode sees the ops after autocast's casts, so an autocast-covered product shows its autocast dtype.
+    It runs on any device, but sees what this device runs: a custom op counts as one op, as it does for
+    Inductor, while a PyTorch fallback that runs instead of a GPU's Triton kernel shows its products.
+    """
+    if not callable(fn):
+        raise TypeError(f"float32_matmuls: fn must be callable, got {type(fn).__name__}")
+    mode = _MatmulDtypes()
+    hooks = []
+
+    def enter(label: str) -> Callable[..., None]:
+        return lambda *_: mode.where.append(label)  # None: a hook that returns a value would replace one
+
+    def leave(*_) -> None:
+        mode.where.pop()
+
+    if isinstance(fn, torch.nn.Module):
+        for qual, sub in fn.named_modules():
+            label = f"`{qual}` ({type(sub).__name__})" if qual else type(sub).__name__
+            hooks.append(sub.register_forward_pre_hook(enter(label)))
+            hooks.append(sub.register_forward_hook(leave, always_call=True))
+    try:
+        with mode:
+            fn(*args, **kwargs)
+    finally:
+        for h in hooks:
+            h.remove()
+    products = [Float32Product(op, a, b, n, *where) for (op, a, b, *where), n in mode.float32.items()]
+    return Float32Matmuls(products, mode.by_dtype)
