@@ -682,3 +682,14 @@ def test_hybrid_bench_quick(tmp_path):
     }
     assert (df["rel_err"] <= tolerance(torch.float32)).all()
     assert (df["median_ms"] > 0).all()
+
+
+def test_diffusion_operator_stays_in_float32_under_autocast():
+    # its docstring: built in at least float32; under bf16 autocast the squarings would round to bf16
+    torch.manual_seed(0)
+    adj = torch.randn(16, 16)
+    want = diffusion_operator(adj, 5, 0.4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = diffusion_operator(adj, 5, 0.4)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -389,3 +389,16 @@ def test_module_dtype_mismatch_names_the_module():
         m(x)
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         assert m(x).shape == x.shape
+
+
+def test_the_pytorch_scans_compute_in_float32_under_autocast():
+    # the docstring's promise: every path computes in float32; autocast would run their matmuls in bf16
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 37, 8) for _ in range(3))
+    g = -torch.rand(1, 2, 37, 8) * 0.5
+    for fn in (gla_loop, naive_cumprod_form, lambda *a: gla_logspace(*a, chunk_size=16)):
+        want = fn(q, k, v, g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = fn(q, k, v, g)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -80,6 +80,7 @@ from a :class:`MemoryCache`; it computes the same function as the forward over t
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -138,13 +139,16 @@ def diffusion_operator(adj_logits: torch.Tensor, steps: int, alpha: float) -> to
     p = (1.0 - alpha) * eye + alpha * torch.softmax(adj_logits.to(compute_dtype), dim=-1)
     # Binary exponentiation: P^k = product over the set bits b of k of P^(2^b); powers of one matrix
     # commute, so the order of the products does not matter.
-    result = None
-    while steps:
-        if steps & 1:
-            result = p if result is None else result @ p
-        steps >>= 1
-        if steps:
-            p = p @ p
+    # Autocast off: under it these products would run in its 16-bit dtype, the rounding this avoids.
+    off = torch.autocast(adj_logits.device.type, enabled=False) if adj_logits.device.type in ("cuda", "cpu") else None
+    with off or contextlib.nullcontext():
+        result = None
+        while steps:
+            if steps & 1:
+                result = p if result is None else result @ p
+            steps >>= 1
+            if steps:
+                p = p @ p
     return (eye if result is None else result).to(adj_logits.dtype)
 
 

@@ -69,6 +69,8 @@ function, whose name the errors carry.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -159,6 +161,22 @@ def gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor)
     return _gla_loop(q, k, v, g)
 
 
+def _outside_autocast(fn):
+    """Run a PyTorch path with autocast off on its device: these paths compute in float32 (float64 for
+    float64), and under autocast their matmuls would run in the autocast dtype instead. (The Triton path is
+    a custom op, which autocast does not enter.)"""
+
+    @functools.wraps(fn)
+    def wrapper(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        if q.device.type not in ("cuda", "cpu"):  # meta tensors: no autocast to turn off
+            return fn(q, *args, **kwargs)
+        with torch.autocast(q.device.type, enabled=False):
+            return fn(q, *args, **kwargs)
+
+    return wrapper
+
+
+@_outside_autocast
 def _gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     B, H, T, K = q.shape
     V = v.shape[-1]
@@ -180,6 +198,7 @@ def _gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
 # --------------------------------------------------------------------------------------------------
 
 
+@_outside_autocast
 def naive_cumprod_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """The tempting vectorization, kept to show why it fails: exp(G_t - G_s) = exp(G_t) * exp(-G_s).
 
@@ -211,6 +230,7 @@ def gla_logspace(
     return _gla_logspace(q, k, v, g, chunk_size)
 
 
+@_outside_autocast
 def _gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     B, H, T, K = q.shape
     V = v.shape[-1]
