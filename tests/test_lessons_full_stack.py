@@ -126,24 +126,41 @@ def test_for_device_drops_and_swaps_cuda_only_rungs():
 # --- building and checking -------------------------------------------------------------------------
 
 
-def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
-    cfg = _cfg()
-    batch = _batch(cfg)
-    rungs, _ = for_device(LADDER, cuda=False, compile_problem="cpu test")
-    ladder = climb(rungs)
+def _ladder_outputs(cfg, ladder, batch):
+    """(reference outputs, [(rung name, stack, outputs)]): every rung from the baseline's weights."""
     torch.manual_seed(0)
     base = build(cfg, ladder[0][1], device="cpu")
     state = base.model.state_dict()
     ref = step_outputs(base.forward, base.model, batch)
     assert ref.grad.numel() == sum(p.numel() for p in base.model.parameters())
+    outs = []
     for name, stack in ladder[1:]:
         b = build(cfg, stack, device="cpu", state=state)
-        out = step_outputs(b.forward, b.model, batch, amp=stack.amp)
+        outs.append((name, stack, step_outputs(b.forward, b.model, batch, amp=stack.amp)))
+    return ref, state, outs
+
+
+def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
+    # Notebook 10's rule: float32 rungs match exactly; a bf16 rung matches in loss and cross-entropy, and its
+    # logits and gradients point the same way on the model without MoE. With top-k routing, a token whose
+    # best experts nearly tie is routed elsewhere once bf16 rounds the router's input (seen here: 1 token of
+    # 39, logits cosine 0.38 for that token), so per-tensor directions are not a property of a correct rung.
+    cfg = _cfg()
+    batch = _batch(cfg)
+    rungs, _ = for_device(LADDER, cuda=False, compile_problem="cpu test")
+    ladder = climb(rungs)
+    assert any(s.amp for _, s in ladder), "the CPU ladder has a bf16 rung"
+    ref, state, outs = _ladder_outputs(cfg, ladder, batch)
+    for name, stack, out in outs:
         if stack.amp is None:
             errs = check_step(name, out, ref, 1e-5)
             assert max(errs.values()) < 1e-5
         else:
-            errs = check_step(name, out, ref, 2e-2, fields=("loss", "ce"), direction_fields=("logits", "grad"))
+            check_step(name, out, ref, 2e-2, fields=("loss", "ce"))
+    ref_free, _, outs_free = _ladder_outputs(cfg.replace(moe=False), ladder, batch)
+    for name, stack, out in outs_free:
+        if stack.amp is not None:
+            errs = check_step(name, out, ref_free, 2e-2, fields=("loss", "ce"), direction_fields=("logits", "grad"))
             assert errs["cos grad"] > 0.99
     # the same check fails when one weight is wrong
     state_bad = {k: v.clone() for k, v in state.items()}
