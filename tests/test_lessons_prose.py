@@ -1534,5 +1534,13 @@ def test_tf32_warning_note():
     assert "The dense model's forward computes none of its 13 matrix products in float32: all run in bf16." in both
     assert "`mm` (3×3) @ (3×3) ×2; the other 3 run in bf16. Those products are what the warning points at." in both
     assert "on purpose" not in both and "`fuse_attention`" in both  # an unknown function, and a model with none
+    # the products of one function share its reason, said once
+    scans = [
+        type("P", (), {"count": 2, "function": "_gla_logspace", "__str__": lambda s, m=m: f"`bmm` in {m}"})()
+        for m in ("blocks.0.meta", "blocks.1.meta")
+    ]
+    two = prose.tf32_warning_note({"The model's forward": trace(gate, *scans, total=20)}, dtype="bf16", cuda=True)
+    assert "`bmm` in blocks.0.meta, `bmm` in blocks.1.meta: the meta-attention's chunked scan" in two
+    assert two.count("chunked scan") == 1 and "blocks.0.meta: " not in two and ": the fabric's gates" in two
     with pytest.raises(ValueError, match="no traces"):
         prose.tf32_warning_note({}, dtype="bf16", cuda=True)

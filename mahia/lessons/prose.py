@@ -2798,10 +2798,14 @@ FLOAT32_ON_PURPOSE = {
 
 
 def _product_list(products: Sequence) -> str:
-    said = []
+    """The products grouped by the function that ran them (first seen first), each group's reason said once."""
+    groups: dict[object, list] = {}
     for p in products:
-        why = FLOAT32_ON_PURPOSE.get(getattr(p, "function", None))
-        said.append(f"{p}" + (f": {why}" if why else ""))
+        groups.setdefault(getattr(p, "function", None), []).append(p)
+    said = []
+    for function, group in groups.items():
+        why = FLOAT32_ON_PURPOSE.get(function)
+        said.append(", ".join(map(str, group)) + (f": {why}" if why else ""))
     return "; ".join(said)
 
 
