@@ -4,6 +4,8 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,39 @@ def test_full_sha_is_shortened_to_gits_twelve(tmp_path, given, recorded):
     assert out.returncode == 0, out.stderr
     assert f"commit: {recorded}\n" in out.stdout
     assert (tmp_path / "t1.tgz").exists()  # packed on exit, as after any call
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
+def test_archive_holds_only_the_parts_of_its_own_call(tmp_path):
+    # Two calls on one machine, one GPU each: while this call runs notebook 04, the other writes notebook 10's
+    # records, part file and figures into the same folders. This call's archive holds 04's files and the shared
+    # ones, not 10's (a half-written 10_full_stack.csv in it would overwrite the finished one on unpacking).
+    repo = SCRIPT.parents[1]
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/bash\n"
+        'if [ "$1" = -m ] && [ "$3" = commit ]; then echo abc; exit 0; fi\n'
+        'if [ "$1" = -m ] && [ "$3" = reference ]; then\n'
+        "  sleep 0.05; mkdir -p data/results/gpu/parts figures/gpu\n"
+        "  touch data/results/gpu/04_torch_compile.csv data/results/gpu/parts/04_torch_compile.json \\\n"
+        "        figures/gpu/04_torch_compile_modes.png data/results/gpu/ceilings.json \\\n"
+        "        data/results/gpu/10_full_stack.csv data/results/gpu/parts/10_full_stack.json \\\n"
+        "        figures/gpu/10_full_stack_ladder.png data/results/gpu/bench_kernels.csv\n"
+        "  exit 0\n"
+        "fi\n"
+        'if [ "$1" = -c ] && [[ "$2" == *device_slug* ]]; then echo gpu; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path), "PYTHONPATH": str(repo)}
+    out = subprocess.run(["bash", str(SCRIPT), "t2", "nb=04"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "could not name" not in out.stderr, out.stderr
+    with tarfile.open(tmp_path / "t2.tgz") as tar:
+        packed = {n for n in tar.getnames() if not n.startswith("runs/")}
+    assert packed == {
+        "data/results/gpu/04_torch_compile.csv",
+        "data/results/gpu/parts/04_torch_compile.json",
+        "figures/gpu/04_torch_compile_modes.png",
+        "data/results/gpu/ceilings.json",
+    }

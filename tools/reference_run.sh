@@ -19,6 +19,7 @@
 # machine that is given back loses nothing; unpacking several parts' archives in the checkout merges them.
 set -u -o pipefail
 tag=$1; shift
+args=("$@")  # the parts, for pack (a trap has no arguments)
 py=${PYTHON:-python3}
 # One spelling of the commit in every part: git's 12 characters, as `python -m mahia commit` prints them (the kernel
 # sweep resumes by comparing the commit as a string, so a full sha in one command and a short one in the next would
@@ -41,11 +42,40 @@ pack() {
   local slug
   slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
   # Only the files this call wrote: another lease's parts in the same folders are not overwritten on unpacking.
-  find data/results/$slug figures/$slug -type f -newer "$stamp" > "$stamp.list" 2>/dev/null
+  # A part's files (records, part file, executed notebook, figures) are named after it, and two calls may run at
+  # once on one machine, one GPU each (CUDA_VISIBLE_DEVICES): the other call's files are newer than this call's
+  # start too, and a half-written CSV of a notebook still running there would overwrite its finished copy when
+  # the archives are unpacked. So a part's files go only into the archive of the call that ran it.
+  local owned
+  if owned=$($py -c "$owned_py" "${args[@]}" 2>"$stamp.err"); then
+    find data/results/$slug figures/$slug -type f -newer "$stamp" 2>/dev/null \
+      | awk -v owned="$owned" 'BEGIN { n = split(owned, own, " ") }
+          { f = $0; sub(/.*\//, "", f); keep = f !~ /^([0-9][0-9]_|bench_)/
+            for (i = 1; i <= n && !keep; i++) keep = index(f, own[i]) == 1
+            if (keep) print }' > "$stamp.list"
+  else  # the parts' names unknown: everything this call's folders gained, as before
+    echo "pack: could not name this call's parts ($(tail -1 "$stamp.err")); packing every newer file" >&2
+    find data/results/$slug figures/$slug -type f -newer "$stamp" > "$stamp.list" 2>/dev/null
+  fi
   tar czf "${OUT:-.}/$tag.tgz" -T "$stamp.list" runs/$tag 2>/dev/null
-  rm -f "$stamp" "$stamp.list"
+  rm -f "$stamp" "$stamp.list" "$stamp.err"
   echo "packed ${OUT:-.}/$tag.tgz"
 }
+# The names of the parts the arguments select (notebook stems, bench_<suite>): the prefixes of their files.
+owned_py='
+import sys
+from mahia.bench import SUITES
+from mahia.runner import select_notebooks
+names = []
+for a in sys.argv[1:]:
+    if a.startswith("nb="):
+        names += [p.stem for p in select_notebooks(a[3:])]
+    elif a == "bench":
+        names += [f"bench_{s}" for s in SUITES]
+    elif a.startswith("bench="):
+        names += [f"bench_{s.strip()}" for s in a[6:].split(",")]
+print(" ".join(names))
+'
 trap pack EXIT
 for part in "$@"; do
   name=${part//[^A-Za-z0-9]/_}; out=runs/$tag/$name
