@@ -23,6 +23,7 @@ import html
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 from mahia.measure import files
@@ -66,20 +67,36 @@ def site_notebooks(results: Path) -> list[Path]:
     return found or sorted(results.glob("*.ipynb"))
 
 
+def _finished(folder: Path) -> str:
+    """When the newest part of a reference folder finished (``parts/*.json``; '' without part files)."""
+    stamps = []
+    for part in folder.glob("parts/*.json"):
+        try:
+            stamps.append(str(json.loads(part.read_text()).get("finished", "")))
+        except (OSError, ValueError):
+            continue
+    return max(stamps, default="")
+
+
 def default_results() -> Path:
-    """The one folder of the committed reference (``data/results/<gpu>/``) that has executed notebooks."""
+    """The folder of the committed reference (``data/results/<gpu>/``) that has executed notebooks; of
+    several, the one whose newest part finished last (``parts/*.json``), said on stderr with the others."""
     root = files.reference_results_dir()
     found = sorted(p for p in root.glob("*") if p.is_dir() and list((p / "notebooks").glob("*.ipynb")))
-    if len(found) == 1:
-        return found[0]
     if not found:
         raise UsageError(
             f"no executed notebooks in {root}/*/notebooks (`python -m mahia reference` commits them, on a "
             "GPU): name a folder with --results, e.g. a run of your own in runs/"
         )
-    raise UsageError(
-        f"several reference folders have notebooks ({', '.join(p.name for p in found)}): name one with --results"
-    )
+    newest = max(found, key=lambda p: (_finished(p), p.name))
+    if len(found) > 1:
+        others = ", ".join(p.name for p in found if p != newest)
+        print(
+            f"site: {newest.name}, the newest of the reference folders with notebooks (its last part finished "
+            f"{_finished(newest) or 'at an unknown time'}); --results names another ({others})",
+            file=sys.stderr,
+        )
+    return newest
 
 
 def _summary(results: Path) -> tuple[dict | None, str]:

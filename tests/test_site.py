@@ -13,6 +13,7 @@ import base64
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -238,3 +239,24 @@ def test_the_default_is_the_one_reference_folder_with_notebooks(results, tmp_pat
     assert cli(["site"]) == 0
     assert (tmp_path / "runs" / "site" / "notebooks" / "01_second.html").is_file()
     assert "site: " in capsys.readouterr().out
+
+
+def test_of_several_reference_folders_the_newest_is_built_and_named(results, tmp_path, monkeypatch, capsys):
+    # Two GPUs' references, each with executed notebooks: `site` builds the one whose last part finished last
+    # and says which, and which others --results could name (it refused before, though the README shows it bare).
+    from mahia.measure import files
+    from mahia.site import default_results
+
+    folder, _ = results
+    root = tmp_path / "data" / "results"
+    for name, finished in (("gpu-old", "2026-11-27T10:00:00+00:00"), ("gpu-new", "2026-11-29T09:00:00+00:00")):
+        dest = root / name
+        shutil.copytree(folder, dest)
+        (dest / "parts").mkdir(exist_ok=True)
+        (dest / "parts" / "01_second.json").write_text(json.dumps({"part": "01_second", "finished": finished}))
+    monkeypatch.setattr(files, "reference_results_dir", lambda: root)
+    monkeypatch.setattr(files, "runs_dir", lambda: tmp_path / "runs")
+    assert default_results() == root / "gpu-new"
+    err = capsys.readouterr().err
+    assert "gpu-new, the newest" in err and "2026-11-29T09:00:00" in err and "(gpu-old)" in err
+    assert cli(["site"]) == 0
