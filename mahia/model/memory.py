@@ -80,7 +80,6 @@ from a :class:`MemoryCache`; it computes the same function as the forward over t
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -137,19 +136,28 @@ def diffusion_operator(adj_logits: torch.Tensor, steps: int, alpha: float) -> to
     compute_dtype = torch.promote_types(adj_logits.dtype, torch.float32)
     eye = torch.eye(n, device=adj_logits.device, dtype=compute_dtype)
     p = (1.0 - alpha) * eye + alpha * torch.softmax(adj_logits.to(compute_dtype), dim=-1)
-    # Binary exponentiation: P^k = product over the set bits b of k of P^(2^b); powers of one matrix
-    # commute, so the order of the products does not matter.
-    # Autocast off: under it these products would run in its 16-bit dtype, the rounding this avoids.
-    off = torch.autocast(adj_logits.device.type, enabled=False) if adj_logits.device.type in ("cuda", "cpu") else None
-    with off or contextlib.nullcontext():
-        result = None
-        while steps:
-            if steps & 1:
-                result = p if result is None else result @ p
-            steps >>= 1
-            if steps:
-                p = p @ p
+    # Autocast off: under it these products would run in its 16-bit dtype, the rounding this avoids. A plain
+    # `with torch.autocast(...)`: Dynamo (torch 2.11) broke the graph at `with off or nullcontext()`, five
+    # breaks per two-layer model in notebook 04 on the H200.
+    if adj_logits.device.type in ("cuda", "cpu"):
+        with torch.autocast(adj_logits.device.type, enabled=False):
+            result = _power(p, steps)
+    else:  # no autocast on other devices
+        result = _power(p, steps)
     return (eye if result is None else result).to(adj_logits.dtype)
+
+
+def _power(p: torch.Tensor, steps: int) -> torch.Tensor | None:
+    """P^steps by binary exponentiation (None for steps = 0): the product over the set bits b of steps of
+    P^(2^b); powers of one matrix commute, so the order of the products does not matter."""
+    result = None
+    while steps:
+        if steps & 1:
+            result = p if result is None else result @ p
+        steps >>= 1
+        if steps:
+            p = p @ p
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------
