@@ -94,6 +94,10 @@ def test_exp_bound_verdict_compares_exp_with_a_copy_of_the_same_bytes():
     assert "slower" not in prose.exp_bound_verdict({"exp bfloat16": (Timing(0.99, 0.97, 1.0, 5), copy)})
     # bands apart by the slightest margin: p20 of exp above p80 of the copy
     assert "as fast" not in prose.exp_bound_verdict({"exp float32": (Timing(1.1, 1.031, 1.2, 5), copy)})
+    # The H200 reference of b0bf60d: float64 exp 1.03x the copy, spreads apart, was called instruction-bound
+    near = prose.exp_bound_verdict({"exp float64": (Timing(0.267, 0.266, 0.268, 9), Timing(0.259, 0.258, 0.26, 9))})
+    assert "slower than a copy by less than a tenth" in near and "exp float64 (1.03× the copy's 0.259 ms)" in near
+    assert "still memory-bound" in near and "instructions" not in near
     with pytest.raises(ValueError, match="no measurements"):
         prose.exp_bound_verdict({})
 
@@ -1368,6 +1372,13 @@ def test_out_of_proportion_note():
     )
     assert loop.startswith("Up to 32,768 assignments per step") and "27.1 ms at 32,768 assignments, no less" in loop
     assert loop.endswith("so the gain's trend over top-k is not the work's.")
+    # The H200 reference of b0bf60d: full checkpointing 163.7 ms at 16,384 tokens and 165.0 at 32,768 (twice the
+    # tokens, +0.8%) was not flagged, and "+43% at 32,768 tokens" read as the recompute's price
+    h200 = prose.out_of_proportion_note(
+        [1024, 4096, 16384, 32768], {"none": [109.3, 95.0, 86.4, 115.5], "full": [150.0, 155.0, 163.7, 165.0]}
+    )
+    assert h200.startswith("Up to 32,768 tokens per step the steps are not in proportion")
+    assert "the full step took 165 ms at 32,768 tokens, 0.8% more than 163.7 ms at 16,384 (2× the tokens)" in h200
     fine = prose.out_of_proportion_note(tokens, {"none": [1, 2, 4, 8], "full": [2, 3, 5, 9]})
     assert fine.startswith("Every policy's step took longer")
     with pytest.raises(ValueError, match="increase"):
@@ -1461,6 +1472,10 @@ def test_time_drop_note():
     )
     narrow = prose.time_drop_note([1, 2], [2.0, 1.5], [1.98, 1.49], [2.02, 1.51], "x", "rows")
     assert narrow.endswith("of the median, narrow: the drop repeated call after call).")
+    # The H200 reference of b0bf60d (notebook 05): 19.6 ms at 8,192 tokens against 19.5 ms at 16,384, spreads
+    # overlapping, was called a drop that repeated
+    close = prose.time_drop_note([8192, 16384], [19.6, 19.5], [19.46, 19.31], [19.73, 19.70], "eager", "tokens")
+    assert close.endswith("narrow, but overlapping the larger size's 19.3–19.7 ms: no measured drop).")
     assert prose.time_drop_note([2, 1], [2.0, 1.0], [1.9, 0.9], [2.1, 1.1], "x", "u") == ""  # unsorted, rising
     import pandas as pd  # a notebook passes one group of a table: its index does not start at 0
 
@@ -1483,6 +1498,15 @@ def test_autotune_verdict():
     assert tie.endswith("within the spread of each other (0.90–1.10×), so autotuning bought no measured gain.")
     with pytest.raises(ValueError, match="> 0"):
         prose.autotune_verdict("a", "b", 0.0, 1.0, 1.0, 1.0, (1.0, 1.0))
+    # The H200 reference of b0bf60d: 0.806 ms against 1.61 ms, but `default`'s kernels take 0.319 ms per call, so
+    # the 0.8 ms saved cannot be the autotuned kernels'.
+    host = prose.autotune_verdict("max-autotune-no-cudagraphs", "default", 0.806, 1.61, 100.1, 5.7, (1.7, 2.3), 0.319)
+    assert "2× faster, but the 0.804 ms saved is more than all of `default`'s kernel time (0.319 ms" in host
+    assert "autotuned kernels made" not in host
+    kernels = prose.autotune_verdict("max-autotune", "reduce-overhead", 0.2, 0.3, 50.0, 10.0, (1.3, 1.7), 0.25)
+    assert kernels.endswith("the autotuned kernels made the call 1.5× faster.")  # 0.1 ms saved of 0.25: can be
+    with pytest.raises(ValueError, match="plain_kernel_ms"):
+        prose.autotune_verdict("a", "b", 1.0, 1.0, 1.0, 1.0, (1.0, 1.0), -1.0)
 
 
 def test_absolute_miss_note():
