@@ -52,6 +52,7 @@ __all__ = [
     "attention",
     "resolve_backend",
     "available_backends",
+    "fused_backends",
     "clear_backend_cache",
     "attention_flops",
     "attention_bytes",
@@ -573,6 +574,17 @@ def available_backends(
     """The SDPA backends (in ``BACKENDS`` order) that can run attention on these inputs."""
     mask, is_causal = _checked_sdpa_mask("available_backends", q, k, v, attn_mask, causal)
     return [name for name in BACKENDS if _runs(name, q, k, v, mask, is_causal)[0]]
+
+
+def fused_backends(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, attn_mask: torch.Tensor | None = None
+) -> list[str]:
+    """The fused SDPA backends (``BACKENDS`` less "math") that take these inputs as they are, grouped-query heads
+    included (``enable_gqa``): those PyTorch's own choice, :func:`sdpa_attention` with ``backend=None``, can run.
+    None of them: it runs the math path, which writes the T x T scores like :func:`manual_attention` (on the
+    H200 with torch 2.11, float32 with 8 query heads on 4 KV heads: notebook 10's SDPA rung)."""
+    mask, is_causal = _checked_sdpa_mask("fused_backends", q, k, v, attn_mask, causal)
+    return [name for name in BACKENDS if name != "math" and _runs(name, q, k, v, mask, is_causal)[1]]
 
 
 # ---------------------------------------------------------------------------------------------------
