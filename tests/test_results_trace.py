@@ -146,10 +146,17 @@ def test_ceilings_carry_profile_and_commit_and_a_file_per_profile(tmp_path, monk
 
 
 # -- old records ------------------------------------------------------------------------------------------
-def test_committed_records_load_as_full_profile_of_an_unknown_commit():
+def _part_commits(folder: Path) -> set[str]:
+    return {json.loads(p.read_text())["commit"] for p in (folder / "parts").glob("*.json")}
+
+
+def test_committed_h200_records_are_the_full_profile_of_one_commit():
+    # The H200 reference of 2026-11-29 (b0bf60d) replaced the run of 2026-11-22, whose records predate the profile
+    # and commit columns (that loading rule: test_old_records_keep_their_rows_when_new_ones_are_appended)
     df = results.load_records(H200)
-    assert len(df) > 500
-    assert set(df["profile"]) == {"full"} and set(df["commit"]) == {"unknown"}
+    commits = _part_commits(H200)
+    assert len(df) > 400 and set(df["profile"]) == {"full"}
+    assert len(commits) == 1 and set(df["commit"]) == commits
 
 
 def test_old_records_keep_their_rows_when_new_ones_are_appended(tmp_path, monkeypatch):
@@ -208,11 +215,12 @@ def test_old_records_keep_their_rows_when_new_ones_are_appended(tmp_path, monkey
 
 def test_committed_summary_is_the_full_profile_and_matches_its_records():
     summary = json.loads((H200 / "summary.json").read_text())
-    assert summary["profile"] == "full" and summary["commits"] == ["unknown"] and summary["stale"] == []
+    (commit,) = _part_commits(H200)
+    assert summary["profile"] == "full" and summary["commits"] == [commit] and summary["stale"] == []
     assert summary["metrics"] == results.summarize(H200, "full")
     assert set(summary["sources"]) == {k for k, v in summary["metrics"].items() if v is not None}
     table = readme_table(H200)
-    assert "full profile, commit unknown" in table and "NVIDIA H200" in table
+    assert f"full profile, commit {commit}" in table and "NVIDIA H200" in table
 
 
 # -- summaries per profile ----------------------------------------------------------------------------------
