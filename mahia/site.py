@@ -28,7 +28,7 @@ from pathlib import Path
 
 from mahia.measure import files
 from mahia.measure.executed import trim_notebook
-from mahia.measure.report import commit_marks, grade
+from mahia.measure.report import commit_marks, grade, reference_parts
 from mahia.measure.results import GOALS
 from mahia.runner import UsageError
 
@@ -68,14 +68,8 @@ def site_notebooks(results: Path) -> list[Path]:
 
 
 def _finished(folder: Path) -> str:
-    """When the newest part of a reference folder finished (``parts/*.json``; '' without part files)."""
-    stamps = []
-    for part in folder.glob("parts/*.json"):
-        try:
-            stamps.append(str(json.loads(part.read_text()).get("finished", "")))
-        except (OSError, ValueError):
-            continue
-    return max(stamps, default="")
+    """When the newest part of a reference folder finished (its ``parts/*.json``; '' without part files)."""
+    return max((str(p.get("finished", "")) for p in reference_parts(folder)), default="")
 
 
 def default_results() -> Path:
@@ -88,12 +82,13 @@ def default_results() -> Path:
             f"no executed notebooks in {root}/*/notebooks (`python -m mahia reference` commits them, on a "
             "GPU): name a folder with --results, e.g. a run of your own in runs/"
         )
-    newest = max(found, key=lambda p: (_finished(p), p.name))
+    finished = {p: _finished(p) for p in found}
+    newest = max(found, key=lambda p: (finished[p], p.name))
     if len(found) > 1:
         others = ", ".join(p.name for p in found if p != newest)
         print(
             f"site: {newest.name}, the newest of the reference folders with notebooks (its last part finished "
-            f"{_finished(newest) or 'at an unknown time'}); --results names another ({others})",
+            f"{finished[newest] or 'at an unknown time'}); --results names another ({others})",
             file=sys.stderr,
         )
     return newest

@@ -23,7 +23,7 @@ import torch
 from mahia import runner
 from mahia.__main__ import main as cli
 from mahia.measure import files, hardware, results
-from mahia.measure.report import build_report, readme_table
+from mahia.measure.report import build_report, readme_table, reference_parts
 from mahia.measure.timing import Timing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -147,7 +147,7 @@ def test_ceilings_carry_profile_and_commit_and_a_file_per_profile(tmp_path, monk
 
 # -- old records ------------------------------------------------------------------------------------------
 def _part_commits(folder: Path) -> set[str]:
-    return {json.loads(p.read_text())["commit"] for p in (folder / "parts").glob("*.json")}
+    return {p["commit"] for p in reference_parts(folder)}
 
 
 def test_committed_h200_records_are_the_full_profile_of_one_commit():
