@@ -120,7 +120,7 @@ def test_diffusion_operator_is_k_steps():
 def test_diffusion_operator_compiles_in_one_graph_under_autocast():
     # Its float32 region is a plain `with torch.autocast(..., enabled=False)`. Written as
     # `with off or contextlib.nullcontext()` it broke Dynamo's graph on torch 2.11 (the GPU machine's: five
-    # breaks in notebook 04's two-layer model, tools/probes/compile_breaks.py), though not on the torch CI
+    # breaks in notebook 04's two-layer model, `git show a106036:tools/probes/compile_breaks.py`), though not on the torch CI
     # installs; so the pattern itself is looked for too: no context manager of the model's code (what
     # torch.compile traces) is chosen by an `or`/`and` or a conditional expression in its `with`.
     import ast
