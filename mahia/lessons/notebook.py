@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import inspect
+import math
 import os
 import random
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 from mahia.lessons.prose import plain_numbers
@@ -96,6 +98,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def sig3(v: float) -> str:
+    """A number to three significant digits, written out (``12300``, ``0.0123``) between 1e-4 and 1e7, where
+    an exponent is harder to read than the digits."""
+    if v != v or v in (float("inf"), float("-inf")) or v == 0 or not 1e-4 <= abs(v) < 1e7:
+        return f"{v:.3g}"
+    v = float(f"{v:.3g}")  # round first: 99.96 is "100", not "100.0"
+    return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}"
+
+
 def setup(
     notebook: str,
     *,
@@ -128,6 +139,8 @@ def setup(
     figs = (Path(figures_dir) if figures_dir else default_figures_dir()) / rec.slug
     report = hardware.device_report(str(dev))
     ctx = Context(notebook, dev, profile, int(seed), ceil, rec, figs, report)
+    # Tables of measured numbers: three significant digits (pandas' default of six decimals hides the result).
+    pd.set_option("display.float_format", sig3)
     if verbose:
         kind = "GPU" if ctx.is_cuda else "CPU (CUDA-only parts are skipped and say so)"
         print(f"{notebook}: profile={profile}, device={dev} — {kind}")

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pandas as pd
 import torch
 
 from mahia.measure.checks import check_int
@@ -39,6 +40,8 @@ __all__ = [
     "Timing",
     "gain_range",
     "ratio_range",
+    "verdict",
+    "compare",
     "bench",
     "synchronize",
     "naive_host_time",
@@ -118,6 +121,33 @@ def gain_range(before: Timing, after: Timing) -> tuple[float, float]:
     if not (isinstance(before, Timing) and isinstance(after, Timing)):
         raise TypeError(f"gain_range: need two Timing objects, got {type(before).__name__} and {type(after).__name__}")
     return ratio_range(before.p20_ms, before.p80_ms, after.p20_ms, after.p80_ms)
+
+
+def verdict(before: Timing, after: Timing) -> str:
+    """ "faster", "slower" or "within noise": ``after`` against ``before``, from their 20–80% spreads (a change is
+    measured only where the spreads are apart)."""
+    lo, hi = gain_range(before, after)
+    return "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
+
+
+def compare(timings: dict[str, Timing], baseline: str | None = None) -> pd.DataFrame:
+    """The table a notebook shows for variants of the same work: median and 20–80% spread in ms, the gain over
+    ``baseline`` (default: the first) and its :func:`verdict`. Notebooks display floats to three significant
+    digits (:func:`mahia.lessons.notebook.setup`)."""
+    if not timings:
+        raise ValueError("compare: no timings")
+    base = timings[baseline if baseline is not None else next(iter(timings))]
+    rows = {
+        name: {
+            "median ms": t.median_ms,
+            "p20 ms": t.p20_ms,
+            "p80 ms": t.p80_ms,
+            "gain": base.median_ms / t.median_ms,
+            "verdict": "baseline" if t is base else verdict(base, t),
+        }
+        for name, t in timings.items()
+    }
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
