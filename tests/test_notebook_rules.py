@@ -11,12 +11,9 @@
 * every exercise has a worked solution: each markdown cell with a ``## Exercise`` heading is followed, before
   the next level-2 heading, by a code cell tagged ``solution`` whose source is hidden
   (``"jupyter": {"source_hidden": true}``, collapsed in JupyterLab); it runs with the lesson;
-* every number in the prose is computed by the run: no number with a unit of time, bandwidth, size, rate,
-  speed-up or percentage (``13.9 µs``, ``611 TFLOP/s``, ``8%``, ``1.43×``) and no hedged number
-  (``about 350``, ``≈ 0.2``) typed into a markdown cell or into the prose strings of a code cell (its string
-  constants that contain a space: the literal parts of the f-strings ``md`` renders). Code spans
-  (`` `...` ``), indented code blocks and math (``$...$``) are code, not prose; ``ALLOWED_NUMBERS`` lists
-  the few definitions that may be typed (the 20-80% band ``bench`` reports, powers of two such as ``2^-8``).
+* short text (issue 34): every paragraph a reader meets (a blank-line block or a list item of a markdown cell, a
+  run of comment lines in a code cell) is at most ``MAX_PARAGRAPH_WORDS`` words, and a notebook's markdown at most
+  ``MAX_MARKDOWN_WORDS``. What a cell prints is held to the same paragraph limit in tests/test_notebooks.py.
 
 Each checker is also run on a bad example, so that every rule can fail.
 """
@@ -177,51 +174,53 @@ def exercises_without_solution(nb: dict) -> list[str]:
     return found
 
 
-UNITS = (
-    r"µs|us|ns|ms|s|min|h|GB/s|TB/s|GiB/s|GiB|MiB|KiB|GB|MB|KB|kB|TFLOP/s|GFLOP/s|FLOP/s|TFLOPs?|GFLOPs?|FLOPs?"
-    r"|bytes?|%|×|x|percent|microseconds?|milliseconds?|seconds?|minutes?|hours?|tokens/s|it/s"
-)
-NUMBER_WITH_UNIT = re.compile(r"(?<![\w.^/-])\d+(?:[.,]\d+)*\s?(?:" + UNITS + r")(?![\w/])")
-HEDGED_NUMBER = re.compile(
-    r"(?i)\b(?:about|roughly|around|nearly|approximately|almost|some)\s+\d|(?:≈|~)\s?\d", re.UNICODE
-)
-ALLOWED_NUMBERS = (
-    re.compile(r"20\s?[–-]\s?80\s?%"),  # the percentile band of mahia.measure.timing.bench: a definition
-    re.compile(r"\b\d+\^-?\d+"),  # powers such as 2^-8: a definition
-)
-CODE_SPAN = re.compile(r"`[^`]*`|\$[^$]*\$")
+MAX_PARAGRAPH_WORDS = 80
+MAX_MARKDOWN_WORDS = 1500
+LIST_ITEM = re.compile(r"\s*(?:[-*+]|\d+\.)\s")
 
 
-def _prose(text: str) -> str:
-    """``text`` without code spans, math, indented code blocks and fenced code."""
-    text = re.sub(r"```.*?```", " ", text, flags=re.DOTALL)
-    text = "\n".join(" " if ln.startswith(("    ", "\t")) else ln for ln in text.splitlines())
-    text = CODE_SPAN.sub(" ", text)
-    for allowed in ALLOWED_NUMBERS:
-        text = allowed.sub(" ", text)
-    return text
+def paragraphs(text: str) -> list[str]:
+    """The paragraphs a reader meets in markdown (or in text output): blank-line blocks, each list item its own.
+    Fenced and indented code and table rows are not prose and are left out."""
+    text = re.sub(r"```.*?```", "\n\n", text, flags=re.DOTALL)
+    found, cur = [], []
+    for ln in text.splitlines() + [""]:
+        code = ln.startswith(("    ", "\t")) and not cur or ln.lstrip().startswith("|")
+        if not ln.strip() or code or LIST_ITEM.match(ln):
+            if cur:
+                found.append(" ".join(cur))
+            cur = [LIST_ITEM.sub("", ln, count=1)] if LIST_ITEM.match(ln) else []
+        else:
+            cur.append(ln)
+    return found
 
 
-def _prose_strings(src: str) -> list[str]:
-    """The prose of a code cell: its string constants (f-string literal parts included) with a space."""
-    return [
-        n.value
-        for n in ast.walk(_parse(src))
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and " " in n.value
-    ]
+def comment_runs(src: str) -> list[str]:
+    """Runs of consecutive comment lines in a code cell: a paragraph each."""
+    runs, cur = [], []
+    for ln in src.splitlines() + [""]:
+        if ln.strip().startswith("#"):
+            cur.append(ln.strip().lstrip("#"))
+        elif cur:
+            runs.append(" ".join(cur))
+            cur = []
+    return runs
 
 
-def typed_numbers(nb: dict) -> list[str]:
-    """Numbers with a unit, and hedged numbers, typed into the prose of a notebook (see the module docstring)."""
+def long_paragraphs(nb: dict, limit: int = MAX_PARAGRAPH_WORDS) -> list[str]:
+    """Paragraphs of markdown cells and comment runs of code cells over ``limit`` words."""
     found = []
     for i, c in enumerate(nb["cells"]):
         src = "".join(c["source"])
-        texts = [src] if c["cell_type"] == "markdown" else _prose_strings(src) if c["cell_type"] == "code" else []
-        for text in texts:
-            prose = _prose(text)
-            for m in list(NUMBER_WITH_UNIT.finditer(prose)) + list(HEDGED_NUMBER.finditer(prose)):
-                found.append(f"cell {i}: {prose[max(0, m.start() - 30) : m.end() + 10].strip()!r}")
+        texts = paragraphs(src) if c["cell_type"] == "markdown" else comment_runs(src)
+        found += [f"cell {i}: {len(t.split())} words: {t[:60]!r}..." for t in texts if len(t.split()) > limit]
     return found
+
+
+def markdown_words(nb: dict) -> int:
+    return sum(
+        len(p.split()) for c in nb["cells"] if c["cell_type"] == "markdown" for p in paragraphs("".join(c["source"]))
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -322,26 +321,16 @@ def test_solution_checker_fails_without_a_hidden_solution_before_the_next_sectio
     assert exercises_without_solution({"cells": [_cell("markdown", "### Exercise in a section")]}) == []
 
 
-def test_number_checker_fails_on_typed_numbers_in_markdown_and_in_prose_strings():
-    bad = {
-        "cells": [
-            _cell("markdown", "A sync costs 13.9 µs; cuDNN reaches 611 TFLOP/s, 1.43× faster, 8% idle."),
-            _cell("markdown", "The model has about 350 M parameters; one rounding costs ≈ 0.2 of it."),
-            _cell("code", 'show_md(f"measured {x:.2f} ms against 25.3 GB predicted")'),
-            _cell("code", 'text = "copies under 4 MiB stay in the cache"\nshow_md(text)'),
-        ]
-    }
-    assert [f.split(":")[0] for f in typed_numbers(bad)] == ["cell 0"] * 4 + ["cell 1"] * 2 + ["cell 2", "cell 3"]
-    fine = {
-        "cells": [
-            _cell("markdown", "median and 20–80% spread; unit roundoff 2^-8 in bf16; `min(M, 2 × SMs)` programs"),
-            _cell(
-                "markdown", "Two ceilings, measured, in fp32 and bf16, on 4 query heads per kv head:\n\n    t = 2N / bw"
-            ),
-            _cell("code", 'show_md(f"{ms:.3g} ms, {frac:.0%} of the {gbps:,.0f} GB/s ceiling")\nx = 2 * 1024'),
-        ]
-    }
-    assert typed_numbers(fine) == []
+def test_length_checkers_fail_on_a_long_paragraph_item_or_comment_run():
+    long = " ".join(["word"] * 81)
+    fine = " ".join(["word"] * 80)
+    md = f"{fine}\n\n- {fine}\n- {fine}\n\n    {long}\n\n```\n{long}\n```\n\n| {long} |"
+    assert long_paragraphs({"cells": [_cell("markdown", md)]}) == []
+    assert len(long_paragraphs({"cells": [_cell("markdown", f"intro\n\n- {fine}\n  {fine}")]})) == 1
+    assert len(long_paragraphs({"cells": [_cell("markdown", f"{fine}\nmore")]})) == 1
+    code = "\n".join(["# " + " ".join(["w"] * 20)] * 5) + "\nx = 1\n# short"
+    assert len(long_paragraphs({"cells": [_cell("code", code)]})) == 1
+    assert markdown_words({"cells": [_cell("markdown", fine), _cell("markdown", f"a b\n\n    {long}")]}) == 82
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -383,5 +372,9 @@ def test_every_exercise_has_a_hidden_solution(notebook):
     assert exercises_without_solution(notebook) == []
 
 
-def test_numbers_in_the_prose_are_computed(notebook):
-    assert typed_numbers(notebook) == []
+def test_paragraphs_are_short(notebook):
+    assert long_paragraphs(notebook) == []
+
+
+def test_markdown_is_short(notebook):
+    assert markdown_words(notebook) <= MAX_MARKDOWN_WORDS
