@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from mahia.lessons.prose import plain_numbers
 from mahia.measure import hardware
 from mahia.measure.checks import check_int
 from mahia.measure.results import Recorder, default_figures_dir
@@ -174,9 +173,7 @@ def _results_root() -> Path:
 
 
 def md(text: str) -> None:
-    """Render Markdown computed by the run (numbers in prose are never typed in); numbers that ``:.3g`` wrote
-    with a positive exponent are written out (:func:`mahia.lessons.prose.plain_numbers`)."""
-    text = plain_numbers(text)
+    """Render Markdown (a caption or a line computed by the run)."""
     try:
         from IPython.display import Markdown, display
 

@@ -25,8 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from mahia.lessons.profiler_summary import quiet_native_stderr
-from mahia.lessons.prose import pct
+from mahia.lessons.profiler_summary import pct, quiet_native_stderr
 from mahia.measure.checks import check_int
 from mahia.profile import StepReport, profile_step
 

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from mahia.lessons.prose import pct, plain_numbers
 from mahia.measure.checks import check_int
 from mahia.profile import quiet_profiler_notices
 
@@ -80,6 +79,11 @@ def _closing(s: str, i: int) -> int:
     return len(s)
 
 
+def pct(x: float) -> str:
+    """A share as a percentage that never rounds a small nonzero share to "0%" (0.004 is "0.4%")."""
+    return f"{x:.0%}" if x == 0 or abs(x) >= 0.01 else f"{x:.1%}"
+
+
 def short_kernel_name(name: str, width: int = 60) -> str:
     """A kernel's name without namespaces, template arguments or parameter lists, cut to ``width``. Of a
     templated kernel, with a hint at what it computes where its arguments give one
@@ -118,7 +122,7 @@ def duration(ms: float) -> str:
     the µs the lessons' prose gives short kernels in, rather than "0.00105 ms" beside them."""
     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or math.isnan(ms):
         raise ValueError(f"duration: need a time in ms, got {ms!r}")
-    return plain_numbers(f"{ms * 1e3:.3g} µs") if abs(ms) < 1 else plain_numbers(f"{ms:.3g} ms")
+    return f"{ms * 1e3:.3g} µs" if abs(ms) < 1 else f"{ms:.3g} ms" if abs(ms) < 1000 else f"{ms:,.0f} ms"
 
 
 @dataclass
