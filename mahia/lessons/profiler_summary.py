@@ -122,7 +122,8 @@ def duration(ms: float) -> str:
     the µs the lessons' prose gives short kernels in, rather than "0.00105 ms" beside them."""
     if isinstance(ms, bool) or not isinstance(ms, (int, float)) or math.isnan(ms):
         raise ValueError(f"duration: need a time in ms, got {ms!r}")
-    return f"{ms * 1e3:.3g} µs" if abs(ms) < 1 else f"{ms:.3g} ms" if abs(ms) < 1000 else f"{ms:,.0f} ms"
+    v, unit = (ms * 1e3, "µs") if abs(ms) < 1 else (ms, "ms")
+    return f"{float(f'{v:.3g}'):,g} {unit}"  # 3 significant digits, written out: "1,000 µs", not "1e+03 µs"
 
 
 @dataclass
