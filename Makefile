@@ -64,10 +64,11 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	if git rev-parse --git-dir >/dev/null 2>&1; then $(VENV)/bin/python -m mahia clean-notebooks --install-filter; fi
 	touch $@
 
 lab: $(READY)
-	$(PY) -m pip install --quiet -e ".[lab]" && $(PY) -m jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
+	$(PY) -m pip install --quiet -e ".[lab]" && $(PY) -m mahia clean-notebooks --install-filter && $(PY) -m jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
 
 clean-venv:
 	rm -rf $(VENV)

@@ -12,7 +12,7 @@
     site              build a static HTML site (index, headline table, figures, one page per executed
                       notebook) from a results folder, to read a run without a GPU
     commit            print the commit records get here (``MAHIA_COMMIT`` or git's, -dirty if so)
-    clean-notebooks   strip outputs from notebooks/*.ipynb (--check: fail if any has outputs)
+    clean-notebooks   strip outputs from notebooks/*.ipynb (--check: fail if git sees any; --install-filter)
 
 Bad input gets one clear line on stderr and exit code 2.
 """
@@ -201,11 +201,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--out", default=None, help="folder for the site, replaced on each build (default: runs/site/)")
     _sub(sub, "commit", "print the commit records get here (MAHIA_COMMIT or git's, -dirty if so)")
-    c = _sub(sub, "clean-notebooks", "strip outputs from notebooks/*.ipynb")
+    c = _sub(sub, "clean-notebooks", "strip outputs and per-machine metadata from notebooks/*.ipynb (nbstripout)")
     c.add_argument(
         "--check",
         action="store_true",
-        help="only check; exit 1 if any notebook has outputs (default: strip them in place)",
+        help="only check what git sees (the index); exit 1 if a notebook has outputs (default: strip the files)",
+    )
+    c.add_argument(
+        "--install-filter",
+        action="store_true",
+        help="set up nbstripout as this clone's git filter for notebooks/ (make env and make lab do this)",
     )
     return p
 
@@ -269,10 +274,16 @@ def _command(args: argparse.Namespace) -> int:
         if args.cmd == "readme":
             return _readme([Path(f) for f in args.folder], args.write, args.test_record, args.run_record)
         if args.cmd == "clean-notebooks":
+            if args.install_filter:
+                runner.install_git_filter(runner.NOTEBOOK_DIR.parent)
+                return 0
             dirty = [nb for nb in runner.list_notebooks() if not runner.notebook_is_clean(nb)]
             if args.check:
                 for nb in dirty:
-                    print(f"{nb}: committed with outputs; run `python -m mahia clean-notebooks`", file=sys.stderr)
+                    print(
+                        f"{nb}: committed with outputs or per-machine metadata; run `python -m mahia clean-notebooks`",
+                        file=sys.stderr,
+                    )
                 return 1 if dirty else 0
             for nb in dirty:
                 runner.clean_notebook(nb)

@@ -65,6 +65,7 @@ __all__ = [
     "conforms",
     "notebook_is_clean",
     "clean_notebook",
+    "install_git_filter",
 ]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -141,23 +142,52 @@ def _load(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+# What nbstripout removes beside outputs and execution counts: the metadata each Python or JupyterLab writes
+# differently (its version, its kernel's display name). The git filter and clean-notebooks use the same keys.
+STRIP_KEYS = "metadata.language_info metadata.kernelspec.display_name"
+
+
+def _stripped(text: str) -> str:
+    """``text`` (a notebook's JSON) as nbstripout leaves it: what git stores once the filter is installed."""
+    import io
+
+    import nbformat
+    from nbstripout import strip_output
+
+    nb = strip_output(nbformat.reads(text, as_version=nbformat.NO_CONVERT), False, False, False, STRIP_KEYS.split())
+    out = io.StringIO()
+    nbformat.write(nb, out, version=nbformat.NO_CONVERT)
+    return out.getvalue()
+
+
+def _git_view(path: Path) -> str:
+    """The notebook as git sees it (the index, filtered when the filter is installed), else the file."""
+    r = subprocess.run(["git", "show", f":./{Path(path).name}"], cwd=Path(path).parent, capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else Path(path).read_text()
+
+
 def notebook_is_clean(path: Path) -> bool:
-    """True when no code cell has outputs or an execution count."""
-    nb = _load(path)
-    return not any(c.get("outputs") or c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code")
+    """True when the notebook, as git sees it, is as nbstripout leaves it: no outputs, no execution counts, no
+    per-machine metadata."""
+    text = _git_view(path)
+    return _stripped(text) == text
 
 
 def clean_notebook(path: Path) -> bool:
-    """Strip outputs and execution counts in place; returns True if the file changed."""
-    nb = _load(path)
-    changed = False
-    for c in nb["cells"]:
-        if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count")):
-            c["outputs"], c["execution_count"] = [], None
-            changed = True
-    if changed:
-        Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    return changed
+    """Strip the file in place as the git filter does; returns True if it changed."""
+    text = Path(path).read_text()
+    clean = _stripped(text)
+    if clean != text:
+        Path(path).write_text(clean)
+    return clean != text
+
+
+def install_git_filter(repo: Path) -> None:
+    """Let git see notebooks/*.ipynb through nbstripout (.gitattributes names them): JupyterLab's autosave may
+    write outputs and its own metadata into the files, and ``git status`` stays clean."""
+    cmd = f"'{sys.executable}' -m nbstripout --extra-keys '{STRIP_KEYS}'"
+    for key, value in (("clean", cmd), ("smudge", "cat"), ("required", "true")):
+        subprocess.run(["git", "config", f"filter.nbstripout.{key}", value], cwd=repo, check=True)
 
 
 def _has_parameters_cell(path: Path) -> bool:

@@ -7,6 +7,8 @@ notebook is opened, run through the Run menu (Run All Cells) and waited for unti
 its kernel idle and every code cell has run. Then:
 
 * no output is an error (no stderr output holding a Traceback) and every code cell ran;
+* autosave (every ``AUTOSAVE_S`` seconds) writes the outputs into the notebook, and ``git status`` of the
+  temporary repository, with the nbstripout filter ``make lab`` installs, stays clean;
 * the side-by-side listings are left-aligned and unwrapped under JupyterLab's own CSS;
 * the explorer's widgets render (no ``IntSlider(`` text, no "Error displaying widget"), it says which
   settings made its output, and moving its first slider with the keyboard shows "running: <settings>",
@@ -34,12 +36,13 @@ import nbformat
 import pytest
 from browser import chromium, needs_chromium
 
-from mahia.runner import notebook_parameters
+from mahia.runner import install_git_filter, notebook_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "runs" / "lab-screenshots"
 NOTEBOOKS = ["01_sync_elimination", "09_hybrid_components"]
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen (others are hidden tabs)
+AUTOSAVE_S = 2
 
 pytestmark = [pytest.mark.browser, pytest.mark.notebooks, pytest.mark.timeout(1200), needs_chromium]
 
@@ -66,12 +69,16 @@ class Lab:
     """A JupyterLab server of its own: a free port, a token, every Jupyter folder in a temporary one."""
 
     def __init__(self, tmp: Path, root_dir: Path) -> None:
-        self.port, self.token = _free_port(), secrets.token_hex(16)
+        self.root, self.port, self.token = root_dir, _free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         settings = tmp / "lab-settings"
         (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
         (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
             json.dumps({"fetchNews": "false", "checkForUpdates": False})  # no news toast over the notebook
+        )
+        (settings / "@jupyterlab" / "docmanager-extension").mkdir(parents=True)
+        (settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings").write_text(
+            json.dumps({"autosaveInterval": AUTOSAVE_S})  # autosave writes the outputs into the files soon
         )
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MAHIA_HEADLESS")}
         env.update(
@@ -227,12 +234,24 @@ def _screenshot(page, name: str) -> Path:
     return path
 
 
+def _git(repo: Path, *args: str) -> str:
+    ident = ["-c", "user.name=test", "-c", "user.email=test@localhost", "-c", "commit.gpgsign=false"]
+    return subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
+    """A clone-like git repository of the notebooks (prepared, committed, the nbstripout filter installed as
+    `make lab` installs it) and a JupyterLab server over it."""
     tmp = tmp_path_factory.mktemp("lab")
     nbdir = tmp / "notebooks"
     shutil.copytree(ROOT / "notebooks", nbdir)
+    shutil.copy(ROOT / ".gitattributes", tmp)
     _prepare(nbdir)
+    _git(tmp, "init", "-q")
+    install_git_filter(tmp)
+    _git(tmp, "add", "-A")
+    _git(tmp, "commit", "-q", "-m", "notebooks")
     server = Lab(tmp, nbdir)
     yield server
     server.stop()
@@ -284,6 +303,10 @@ def test_notebook_runs_in_jupyterlab_with_working_widgets(lab, page, name, capsy
     seen = page.evaluate("window.mahiaLines")
     assert any(t.startswith("running: ") and t.endswith(" ...") for t in seen), f"{name}: no running line in {seen}"
     assert seen[-1] == after_line, seen
+    # Autosave has written the outputs into the file, and git, through nbstripout, sees no change.
+    path = lab.root / f"{name}.ipynb"
+    _wait(f"{name}'s autosave", lambda: '"output_type"' in path.read_text(), 10 * AUTOSAVE_S)
+    assert _git(lab.root.parent, "status", "--porcelain") == "", f"{name}: JupyterLab's save shows in git status"
     shot = _screenshot(page, name)
     kernel = lab.kernel(name)
     lab.api(f"sessions/{kernel['session']}", method="DELETE")  # the next notebook gets the CPU to itself
