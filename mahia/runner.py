@@ -142,9 +142,9 @@ def _load(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-# What nbstripout removes beside outputs and execution counts: the metadata each Python or JupyterLab writes
-# differently (its version, its kernel's display name). The git filter and clean-notebooks use the same keys.
-STRIP_KEYS = "metadata.language_info metadata.kernelspec.display_name"
+# What nbstripout removes beside outputs and execution counts: the metadata each Python writes differently (its
+# version). The git filter and clean-notebooks use the same keys.
+STRIP_KEYS = "metadata.language_info"
 
 
 def _stripped(text: str) -> str:
