@@ -244,14 +244,14 @@ def lab(tmp_path_factory):
     """A clone-like git repository of the notebooks (prepared, committed, the nbstripout filter installed as
     `make lab` installs it) and a JupyterLab server over it."""
     tmp = tmp_path_factory.mktemp("lab")
-    nbdir = tmp / "notebooks"
+    repo, nbdir = tmp / "repo", tmp / "repo" / "notebooks"
     shutil.copytree(ROOT / "notebooks", nbdir)
-    shutil.copy(ROOT / ".gitattributes", tmp)
+    shutil.copy(ROOT / ".gitattributes", repo)
     _prepare(nbdir)
-    _git(tmp, "init", "-q")
-    install_git_filter(tmp)
-    _git(tmp, "add", "-A")
-    _git(tmp, "commit", "-q", "-m", "notebooks")
+    _git(repo, "init", "-q")
+    install_git_filter(repo)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "notebooks")
     server = Lab(tmp, nbdir)
     yield server
     server.stop()
@@ -306,7 +306,8 @@ def test_notebook_runs_in_jupyterlab_with_working_widgets(lab, page, name, capsy
     # Autosave has written the outputs into the file, and git, through nbstripout, sees no change.
     path = lab.root / f"{name}.ipynb"
     _wait(f"{name}'s autosave", lambda: '"output_type"' in path.read_text(), 10 * AUTOSAVE_S)
-    assert _git(lab.root.parent, "status", "--porcelain") == "", f"{name}: JupyterLab's save shows in git status"
+    status = _git(lab.root.parent, "status", "--porcelain")
+    assert status == "", f"{name}: JupyterLab's save shows in git status:\n{_git(lab.root.parent, 'diff')[:3000]}"
     shot = _screenshot(page, name)
     kernel = lab.kernel(name)
     lab.api(f"sessions/{kernel['session']}", method="DELETE")  # the next notebook gets the CPU to itself
