@@ -64,11 +64,13 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(VENV)/bin/python -m ipykernel install --sys-prefix --name python3 >/dev/null
-	if git rev-parse --git-dir >/dev/null 2>&1; then $(VENV)/bin/python -m mahia clean-notebooks --install-filter; fi
 	touch $@
 
+# A lesson notebook is saved as it is committed (mahia.runner.strip_on_save: no outputs, no per-machine metadata),
+# so running and autosaving in JupyterLab leave git status clean.
+LAB_FLAGS := --ContentsManager.pre_save_hook=mahia.runner.strip_on_save
 lab: $(READY)
-	$(PY) -m pip install --quiet -e ".[lab]" && $(PY) -m mahia clean-notebooks --install-filter && $(PY) -m jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
+	$(PY) -m pip install --quiet -e ".[lab]" && $(PY) -m jupyter lab $(LAB_FLAGS) $(if $(filter 0,$(shell id -u)),--allow-root) notebooks
 
 clean-venv:
 	rm -rf $(VENV)

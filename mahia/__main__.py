@@ -12,7 +12,7 @@
     site              build a static HTML site (index, headline table, figures, one page per executed
                       notebook) from a results folder, to read a run without a GPU
     commit            print the commit records get here (``MAHIA_COMMIT`` or git's, -dirty if so)
-    clean-notebooks   strip outputs from notebooks/*.ipynb (--check: fail if git sees any; --install-filter)
+    clean-notebooks   strip outputs from notebooks/*.ipynb (--check: fail if git sees any)
 
 Bad input gets one clear line on stderr and exit code 2.
 """
@@ -207,11 +207,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only check what git sees (the index); exit 1 if a notebook has outputs (default: strip the files)",
     )
-    c.add_argument(
-        "--install-filter",
-        action="store_true",
-        help="set up nbstripout as this clone's git filter for notebooks/ (make env and make lab do this)",
-    )
+
     return p
 
 
@@ -274,9 +270,6 @@ def _command(args: argparse.Namespace) -> int:
         if args.cmd == "readme":
             return _readme([Path(f) for f in args.folder], args.write, args.test_record, args.run_record)
         if args.cmd == "clean-notebooks":
-            if args.install_filter:
-                runner.install_git_filter(runner.NOTEBOOK_DIR.parent)
-                return 0
             dirty = [nb for nb in runner.list_notebooks() if not runner.notebook_is_clean(nb)]
             if args.check:
                 for nb in dirty:

@@ -65,7 +65,7 @@ __all__ = [
     "conforms",
     "notebook_is_clean",
     "clean_notebook",
-    "install_git_filter",
+    "strip_on_save",
 ]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -143,12 +143,12 @@ def _load(path: Path) -> dict:
 
 
 # What nbstripout removes beside outputs and execution counts: the metadata each Python writes differently (its
-# version). The git filter and clean-notebooks use the same keys.
+# version). clean-notebooks and JupyterLab's save under make lab (strip_on_save) use the same keys.
 STRIP_KEYS = "metadata.language_info"
 
 
 def _stripped(text: str) -> str:
-    """``text`` (a notebook's JSON) as nbstripout leaves it: what git stores once the filter is installed."""
+    """``text`` (a notebook's JSON) as nbstripout leaves it: as it is committed."""
     import io
 
     import nbformat
@@ -161,7 +161,7 @@ def _stripped(text: str) -> str:
 
 
 def _git_view(path: Path) -> str:
-    """The notebook as git sees it (the index, filtered when the filter is installed), else the file."""
+    """The notebook as git sees it (the index), else the file."""
     r = subprocess.run(["git", "show", f":./{Path(path).name}"], cwd=Path(path).parent, capture_output=True, text=True)
     return r.stdout if r.returncode == 0 else Path(path).read_text()
 
@@ -174,7 +174,7 @@ def notebook_is_clean(path: Path) -> bool:
 
 
 def clean_notebook(path: Path) -> bool:
-    """Strip the file in place as the git filter does; returns True if it changed."""
+    """Strip the file in place as it is committed; returns True if it changed."""
     text = Path(path).read_text()
     clean = _stripped(text)
     if clean != text:
@@ -182,12 +182,16 @@ def clean_notebook(path: Path) -> bool:
     return clean != text
 
 
-def install_git_filter(repo: Path) -> None:
-    """Let git see notebooks/*.ipynb through nbstripout (.gitattributes names them): JupyterLab's autosave may
-    write outputs and its own metadata into the files, and ``git status`` stays clean."""
-    cmd = f"'{sys.executable}' -m nbstripout --extra-keys '{STRIP_KEYS}'"
-    for key, value in (("clean", cmd), ("smudge", "cat"), ("required", "true")):
-        subprocess.run(["git", "config", f"filter.nbstripout.{key}", value], cwd=repo, check=True)
+def strip_on_save(model: dict, path: str, **_) -> None:
+    """JupyterLab's pre-save hook under ``make lab`` (``--ContentsManager.pre_save_hook``): a lesson notebook is
+    saved as it is committed, so running it and autosaving leave ``git status`` clean on any Python. The outputs
+    stay on screen; results and figures still land in runs/."""
+    if model.get("type") != "notebook" or Path(path).name not in {p.name for p in list_notebooks()}:
+        return
+    import nbformat
+    from nbstripout import strip_output
+
+    model["content"] = strip_output(nbformat.from_dict(model["content"]), False, False, False, STRIP_KEYS.split())
 
 
 def _has_parameters_cell(path: Path) -> bool:

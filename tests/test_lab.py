@@ -7,8 +7,8 @@ notebook is opened, run through the Run menu (Run All Cells) and waited for unti
 its kernel idle and every code cell has run. Then:
 
 * no output is an error (no stderr output holding a Traceback) and every code cell ran;
-* autosave (every ``AUTOSAVE_S`` seconds) writes the outputs into the notebook, and ``git status`` of the
-  temporary repository, with the nbstripout filter ``make lab`` installs, stays clean;
+* autosave (every ``AUTOSAVE_S`` seconds) saves the run notebook, and ``git status`` of the temporary
+  repository stays clean (``make lab``'s save hook, mahia.runner.strip_on_save);
 * the side-by-side listings are left-aligned and unwrapped under JupyterLab's own CSS;
 * the explorer's widgets render (no ``IntSlider(`` text, no "Error displaying widget"), it says which
   settings made its output, and moving its first slider with the keyboard shows "running: <settings>",
@@ -36,7 +36,7 @@ import nbformat
 import pytest
 from browser import chromium, needs_chromium
 
-from mahia.runner import install_git_filter, notebook_parameters
+from mahia.runner import notebook_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = ROOT / "runs" / "lab-screenshots"
@@ -78,7 +78,7 @@ class Lab:
         )
         (settings / "@jupyterlab" / "docmanager-extension").mkdir(parents=True)
         (settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings").write_text(
-            json.dumps({"autosaveInterval": AUTOSAVE_S})  # autosave writes the outputs into the files soon
+            json.dumps({"autosaveInterval": AUTOSAVE_S})  # autosave soon after a run
         )
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MAHIA_HEADLESS")}
         env.update(
@@ -100,6 +100,7 @@ class Lab:
             "--ServerApp.port_retries=0",
             f"--IdentityProvider.token={self.token}",
             f"--ServerApp.root_dir={root_dir}",
+            "--ContentsManager.pre_save_hook=mahia.runner.strip_on_save",  # as `make lab` does
         ] + (["--allow-root"] if os.geteuid() == 0 else [])  # as `make lab` does
         self.log = tmp / "lab.log"
         self.proc = subprocess.Popen(
@@ -241,15 +242,14 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A clone-like git repository of the notebooks (prepared, committed, the nbstripout filter installed as
-    `make lab` installs it) and a JupyterLab server over it."""
+    """A git repository of the notebooks (prepared and committed) and a JupyterLab server over it, started as
+    `make lab` starts it."""
     tmp = tmp_path_factory.mktemp("lab")
     repo, nbdir = tmp / "repo", tmp / "repo" / "notebooks"
     shutil.copytree(ROOT / "notebooks", nbdir)
-    shutil.copy(ROOT / ".gitattributes", repo)
+    shutil.copy(ROOT / ".gitignore", repo)
     _prepare(nbdir)
     _git(repo, "init", "-q")
-    install_git_filter(repo)
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "notebooks")
     server = Lab(tmp, nbdir)
@@ -303,9 +303,9 @@ def test_notebook_runs_in_jupyterlab_with_working_widgets(lab, page, name, capsy
     seen = page.evaluate("window.mahiaLines")
     assert any(t.startswith("running: ") and t.endswith(" ...") for t in seen), f"{name}: no running line in {seen}"
     assert seen[-1] == after_line, seen
-    # Autosave has written the outputs into the file, and git, through nbstripout, sees no change.
-    path = lab.root / f"{name}.ipynb"
-    _wait(f"{name}'s autosave", lambda: '"output_type"' in path.read_text(), 10 * AUTOSAVE_S)
+    # Autosave has saved the run notebook, and git sees no change.
+    path, ran = lab.root / f"{name}.ipynb", time.time()
+    _wait(f"{name}'s autosave", lambda: path.stat().st_mtime > ran, 10 * AUTOSAVE_S)
     status = _git(lab.root.parent, "status", "--porcelain")
     assert status == "", f"{name}: JupyterLab's save shows in git status:\n{_git(lab.root.parent, 'diff')[:3000]}"
     shot = _screenshot(page, name)
