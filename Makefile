@@ -1,8 +1,7 @@
 # Two commands do all the set-up (see README):
 #   make run    execute every notebook headlessly and write results, figures and a report
 #   make test   lint (ruff, import floors) + unit tests (Triton kernels under the interpreter on a CPU) +
-#               the kernel fuzz suite + every notebook, quick profile + the browser tests (Chromium); every test
-#               session leaves its record in runs/last-test.json (counts, wall time, machine; tests/conftest.py)
+#               the kernel fuzz suite + every notebook, quick profile + the browser tests (Chromium)
 #   make lab    JupyterLab on the notebooks (--allow-root added when run as root)
 # All create .venv on first use and reuse it afterwards; it is rebuilt only when pyproject.toml changes.
 # To use an environment you already have (conda, a GPU image), pass PYTHON=python and nothing is installed.
@@ -23,9 +22,6 @@ endif
 run: $(READY)
 	$(PY) -m mahia run $(ARGS)
 
-# The README's test block is rendered from data/test-record.json, never typed in. After a full `make test` (no
-# ARGS) in which nothing failed, refresh it from the record the run left:
-#   python -m mahia readme --write --test-record runs/last-test.json    (then commit README.md and the record)
 test: lint browser
 	$(PY) -m pytest $(ARGS)
 

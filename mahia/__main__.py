@@ -6,9 +6,8 @@
                       clean tree, the full profile, in parts that resume
     list              list the notebooks
     report            rebuild the summaries and report.md of a device folder from its records
-    readme            print (or --write into README.md) the headline table of every reference GPU folder, the
-                      run timings (parts/*.json, data/run-records/; --run-record: copy a run's in first) and
-                      the test block from the committed test record (--test-record: copy one in first)
+    readme            print (or --write into README.md) the headline table of every reference GPU folder and
+                      the wall time of each of its parts (parts/*.json)
     site              build a static HTML site (index, headline table, figures, one page per executed
                       notebook) from a results folder, to read a run without a GPU
     commit            print the commit records get here (``MAHIA_COMMIT`` or git's, -dirty if so)
@@ -147,11 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     rd = _sub(
         sub,
         "readme",
-        "print (or --write into README.md) the headline table of every reference GPU, the run timings and the "
-        "test block",
+        "print (or --write into README.md) the headline table of every reference GPU and its parts' timings",
         "print (or --write into README.md) the README's generated parts, from committed data only: the headline "
-        "table (full profile, a column per GPU folder), the run timings (each folder's parts/*.json and the run "
-        "records in data/run-records/) and the test block (data/test-record.json, or saying there is none)",
+        "table (full profile, a column per GPU folder) and the wall time of each part (each folder's parts/*.json)",
     )
     rd.add_argument(
         "folder",
@@ -164,24 +161,6 @@ def _parser() -> argparse.ArgumentParser:
         "--write",
         action="store_true",
         help="replace the parts between their markers in README.md (default: print them)",
-    )
-    rd.add_argument(
-        "--test-record",
-        default=None,
-        metavar="PATH",
-        help="a test session's record, e.g. runs/last-test.json after `make test`: refused unless it is a full "
-        "run where nothing failed; with --write first copied to data/test-record.json, else only printed "
-        "(default: the committed data/test-record.json)",
-    )
-    rd.add_argument(
-        "--run-record",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="a run's outcomes.json (or its folder), e.g. runs/<run>/outcomes.json, with the run.json the runner "
-        "writes beside it: shown in the run timings and, with --write, copied to "
-        "data/run-records/<device-slug>-<profile>.json, replacing an older run of that device and profile "
-        "(repeatable; default: only the committed run records)",
     )
     st = _sub(
         sub,
@@ -268,7 +247,7 @@ def _command(args: argparse.Namespace) -> int:
         if args.cmd == "report":
             return _report(Path(args.folder) if args.folder else None, prune=args.prune)
         if args.cmd == "readme":
-            return _readme([Path(f) for f in args.folder], args.write, args.test_record, args.run_record)
+            return _readme([Path(f) for f in args.folder], args.write)
         if args.cmd == "clean-notebooks":
             dirty = [nb for nb in runner.list_notebooks() if not runner.notebook_is_clean(nb)]
             if args.check:
@@ -347,55 +326,28 @@ def _report(folder: Path | None, prune: bool = False) -> int:
 BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
 
-def _readme(
-    folders: list[Path], write: bool, test_record: str | None = None, run_records: list[str] | None = None
-) -> int:
+def _readme(folders: list[Path], write: bool) -> int:
     """The README's generated parts, from committed data only: the headline table of the reference folders
-    (``folders``, default every folder of data/results with a full-profile summary.json), the run timings
-    (their ``parts/*.json`` and the run records of data/run-records, with each ``run_records`` checked and,
-    with ``write``, copied in) and the test block (the committed test record, or ``test_record``, checked
-    and with ``write`` copied in). Everything is checked before anything is written."""
-    from mahia.measure import report, testrecord
+    (``folders``, default every folder of data/results with a full-profile summary.json) and the wall time of
+    each part of them (their ``parts/*.json``). Everything is checked before anything is written."""
+    from mahia.measure import report
     from mahia.measure.files import REPO_ROOT
     from mahia.runner import UsageError
 
     readme = REPO_ROOT / "README.md"
-    try:  # every refusal before anything is written
-        if test_record is not None:
-            record = testrecord.load_record(test_record)
-            testrecord.check_publishable(record, test_record)
-        else:
-            record = testrecord.committed_record(REPO_ROOT)
-        block = testrecord.render_block(record)
-        text = testrecord.replace_block(readme.read_text(), block) if write else ""
-    except testrecord.RecordError as e:
-        raise UsageError(str(e)) from None
     folders = _reference_folders(folders, REPO_ROOT / "data" / "results")
     try:
-        given = [report.load_run(p) for p in run_records or []]
-        runs = report.merge_runs(report.committed_runs(REPO_ROOT), given)
         table = report.readme_tables(folders)
-        runs_block = report.render_runs_block(folders, runs)
-    except (report.RunRecordError, ValueError, FileNotFoundError) as e:
+        runs_block = report.render_runs_block(folders)
+    except (ValueError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
     if not write:
-        print(f"{BEGIN}\n{table}{END}\n\n{report.RUNS_BEGIN}\n{runs_block}{report.RUNS_END}\n\n", end="")
-        print(f"{testrecord.BEGIN}\n{block}{testrecord.END}")
+        print(f"{BEGIN}\n{table}{END}\n\n{report.RUNS_BEGIN}\n{runs_block}{report.RUNS_END}")
         return 0
-    text = _replace_block(text, BEGIN, END, table)
+    text = _replace_block(readme.read_text(), BEGIN, END, table)
     text = _replace_block(text, report.RUNS_BEGIN, report.RUNS_END, runs_block)
-    if test_record is not None:
-        testrecord.publish(test_record, REPO_ROOT)
-    published = [report.publish_run(r, REPO_ROOT) for r in runs if any(r is g for g in given)]
     readme.write_text(text)
-    done = [f"headline table and run timings from {', '.join(_shown(f, REPO_ROOT) for f in folders)}"]
-    for path in published:
-        done.append(f"run record {path.relative_to(REPO_ROOT)}")
-    if test_record is not None:
-        done.append(f"test block from {test_record} (copied to {testrecord.COMMITTED})")
-    else:
-        done.append(f"test block from {testrecord.COMMITTED}" + ("" if record else " (none committed yet)"))
-    print(f"README.md: {'; '.join(done)}")
+    print(f"README.md: headline table and part timings from {', '.join(_shown(f, REPO_ROOT) for f in folders)}")
     return 0
 
 

@@ -1,7 +1,6 @@
 """The README's generated blocks (``python -m mahia readme``): the headline table with a column per GPU
-folder of the reference, the run timings from each folder's ``parts/*.json`` and the committed run records
-(``--run-record``, from the ``run.json`` the runner writes beside ``outcomes.json``), and no drift: the
-committed README holds what the committed data renders to."""
+folder of the reference, the run timings from each folder's ``parts/*.json``, and no drift: the committed
+README holds what the committed data renders to."""
 
 from __future__ import annotations
 
@@ -12,27 +11,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mahia import runner
 from mahia.__main__ import BEGIN, END
 from mahia.__main__ import main as cli
-from mahia.measure import files, hardware, results
-from mahia.measure import testrecord as tr
-from mahia.measure.report import (
-    QUICK_GOAL_S,
-    RUN_RECORDS,
-    RUNS_BEGIN,
-    RUNS_END,
-    committed_runs,
-    load_run,
-    parts_table,
-    readme_tables,
-    render_runs_block,
-)
+from mahia.measure import files, results
+from mahia.measure.report import RUNS_BEGIN, RUNS_END, parts_table, readme_tables, render_runs_block
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "data" / "results"
 H100, H200 = "nvidia-h100-80gb-hbm3", "nvidia-h200"
-FLAG = "over the 10-minute goal of the quick profile"
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
@@ -66,36 +52,6 @@ def _part(folder: Path, name: str, seconds: float, commit: str = "c1") -> None:
     (folder / "parts" / f"{name}.json").write_text(json.dumps(doc))
 
 
-def _run_folder(
-    where: Path,
-    *,
-    slug="nvidia-h200",
-    device="NVIDIA H200",
-    profile="quick",
-    seconds=466.0,
-    finished="2026-11-25T12:00:00+00:00",
-    parts=(("00_env", "ok", 11.0), ("10_full_stack", "ok", 130.0), ("03_fusion", "ok", 40.0)),
-) -> Path:
-    """A run's folder as the runner leaves it: outcomes.json and run.json."""
-    where.mkdir(parents=True)
-    outcomes = [{"name": n, "output": str(where / f"{n}.ipynb"), "seconds": s, "status": st} for n, st, s in parts]
-    (where / "outcomes.json").write_text(json.dumps(outcomes))
-    meta = {
-        "device": device,
-        "device_slug": slug,
-        "profile": profile,
-        "kind": "run",
-        "commit": "abc1234",
-        "run_id": f"run-{finished[:10]}",
-        "started": "2026-11-25T11:00:00+00:00",
-        "finished": finished,
-        "seconds": seconds,
-        "parts": [n for n, _, _ in parts],
-    }
-    (where / "run.json").write_text(json.dumps(meta))
-    return where / "outcomes.json"
-
-
 def _block(text: str, begin: str, end: str) -> str:
     assert text.count(begin) == 1 and text.count(end) == 1, f"README.md lost its {begin} markers"
     return text.split(begin, 1)[1].split(end, 1)[0].removeprefix("\n")
@@ -103,15 +59,13 @@ def _block(text: str, begin: str, end: str) -> str:
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    """A checkout of its own: README.md with the three blocks, copies of both committed GPU folders (records,
-    summaries, parts; not the executed notebooks) and the committed test record."""
+    """A checkout of its own: README.md with the two blocks and copies of both committed GPU folders (records,
+    summaries, parts; not the executed notebooks)."""
     root = tmp_path / "repo"
     for slug in (H200, H100):
         shutil.copytree(REF / slug, root / "data" / "results" / slug, ignore=shutil.ignore_patterns("notebooks"))
-    if (ROOT / tr.COMMITTED).exists():
-        shutil.copy(ROOT / tr.COMMITTED, root / tr.COMMITTED)
     (root / "README.md").write_text(
-        f"# r\n\n{tr.BEGIN}\nstale-x\n{tr.END}\n\nprose\n\n{RUNS_BEGIN}\nstale-x\n{RUNS_END}\n\n{BEGIN}\nstale-x\n{END}\n\nend\n"
+        f"# r\n\nprose\n\n{RUNS_BEGIN}\nstale-x\n{RUNS_END}\n\n{BEGIN}\nstale-x\n{END}\n\nend\n"
     )
     monkeypatch.setattr(files, "REPO_ROOT", root)
     return root
@@ -122,7 +76,7 @@ def _one_line_exit_2(capsys, argv: list[str], root: Path) -> str:
     assert cli(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
-    assert (root / "README.md").read_text() == before and not (root / RUN_RECORDS).exists()
+    assert (root / "README.md").read_text() == before
     return err
 
 
@@ -208,87 +162,9 @@ def test_a_part_resumed_over_several_runs_says_its_seconds_are_the_last_runs(tmp
     assert "count its last run only" in " ".join(block.split())
 
 
-def test_a_quick_gpu_run_over_ten_minutes_is_flagged(tmp_path):
-    slow = load_run(_run_folder(tmp_path / "slow", seconds=QUICK_GOAL_S + 1))
-    fast = load_run(_run_folder(tmp_path / "fast", seconds=QUICK_GOAL_S - 1, slug="nvidia-h100", device="H100"))
-    cpu = load_run(_run_folder(tmp_path / "cpu", seconds=2000, slug="cpu-epyc-2c", device="EPYC (2 cores)"))
-    full = load_run(_run_folder(tmp_path / "full", seconds=2000, slug="nvidia-x", device="X", profile="full"))
-    block = " ".join(render_runs_block([], [slow]).split())
-    assert FLAG in block and "**601 s** (10 min 1 s) wall time for 3 part(s)" in block
-    assert "the slowest `10_full_stack` (130 s)" in block
-    assert "commit `abc1234`" in block and "2026-11-25 (UTC), quick profile" in block and "all 3 ok" in block
-    for r in (fast, cpu, full):
-        assert FLAG not in " ".join(render_runs_block([], [r]).split()), r["device"]
-
-
-def test_a_run_record_says_which_parts_were_not_ok(tmp_path):
-    parts = (("00_env", "ok", 10.0), ("03_fusion", "failed", 5.0), ("04_compile", "timeout", 900.0))
-    block = render_runs_block([], [load_run(_run_folder(tmp_path / "r", parts=parts))])
-    assert "1 of 3 ok; not ok: 03_fusion (failed), 04_compile (timeout)" in " ".join(block.split())
-    assert "slowest `04_compile` (900 s)" in " ".join(block.split())
-
-
-def test_a_run_record_keeps_where_the_slowest_part_spent_its_time(tmp_path):
-    path = _run_folder(tmp_path / "r")  # its outcomes.json
-    outcomes = json.loads(path.read_text())
-    outcomes[1]["slowest_cells"] = [{"cell": 19, "seconds": 64.6}, {"cell": 21, "seconds": 33.0}]
-    path.write_text(json.dumps(outcomes))
-    record = load_run(path)
-    assert record["parts"][1]["slowest_cells"][0] == {"cell": 19, "seconds": 64.6}
-    assert "slowest_cells" not in record["parts"][0]
-    block = " ".join(render_runs_block([], [record]).split())
-    assert "slowest `10_full_stack` (130 s; its slowest cells 19: 65 s, 21: 33 s)" in block
-
-
-def test_no_run_record_is_said_plainly():
-    block = render_runs_block([], [])
-    assert "No run record is committed yet" in block and "--run-record" in block
-
-
-def test_a_run_record_is_copied_in_and_a_newer_one_replaces_it(repo, tmp_path, capsys):
-    first = _run_folder(tmp_path / "r1", seconds=700.0, finished="2026-11-25T12:00:00+00:00")
-    assert cli(["readme", "--run-record", str(first)]) == 0  # printed only: nothing copied
-    assert FLAG in " ".join(capsys.readouterr().out.split()) and not (repo / RUN_RECORDS).exists()
-    assert cli(["readme", "--write", "--run-record", str(first.parent)]) == 0  # the run's folder does too
-    dest = repo / RUN_RECORDS / "nvidia-h200-quick.json"
-    assert json.loads(dest.read_text())["seconds"] == 700.0 and committed_runs(repo)[0]["parts"][1]["seconds"] == 130
-    text = (repo / "README.md").read_text()
-    assert FLAG in " ".join(_block(text, RUNS_BEGIN, RUNS_END).split())
-    newer = _run_folder(tmp_path / "r2", seconds=450.0, finished="2026-11-26T12:00:00+00:00")
-    assert cli(["readme", "--write", "--run-record", str(newer)]) == 0
-    assert json.loads(dest.read_text())["seconds"] == 450.0
-    runs = _block((repo / "README.md").read_text(), RUNS_BEGIN, RUNS_END)
-    assert FLAG not in " ".join(runs.split()) and "**450 s**" in runs
-    capsys.readouterr()
-    before = (repo / "README.md").read_text()
-    assert cli(["readme", "--write", "--run-record", str(first)]) == 2  # an older run never replaces a newer
-    err = capsys.readouterr().err.strip()
-    assert "a newer run replaces an older one" in err and "\n" not in err
-    assert json.loads(dest.read_text())["seconds"] == 450.0 and (repo / "README.md").read_text() == before
-
-
-def test_a_bad_run_record_is_one_line_and_exit_2(repo, tmp_path, capsys):
-    missing = tmp_path / "no-such-run" / "outcomes.json"
-    assert "no run at" in _one_line_exit_2(capsys, ["readme", "--write", "--run-record", str(missing)], repo)
-    old = tmp_path / "old-run"
-    old.mkdir()
-    (old / "outcomes.json").write_text("[]")  # a run from before run.json
-    err = _one_line_exit_2(capsys, ["readme", "--run-record", str(old / "outcomes.json")], repo)
-    assert "has no run.json beside outcomes.json" in err
-    broken = _run_folder(tmp_path / "broken")
-    (broken.parent / "run.json").write_text("{not json")
-    assert "is not JSON" in _one_line_exit_2(capsys, ["readme", "--write", "--run-record", str(broken)], repo)
-    other = _run_folder(tmp_path / "other")
-    (other.parent / "outcomes.json").write_text(json.dumps([{"name": "99_x", "status": "ok", "seconds": 1.0}]))
-    assert "not of the same run" in _one_line_exit_2(capsys, ["readme", "--run-record", str(other)], repo)
-
-
-def test_write_is_idempotent(repo, tmp_path, capsys):
-    run = _run_folder(tmp_path / "r", seconds=300.0)
-    assert cli(["readme", "--write", "--run-record", str(run)]) == 0
+def test_write_is_idempotent(repo, capsys):
+    assert cli(["readme", "--write"]) == 0
     once = (repo / "README.md").read_text()
-    assert cli(["readme", "--write", "--run-record", str(run)]) == 0
-    assert (repo / "README.md").read_text() == once
     assert cli(["readme", "--write"]) == 0
     assert (repo / "README.md").read_text() == once
     assert once.startswith("# r\n\n") and once.endswith(f"{END}\n\nend\n") and "\nprose\n" in once
@@ -303,23 +179,6 @@ def test_write_needs_every_marker(repo, capsys):
     assert "<!-- runs:begin -->" in _one_line_exit_2(capsys, ["readme", "--write"], repo)
 
 
-# -- the runner leaves what a run record needs --------------------------------------------------------------------
-def test_the_runner_writes_run_json_beside_outcomes(tmp_path, monkeypatch, bare_notebook_dir):
-    for k in ("MAHIA_COMMIT", "MAHIA_RESULTS_DIR", "MAHIA_FIGURES_DIR", files.REFERENCE_ENV):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("MAHIA_COMMIT", "abc123")
-    out = tmp_path / "run"
-    kw = dict(device="cpu", profile="quick", results_dir=str(tmp_path / "r"), figures_dir=str(tmp_path / "f"))
-    assert runner.run(progress=False, out=str(out), **kw) == 1
-    meta = json.loads((out / "run.json").read_text())
-    assert meta["device_slug"] == hardware.device_slug("cpu") and meta["profile"] == "quick"
-    assert meta["commit"] == "abc123" and meta["kind"] == "run" and meta["parts"] == ["01_bare"]
-    assert meta["seconds"] >= 0 and meta["started"] <= meta["finished"] and meta["device"]
-    record = load_run(out / "outcomes.json")
-    assert record["parts"][0]["name"] == "01_bare" and record["parts"][0]["status"] == "failed"
-    assert "0 of 1 ok; not ok: 01_bare (failed)" in " ".join(render_runs_block([], [record]).split())
-
-
 # -- the committed README ----------------------------------------------------------------------------------------
 def test_the_committed_readme_blocks_are_what_the_committed_data_renders_to():
     """Regenerate them with `python -m mahia readme --write`."""
@@ -327,7 +186,7 @@ def test_the_committed_readme_blocks_are_what_the_committed_data_renders_to():
     folders = sorted((f for f in REF.iterdir() if (f / "summary.json").exists()), key=lambda f: f.name)
     assert [f.name for f in folders] == [H100, H200]
     assert _block(text, BEGIN, END) == readme_tables(folders)
-    assert _block(text, RUNS_BEGIN, RUNS_END) == render_runs_block(folders, committed_runs(ROOT))
+    assert _block(text, RUNS_BEGIN, RUNS_END) == render_runs_block(folders)
 
 
 def test_the_readme_types_no_run_timing_outside_the_runs_block():

@@ -8,5 +8,4 @@ cost.py         one cost model: step time from launches, bytes and FLOPs; peak m
 results.py      result records (CSV), summary.json and the headline goals
 report.py       report.md / report.html and the README table
 plotting.py     bars with spread, sweeps, rooflines against the measured ceilings
-testrecord.py   the record of a test session and the README's test block rendered from it
 """
