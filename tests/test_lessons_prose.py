@@ -277,30 +277,6 @@ def test_host_device_sentence():
         prose.host_device_sentence(["a"], [1.0, 2.0], [1.0], [1.0])
 
 
-def test_balance_order_sentence():
-    from mahia.lessons.sync_loops import balance_order
-
-    labels = ["s0", "s1", "s2", "s3"]
-    ratio, lo, hi = [1.0, 2.0, 0.5, 8.0], [1.3, 1.0, 1.2, 0.85], [1.5, 1.25, 1.4, 0.95]
-    agree = prose.balance_order_sentence(balance_order(ratio, [1.4, 1.1, 1.3, 0.9], lo, hi), labels)
-    assert "the largest gain, 1.40× at s0, is at host/device 1, the size nearest balance" in agree
-    assert "Of the 5 pairs of sizes, 5 order their gains as the overlap account predicts" in agree
-    assert "(4 of them with 20–80% spreads apart), and 0 against it (0 with spreads apart)." in agree
-    flipped = balance_order(ratio, [0.9, 1.1, 1.3, 1.4], [0.85, 1.0, 1.2, 1.35], [0.95, 1.25, 1.4, 1.5])
-    against = prose.balance_order_sentence(flipped, labels)
-    assert (
-        "1.40× at s3, is at host/device 8, not at the size nearest balance: that is s0 (host/device 1, 0.90×)"
-        in against
-    )
-    assert "in 4 pair(s) the timing separates a larger gain farther from balance" in against
-    noisy = balance_order([1.0, 4.0], [1.1, 1.2], [0.9, 1.0], [1.3, 1.4])
-    assert prose.balance_order_sentence(noisy, ["a", "b"]).endswith("lies within the timing noise.")
-    single = prose.balance_order_sentence(balance_order([2.0], [1.1], [1.0], [1.2]), ["a"])
-    assert "pairs" not in single
-    with pytest.raises(ValueError, match="labels"):
-        prose.balance_order_sentence(noisy, ["a"])
-
-
 def test_overlap_bound_clause():
     under = prose.overlap_bound_clause(["a", "b"], [1.1, 1.4], [1.0, 1.3], [1.2, 1.5], [1.25, 2.0])
     assert under == "2 of the 2 measured gains lie at or under their overlap bound, 70–88% of it."
