@@ -17,13 +17,18 @@ else
   READY := $(VENV)/.installed
 endif
 
-.PHONY: run test test-fast lint format env lab browser clean-venv
+.PHONY: run test test-fast fuzz lint format env lab browser clean-venv
 
 run: $(READY)
 	$(PY) -m mahia run $(ARGS)
 
+# Two pytest workers (the CI machine has two cores); the fuzz suite at MAHIA_FUZZ_EXAMPLES cases per property.
 test: lint browser
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(ARGS)
+
+# The fuzz suite alone, at 200 cases per property (make test runs 25).
+fuzz: $(READY)
+	MAHIA_FUZZ_EXAMPLES=200 $(PY) -m pytest -m fuzz $(ARGS)
 
 # The browser tests (tests/test_site.py, tests/test_lab.py) drive Debian's Chromium through Playwright, which
 # cannot download a browser of its own here. As root, install it when it is missing; otherwise say how (the

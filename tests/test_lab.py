@@ -44,7 +44,14 @@ NOTEBOOKS = ["01_sync_elimination", "09_hybrid_components"]
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen (others are hidden tabs)
 AUTOSAVE_S = 2
 
-pytestmark = [pytest.mark.browser, pytest.mark.notebooks, pytest.mark.timeout(1200), needs_chromium]
+# One pytest worker runs the whole module (make test runs two): the JupyterLab server is started once.
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.notebooks,
+    pytest.mark.timeout(1200),
+    pytest.mark.xdist_group("lab"),
+    needs_chromium,
+]
 
 
 def _free_port() -> int:

@@ -25,6 +25,8 @@ from browser import chromium, needs_chromium
 from mahia.__main__ import main as cli
 from mahia.site import build_site
 
+pytestmark = pytest.mark.xdist_group("site")  # one worker builds the module's site once (make test runs two)
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
