@@ -2,8 +2,7 @@
 
 For each kernel (rms_norm, add_rms_norm, swiglu, rope, moe_combine, grouped_mm, the GLA scan), random
 cases (``MAHIA_FUZZ_EXAMPLES``: 25 by default, in ``make test``; 200 in ``make fuzz``), plus a few explicit
-edge cases: random leading
-dims (0 and 1 included), hidden sizes 1 to 9000 (row counts capped so that the CPU interpreter stays
+edge cases: random leading dims (0 and 1 included), hidden sizes 1 to 9000 (row counts capped so that the CPU interpreter stays
 fast), float32 / float16 / bfloat16, non-contiguous views (padded rows, transposed storage, a strided
 last dim, halves of a fused tensor), and every gradient. Each case is checked against a float64
 reference written here from the math (not the eager paths under test), norm-wise and element-wise
