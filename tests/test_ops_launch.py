@@ -154,16 +154,6 @@ def test_every_op_launches_directly_once_warm():
     assert missing in ([], ["rmsnorm dw sum"]), missing
 
 
-@needs_gpu
-def test_sm_count_of_a_device_without_an_index():
-    """torch.device("cuda") has no index: the current device's SM count (notebook 03 passes it so)."""
-    from mahia.lessons.kernel_listings import sm_count
-
-    expect = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    assert sm_count("cuda") == sm_count(torch.device("cuda", torch.cuda.current_device())) == expect
-    assert sm_count("cpu") == 4
-
-
 def test_pow2_divisor_is_the_largest_power_of_two_dividing_every_value():
     """ALIGN must divide every integer it is given: the kernels rebuild each as n // ALIGN * ALIGN, which
     changes any value ALIGN does not divide."""
