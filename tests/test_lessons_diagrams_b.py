@@ -72,7 +72,7 @@ def test_graphs_capture_and_replay(n):
         assert part in words
     assert any(w.startswith("Capture") for w in words) and any(w.startswith("Replay") for w in words)
     assert any("torch.cuda.graph(g)" in w for w in words) and any("memory pool" in w for w in words)
-    # review 05-5: static_in is cloned before the capture (GraphedStep), so it is not drawn inside the pool
+    # review 05-5: static_in is cloned before the capture (notebook 05's Graphed), so it is not drawn inside the pool
     assert not any("memory pool" in w and "static_in" in w for w in words)
     assert any(w.startswith("static_in") and "before capture" in w for w in words)
     assert sum(w == f"launch k{i + 1}" for w in words for i in range(n)) == n  # one launch per kernel, eager

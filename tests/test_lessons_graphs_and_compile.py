@@ -8,26 +8,18 @@ import pytest
 import torch
 
 from mahia.lessons.graphs_and_compile import (
-    BucketedGraphs,
     CaptureAttempt,
-    CompileCounter,
-    GraphedStep,
     GraphedTrainStep,
     _first_and_last_error,
-    break_even_range,
     break_even_steps,
-    clip_by_norm,
-    clip_by_norm_logged,
+    collect_noise,
     cuda_memory,
     generated_kernels,
     library_calls,
-    next_bucket,
-    pad_to,
     predict_step,
     timed_call,
     trace_ops,
     try_capture,
-    try_compile,
 )
 from mahia.measure import instruments
 from mahia.measure.checks import check_close, tolerance
@@ -63,37 +55,6 @@ def test_trace_ops_is_the_measure_instrument():
     assert trace_ops is instruments.trace_ops
 
 
-def test_clip_by_norm_matches_the_logged_version(capsys):
-    tol = tolerance(torch.float32)
-    for scale in (10.0, 1e-3):  # clipped, untouched
-        x = torch.randn(N, K) * scale / (N * K) ** 0.5
-        check_close("clip_by_norm", clip_by_norm(x), clip_by_norm_logged(x), tol)
-    assert torch.equal(clip_by_norm(torch.zeros(3, 5)), torch.zeros(3, 5))
-    small = torch.randn(5) * 1e-3
-    assert torch.equal(clip_by_norm(small), small)  # factor exactly 1: the input comes back unchanged
-    assert "clip_by_norm_logged: norm" in capsys.readouterr().out
-
-
-def test_compile_counter_sees_graph_breaks_and_recompiles(capsys):
-    torch._dynamo.reset()
-    x = torch.randn(N, K) * 10
-    broken, clean = CompileCounter(), CompileCounter()
-    torch.compile(clip_by_norm_logged, backend=broken)(x)
-    torch.compile(clip_by_norm, backend=clean)(x)
-    assert clean.graphs == 1 and broken.graphs >= 2
-    static = CompileCounter()
-    f = torch.compile(clip_by_norm, backend=static, dynamic=False)
-    for n in (5, 6, 7):
-        f(torch.randn(n, K))
-    assert static.graphs == 3  # one compilation per new shape
-    dyn = CompileCounter()
-    g = torch.compile(clip_by_norm, backend=dyn, dynamic=True)
-    for n in (5, 6, 7):
-        g(torch.randn(n, K))
-    assert dyn.graphs == 1
-    torch._dynamo.reset()
-
-
 def test_timed_call_and_break_even():
     out, ms = timed_call(lambda: torch.ones(3).sum(), "cpu")
     assert out.item() == 3.0 and ms >= 0
@@ -104,85 +65,6 @@ def test_timed_call_and_break_even():
         break_even_steps(-1.0, 1.0, 0.5)
     with pytest.raises(ValueError, match="eager_ms"):
         break_even_steps(1.0, float("nan"), 0.5)
-
-
-def test_break_even_range_spans_the_spreads():
-    from types import SimpleNamespace as T
-
-    eager, compiled = T(p20_ms=2.5, p80_ms=3.5), T(p20_ms=0.5, p80_ms=1.5)
-    assert break_even_range(1000.0, eager, compiled) == (1000.0 / 3.0, 1000.0)  # savings 3 ms and 1 ms
-    assert break_even_range(1000.0, T(p20_ms=1.0, p80_ms=2.0), T(p20_ms=0.5, p80_ms=1.5))[1] == math.inf
-    with pytest.raises(TypeError, match="compiled must be a timing"):
-        break_even_range(1000.0, eager, 1.0)
-
-
-def test_next_bucket_and_pad_to():
-    assert next_bucket(1, [8, 2, 4]) == 2 and next_bucket(3, [2, 4, 8]) == 4 and next_bucket(8, [2, 4, 8]) == 8
-    with pytest.raises(ValueError, match="exceeds the largest bucket 8"):
-        next_bucket(9, [2, 4, 8])
-    with pytest.raises(ValueError, match="n must be a positive int"):
-        next_bucket(0, [2])
-    x = torch.arange(6).view(2, 3)
-    y = pad_to(x, 4, dim=0, value=-1)
-    assert y.shape == (4, 3) and torch.equal(y[:2], x) and (y[2:] == -1).all()
-    assert pad_to(x, 3, dim=1) is x
-    assert pad_to(x, 5, dim=-1).shape == (2, 5)
-    with pytest.raises(ValueError, match="smaller than dim 0"):
-        pad_to(x, 1, dim=0)
-    with pytest.raises(ValueError, match="out of range"):
-        pad_to(x, 4, dim=2)
-    with pytest.raises(TypeError, match="torch.Tensor"):
-        pad_to([1, 2], 4)
-
-
-def test_bucketed_padding_is_exact_for_row_independent_functions():
-    w = torch.randn(K, M)
-    fn = lambda x, t: (torch.tanh(x @ w) * t, x.abs().sum())  # rows independent; the sum is not row-sized
-    bucketed = BucketedGraphs(fn, [4, 16, 8], capture=False)
-    assert bucketed.buckets == [4, 8, 16]
-    for n in (1, 4, 5, 13):
-        x, t = torch.randn(n, K), torch.randn(n, 1)
-        y, s = bucketed(x, t)
-        assert y.shape == (n, M)
-        check_close(f"bucketed n={n}", y, fn(x, t)[0], tolerance(torch.float32))
-        check_close(f"bucketed sum n={n}", s, x.abs().sum(), tolerance(torch.float32))  # zero padding adds 0
-    assert bucketed.graphs == {}  # nothing captured without capture=True
-    with pytest.raises(ValueError, match="exceeds the largest bucket"):
-        bucketed(torch.randn(17, K), torch.randn(17, 1))
-    with pytest.raises(ValueError, match="same size along dim 0"):
-        bucketed(torch.randn(3, K), torch.randn(4, 1))
-    with pytest.raises(ValueError, match="buckets must be positive ints"):
-        BucketedGraphs(fn, [0, 4])
-    with pytest.raises(TypeError, match="fn must be callable"):
-        BucketedGraphs(None, [4])
-
-
-def test_graphed_step_rejects_cpu_and_bad_arguments():
-    with pytest.raises(ValueError, match="CUDA graphs need CUDA tensors"):
-        GraphedStep(lambda x: x * 2, torch.randn(3))
-    with pytest.raises(TypeError, match="input 0 must be a torch.Tensor"):
-        GraphedStep(lambda x: x * 2, 3.0)
-    with pytest.raises(ValueError, match="at least one example input"):
-        GraphedStep(lambda: None)
-    with pytest.raises(TypeError, match="fn must be callable"):
-        GraphedStep("f", torch.randn(3))
-
-
-@pytest.mark.gpu
-def test_graphed_step_replays_new_inputs_on_cuda():
-    w = torch.randn(K, M, device="cuda")
-    fn = lambda x: torch.relu(x @ w) + 1
-    g = GraphedStep(fn, torch.randn(N, K, device="cuda"))
-    for _ in range(3):
-        x = torch.randn(N, K, device="cuda")
-        check_close("graph replay", g(x).clone(), fn(x), tolerance(torch.float32, tf32=True))
-    with pytest.raises(ValueError, match="captured for"):
-        g(torch.randn(N + 1, K, device="cuda"))
-    bucketed = BucketedGraphs(fn, [8, 64])
-    for n in (3, 8, 40):
-        x = torch.randn(n, K, device="cuda")
-        check_close("bucketed replay", bucketed(x).clone(), fn(x), tolerance(torch.float32, tf32=True))
-    assert sorted(bucketed.graphs) == [8, 64]
 
 
 class _EndRaises:
@@ -207,7 +89,7 @@ def test_try_capture_reports_the_first_error_and_rejects_bad_arguments():
         raise ValueError("alone")
     except ValueError as exc:
         assert _first_and_last_error(exc) == ("ValueError: alone", None)
-    failed = CaptureAttempt(None, first, last, ("The CUDA Graph is empty",))
+    failed = CaptureAttempt(None, None, first, last, ("The CUDA Graph is empty",))
     assert not failed.ok and str(failed).startswith(first) and "ending the failed capture then raised" in str(failed)
     assert "torch warned: The CUDA Graph is empty" in str(failed)
     with pytest.raises(ValueError, match="CUDA graphs need CUDA tensors"):
@@ -226,7 +108,9 @@ def test_try_capture_leaves_cuda_ready_after_a_failed_capture():
     assert not sync.ok and sync.error
     assert torch.cuda.current_stream() == caller
     good = try_capture(lambda t: t * 2, x)  # the next capture starts clean
-    assert good.ok and good.step(x + 1).tolist() == [2.0, 4.0, 6.0, 8.0]
+    x.add_(1)  # the example inputs are the static inputs
+    good.graph.replay()
+    assert good.ok and good.outputs.tolist() == [2.0, 4.0, 6.0, 8.0]
     assert torch.rand(2, device="cuda").shape == (2,)  # a completed capture leaves the RNG usable
 
 
@@ -313,20 +197,28 @@ def test_generated_kernels_and_library_calls_read_inductor_output():
         generated_kernels(None)
 
 
-def test_try_compile_times_the_first_call_and_reports_failures(capsys):
-    x = torch.randn(N, K) * 10
-    ok = try_compile(clip_by_norm, lambda f: f(x), backend="eager", device="cpu")
-    assert ok.ok and ok.error is None and ok.first_call_ms > 0
-    check_close("try_compile output", ok.output, clip_by_norm(x), tolerance(torch.float32))
-    check_close("try_compile run", ok.run(), clip_by_norm(x), tolerance(torch.float32))
-    bad = try_compile(clip_by_norm, lambda f: f(x), backend="no_such_backend", device="cpu")
-    assert not bad.ok and bad.run is None and "no_such_backend" in bad.error
+def test_collect_noise_keeps_warnings_logs_and_stderr_of_a_graph_break(capsys):
+    import sys
+    import warnings
 
-    def broken(t):
-        raise RuntimeError("unsupported thing\nsecond line")
+    def broken(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
 
-    failed = try_compile(broken, lambda f: f(x), backend="eager", device="cpu")
-    assert not failed.ok and failed.error.startswith("RuntimeError: unsupported thing")
-    with pytest.raises(TypeError, match="callable"):
-        try_compile(clip_by_norm, None)
     torch._dynamo.reset()
+    torch._logging.set_logs(graph_breaks=True)
+    try:
+        with collect_noise() as noise:
+            warnings.warn("on purpose", stacklevel=1)
+            print("to stderr", file=sys.stderr)
+            torch.compile(broken, backend="eager")(torch.ones(3))
+    finally:
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    assert [str(w.message) for w in noise.warnings] == ["on purpose"]
+    assert noise.stderr == ["to stderr"] and any(
+        "graph_break" in r.getMessage().lower() or "Graph break" in r.getMessage() for r in noise.records
+    )
+    assert capsys.readouterr().err == ""
+    assert noise.summary("compile").startswith("compile: 1 warnings, ")
