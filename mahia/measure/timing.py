@@ -19,7 +19,7 @@ Statistics: median with the 20th and 80th percentiles of the per-repetition time
 the device runs behind (the host's share of a step, which ``bench`` cannot separate from the device's).
 
 ``capture_graph`` is the one CUDA-graph capture of the package (``bench(cuda_graph=True)``, the lessons'
-``GraphedStep`` and the model's graphed decoder use it).
+``try_capture`` and the model's graphed decoder use it; notebook 05 writes its own on the page).
 """
 
 from __future__ import annotations
@@ -85,8 +85,7 @@ class Timing:
 
     @property
     def band(self) -> tuple[float, float, float]:
-        """(median, p20, p80) in ms: the form :func:`mahia.lessons.prose.retimed_note` and the notebooks'
-        comparisons of two timings of the same work take."""
+        """(median, p20, p80) in ms."""
         return self.median_ms, self.p20_ms, self.p80_ms
 
     @property
