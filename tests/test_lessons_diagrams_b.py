@@ -129,16 +129,17 @@ def test_moe_permutation_is_a_stable_sort_by_expert():
         moe.permutation([(0, 3)], 3)
 
 
-def test_moe_draw_shows_permute_grouped_gemm_and_combine():
+def test_moe_draw_shows_permute_two_grouped_gemms_swiglu_and_combine():
     fig = moe.draw()
     assert isinstance(fig, Figure)
     words = texts(fig)
     n_rows = sum(len(a) for a in moe.DEFAULT_ASSIGNMENTS)
-    for part in ("permute", "grouped GEMM", "combine", "tokens"):
+    for part in ("permute", "grouped\nGEMM 1", "SwiGLU", "grouped\nGEMM 2", "combine", "tokens"):
         assert any(w.startswith(part) for w in words), part
-    assert sum(w.startswith("rows @ W") for w in words) == 3
+    assert sum(w.startswith("rows @ W13[") for w in words) == 3  # one block per expert in each grouped GEMM
+    assert sum(w.startswith("rows @ W2[") for w in words) == 3
     assert sum(w.startswith("offs[") for w in words) == 3
-    assert sum(w.startswith("h") and "," in w for w in words) == n_rows  # one expert output per row
+    assert sum(w.startswith("o") and "," in w for w in words) == n_rows  # one expert output per row
     assert sum(w.startswith("y") and "Σ" in w for w in words) == len(moe.DEFAULT_ASSIGNMENTS)
     assert layout_problems(fig) == []
     assert saved_layout_problems(fig) == []

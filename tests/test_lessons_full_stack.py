@@ -322,23 +322,6 @@ def test_optimizations_in_use_and_peer_scope():
         optimizations_in_use(dense, ("nope",))
 
 
-def test_sdpa_rung_note_says_which_kernel_the_rung_gets():
-    # The H200 reference of b0bf60d: with 8 query heads on 4 KV heads in float32 no fused SDPA kernel ran (peak
-    # memory unchanged at the SDPA rung), while the ladder's table said the rung acts on the T x T scores' bytes.
-    from mahia.lessons.full_stack import sdpa_rung_note
-
-    none32 = sdpa_rung_note([], ["flash", "cudnn"], 8, 4)
-    assert none32.startswith("In float32 none of SDPA's fused kernels takes this attention (8 query heads on 4 KV")
-    assert "math path" in none32 and "saves only launches" in none32
-    assert none32.endswith("a fused kernel takes over (flash, cudnn), so part of that rung's gain is attention's.")
-    assert "either" in sdpa_rung_note([], [], 8, 8) and "(8 heads)" in sdpa_rung_note([], [], 8, 8)
-    fused = sdpa_rung_note(["efficient"], ["flash"], 8, 4)
-    assert fused.startswith("Here SDPA runs a fused kernel in float32 too (efficient takes 8 query heads on 4 KV")
-    assert "(flash, efficient take 8" in sdpa_rung_note(["flash", "efficient"], [], 8, 4)
-    with pytest.raises(ValueError, match="n_kv_heads"):
-        sdpa_rung_note([], [], 4, 8)
-
-
 def test_fused_backends_are_those_that_take_gqa_heads_as_they_are(monkeypatch):
     # A backend that runs only once the KV heads are repeated is not PyTorch's choice for sdpa_attention(backend=None)
     import mahia.layers.attention as attention

@@ -15,7 +15,6 @@ from mahia.lessons.hybrid_parts import (
     launch_model_ms,
     moe_bytes,
     moe_fwd_bwd,
-    refined_model_ms,
     threshold_in_gap,
     train_routing,
 )
@@ -237,10 +236,7 @@ def test_host_cost_and_host_row_check_their_arguments():
         host_row("p", hc, measured=hc.timing, n_ops=10, n_syncs=0, launch_us=5.0, predicted_ms=0.05, refined_ms=0)
 
 
-def test_refined_model_and_host_row():
-    # max(100 ops x 20 µs, 1 ms) + 2 syncs x 50 µs, overlapping on every device (a CPU's host time holds its compute)
-    assert refined_model_ms(100, 2, 20.0, 50.0, work_ms=1.0) == pytest.approx(2.1)
-    assert refined_model_ms(100, 0, 5.0, 50.0, work_ms=1.0) == pytest.approx(1.0)
+def test_host_row():
     hc = HostCost(Timing.from_samples([1.0, 1.2, 1.4]), 50, size=32)
     wall = Timing.from_samples([30.0, 31.0, 33.0])
     row = host_row(
@@ -251,7 +247,7 @@ def test_refined_model_and_host_row():
         n_syncs=0,
         launch_us=10.0,
         predicted_ms=10.0,
-        refined_ms=refined_model_ms(1000, 0, hc.us_per_op, 0.0),
+        refined_ms=launch_model_ms(1000, 0, hc.us_per_op, 0.0),
         instance="T=32",
     )
     assert row["host µs/op"] == pytest.approx(1.2e3 / 50) and row["refined ms"] == pytest.approx(24.0)

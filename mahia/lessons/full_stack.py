@@ -62,7 +62,6 @@ __all__ = [
     "mfu",
     "optimizations_in_use",
     "peer_scope_note",
-    "sdpa_rung_note",
     "waterfall",
 ]
 
@@ -505,32 +504,6 @@ _PART_OF = {
     "batched_memory": "graph_memory",
     "masked_gating": "gating",
 }
-
-
-def sdpa_rung_note(fused32: Sequence[str], fused16: Sequence[str], n_heads: int, n_kv_heads: int) -> str:
-    """What the SDPA rung's kernel is in float32 and in bf16: ``fused32``/``fused16``, the fused SDPA backends that
-    take the model's attention as it is (:func:`mahia.layers.fused_backends`). With none in float32, PyTorch's
-    choice runs the math path, which writes the T x T scores as the manual path does: the rung saves launches only
-    until the bf16 rung, and part of that rung's gain is the fused kernel's (the H200 reference of b0bf60d: peak
-    memory unchanged at the SDPA rung, the batched matmuls' time gone only at bf16)."""
-    if isinstance(n_heads, bool) or isinstance(n_kv_heads, bool) or not (0 < n_kv_heads <= n_heads):
-        raise ValueError(f"sdpa_rung_note: need 0 < n_kv_heads <= n_heads, got {n_heads!r}, {n_kv_heads!r}")
-    heads = f"{n_heads} query heads on {n_kv_heads} KV heads" if n_kv_heads < n_heads else f"{n_heads} heads"
-    if fused32:
-        return (
-            f"Here SDPA runs a fused kernel in float32 too ({', '.join(fused32)} "
-            f"{'takes' if len(fused32) == 1 else 'take'} {heads}), so its rung removes "
-            "the T x T scores' bytes from the start."
-        )
-    later = (
-        f"at the bf16 rung a fused kernel takes over ({', '.join(fused16)}), so part of that rung's gain is attention's"
-        if fused16
-        else "no fused kernel takes these heads in bf16 either"
-    )
-    return (
-        f"In float32 none of SDPA's fused kernels takes this attention ({heads}) here: PyTorch's choice runs its math "
-        f"path, which writes the T x T scores as the manual path does, so the SDPA rung saves only launches; {later}."
-    )
 
 
 def optimizations_in_use(cfg, names: Sequence[str]) -> tuple[str, ...]:

@@ -10,12 +10,12 @@ None of this is a model component; it is what the two notebooks need around the 
   where ``t_launch`` is what the host needs to issue one kernel, ``t_work`` the device time of the
   arithmetic, and ``t_sync`` what one host-device synchronization adds (drain the queue, copy the value
   back, launch again). On a GPU launches overlap with device work (hence the max); a sync does not.
-* ``HostCost``, ``host_cost``, ``refined_model_ms`` and ``host_row``: the model's ``t_launch`` is the cost of a
+* ``HostCost``, ``host_cost`` and ``host_row``: the model's ``t_launch`` is the cost of a
   one-element add in a bare chain; a real op costs the host more (module calls, argument checks, autograd
   recording, allocation). ``host_cost`` measures a call's host issue time directly
   (:func:`mahia.measure.timing.host_time`) and divides it by the call's ops, on a smaller instance of the
-  call when the full one would overfill the launch queue; ``refined_model_ms`` is the model with that
-  measured per-op cost in place of ``t_launch``; ``host_row`` puts a path's two predictions next to its time.
+  call when the full one would overfill the launch queue; ``host_row`` puts a path's two predictions (with
+  t_launch, and with that measured per-op cost in its place) next to its time.
 * ``count_ops_and_syncs``: the ``n_ops`` (ops that launch a kernel, :func:`mahia.measure.instruments.count_ops`)
   and ``n_syncs`` of one call.
 * ``moe_bytes``, ``moe_fwd_bwd``, ``check_moe``, ``train_routing``: the MoE layer's compulsory memory
@@ -48,7 +48,6 @@ __all__ = [
     "launch_model_ms",
     "HostCost",
     "host_cost",
-    "refined_model_ms",
     "host_row",
     "count_ops_and_syncs",
     "moe_bytes",
@@ -204,14 +203,6 @@ def host_cost(
     return HostCost(t, ops.total, syncs.count, sync_us, size)
 
 
-def refined_model_ms(n_ops: float, n_syncs: float, host_us: float, sync_us: float, work_ms: float = 0.0) -> float:
-    """The launch model with a path's own measured host cost per op (``host_us``, :attr:`HostCost.us_per_op`)
-    in place of t_launch:  max(n_ops * host_us, work_ms) + n_syncs * t_sync,  on every device. On a GPU the
-    device works while the host issues; on a CPU the measured host time already holds the compute (the CPU
-    runs each op as it is called), so the sum of :func:`launch_model_ms` would count it twice."""
-    return launch_model_ms(n_ops, n_syncs, host_us, sync_us, work_ms=work_ms, overlap=True)
-
-
 def host_row(
     path: str,
     host: HostCost,
@@ -224,7 +215,7 @@ def host_row(
     refined_ms: float,
     instance: str = "",
 ) -> dict:
-    """One path's row for a table and for :func:`mahia.lessons.prose.host_cost_sentence`: its full call's
+    """One path's row for a table: its full call's
     ``n_ops`` and ``n_syncs``, the host cost measured (on ``instance``, e.g. "T=32", when smaller than the
     full call: ``host.n_ops`` ops), the measured time (median, 20th and 80th percentiles) and the two
     predictions: with t_launch (``predicted_ms``) and with the measured host cost (``refined_ms``)."""

@@ -1,10 +1,12 @@
-"""The grouped MoE forward (notebook 08): permute, grouped GEMM, combine.
+"""The grouped MoE forward (notebook 08): permute, grouped GEMM, SwiGLU, grouped GEMM, combine.
 
 * **tokens**: the router gives every token its top-k experts (and gates);
 * **permute**: the ``N·k`` (token, expert) rows are sorted by expert (one ``argsort``) and the tokens
   gathered in that order, so that each expert's rows are contiguous; ``offs = cumsum(tokens per
   expert)`` marks where each expert's rows end, on the device;
-* **grouped GEMM**: one launch multiplies each expert's block of rows by that expert's weights;
+* **grouped GEMM 1**: one launch multiplies each expert's block of rows by that expert's ``W13`` (D x 2H);
+* **SwiGLU**: ``silu(h1) * h3`` row by row, halving the width to H;
+* **grouped GEMM 2**: one launch multiplies each block by that expert's ``W2`` (H x D);
 * **combine**: every token reads its ``k`` results back through the inverse permutation, weights them
   by its gates and sums them.
 
@@ -43,7 +45,7 @@ def permutation(assignments: Sequence[Sequence[int]], n_experts: int) -> tuple[l
 
 
 def draw(assignments: Sequence[Sequence[int]] = DEFAULT_ASSIGNMENTS, n_experts: int | None = None):
-    """The permute → grouped GEMM → combine diagram for ``assignments`` (the experts of each token,
+    """The permute → grouped GEMM → SwiGLU → grouped GEMM → combine diagram for ``assignments`` (the experts of each token,
     all of the same length k); returns the Figure."""
     assignments = [tuple(a) for a in assignments]
     ks = {len(a) for a in assignments}
@@ -65,44 +67,50 @@ def draw(assignments: Sequence[Sequence[int]] = DEFAULT_ASSIGNMENTS, n_experts: 
     tok_h = k * rh  # a token spans the height of its k rows
     y_tok = lambda t: top - (t + 1) * tok_h
 
-    heading(ax, 1, top + 2.2, "tokens\n(router: top-k)")
-    heading(ax, 30, top + 2.2, "permute\n(argsort by expert)")
-    heading(ax, 50, top + 2.2, "grouped GEMM\n(one launch)")
-    heading(ax, 80, top + 2.2, "combine\n(× gate, sum over k)")
+    heading(ax, 1, top + 2.2, "tokens\n(top-k)")
+    heading(ax, 17, top + 2.2, "permute\n(argsort)")
+    heading(ax, 31, top + 2.2, "grouped\nGEMM 1")
+    heading(ax, 46, top + 2.2, "SwiGLU")
+    heading(ax, 58, top + 2.2, "grouped\nGEMM 2")
+    heading(ax, 82, top + 2.2, "combine\n(× gate, Σ over k)")
     for t, experts in enumerate(assignments):
         y = y_tok(t) + 0.2
-        box(ax, 1, y, 13, tok_h - 0.4, f"x{t} → " + ", ".join(f"e{e}" for e in experts), fontsize=7.5)
-        box(ax, 86, y, 12, tok_h - 0.4, f"y{t} = Σ g·h", fontsize=7.5)
+        box(ax, 1, y, 12, tok_h - 0.4, f"x{t} → " + ", ".join(f"e{e}" for e in experts), fontsize=7.5)
+        box(ax, 86, y, 12, tok_h - 0.4, f"y{t} = Σ g·o", fontsize=7.5)
     for i, (t, e) in enumerate(rows):
         y = y_row(i)
-        box(ax, 33, y + 0.1, 8, rh - 0.2, f"x{t}", color=color(e), text_color="white", fontsize=7.5)
-        box(ax, 66, y + 0.1, 8, rh - 0.2, f"h{t},{e}", color=color(e), text_color="white", fontsize=7)
+        box(ax, 20, y + 0.1, 7, rh - 0.2, f"x{t}", color=color(e), text_color="white", fontsize=7.5)
+        box(ax, 72, y + 0.1, 7, rh - 0.2, f"o{t},{e}", color=color(e), text_color="white", fontsize=7)
         # gather (token -> its row) and combine (row -> its token), drawn as thin lines
         src = [p for p, a in enumerate(assignments[t]) if a == e][0]
         y_src = y_tok(t) + tok_h * (1 - (src + 0.5) / k)
-        ax.plot([14, 33], [y_src, y + rh / 2], color=color(e), lw=0.8, alpha=0.8)
-        ax.plot([74, 86], [y + rh / 2, y_src], color=color(e), lw=0.8, alpha=0.8)
+        ax.plot([13, 20], [y_src, y + rh / 2], color=color(e), lw=0.8, alpha=0.8)
+        ax.plot([79, 86], [y + rh / 2, y_src], color=color(e), lw=0.8, alpha=0.8)
+    # SwiGLU acts on each row alone: one band over every row, between the two grouped GEMMs
+    box(ax, 45, y_row(n_rows - 1) + 0.1, 9, n_rows * rh - 0.2, "silu(h₁)·h₃\n2H → H\nper row", fontsize=7.5)
     start = 0
     for e, end in enumerate(offs):
         if end > start:
             y_lo, y_hi = y_row(end - 1), y_row(start) + rh
-            box(
-                ax,
-                46,
-                y_lo + 0.1,
-                16,
-                y_hi - y_lo - 0.2,
-                f"rows @ W{e}\n({end - start} rows)",
-                color=color(e),
-                text_color="white",
-                fontsize=7.5,
-                alpha=0.85,
-            )
-            ax.plot([41, 46], [(y_lo + y_hi) / 2] * 2, color="0.4", lw=0.8)
-            ax.plot([62, 66], [(y_lo + y_hi) / 2] * 2, color="0.4", lw=0.8)
+            y_mid = (y_lo + y_hi) / 2
+            for x0, label in ((30, f"rows @ W13[{e}]"), (57, f"rows @ W2[{e}]")):
+                box(
+                    ax,
+                    x0,
+                    y_lo + 0.1,
+                    12,
+                    y_hi - y_lo - 0.2,
+                    f"{label}\n({end - start} rows)",
+                    color=color(e),
+                    text_color="white",
+                    fontsize=7,
+                    alpha=0.85,
+                )
+            for x0, x1 in ((27, 30), (42, 45), (54, 57), (69, 72)):
+                ax.plot([x0, x1], [y_mid] * 2, color="0.4", lw=0.8)
             caption(
                 ax,
-                32,
+                19.5,
                 y_lo,
                 f"offs[{e}] = {end}",
                 ha="right",
@@ -114,9 +122,9 @@ def draw(assignments: Sequence[Sequence[int]] = DEFAULT_ASSIGNMENTS, n_experts: 
     caption(
         ax,
         1,
-        1.2,
-        f"{len(assignments)} tokens × top-{k} = {n_rows} (token, expert) rows. offs = cumsum(rows per "
-        "expert) stays on the device: no host sync; each expert's rows are one contiguous block of the GEMM.",
+        1.6,
+        f"{len(assignments)} tokens × top-{k} = {n_rows} (token, expert) rows. offs = cumsum(rows per expert) stays "
+        "on the device: no host sync.\nTwo grouped GEMMs (one launch each) with SwiGLU between them, then one combine.",
         fontsize=7.5,
     )
     return fig
