@@ -44,8 +44,8 @@ LISTINGS: dict[str, tuple[str, str]] = {
     "rope_kernel": ("mahia.ops.rope", "_rope_kernel"),
     "rope_load_halves": ("mahia.ops.rope", "_load_halves"),  # @triton.jit: one token's heads, loaded
     "rope_rotate_heads": ("mahia.ops.rope", "_rotate_heads"),  # @triton.jit: ... rotated and stored
-    "gla_fwd_kernel": ("mahia.ops.gla_scan", "_gla_fwd_kernel"),
-    "gla_bwd_kernel": ("mahia.ops.gla_scan", "_gla_bwd_kernel"),
+    "gla_fwd_kernel": ("mahia.ops.gla_scan.kernels", "_gla_fwd_kernel"),
+    "gla_bwd_kernel": ("mahia.ops.gla_scan.kernels", "_gla_bwd_kernel"),
     # the tutorial's v1 kernels (notebook 03, section 2)
     "rms_norm_v1_kernel": ("mahia.lessons.triton_tutorial", "_rms_norm_v1_kernel"),
     "rms_norm_v1_bwd_kernel": ("mahia.lessons.triton_tutorial", "_rms_norm_v1_bwd_kernel"),
