@@ -166,6 +166,44 @@ def test_opcheck_custom_ops():
 
 
 @needs_triton
+def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch):
+    """Issue 35, one path per op: eager, gated_linear_attention -> autograd.Function.apply (torch) -> the
+    launch function, which calls the kernel's launcher; under torch.compile the custom op runs the same
+    launch function. On every path, forward and backward, at most 3 frames of mahia are on the stack."""
+    import sys
+    from pathlib import Path
+
+    from mahia.ops.gla_scan import kernels
+
+    package = str(Path(kernels.__file__).parents[2])  # mahia/
+    stacks = []
+
+    def record(launcher):
+        def launch(*args, **kwargs):
+            frames, f = [], sys._getframe(1)
+            while f is not None:
+                frames.append((f.f_code.co_filename, f.f_code.co_name))
+                f = f.f_back
+            stacks.append(frames)
+            return launcher(*args, **kwargs)
+
+        return launch
+
+    monkeypatch.setattr(kernels, "_launch_fwd", record(kernels._launch_fwd))
+    monkeypatch.setattr(kernels, "_launch_bwd", record(kernels._launch_bwd))
+    q, k, v, g = (t.requires_grad_() for t in make_inputs(1, 2, 20, 16, 16))
+    gated_linear_attention(q, k, v, g, impl="triton").sum().backward()
+    to_public = [name for _, name in stacks[0]].index("gated_linear_attention") + 1
+    assert to_public <= 3, stacks[0][:to_public]  # every Python frame, torch's apply included
+    compiled = torch.compile(lambda *a: gated_linear_attention(*a, impl="triton"), backend="aot_eager", fullgraph=True)
+    compiled(q, k, v, g).sum().backward()
+    assert len(stacks) == 4  # eager and compiled, forward and backward
+    for frames in stacks:
+        ours = [name for file, name in frames if file.startswith(package)]
+        assert len(ours) <= 3, ours
+
+
+@needs_triton
 def test_module_compiles_without_graph_break():
     """The custom ops have fake and autograd rules: torch.compile traces the layer as one graph."""
     torch.manual_seed(0)
@@ -275,6 +313,21 @@ def test_nan_at_step_t_reaches_no_earlier_output(impl, which):
         first = chunk_start if name == "g" else t
         before = [s for s in _nan_steps(got) if s < first and s not in _nan_steps(ref)]
         assert not before, f"d{name}: NaN at steps {before} where the recurrence is finite"
+
+
+@pytest.mark.parametrize("reset", [float("-inf"), -1e4, -1e30])
+@pytest.mark.parametrize("impl", ["logspace", "triton"])
+def test_a_full_reset_gives_the_recurrences_answer(impl, reset):
+    """Regression (issue 37 #2 and #3): a log-decay of -inf at step 10 of 33 (log(sigmoid(-200)) in float32;
+    g <= 0 holds) made every later output NaN on the chunked paths, and -1e4 or -1e30 cost 1e-4 and 24%
+    relative error: the chunk's cumulative sum absorbed the small gates after it. Now every output and
+    gradient matches the float64 recurrence, with a second reset in one channel of a later chunk."""
+    if impl == "triton" and triton_import_error() is not None:
+        pytest.skip("triton is not installed")
+    q, k, v, g = make_inputs(1, 2, 33, 16, 8)
+    g[:, :, 10] = reset
+    g[0, 1, 20, 3] = reset
+    compare(_path(impl), gla_loop, [q, k, v, g], name=f"gla {impl}, g = {reset}")
 
 
 @pytest.mark.parametrize("impl", ["loop", "logspace", "triton"])
