@@ -58,7 +58,7 @@ for dt, bk, bv in cfgs:
             },
         ),
     ):
-        const = {"BT": 16, "BK": bk, "BV": bv, "PRECISION": prec, "UPCAST": False}
+        const = {"BT": 16, "BK": bk, "BV": bv, "PRECISION": prec, "UPCAST": False, "RESET": scan.RESET}
         for c in const:
             sig[c] = "constexpr"
         src = ASTSource(fn=fn, signature=sig, constexprs={(list(sig).index(k),): v for k, v in const.items()})

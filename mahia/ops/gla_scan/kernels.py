@@ -53,26 +53,27 @@ MAX_K = 128
 
 
 @triton.jit
-def _decays(g, pairs):
+def _decays(g, pairs, RESET: tl.constexpr):
     """The decays of one chunk from its log-decays g (BT, BK), float32, every factor in [0, 1]:
 
         decay_ij = exp(b_i - b_j) where pairs[i, j] (j <= i only), else 0        (BT, BT, BK)
         d_in_i = exp(b_i),  d_out_j = exp(b_last - b_j),  d_chunk = exp(b_last)   (BT, BK), (BT, BK), (BK,)
 
     with b = cumsum(g) from the chunk start, resets (g < RESET) left out of it and every decay across a
-    reset 0; also returns the (BT, BK) reset mask."""
+    reset 0. The resets enter as a separate sum R, -1e30 per reset: R_i - R_j is exactly 0 between two rows
+    with no reset in between and at most -1e30 otherwise, and b keeps the precision of the small gates."""
     reset = g < RESET
-    r = tl.cumsum(reset.to(tl.int32), axis=0)  # resets from the chunk start through row i
-    r_last = tl.sum(reset.to(tl.int32), axis=0)
+    R = tl.cumsum(tl.where(reset, -1e30, 0.0), axis=0)  # (BT, BK)
+    R_last = tl.sum(tl.where(reset, -1e30, 0.0), axis=0)  # (BK,)
     g = tl.where(reset, 0.0, g)
     b = tl.cumsum(g, axis=0)  # (BT, BK) log-decay from the chunk start through row i
     b_last = tl.sum(g, axis=0)  # (BK,) log-decay of the whole chunk
-    keep = pairs[:, :, None] & (r[:, None, :] == r[None, :, :])
-    decay = tl.exp(tl.where(keep, b[:, None, :] - b[None, :, :], float("-inf")))
-    d_in = tl.where(r == 0, tl.exp(b), 0.0)
-    d_out = tl.where(r == r_last[None, :], tl.exp(b_last[None, :] - b), 0.0)
-    d_chunk = tl.where(r_last == 0, tl.exp(b_last), 0.0)
-    return decay, d_in, d_out, d_chunk, reset
+    diff = (b[:, None, :] - b[None, :, :]) + (R[:, None, :] - R[None, :, :])
+    decay = tl.exp(tl.where(pairs[:, :, None], diff, float("-inf")))
+    d_in = tl.exp(b + R)
+    d_out = tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))
+    d_chunk = tl.exp(b_last + R_last)
+    return decay, d_in, d_out, d_chunk
 
 
 @triton.jit
@@ -114,6 +115,7 @@ def _gla_fwd_kernel(
     BV: tl.constexpr,  # value columns per program
     PRECISION: tl.constexpr,  # tl.dot input precision for float32 operands
     UPCAST: tl.constexpr,  # see _dot
+    RESET: tl.constexpr,  # log-decays below it are full resets (reference.RESET)
 ):
     # One flat grid axis (a second axis holds at most 65535 programs, and B*H can pass that); the value
     # blocks of one (batch, head) stay neighbours, so they run together and share its q, k, g in L2.
@@ -144,7 +146,7 @@ def _gla_fwd_kernel(
         g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
         v = tl.load(V + v_off, mask=v_mask, other=0.0)  # (BT, BV), the dot operand dtype
 
-        decay, d_in, d_out, d_chunk, reset = _decays(g, causal)
+        decay, d_in, d_out, d_chunk = _decays(g, causal, RESET)
         # (BT, BT), zero above the diagonal: selected, not multiplied by 0, so a NaN of k_j stays in rows >= j
         A = tl.sum(tl.where(causal[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
 
@@ -165,12 +167,13 @@ def _gla_fwd_kernel(
 
 @triton.jit
 def _gla_bwd_chunk(
-    Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT: tl.constexpr
-):
+    Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict,
+    BT: tl.constexpr, RESET: tl.constexpr,
+):  # fmt: skip
     """Load chunk c (rows c * BT ... c * BT + BT - 1) and the decays both backward passes need (_decays, with
     decay_ij = 0 on and above the diagonal).
 
-    Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk, reset): q, k and the
+    Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk): q, k and the
     decays in float32, v and do in the dot operand dtype; padding rows and columns load 0. dA = do v^T stays in the
     passes: computed here, it moves ahead of pass 1's A and changes the compiled schedule (and spills)."""
     qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT)
@@ -180,8 +183,8 @@ def _gla_bwd_chunk(
     v = tl.load(V + v_off, mask=v_mask, other=0.0)
     do = tl.load(DO + v_off, mask=v_mask, other=0.0)
 
-    decay, d_in, d_out, d_chunk, reset = _decays(g, strict)
-    return qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk, reset
+    decay, d_in, d_out, d_chunk = _decays(g, strict, RESET)
+    return qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk
 
 
 @triton.jit
@@ -205,6 +208,7 @@ def _gla_bwd_kernel(
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    RESET: tl.constexpr,
 ):
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
     pid_v = tl.program_id(0) % n_vblocks
@@ -237,8 +241,8 @@ def _gla_bwd_kernel(
     dstate = tl.zeros((BK, BV), dtype=tl.float32)
     for i in range(0, n_chunks):
         c = n_chunks - 1 - i
-        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk, reset = _gla_bwd_chunk(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT
+        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk = _gla_bwd_chunk(
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
         )
         # recomputed: pairs j < i (selected, not multiplied by 0: see the forward) ...
         A = tl.sum(tl.where(strict[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
@@ -264,8 +268,8 @@ def _gla_bwd_kernel(
     # Pass 2, forward over the chunks: dq needs the state S entering each chunk; then dg.
     state = tl.zeros((BK, BV), dtype=tl.float32)
     for c in range(0, n_chunks):
-        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk, reset = _gla_bwd_chunk(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT
+        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk = _gla_bwd_chunk(
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
         )
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)
         diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)
@@ -279,7 +283,9 @@ def _gla_bwd_kernel(
         # end, summed directly instead of as a long, cancelling sum of dG over the rest of the sequence.
         dg_after = tl.sum(state * tl.load(HS + c * BK * BV + hs_off), axis=1)  # (BK,)
         dG = q * dq - tl.load(DG + qk_off, mask=qk_mask, other=0.0)  # (BT, BK), 0 on padding rows
-        dg = tl.where(reset, 0.0, tl.cumsum(dG, axis=0, reverse=True) + dg_after[None, :])
+        dg = tl.cumsum(dG, axis=0, reverse=True) + dg_after[None, :]
+        # 0 at a reset, whose dg carries a factor exp(g); g is loaded again, not kept live in registers
+        dg = tl.where(tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32) < RESET, 0.0, dg)
         tl.store(DG + qk_off, dg, mask=qk_mask)
 
 
@@ -315,22 +321,9 @@ def gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) 
         return o.zero_()
     grid = (triton.cdiv(v_dim, bv) * B * H,)
     _launch_fwd(
-        grid,
-        q,
-        k,
-        v,
-        g,
-        o,
-        T,
-        k_dim,
-        v_dim,
-        BT=CHUNK,
-        BK=bk,
-        BV=bv,
-        PRECISION=precision,
-        UPCAST=upcast,
-        num_warps=num_warps,
-    )
+        grid, q, k, v, g, o, T, k_dim, v_dim,
+        BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=num_warps,
+    )  # fmt: skip
     return o
 
 
@@ -353,7 +346,7 @@ def gla_bwd(
     grid = (n_vblocks * B * H,)
     _launch_bwd(
         grid, q, k, v, g, do, dq, dk, dv, dg, h_ends, T, k_dim, v_dim, B * H,
-        BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=upcast, num_warps=num_warps,
+        BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=num_warps,
     )  # fmt: skip
     dq, dk, dg = (t.sum(0) if n_vblocks > 1 else t[0] for t in (dq, dk, dg))  # (B, H, T, K) float32
     return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype)
