@@ -54,14 +54,14 @@ MAX_K = 128
 
 @triton.jit
 def _decays(g, pairs, RESET: tl.constexpr):
-    """The decays of one chunk from its log-decays g (BT, BK), float32, every factor in [0, 1]:
+    """The log-decays of one chunk from its gates g (BT, BK), float32: (decay, b, R, b_last, R_last) with
 
-        decay_ij = exp(b_i - b_j) where pairs[i, j] (j <= i only), else 0        (BT, BT, BK)
-        d_in_i = exp(b_i),  d_out_j = exp(b_last - b_j),  d_chunk = exp(b_last)   (BT, BK), (BT, BK), (BK,)
+        b = cumsum(g) from the chunk start, resets (g < RESET) left out: it keeps the small gates' precision
+        R = cumsum(-1e30 per reset): R_i - R_j is exactly 0 with no reset between rows j and i, else <= -1e30
+        decay_ij = exp((b_i - b_j) + (R_i - R_j)) where pairs[i, j] (j <= i only), else 0      (BT, BT, BK)
 
-    with b = cumsum(g) from the chunk start, resets (g < RESET) left out of it and every decay across a
-    reset 0. The resets enter as a separate sum R, -1e30 per reset: R_i - R_j is exactly 0 between two rows
-    with no reset in between and at most -1e30 otherwise, and b keeps the precision of the small gates."""
+    and b_last, R_last (BK,) those of the whole chunk. The callers take exp(b + R) for the decay from the
+    chunk start, exp((b_last - b) + (R_last - R)) for the decay to its end: 0 across a reset."""
     reset = g < RESET
     R = tl.cumsum(tl.where(reset, -1e30, 0.0), axis=0)  # (BT, BK)
     R_last = tl.sum(tl.where(reset, -1e30, 0.0), axis=0)  # (BK,)
@@ -70,10 +70,7 @@ def _decays(g, pairs, RESET: tl.constexpr):
     b_last = tl.sum(g, axis=0)  # (BK,) log-decay of the whole chunk
     diff = (b[:, None, :] - b[None, :, :]) + (R[:, None, :] - R[None, :, :])
     decay = tl.exp(tl.where(pairs[:, :, None], diff, float("-inf")))
-    d_in = tl.exp(b + R)
-    d_out = tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))
-    d_chunk = tl.exp(b_last + R_last)
-    return decay, d_in, d_out, d_chunk
+    return decay, b, R, b_last, R_last
 
 
 @triton.jit
@@ -146,7 +143,7 @@ def _gla_fwd_kernel(
         g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
         v = tl.load(V + v_off, mask=v_mask, other=0.0)  # (BT, BV), the dot operand dtype
 
-        decay, d_in, d_out, d_chunk = _decays(g, causal, RESET)
+        decay, b, R, b_last, R_last = _decays(g, causal, RESET)
         # (BT, BT), zero above the diagonal: selected, not multiplied by 0, so a NaN of k_j stays in rows >= j
         A = tl.sum(tl.where(causal[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
 
@@ -156,13 +153,14 @@ def _gla_fwd_kernel(
         first_bad = tl.min(tl.where(finite, BT, offs_t[:, None]), axis=0)  # (BV,): BT if none
         after_bad = offs_t[:, None] >= first_bad[None, :]
         o = _dot(A.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
-        q_in = (q * d_in).to(v.dtype)
+        q_in = (q * tl.exp(b + R)).to(v.dtype)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
         o = tl.where(after_bad, float("nan"), o)
         tl.store(O + v_off, o.to(O.dtype.element_ty), mask=v_mask)
 
-        k_out = (k * d_out).to(v.dtype)  # decay from row j to the chunk end
-        state = state * d_chunk[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
+        # decay from row j to the chunk end
+        k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
+        state = state * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
 
 
 @triton.jit
@@ -173,7 +171,7 @@ def _gla_bwd_chunk(
     """Load chunk c (rows c * BT ... c * BT + BT - 1) and the decays both backward passes need (_decays, with
     decay_ij = 0 on and above the diagonal).
 
-    Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk): q, k and the
+    Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last): q, k and the
     decays in float32, v and do in the dot operand dtype; padding rows and columns load 0. dA = do v^T stays in the
     passes: computed here, it moves ahead of pass 1's A and changes the compiled schedule (and spills)."""
     qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT)
@@ -183,8 +181,8 @@ def _gla_bwd_chunk(
     v = tl.load(V + v_off, mask=v_mask, other=0.0)
     do = tl.load(DO + v_off, mask=v_mask, other=0.0)
 
-    decay, d_in, d_out, d_chunk = _decays(g, strict, RESET)
-    return qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk
+    decay, b, R, b_last, R_last = _decays(g, strict, RESET)
+    return qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last
 
 
 @triton.jit
@@ -241,7 +239,7 @@ def _gla_bwd_kernel(
     dstate = tl.zeros((BK, BV), dtype=tl.float32)
     for i in range(0, n_chunks):
         c = n_chunks - 1 - i
-        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk = _gla_bwd_chunk(
+        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last = _gla_bwd_chunk(
             Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
         )
         # recomputed: pairs j < i (selected, not multiplied by 0: see the forward) ...
@@ -249,6 +247,7 @@ def _gla_bwd_kernel(
         A += tl.where(eye, tl.sum(q * k, axis=1)[:, None], 0.0)  # ... and j = i
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)  # (BT, BT): do_i . v_j
         diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)  # (BT,): do_i . v_i
+        d_out = tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BK) decay from row j to the chunk end
         tl.store(HS + c * BK * BV + hs_off, dstate)  # H at this chunk's end, for dg in pass 2
         dstate_op = dstate.to(v.dtype)
 
@@ -260,32 +259,32 @@ def _gla_bwd_kernel(
         tl.store(DK + qk_off, dk + diag_dA[:, None] * q, mask=qk_mask)
         tl.store(DV + v_off, dv.to(DV.dtype.element_ty), mask=v_mask)
 
-        q_in = (q * d_in).to(v.dtype)
-        dstate = dstate * d_chunk[:, None] + _dot(tl.trans(q_in), do, PRECISION, UPCAST)
+        q_in = (q * tl.exp(b + R)).to(v.dtype)
+        dstate = dstate * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(q_in), do, PRECISION, UPCAST)
 
     tl.debug_barrier()  # pass 2 reads what other threads of this program wrote to DG and HS
 
     # Pass 2, forward over the chunks: dq needs the state S entering each chunk; then dg.
     state = tl.zeros((BK, BV), dtype=tl.float32)
     for c in range(0, n_chunks):
-        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, d_in, d_out, d_chunk = _gla_bwd_chunk(
+        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last = _gla_bwd_chunk(
             Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
         )
         dA = _dot(do, tl.trans(v), PRECISION, UPCAST)
         diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)
         dq = tl.sum(tl.where(strict[:, :, None], dA[:, :, None] * k[None, :, :] * decay, 0.0), axis=1)  # j < i
-        dq += _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * d_in
+        dq += _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b + R)
         tl.store(DQ + qk_off, dq + diag_dA[:, None] * k, mask=qk_mask)
 
-        k_out = (k * d_out).to(v.dtype)
-        state = state * d_chunk[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
+        k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
+        state = state * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
         # dg_t = sum_{s >= t in the chunk} dG_s + sum_v S_end * H_end: the pairs straddling the chunk
         # end, summed directly instead of as a long, cancelling sum of dG over the rest of the sequence.
         dg_after = tl.sum(state * tl.load(HS + c * BK * BV + hs_off), axis=1)  # (BK,)
         dG = q * dq - tl.load(DG + qk_off, mask=qk_mask, other=0.0)  # (BT, BK), 0 on padding rows
         dg = tl.cumsum(dG, axis=0, reverse=True) + dg_after[None, :]
-        # 0 at a reset, whose dg carries a factor exp(g); g is loaded again, not kept live in registers
         dg = tl.where(tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32) < RESET, 0.0, dg)
+        # 0 at a reset, whose dg carries a factor exp(g); g is loaded again, not kept live in registers
         tl.store(DG + qk_off, dg, mask=qk_mask)
 
 
