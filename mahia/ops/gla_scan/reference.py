@@ -19,17 +19,13 @@ LOGSPACE_CHUNK = 16
 RESET = -60.0
 
 
-def check_gla_inputs(
-    fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor | None = None
-) -> None:
-    """q, k, g (B, H, T, K) and v, do (B, H, T, V); floating point; q, k, v of one dtype; one device."""
+def check_gla_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> None:
+    """q, k, g (B, H, T, K) and v (B, H, T, V); floating point; q, k, v of one dtype; one device."""
     named = {"q": q, "k": k, "v": v, "g": g}
-    if do is not None:
-        named["do"] = do
     for name, t in named.items():
         check_float_tensor(fn, name, t)
         if t.dim() != 4:
-            last = "V" if name in ("v", "do") else "K"
+            last = "V" if name == "v" else "K"
             raise ValueError(f"{fn}: {name} must be 4-D (B, H, T, {last}), got shape {tuple(t.shape)}")
     for name in ("k", "g"):
         if named[name].shape != q.shape:
@@ -39,8 +35,6 @@ def check_gla_inputs(
         raise ValueError(
             f"{fn}: v must be (B, H, T, V) = ({B}, {H}, {T}, V) to match q {tuple(q.shape)}, got {tuple(v.shape)}"
         )
-    if do is not None and do.shape != v.shape:
-        raise ValueError(f"{fn}: do must have the shape of v {tuple(v.shape)}, got {tuple(do.shape)}")
     for name in ("k", "v"):
         if named[name].dtype != q.dtype:
             raise TypeError(f"{fn}: {name} must have the dtype of q ({q.dtype}), got {named[name].dtype}")
@@ -71,8 +65,8 @@ def gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor)
 
 def _outside_autocast(fn):
     """Run a PyTorch path with autocast off on its device: these paths compute in float32 (float64 for
-    float64), and under autocast their matmuls would run in the autocast dtype instead. (The Triton path is
-    a custom op, which autocast does not enter.)"""
+    float64), and under autocast their matmuls would run in the autocast dtype instead. (The Triton path launches
+    kernels, which autocast does not see.)"""
 
     @functools.wraps(fn)
     def wrapper(q: torch.Tensor, *args, **kwargs) -> torch.Tensor:
