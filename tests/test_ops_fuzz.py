@@ -527,13 +527,27 @@ _GLA_EW = {torch.float32: {}, torch.float16: dict(rtol=4e-3, atol=4e-3), torch.b
     dtype=dtypes,
     g_fp32=st.booleans(),
     temperature=st.sampled_from([1.0, 4.0, 16.0]),
+    reset=st.sampled_from([None, float("-inf"), -1e30, -1e4, -100.0]),  # a full reset, in 1 of 8 gates
     layout=st.sampled_from(["contiguous", "heads-first", "strided"]),
     seed=seeds,
 )
-@example(b=0, h=2, t=16, k=16, v=16, dtype=torch.float32, g_fp32=False, temperature=4.0, layout="contiguous", seed=0)
-@example(b=1, h=1, t=0, k=8, v=8, dtype=torch.bfloat16, g_fp32=True, temperature=4.0, layout="contiguous", seed=1)
-@example(b=1, h=1, t=1, k=MAX_K, v=1, dtype=torch.float16, g_fp32=False, temperature=1.0, layout="strided", seed=2)
-def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, layout, seed):
+@example(
+    b=0, h=2, t=16, k=16, v=16, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=None, layout="contiguous",
+    seed=0,
+)  # fmt: skip
+@example(
+    b=1, h=1, t=0, k=8, v=8, dtype=torch.bfloat16, g_fp32=True, temperature=4.0, reset=None, layout="contiguous",
+    seed=1,
+)  # fmt: skip
+@example(
+    b=1, h=1, t=1, k=MAX_K, v=1, dtype=torch.float16, g_fp32=False, temperature=1.0, reset=None, layout="strided",
+    seed=2,
+)  # fmt: skip
+@example(
+    b=1, h=2, t=40, k=16, v=8, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=-1e30, layout="contiguous",
+    seed=3,
+)  # fmt: skip
+def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, reset, layout, seed):
     if not ON_GPU:  # (value blocks x chunks) programs of (16, 16, K) blocks: keep the interpreter's work small
         while b * h * -(-t // 16) * -(-v // 32) * (2 if k > 64 else 1) > 12 and (v > 16 or t > 16):
             if v > 16:
@@ -554,7 +568,12 @@ def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, layout, seed):
     q = make(k, dtype, k**-0.5)
     kk = make(k, dtype)
     vv = make(v, dtype)
-    gg = make(k, gdt, transform=lambda z: F.logsigmoid(2 * z) / temperature)  # log-decays <= 0
+
+    def log_decays(z):  # <= 0; with reset, 1 in 8 of them -inf or very large (issue 37: NaN, 24% error)
+        g = F.logsigmoid(2 * z) / temperature
+        return g if reset is None else torch.where(torch.rand(z.shape, generator=gen) < 1 / 8, reset, g)
+
+    gg = make(k, gdt, transform=log_decays)
     with _quiet():
         o = gated_linear_attention(q, kk, vv, gg, impl="triton")
     assert o.shape == (b, h, t, v) and o.dtype == dtype

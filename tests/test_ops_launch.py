@@ -29,8 +29,8 @@ LAUNCHERS = {
     "moe_combine bwd": moe_combine._launch_bwd,
     "grouped_mm": grouped_mm._launch_mm,
     "grouped_mm wgrad": grouped_mm._launch_wgrad,
-    "gla fwd": gla_scan._launch_fwd,
-    "gla bwd": gla_scan._launch_bwd,
+    "gla fwd": gla_scan.kernels._launch_fwd,
+    "gla bwd": gla_scan.kernels._launch_bwd,
 }
 
 

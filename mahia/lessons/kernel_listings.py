@@ -21,7 +21,7 @@ __all__ = ["LISTINGS", "listing"]
 
 # public name -> (module, attribute path inside the module)
 LISTINGS: dict[str, tuple[str, str]] = {
-    "gla_fwd_kernel": ("mahia.ops.gla_scan", "_gla_fwd_kernel"),  # @triton.jit: show_source shows its Python
+    "gla_fwd_kernel": ("mahia.ops.gla_scan.kernels", "_gla_fwd_kernel"),  # @triton.jit: show_source shows its Python
     "block_mix": ("mahia.model.hybrid", "Block._mix"),
     "moe_forward_loop": ("mahia.model.moe", "MoE._forward_loop"),
     "moe_forward_grouped": ("mahia.model.moe", "MoE._forward_grouped"),

@@ -8,7 +8,7 @@ the public function that picks a path.
     rope(q, k, cos, sin) -> (q_rot, k_rot)               rope.py         reference: apply_rope_eager
     moe_combine(out, inverse, gates, dtype) -> y         moe_combine.py  reference: moe_combine_eager
     grouped_mm(a, b, offs, backend="auto") -> c          grouped_mm.py   three backends, one product
-    gated_linear_attention(q, k, v, g, impl=...) -> o    gla_scan.py     references: gla_loop, gla_logspace
+    gated_linear_attention(q, k, v, g, impl=...) -> o    gla_scan/       references: gla_loop, gla_logspace
 
 Each public function validates its inputs once (its errors name it and the argument; the eager
 references and launchers it calls do not check again, while a user calling a reference directly gets

@@ -4,7 +4,7 @@
 
 Line info is off, so two checkouts whose kernels compile to the same machine code write identical files
 (compare them with cmp). Six configurations of (dtype, BK, BV), the ones the launcher picks. Used to
-check that a refactor of mahia/ops/gla_scan.py changes no instruction before it is timed on a GPU.
+check that a refactor of mahia/ops/gla_scan/kernels.py changes no instruction before it is timed on a GPU.
 Prints one line per kernel: name, shared memory bytes, a hash of the SASS, its line count.
 """
 
@@ -21,7 +21,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, sys.argv[1])
-from mahia.ops import gla_scan as scan
+from mahia.ops.gla_scan import kernels as scan
 
 out = sys.argv[2]
 os.makedirs(out, exist_ok=True)
@@ -58,7 +58,7 @@ for dt, bk, bv in cfgs:
             },
         ),
     ):
-        const = {"BT": 16, "BK": bk, "BV": bv, "PRECISION": prec, "UPCAST": False}
+        const = {"BT": 16, "BK": bk, "BV": bv, "PRECISION": prec, "UPCAST": False, "RESET": scan.RESET}
         for c in const:
             sig[c] = "constexpr"
         src = ASTSource(fn=fn, signature=sig, constexprs={(list(sig).index(k),): v for k, v in const.items()})
