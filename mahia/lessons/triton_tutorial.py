@@ -416,19 +416,18 @@ def check_kernels(
     """Outputs and input gradients of the Triton kernels against a float64 run of the eager reference.
 
     Checks the v1 RMSNorm (both dw strategies), the production RMSNorm and add+RMSNorm, SwiGLU and
-    RoPE (shapes: RMSNorm/SwiGLU (..., N), RoPE (B, T, Hq, Hkv, D)). Calls the kernels directly,
-    never the public functions with their eager fallback, so a passing check means the kernel ran.
+    RoPE (shapes: RMSNorm/SwiGLU (..., N), RoPE (B, T, Hq, Hkv, D)). The production kernels through
+    their public functions: where Triton runs (checked first) and at a kernel dtype they take the kernels.
     Raises :class:`mahia.measure.checks.CorrectnessError` on the first error over ``tolerance(dtype)``;
     returns one dict per kernel: name, shape, dtype, max_error, tol and the per-tensor errors.
     Run on a CPU only with ``TRITON_INTERPRET=1`` (in a subprocess: see notebook 03).
     """
     from mahia.layers.rope import RotaryCache
     from mahia.measure.checks import compare_fn, tolerance
-
-    # the kernels themselves (mahia.ops.swiglu etc. are the public functions with a fallback)
-    from mahia.ops.rmsnorm import add_rms_norm_eager, add_rms_norm_triton, rms_norm_eager, rms_norm_triton
-    from mahia.ops.rope import apply_rope_eager, rope_triton
-    from mahia.ops.swiglu import swiglu_eager, swiglu_triton
+    from mahia.ops import add_rms_norm, rms_norm, rope, swiglu
+    from mahia.ops.rmsnorm import add_rms_norm_eager, rms_norm_eager
+    from mahia.ops.rope import apply_rope_eager
+    from mahia.ops.swiglu import swiglu_eager
 
     if len(rope_shape) != 5:
         raise ValueError(f"check_kernels: rope_shape must be (B, T, Hq, Hkv, D), got {tuple(rope_shape)}")
@@ -455,10 +454,10 @@ def check_kernels(
             [x, w],
             rms_shape,
         ),
-        ("rms_norm (production)", rms_norm_triton, rms_norm_eager, [x, w], rms_shape),
-        ("add_rms_norm (production)", add_rms_norm_triton, add_rms_norm_eager, [x, r, w], rms_shape),
-        ("swiglu", swiglu_triton, swiglu_eager, [a, b], swiglu_shape),
-        ("rope", rope_triton, apply_rope_eager, [q, k, cos, sin], rope_shape),
+        ("rms_norm (production)", rms_norm, rms_norm_eager, [x, w], rms_shape),
+        ("add_rms_norm (production)", add_rms_norm, add_rms_norm_eager, [x, r, w], rms_shape),
+        ("swiglu", swiglu, swiglu_eager, [a, b], swiglu_shape),
+        ("rope", rope, apply_rope_eager, [q, k, cos, sin], rope_shape),
     ]
     rows = []
     for name, fast, ref, inputs, shape in cases:

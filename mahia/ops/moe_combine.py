@@ -12,7 +12,8 @@ row. With the gates g (N, k):
 What is checked of its values, on every path (the one check, ``check_moe_combine_inputs``):
 
 * on the CPU, that every entry lies in 0 .. N*k-1 (an ``aminmax``: no device sync); an entry out of
-  range raises a ValueError naming ``moe_combine``, ``inverse`` and the entry;
+  range raises a ValueError naming ``moe_combine``, ``inverse`` and the entry (not while torch.compile
+  traces: a branch on values is not traceable);
 * with ``check=True`` on :func:`moe_combine`, on any device, that it is a permutation (it reads the
   values on the host: a sync per call on CUDA, so it is off by default).
 
@@ -87,7 +88,7 @@ def check_moe_combine_inputs(
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"{fn}: dtype must be None or a floating torch.dtype, got {dtype!r}")
     check_same_device(fn, out=out, inverse=inverse, gates=gates)
-    if inverse.device.type == "cpu" and N * k:
+    if inverse.device.type == "cpu" and N * k and not torch.compiler.is_compiling():  # (a data-dependent branch)
         lo, hi = inverse.aminmax()
         if lo < 0 or hi >= N * k:
             i = int(((inverse < 0) | (inverse >= N * k)).nonzero()[0, 0])

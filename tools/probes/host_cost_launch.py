@@ -44,7 +44,7 @@ def main():
         "mahia rms_norm fwd (Function)": lambda: R.rms_norm(x, w, 1e-6),
         "mahia rms_norm fwd (no grad)": lambda: R.rms_norm(x, wd, 1e-6),
         "_RMSNormFunction.apply": lambda: R._RMSNormFunction.apply(x, w, 1e-6),
-        "rms_norm_fwd_launch": lambda: R.rms_norm_fwd_launch(x, wd, None, 1e-6, check=False),
+        "rms_norm_fwd_launch": lambda: R.rms_norm_fwd_launch(x, wd, None, 1e-6),
         "Launcher call": lambda: launcher((1,), *args, num_warps=8, **meta),
         "raw compiled run": lambda: run(1, 1, 1, stream, function, packed, None, None, None, *args, *tail),
         "_hooks_installed": L._hooks_installed,

@@ -52,7 +52,7 @@ class Timed(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
         t0 = time.perf_counter()
-        y, _ = R.rms_norm_fwd_launch(x, weight, None, eps, check=False)
+        y, _ = R.rms_norm_fwd_launch(x, weight, None, eps)
         ctx.save_for_backward(x, weight)
         ctx.eps = eps
         inside["fwd"].append(time.perf_counter() - t0)
@@ -63,7 +63,7 @@ class Timed(torch.autograd.Function):
         t0 = time.perf_counter()
         threads.add(threading.current_thread().name)
         x, weight = ctx.saved_tensors
-        dx, dw = R.rms_norm_bwd_launch(dy, x, weight, ctx.eps, None, check=False)
+        dx, dw = R.rms_norm_bwd_launch(dy, x, weight, ctx.eps, None)
         inside["bwd"].append(time.perf_counter() - t0)
         return dx, dw, None
 
@@ -120,8 +120,8 @@ def shape_rows(m: int, n: int) -> None:
         "mahia rms_norm fwd (grad on)": lambda: R.rms_norm(x, w, EPS),
         "_RMSNormFunction.apply fwd": lambda: R._RMSNormFunction.apply(x, w, EPS),
         "NoLaunch.apply fwd": lambda: NoLaunch.apply(x, w, EPS),
-        "fwd launcher, main thread": lambda: R.rms_norm_fwd_launch(xd, wd, None, EPS, check=False),
-        "bwd launcher, main thread": lambda: R.rms_norm_bwd_launch(g, xd, wd, EPS, None, check=False),
+        "fwd launcher, main thread": lambda: R.rms_norm_fwd_launch(xd, wd, None, EPS),
+        "bwd launcher, main thread": lambda: R.rms_norm_bwd_launch(g, xd, wd, EPS, None),
         "backward only (retain_graph)": lambda: torch.autograd.grad(y_fn, (x, w), g, retain_graph=True),
         "empty_like(x)": lambda: torch.empty_like(xd),
         "torch.empty((264, n), fp32)": lambda: torch.empty((264, n), dtype=torch.float32, device=DEV),
@@ -143,9 +143,9 @@ def shape_rows(m: int, n: int) -> None:
     if (m, n) == (4, 64) or SMOKE:
         calls = 20 if SMOKE else 3000
         print("\ncProfile, forward launcher:", flush=True)
-        print(cprofile(lambda: R.rms_norm_fwd_launch(xd, wd, None, EPS, check=False), calls))
+        print(cprofile(lambda: R.rms_norm_fwd_launch(xd, wd, None, EPS), calls))
         print("\ncProfile, backward launcher:", flush=True)
-        print(cprofile(lambda: R.rms_norm_bwd_launch(g, xd, wd, EPS, None, check=False), calls))
+        print(cprofile(lambda: R.rms_norm_bwd_launch(g, xd, wd, EPS, None), calls))
 
 
 def main() -> None:
