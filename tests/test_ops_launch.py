@@ -268,3 +268,8 @@ def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch
         sum(o.sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
     assert len(depths) == (1 if path == "no_grad" else 2), depths  # the forward's launch, the backward's
     assert max(depths) <= 3, depths
+
+
+@pytest.mark.parametrize("module", [rmsnorm, rope, swiglu, moe_combine], ids=lambda m: m.__name__)
+def test_at_most_six_exported_names_per_op(module):
+    assert len(module.__all__) <= 6 and all(hasattr(module, name) for name in module.__all__), module.__all__

@@ -166,7 +166,7 @@ def _rms_norm_fwd_kernel(
         tl.store(H + rows[:, None] * stride_h + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)  # normalize the h we return, exactly as eager does
 
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # (BLOCK_M,)
+    rstd = tl.rsqrt(tl.where(row_ok, tl.sum(x * x, axis=1) / n_cols + eps, 1.0))  # (BLOCK_M,); 1: padding rows
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -222,9 +222,9 @@ def _rms_norm_bwd_kernel(
         # rstd again, from the x this pass loads anyway (one allocation and one store fewer per call
         # than saving it), in the same reduction as sum(x * g): two sums, one exchange between warps
         sum_xx, sum_xg = tl.reduce((x * x, x * g), axis=1, combine_fn=_add_pairs)  # (BLOCK_M,) each
-        rstd = tl.rsqrt(sum_xx / n_cols + eps)
-        # padding rows load x = 0: rstd = inf at eps = 0, and 0 * inf = NaN would reach dw
-        rstd = tl.where(row_ok, rstd, 0.0)
+        # padding rows (x = 0) get a mean square of 1: at eps = 0 theirs is 0, rstd inf, and 0 * inf = NaN
+        # would reach dw through their x_hat
+        rstd = tl.rsqrt(tl.where(row_ok, sum_xx / n_cols + eps, 1.0))
         x_hat = x * rstd[:, None]
         mean_xg = sum_xg * rstd / n_cols  # mean(x_hat * g)
         dx = (g - x_hat * mean_xg[:, None]) * rstd[:, None]
