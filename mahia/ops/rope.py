@@ -264,7 +264,7 @@ def _op(
 
 @_op.register_fake
 def _(q, k, cos, sin, backward):
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 def _setup(ctx, inputs, output):

@@ -261,7 +261,7 @@ def _fwd_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @_fwd_op.register_fake
 def _(a, b):
-    return torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    return a.new_empty(a.shape)
 
 
 @torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
@@ -271,7 +271,7 @@ def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.T
 
 @_bwd_op.register_fake
 def _(dc, a, b):
-    return torch.empty(a.shape, dtype=a.dtype, device=a.device), torch.empty(a.shape, dtype=a.dtype, device=a.device)
+    return a.new_empty(a.shape), a.new_empty(a.shape)
 
 
 def _setup(ctx, inputs, output):
