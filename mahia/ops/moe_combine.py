@@ -9,13 +9,14 @@ row. With the gates g (N, k):
     d_g[n, j]             = sum_d dy[n, d] * out[inverse[n*k + j], d]          (float32 sum, in g.dtype)
 
 ``inverse`` is a permutation, so every row of d_out is written exactly once (no atomics, no zero fill).
-What is checked of its values, on every path (the one check, ``check_moe_combine_inputs``):
+What is checked of its values, by :func:`moe_combine`'s ``check``, the same on every path:
 
-* on the CPU, that every entry lies in 0 .. N*k-1 (an ``aminmax``: no device sync); an entry out of
-  range raises a ValueError naming ``moe_combine``, ``inverse`` and the entry (not while torch.compile
-  traces: a branch on values is not traceable);
-* with ``check=True`` on :func:`moe_combine`, on any device, that it is a permutation (it reads the
-  values on the host: a sync per call on CUDA, so it is off by default).
+* ``None`` (default): on the CPU, that every entry lies in 0 .. N*k-1 (an ``aminmax``: no device sync;
+  not while torch.compile traces, a branch on values being untraceable); an entry out of range raises
+  a ValueError naming ``moe_combine``, ``inverse`` and the entry. On CUDA nothing: reading the values
+  would be a sync per call;
+* ``True``: on any device, that it is a permutation (a sync on CUDA);
+* ``False``: nothing (the caller built it as a permutation, as :class:`mahia.model.moe.MoE` does).
 
 Unchecked on CUDA, the kernels still never read or write out of bounds: every index load is masked to
 0 <= inverse < N*k (two compares per (token, slot) pair), so an entry out of range contributes 0 to y
@@ -66,7 +67,9 @@ def check_moe_combine_inputs(
     fn: str, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None = None
 ) -> None:
     """out (N*k, D) and gates (N, k) floating point, inverse (N*k,) int64, one device; dtype None or floating.
-    On the CPU (where reading it costs no device sync) every entry of ``inverse`` must lie in 0..N*k-1."""
+
+    The values of ``inverse`` are checked by :func:`moe_combine`'s ``check`` (they need a read on the host).
+    """
     check_float_tensor(fn, "out", out)
     check_float_tensor(fn, "gates", gates)
     if gates.dim() != 2:
@@ -88,14 +91,19 @@ def check_moe_combine_inputs(
     if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise TypeError(f"{fn}: dtype must be None or a floating torch.dtype, got {dtype!r}")
     check_same_device(fn, out=out, inverse=inverse, gates=gates)
-    if inverse.device.type == "cpu" and N * k and not torch.compiler.is_compiling():  # (a data-dependent branch)
-        lo, hi = inverse.aminmax()
-        if lo < 0 or hi >= N * k:
-            i = int(((inverse < 0) | (inverse >= N * k)).nonzero()[0, 0])
-            raise ValueError(
-                f"{fn}: inverse must be a permutation of 0..{N * k - 1} (the row of out of each assignment); "
-                f"inverse[{i}] = {int(inverse[i])} is out of range"
-            )
+
+
+def _check_in_range(fn: str, inverse: torch.Tensor) -> None:
+    """Raise ValueError naming ``fn`` unless every entry of ``inverse`` (n,) lies in 0 .. n-1 (inverse on
+    the CPU: an aminmax, no device sync)."""
+    n = inverse.numel()
+    lo, hi = inverse.aminmax()
+    if lo < 0 or hi >= n:
+        i = int(((inverse < 0) | (inverse >= n)).nonzero()[0, 0])
+        raise ValueError(
+            f"{fn}: inverse must be a permutation of 0..{n - 1} (the row of out of each assignment); "
+            f"inverse[{i}] = {int(inverse[i])} is out of range"
+        )
 
 
 def _check_permutation(fn: str, inverse: torch.Tensor) -> None:
@@ -107,13 +115,7 @@ def _check_permutation(fn: str, inverse: torch.Tensor) -> None:
     n = inverse.numel()
     if n == 0 or inverse.device.type == "meta":
         return
-    bad = (inverse < 0) | (inverse >= n)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"{fn}: inverse must be a permutation of 0..{n - 1} (the row of out of each "
-            f"assignment); inverse[{i}] = {int(inverse[i])} is out of range"
-        )
+    _check_in_range(fn, inverse)
     counts = torch.bincount(inverse, minlength=n)
     if bool((counts != 1).any()):
         rep = int((counts > 1).nonzero()[0, 0])
@@ -427,7 +429,7 @@ def moe_combine(
     gates: torch.Tensor,
     dtype: torch.dtype | None = None,
     *,
-    check: bool = False,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]]: the MoE layer's un-permute + gated sum, one pass.
 
@@ -435,15 +437,17 @@ def moe_combine(
     (None: out.dtype). The kernel computes in float32 and rounds once; the eager reference gates in
     out.dtype and sums in ``dtype``. float64 out, gates or dtype take the eager reference silently.
 
-    Checked on every path: on the CPU, that each entry of ``inverse`` is a row of out (a ValueError
-    naming the entry otherwise; no device sync). ``check=True`` also verifies, on any device, that
-    ``inverse`` is a permutation of 0..N*k-1; it reads inverse on the host (a sync on CUDA), so it is off
-    by default. Unchecked on CUDA, an invalid ``inverse`` never makes the kernels read or write out of
-    bounds, but the result is undefined (module docstring).
+    ``check`` (module docstring), the same on every path: None (default) checks on the CPU that each
+    entry of ``inverse`` is a row of out (no device sync; a ValueError naming the entry otherwise), True
+    that ``inverse`` is a permutation of 0..N*k-1 on any device (a sync on CUDA), False nothing.
+    Unchecked, an invalid ``inverse`` never makes the kernels read or write out of bounds, but the result
+    is undefined (module docstring).
     """
     check_moe_combine_inputs("moe_combine", out, inverse, gates, dtype)
     if check:
         _check_permutation("moe_combine", inverse)
+    elif check is None and inverse.device.type == "cpu" and inverse.numel() and not torch.compiler.is_compiling():
+        _check_in_range("moe_combine", inverse)
     if (dtype is None or dtype in KERNEL_DTYPES) and use_triton("moe_combine", out, gates):
         dtype = out.dtype if dtype is None else dtype
         if torch.compiler.is_compiling():
