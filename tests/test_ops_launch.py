@@ -2,6 +2,8 @@
 that it runs what Triton's own launch runs."""
 
 import importlib
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -187,3 +189,77 @@ def test_rms_norm_with_an_alignment_override(n):
         torch.testing.assert_close(dw1, dw)
     with pytest.raises(ValueError, match="align=3"):
         rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6, align=3)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One path per op: at most 3 frames of mahia.ops from the public function (or autograd's call of a
+# backward) to the launch, on the eager path with and without autograd and on the custom-op path that
+# torch.compile takes
+# ---------------------------------------------------------------------------------------------------
+
+_OPS_DIR = str(Path(rmsnorm.__file__).parent)
+
+
+def _inputs(op: str) -> tuple:
+    dev = "cuda" if CUDA else "cpu"
+    g = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
+    if op == "rms_norm":
+        return g(5, 40), g(40), 1e-6
+    if op == "add_rms_norm":
+        return g(5, 40), g(5, 40), g(40), 1e-6
+    if op == "swiglu":
+        return g(5, 40), g(5, 40)
+    if op == "rope":
+        return g(2, 3, 4, 8), g(2, 3, 2, 8), g(3, 4), g(3, 4)
+    return g(6, 16), torch.randperm(6, device=dev), g(3, 2)  # moe_combine
+
+
+@pytest.mark.parametrize("path", ["autograd", "no_grad", "custom_op"])
+@pytest.mark.parametrize(
+    "op,module,launchers",
+    [
+        ("rms_norm", rmsnorm, ["_launch_fwd", "_launch_bwd"]),
+        ("add_rms_norm", rmsnorm, ["_launch_fwd", "_launch_bwd"]),
+        ("swiglu", swiglu, ["_launch_fwd", "_launch_bwd"]),
+        ("rope", rope, ["_launch_rope"]),
+        ("moe_combine", moe_combine, ["_launch_fwd", "_launch_bwd"]),
+    ],
+)
+def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch, op, module, launchers, path):
+    """Counts the frames of mahia/ops files on the stack at each launch (torch's own frames, e.g.
+    Function.apply or a custom op's dispatch, are not counted). "custom_op" makes
+    torch.compiler.is_compiling() true, so the public function calls the custom op as a compiled graph
+    would, and its autograd rule calls the backward op."""
+    depths = []
+
+    def spy(real):
+        def launch(*args, **kwargs):
+            frame = sys._getframe(1)
+            n = 0
+            while frame is not None:
+                n += frame.f_code.co_filename.startswith(_OPS_DIR)
+                frame = frame.f_back
+            depths.append(n)
+            return real(*args, **kwargs)
+
+        return launch
+
+    for name in launchers:
+        monkeypatch.setattr(module, name, spy(getattr(module, name)))
+    if path == "custom_op":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    args = list(_inputs(op))
+    floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    if path != "no_grad":
+        floats[0].requires_grad_()
+    with torch.set_grad_enabled(path != "no_grad"):
+        out = getattr(ops, op)(*args)
+    if path != "no_grad":
+        sum(o.sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
+    assert len(depths) == (1 if path == "no_grad" else 2), depths  # the forward's launch, the backward's
+    assert max(depths) <= 3, depths
+
+
+@pytest.mark.parametrize("module", [rmsnorm, rope, swiglu, moe_combine], ids=lambda m: m.__name__)
+def test_at_most_six_exported_names_per_op(module):
+    assert len(module.__all__) <= 6 and all(hasattr(module, name) for name in module.__all__), module.__all__

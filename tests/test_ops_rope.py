@@ -55,8 +55,8 @@ def test_opcheck():
     q, k, cos, sin = _inputs(2, 3, 4, 2, 16, torch.float32)
     q.requires_grad_()
     k.requires_grad_()
-    torch.library.opcheck(torch.ops.mahia.rope_fwd.default, (q, k, cos, sin))
-    torch.library.opcheck(torch.ops.mahia.rope_bwd.default, (q.detach(), k.detach(), cos, sin))
+    torch.library.opcheck(torch.ops.mahia.rope.default, (q, k, cos, sin, False))
+    torch.library.opcheck(torch.ops.mahia.rope.default, (q.detach(), k.detach(), cos, sin, True))
 
 
 def test_torch_compile_fullgraph():
@@ -72,14 +72,14 @@ def test_torch_compile_fullgraph():
 
     compiled = torch.compile(attn_prologue, fullgraph=True, backend="aot_eager")
     compare(compiled, eager, list(_inputs(2, 5, 4, 2, 24, torch.float32)), grad_inputs=[0, 1], name="compiled rope")
-    assert "mahia.rope_fwd.default" in graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
+    assert "mahia.rope.default" in graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
 
 
 def test_backward_is_inverse_rotation():
-    """rope_bwd(rope_fwd(x)) == x: the backward rotates by the negated angle."""
+    """The backward rotates by the negated angle: rope(rope(x), backward=True) == x."""
     q, k, cos, sin = _inputs(2, 9, 3, 1, 64, torch.float32, offset=100)
-    qr, kr = torch.ops.mahia.rope_fwd(q, k, cos, sin)
-    qb, kb = torch.ops.mahia.rope_bwd(qr, kr, cos, sin)
+    qr, kr = torch.ops.mahia.rope(q, k, cos, sin, False)
+    qb, kb = torch.ops.mahia.rope(qr, kr, cos, sin, True)
     torch.testing.assert_close(qb, q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(kb, k, rtol=1e-5, atol=1e-5)
 
@@ -100,8 +100,6 @@ def test_bad_inputs_raise_clear_errors():
         ops.rope(q[..., :15], k[..., :15], cos, sin)
     with pytest.raises(ValueError, match="same device"):
         ops.rope(q, k, cos.to("meta"), sin)
-    with pytest.raises(ValueError, match="must not require grad"):
-        ops.rope(q, k, cos.clone().requires_grad_(), sin)
     with pytest.raises(ValueError, match="impl must be one of"):
         apply_rope(q, k, cos, sin, impl="cuda")
 
@@ -124,6 +122,26 @@ def test_errors_name_the_public_function(monkeypatch, disabled):
     ops.reset_fallback_warnings()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
+def test_tables_that_require_grad_are_refused_on_every_path(monkeypatch, disabled, dtype):
+    """Regression (issue 37 #10): cos/sin that require grad raised on the Triton path, while the eager
+    path (float64 always takes it) silently differentiated into them; the docstring says no gradient
+    flows to them. The one check refuses them on every path; under no_grad they are plain constants."""
+    if disabled:
+        monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    q, k, cos, sin = (t.to(dtype) for t in _inputs(2, 5, 4, 2, 16, torch.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning
+        for tables in ((cos.clone().requires_grad_(), sin), (cos, sin.clone().requires_grad_())):
+            with pytest.raises(ValueError, match=r"^rope: cos and sin must not require grad"):
+                ops.rope(q.clone().requires_grad_(), k, *tables)
+            with torch.no_grad():
+                qr, kr = ops.rope(q, k, *tables)
+            assert_close("rope under no_grad", qr, apply_rope_eager(q.double(), k.double(), cos, sin)[0], dtype)
+    ops.reset_fallback_warnings()
+
+
 def test_float64_tables_meta_and_empty(monkeypatch):
     """Regression: float64 cos/sin next to float32 q, k were refused by the Triton path and accepted by
     the fallback; now they run the eager path silently. Meta tensors get shapes from the eager path
@@ -143,8 +161,6 @@ def test_float64_tables_meta_and_empty(monkeypatch):
     qe, ke = apply_rope_eager(q, k, cos.double(), sin.double())
     torch.testing.assert_close(qr, qe, rtol=0, atol=0)
     torch.testing.assert_close(kr, ke, rtol=0, atol=0)
-    with pytest.raises(TypeError, match="for the Triton kernel"):  # the kernel itself has no fallback
-        mod.rope_triton(q, k, cos.double(), sin.double())
     m = torch.empty(2, 5, 4, 16, device="meta", requires_grad=True)
     cm, sm = torch.empty(5, 8, device="meta"), torch.empty(5, 8, device="meta")
     qm, km = ops.rope(m, m[:, :, :2], cm, sm)

@@ -67,12 +67,30 @@ def triton_import_error() -> str | None:
     return _TRITON_IMPORT_ERROR
 
 
-def _disabled_by_env() -> bool:
-    return os.environ.get(DISABLE_ENV, "") == "1"
+# Read on every call of every op: os.environ.get encodes the key and decodes the value each time
+# (about a microsecond of host time); its encoded dict (kept current by os.environ's setters, hence by
+# monkeypatch.setenv) answers in tens of nanoseconds.
+_environ = getattr(os.environ, "_data", None)
+if _environ is not None and hasattr(os.environ, "encodekey"):
+    _DISABLE_KEY, _INTERPRET_KEY, _ONE = (
+        os.environ.encodekey(DISABLE_ENV),
+        os.environ.encodekey("TRITON_INTERPRET"),
+        os.environ.encodevalue("1"),
+    )
 
+    def _disabled_by_env() -> bool:
+        return _environ.get(_DISABLE_KEY) == _ONE
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
+    def _interpreting() -> bool:
+        return _environ.get(_INTERPRET_KEY) == _ONE
+
+else:  # another Python's os.environ
+
+    def _disabled_by_env() -> bool:
+        return os.environ.get(DISABLE_ENV, "") == "1"
+
+    def _interpreting() -> bool:
+        return os.environ.get("TRITON_INTERPRET", "") == "1"
 
 
 def why_not(t: torch.Tensor | None = None) -> str | None:
@@ -107,6 +125,7 @@ def status() -> dict[str, str]:
 
 # Floating dtypes the kernels take; any other floating input (float64, float8) runs the eager path.
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_KERNEL_DTYPES = frozenset(KERNEL_DTYPES)  # one hash per lookup
 
 
 def use_triton(kernel: str, *tensors: torch.Tensor, unsupported: str | None = None) -> bool:
@@ -121,7 +140,7 @@ def use_triton(kernel: str, *tensors: torch.Tensor, unsupported: str | None = No
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.is_meta:
             return False
-        if t.is_floating_point() and t.dtype not in KERNEL_DTYPES:
+        if t.is_floating_point() and t.dtype not in _KERNEL_DTYPES:
             return False
     first = tensors[0]
     # the common case in few attribute reads: this runs on every call of every op

@@ -9,16 +9,22 @@ row. With the gates g (N, k):
     d_g[n, j]             = sum_d dy[n, d] * out[inverse[n*k + j], d]          (float32 sum, in g.dtype)
 
 ``inverse`` is a permutation, so every row of d_out is written exactly once (no atomics, no zero fill).
-That it is one is not checked by default (that needs its values on the host, a sync); ``check=True``
-on :func:`moe_combine` checks it and raises a ValueError naming the offending entry. Without the check,
-whatever the indices, the kernels never read or write out of bounds: every index load is masked to
-0 <= inverse < N*k (two compares per (token, slot) pair, nothing per element). An entry out of that
-range contributes 0 to y and gets no gradient (its d_gates entry is 0). For an ``inverse`` that is not
-a permutation, y is still the formula above (repeated rows are simply read twice), but d_out is
-undefined where the permutation is broken: a row indexed twice gets one of its two terms, a row never
-indexed keeps uninitialised memory (always within d_out). The eager path (``moe_combine_eager``)
-raises IndexError on a CPU for an index out of range (a device-side assert on CUDA) and is exact for
-repeated rows (its gather's backward is a scatter-add).
+What is checked of its values, by :func:`moe_combine`'s ``check``, the same on every path:
+
+* ``None`` (default): on the CPU, that every entry lies in 0 .. N*k-1 (an ``aminmax``: no device sync;
+  not while torch.compile traces, a branch on values being untraceable); an entry out of range raises
+  a ValueError naming ``moe_combine``, ``inverse`` and the entry. On CUDA nothing: reading the values
+  would be a sync per call;
+* ``True``: on any device, that it is a permutation (a sync on CUDA);
+* ``False``: nothing (the caller built it as a permutation, as :class:`mahia.model.moe.MoE` does).
+
+Unchecked on CUDA, the kernels still never read or write out of bounds: every index load is masked to
+0 <= inverse < N*k (two compares per (token, slot) pair), so an entry out of range contributes 0 to y
+and gets no gradient there, while the eager path's gather raises a device-side assert. For an
+``inverse`` in range that is not a permutation, y is still the formula above (repeated rows are read
+twice), but the kernel's d_out is undefined where the permutation is broken: a row indexed twice gets
+one of its two terms, a row never indexed keeps uninitialised memory (the eager path, a gather whose
+backward is a scatter-add, is exact there).
 
 The eager version (``moe_combine_eager``) takes three kernels and two (N, k, D)
 intermediates: a gather, the gate multiply (in out.dtype) and the k-sum. Here one pass reads each row
@@ -32,11 +38,14 @@ Layout: each program takes BLOCK_T tokens and walks D in BLOCK_D chunks; a chunk
 The k row indices and gates of its tokens are loaded once per program. Row offsets are int64. out, dy
 need a unit stride along D (else they are copied); gates may have any strides.
 
-Behaviour at the edges (the public ``moe_combine``): float64 out or gates, or ``dtype=torch.float64``,
-run the eager reference silently (reference precision; with float64 gates next to 16-bit out the eager
-path gates in out's dtype, as documented there); empty inputs (N, k or D of 0) return an empty or zero
-y; ``meta`` tensors get their shapes from the eager reference, never the interpreter. Inputs are
-validated once, by ``moe_combine``, whose name the errors carry.
+One path: ``moe_combine`` checks its inputs once (errors name it and the argument), then launches the
+kernels through ``_MoECombine`` (an autograd.Function, when a gradient is needed), directly (no
+gradient), or, under torch.compile, through the custom ops ``mahia::moe_combine_fwd`` / ``_bwd``.
+
+Behaviour at the edges: float64 out or gates, or ``dtype=torch.float64``, run the eager reference
+silently (reference precision; with float64 gates next to 16-bit out the eager path gates in out's
+dtype, as documented there); empty inputs (N, k or D of 0) return an empty or zero y; ``meta`` tensors
+get their shapes from the eager reference, never the interpreter.
 """
 
 from __future__ import annotations
@@ -48,17 +57,7 @@ from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import KERNEL_DTYPES, use_triton
 
-__all__ = [
-    "moe_combine",
-    "moe_combine_eager",
-    "moe_combine_triton",
-    "check_moe_combine_inputs",
-    "check_inverse_is_permutation",
-    "moe_combine_fwd",
-    "moe_combine_bwd",
-]
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+__all__ = ["moe_combine", "moe_combine_eager"]
 
 
 # Input checks and the eager reference
@@ -69,7 +68,7 @@ def check_moe_combine_inputs(
 ) -> None:
     """out (N*k, D) and gates (N, k) floating point, inverse (N*k,) int64, one device; dtype None or floating.
 
-    That ``inverse`` is a permutation of 0..N*k-1 is not checked (it would need the values on the host).
+    The values of ``inverse`` are checked by :func:`moe_combine`'s ``check`` (they need a read on the host).
     """
     check_float_tensor(fn, "out", out)
     check_float_tensor(fn, "gates", gates)
@@ -94,7 +93,20 @@ def check_moe_combine_inputs(
     check_same_device(fn, out=out, inverse=inverse, gates=gates)
 
 
-def check_inverse_is_permutation(fn: str, inverse: torch.Tensor) -> None:
+def _check_in_range(fn: str, inverse: torch.Tensor) -> None:
+    """Raise ValueError naming ``fn`` unless every entry of ``inverse`` (n,) lies in 0 .. n-1 (inverse on
+    the CPU: an aminmax, no device sync)."""
+    n = inverse.numel()
+    lo, hi = inverse.aminmax()
+    if lo < 0 or hi >= n:
+        i = int(((inverse < 0) | (inverse >= n)).nonzero()[0, 0])
+        raise ValueError(
+            f"{fn}: inverse must be a permutation of 0..{n - 1} (the row of out of each assignment); "
+            f"inverse[{i}] = {int(inverse[i])} is out of range"
+        )
+
+
+def _check_permutation(fn: str, inverse: torch.Tensor) -> None:
     """Raise ValueError naming ``fn`` unless ``inverse`` (n,) holds every one of 0 .. n-1 exactly once.
 
     Reads the values on the host: a device sync (not for CUDA graphs or torch.compile'd regions).
@@ -103,13 +115,7 @@ def check_inverse_is_permutation(fn: str, inverse: torch.Tensor) -> None:
     n = inverse.numel()
     if n == 0 or inverse.device.type == "meta":
         return
-    bad = (inverse < 0) | (inverse >= n)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"{fn}: inverse must be a permutation of 0..{n - 1} (the row of out of each "
-            f"assignment); inverse[{i}] = {int(inverse[i])} is out of range"
-        )
+    _check_in_range(fn, inverse)
     counts = torch.bincount(inverse, minlength=n)
     if bool((counts != 1).any()):
         rep = int((counts > 1).nonzero()[0, 0])
@@ -262,22 +268,9 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _check_dtypes(fn: str, **tensors: torch.Tensor) -> None:
-    for name, t in tensors.items():
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
-
-
 def _cfg(n_tokens, k, n_cols, tile, block_t, block_d, num_warps):
     kp, cfg_t, cfg_d, cfg_w = _config(n_tokens, k, n_cols, tile)
     return kp, block_t or cfg_t, block_d or cfg_d, num_warps or cfg_w
-
-
-def _check_kernel_inputs(fn: str, out, inverse, gates, dtype) -> None:
-    check_moe_combine_inputs(fn, out, inverse, gates, dtype)
-    _check_dtypes(fn, out=out, gates=gates)
-    if dtype is not None and dtype not in DTYPES:
-        raise TypeError(f"{fn}: dtype must be float32, float16 or bfloat16 for the Triton kernel, got {dtype}")
 
 
 def moe_combine_fwd_launch(
@@ -289,15 +282,10 @@ def moe_combine_fwd_launch(
     block_t: int | None = None,
     block_d: int | None = None,
     num_warps: int | None = None,
-    check: bool = True,
 ) -> torch.Tensor:
-    """y (N, D) in ``dtype`` (None: out.dtype) with y[n] = sum_j gates[n, j] * out[inverse[n*k + j]].
-
-    ``check=False`` skips the input checks (the caller validated them). Indices are never checked here
-    (module docstring): out-of-range ones are masked.
-    """
-    if check:
-        _check_kernel_inputs("moe_combine", out, inverse, gates, dtype)
+    """y (N, D) in ``dtype`` (None: out.dtype) with y[n] = sum_j gates[n, j] * out[inverse[n*k + j]], on
+    checked inputs (out-of-range indices are masked). ``block_t``, ``block_d`` and ``num_warps`` override
+    the configuration, for probes."""
     dtype = out.dtype if dtype is None else dtype
     N, k = gates.shape
     D = out.shape[1]
@@ -339,23 +327,13 @@ def moe_combine_bwd_launch(
     block_t: int | None = None,
     block_d: int | None = None,
     num_warps: int | None = None,
-    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_out (N*k, D) in out.dtype, d_gates (N, k) in gates.dtype) given dy (N, D).
 
     ``gate_grad=False`` skips reading out (d_gates comes back as zeros): a third fewer bytes.
-    ``check=False`` skips the checks (autograd hands dy back in the shape of a checked output).
     """
     N, k = gates.shape
     D = out.shape[1]
-    if check:
-        fn = "moe_combine backward"
-        check_moe_combine_inputs(fn, out, inverse, gates)
-        check_float_tensor(fn, "dy", dy)
-        if tuple(dy.shape) != (N, D):
-            raise ValueError(f"{fn}: dy must have shape (N, D) = ({N}, {D}), got {tuple(dy.shape)}")
-        check_same_device(fn, dy=dy, out=out)
-        _check_dtypes(fn, dy=dy, out=out, gates=gates)
     d_out = torch.empty(out.shape, dtype=out.dtype, device=out.device)
     d_gates = (torch.empty if gate_grad else torch.zeros)(N, k, dtype=gates.dtype, device=gates.device)
     if N * k == 0:
@@ -389,85 +367,60 @@ def moe_combine_bwd_launch(
     return d_out, d_gates
 
 
-# torch.library custom ops for torch.compile (the fake implementations validate while tracing).
+# The two registrations over the same launchers: ``_MoECombine`` (autograd.Function) for eager calls
+# that need a gradient (less host time than a custom op's dispatch; see mahia.ops.rmsnorm), the custom
+# ops for torch.compile (opaque to it, with fake and autograd rules).
 
 
-@torch.library.custom_op("mahia::moe_combine_fwd", mutates_args=())
-def moe_combine_fwd(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]], in dtype."""
-    return moe_combine_fwd_launch(out, inverse, gates, dtype)
-
-
-@moe_combine_fwd.register_fake
-def _(out, inverse, gates, dtype):
-    check_moe_combine_inputs("moe_combine", out, inverse, gates, dtype)
-    return out.new_empty(gates.shape[0], out.shape[1], dtype=dtype)
-
-
-@torch.library.custom_op("mahia::moe_combine_bwd", mutates_args=())
-def moe_combine_bwd(
-    dy: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, gate_grad: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(d_out, d_gates) of moe_combine_fwd (d_gates = 0 unless gate_grad)."""
-    return moe_combine_bwd_launch(dy, out, inverse, gates, gate_grad)
-
-
-@moe_combine_bwd.register_fake
-def _(dy, out, inverse, gates, gate_grad):
-    return out.new_empty(out.shape), gates.new_empty(gates.shape)
-
-
-def _moe_combine_setup(ctx, inputs, output):
-    out, inverse, gates, _dtype = inputs
-    ctx.save_for_backward(out, inverse, gates)
-
-
-def _moe_combine_backward(ctx, dy):
-    out, inverse, gates = ctx.saved_tensors
-    need_out, _, need_gates, _ = ctx.needs_input_grad
-    d_out, d_gates = moe_combine_bwd(dy, out, inverse, gates, need_gates)
-    return (d_out if need_out else None), None, (d_gates if need_gates else None), None
-
-
-moe_combine_fwd.register_autograd(_moe_combine_backward, setup_context=_moe_combine_setup)
-
-
-class _MoECombineFunction(torch.autograd.Function):
-    """Eager-mode autograd over the same launchers, without the custom-op dispatch (less host time;
-    see mahia.ops.rmsnorm)."""
-
+class _MoECombine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, out, inverse, gates, dtype):
         ctx.save_for_backward(out, inverse, gates)
-        return moe_combine_fwd_launch(out, inverse, gates, dtype, check=False)  # validated by the caller
+        return moe_combine_fwd_launch(out, inverse, gates, dtype)
 
     @staticmethod
     def backward(ctx, dy):
         out, inverse, gates = ctx.saved_tensors
         need_out, _, need_gates, _ = ctx.needs_input_grad
-        d_out, d_gates = moe_combine_bwd_launch(dy, out, inverse, gates, need_gates, check=False)
+        d_out, d_gates = moe_combine_bwd_launch(dy, out, inverse, gates, need_gates)
         return (d_out if need_out else None), None, (d_gates if need_gates else None), None
 
 
-def _moe_combine_triton(
-    out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None
-) -> torch.Tensor:
-    dtype = out.dtype if dtype is None else dtype
-    if torch.compiler.is_compiling():
-        return moe_combine_fwd(out, inverse, gates, dtype)
-    return _MoECombineFunction.apply(out, inverse, gates, dtype)
+@torch.library.custom_op("mahia::moe_combine_fwd", mutates_args=())
+def _fwd_op(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return moe_combine_fwd_launch(out, inverse, gates, dtype)
 
 
-def moe_combine_triton(
-    out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype | None = None
-) -> torch.Tensor:
-    """y (N, D) = sum_j gates[n, j] * out[inverse[n*k + j]] with the Triton kernels (dtype None: out.dtype).
+@_fwd_op.register_fake
+def _(out, inverse, gates, dtype):
+    return out.new_empty(gates.shape[0], out.shape[1], dtype=dtype)
 
-    out: (N*k, D) expert outputs in expert order; inverse: (N*k,) int64 permutation; gates: (N, k).
-    No fallback: float64 inputs raise (:func:`moe_combine` picks a path).
-    """
-    _check_kernel_inputs("moe_combine_triton", out, inverse, gates, dtype)
-    return _moe_combine_triton(out, inverse, gates, dtype)
+
+@torch.library.custom_op("mahia::moe_combine_bwd", mutates_args=())
+def _bwd_op(
+    dy: torch.Tensor, out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, gate_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return moe_combine_bwd_launch(dy, out, inverse, gates, gate_grad)
+
+
+@_bwd_op.register_fake
+def _(dy, out, inverse, gates, gate_grad):
+    return out.new_empty(out.shape), gates.new_empty(gates.shape)
+
+
+def _setup(ctx, inputs, output):
+    out, inverse, gates, _dtype = inputs
+    ctx.save_for_backward(out, inverse, gates)
+
+
+def _backward(ctx, dy):
+    out, inverse, gates = ctx.saved_tensors
+    need_out, _, need_gates, _ = ctx.needs_input_grad
+    d_out, d_gates = _bwd_op(dy, out, inverse, gates, need_gates)
+    return (d_out if need_out else None), None, (d_gates if need_gates else None), None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup)
 
 
 def moe_combine(
@@ -476,7 +429,7 @@ def moe_combine(
     gates: torch.Tensor,
     dtype: torch.dtype | None = None,
     *,
-    check: bool = False,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """y[n] = sum_j gates[n, j] * out[inverse[n*k + j]]: the MoE layer's un-permute + gated sum, one pass.
 
@@ -484,14 +437,22 @@ def moe_combine(
     (None: out.dtype). The kernel computes in float32 and rounds once; the eager reference gates in
     out.dtype and sums in ``dtype``. float64 out, gates or dtype take the eager reference silently.
 
-    ``check=True`` verifies that ``inverse`` is a permutation of 0..N*k-1 and raises a ValueError
-    naming the bad entry otherwise; it reads inverse on the host (a sync), so it is off by default.
-    Unchecked, an invalid ``inverse`` never makes the kernels read or write out of bounds, but the
-    result is undefined where it is not a permutation (module docstring).
+    ``check`` (module docstring), the same on every path: None (default) checks on the CPU that each
+    entry of ``inverse`` is a row of out (no device sync; a ValueError naming the entry otherwise), True
+    that ``inverse`` is a permutation of 0..N*k-1 on any device (a sync on CUDA), False nothing.
+    Unchecked, an invalid ``inverse`` never makes the kernels read or write out of bounds, but the result
+    is undefined (module docstring).
     """
     check_moe_combine_inputs("moe_combine", out, inverse, gates, dtype)
     if check:
-        check_inverse_is_permutation("moe_combine", inverse)
+        _check_permutation("moe_combine", inverse)
+    elif check is None and inverse.device.type == "cpu" and inverse.numel() and not torch.compiler.is_compiling():
+        _check_in_range("moe_combine", inverse)
     if (dtype is None or dtype in KERNEL_DTYPES) and use_triton("moe_combine", out, gates):
-        return _moe_combine_triton(out, inverse, gates, dtype)
+        dtype = out.dtype if dtype is None else dtype
+        if torch.compiler.is_compiling():
+            return _fwd_op(out, inverse, gates, dtype)
+        if (out.requires_grad or gates.requires_grad) and torch.is_grad_enabled():
+            return _MoECombine.apply(out, inverse, gates, dtype)
+        return moe_combine_fwd_launch(out, inverse, gates, dtype)  # no graph to record: no Function
     return _moe_combine_eager(out, inverse, gates, dtype)

@@ -21,23 +21,26 @@ sums the (programs, N) partials into dw in the weight's dtype (a single program 
 Byte count: forward reads x and writes y; backward reads x and dy and writes dx: 5 passes over an
 (M, N) tensor, everything else is O(M + N).
 
-Host cost: in an eager model a call is host-bound below about 100 MB of data, so the eager path does
-per call only what it must: one validation, one autograd.Function, one output allocation (rstd is not
-saved but recomputed in the backward), and a direct launch of the compiled kernel
-(:class:`mahia.ops._launch.Launcher`). Under torch.compile the custom ops run the same launchers.
+One path: the public function checks its inputs once (:func:`check_rms_norm_inputs`, errors name it
+and the argument; eps becomes the float every path uses), then launches the kernels through
+``_RMSNorm`` (an autograd.Function, when a gradient is needed), directly (no gradient), or, under
+torch.compile, through the custom ops ``mahia::rms_norm_fwd`` / ``mahia::rms_norm_bwd`` (same
+launchers). In an eager model a call is host-bound below about 100 MB of data, so nothing else runs
+per call: rstd is not saved but recomputed, and the compiled kernel is launched directly
+(:class:`mahia.ops._launch.Launcher`).
 
 Layout: any leading dims; the last dim is made contiguous (a copy) if it is not. Hidden sizes up to
 ``MAX_HIDDEN`` = 65536 (the whole row lives in registers).
 
-Behaviour at the edges (the public ``rms_norm`` / ``add_rms_norm``):
+Behaviour at the edges:
 
-* largest hidden size: past ``MAX_HIDDEN`` the public functions run the eager reference, with the
-  one-time fallback warning, instead of failing (the launchers themselves raise);
+* past ``MAX_HIDDEN`` the eager reference runs, with the one-time fallback warning;
 * float64 anywhere (e.g. a float64 weight next to a float32 x) runs the eager reference, silently:
   float64 means reference precision; the output keeps x's dtype either way;
+* eps is any real number >= 0 (``0``, ``Fraction(1, 10**6)``), converted once with ``float``; at eps = 0
+  a row of zeros is 0/0 (NaN) on every path, and only there;
 * empty inputs (a leading dim of 0) return empty outputs and a zero weight gradient;
-* ``meta`` tensors get their shapes from the eager reference (never the interpreter);
-* inputs are validated once, by the public function, whose name the errors carry.
+* ``meta`` tensors get their shapes from the eager reference (never the interpreter).
 """
 
 from __future__ import annotations
@@ -47,96 +50,76 @@ import numbers
 
 import torch
 
-from mahia.measure.checks import check_float_tensor, check_same_device
+from mahia.measure.checks import check_float_tensor
 from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
-__all__ = [
-    "rms_norm",
-    "add_rms_norm",
-    "rms_norm_eager",
-    "add_rms_norm_eager",
-    "rms_norm_triton",
-    "add_rms_norm_triton",
-    "check_rms_norm_inputs",
-    "rms_norm_fwd",
-    "add_rms_norm_fwd",
-    "rms_norm_bwd",
-    "rms_norm_fwd_launch",
-    "rms_norm_bwd_launch",
-    "fwd_config",
-    "bwd_config",
-    "sm_count",
-    "MAX_HIDDEN",
-]
+__all__ = ["rms_norm", "add_rms_norm", "rms_norm_eager", "add_rms_norm_eager", "MAX_HIDDEN"]
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HIDDEN = 65536
+_Tensor = torch.Tensor
 
 
 # --------------------------------------------------------------------------------------------------
-# Input checks and the eager reference (the readable "before"; float64 inputs make it the reference)
+# The one input check, and the eager reference (the readable "before"; float64 inputs make it the reference)
 # --------------------------------------------------------------------------------------------------
 
 
 def check_rms_norm_inputs(
     fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, eps: float = 1e-6
-) -> None:
-    """x (..., N), weight (N,), residual like x, eps >= 0."""
-    check_float_tensor(fn, "x", x)
-    check_float_tensor(fn, "weight", weight)
+) -> float:
+    """x (..., N) and weight (N,) floating point, residual like x, one device, eps a real number >= 0.
+    Returns eps as a float; errors name ``fn`` and the argument."""
+    if not (isinstance(x, _Tensor) and x.is_floating_point() and x.dim()):
+        check_float_tensor(fn, "x", x)
+    if not (isinstance(weight, _Tensor) and weight.is_floating_point()):
+        check_float_tensor(fn, "weight", weight)
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
         raise ValueError(
             f"{fn}: weight must have shape ({x.shape[-1]},) to match the last dim of x "
             f"{tuple(x.shape)}, got {tuple(weight.shape)}"
         )
-    tensors = {"x": x, "weight": weight}
     if residual is not None:
         check_float_tensor(fn, "residual", residual)
         if residual.shape != x.shape:
             raise ValueError(f"{fn}: residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}")
         if residual.dtype != x.dtype:
             raise TypeError(f"{fn}: residual must have the dtype of x ({x.dtype}), got {residual.dtype}")
-        tensors["residual"] = residual
-    check_same_device(fn, **tensors)
-    if type(eps) is not float and (isinstance(eps, bool) or not isinstance(eps, numbers.Real)):
-        raise TypeError(f"{fn}: eps must be a real number >= 0, got {type(eps).__name__} {eps!r}")
+        if residual.device != x.device:
+            raise ValueError(
+                f"{fn}: all inputs must be on the same device, got x on {x.device}, residual on {residual.device}"
+            )
+    if weight.device != x.device:
+        raise ValueError(f"{fn}: all inputs must be on the same device, got x on {x.device}, weight on {weight.device}")
+    if type(eps) is not float:
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+            raise TypeError(f"{fn}: eps must be a real number >= 0, got {type(eps).__name__} {eps!r}")
+        eps = float(eps)
     if not eps >= 0.0:  # also rejects NaN
         raise ValueError(f"{fn}: eps must be >= 0, got {eps}")
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # float32 math for half types; float64 stays float64 so the eager path doubles as the reference.
-    return torch.promote_types(dtype, torch.float32)
+    return eps
 
 
 def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms_norm_eager without the input checks (for callers that validated already)."""
-    xf = x.to(_compute_dtype(x.dtype))
+    # float32 math for half types; float64 stays float64 so the eager path doubles as the reference
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
     return (xf * rstd * weight.to(xf.dtype)).to(x.dtype)
 
 
 def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """y = x / sqrt(mean(x^2, -1) + eps) * weight, in float32, returned in ``x.dtype``.  x: (..., N)."""
-    check_rms_norm_inputs("rms_norm_eager", x, weight, eps=eps)
-    return _rms_norm_eager(x, weight, eps)
-
-
-def _add_rms_norm_eager(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    h = x + residual
-    return _rms_norm_eager(h, weight, eps), h
+    return _rms_norm_eager(x, weight, check_rms_norm_inputs("rms_norm_eager", x, weight, eps=eps))
 
 
 def add_rms_norm_eager(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual (in ``x.dtype``); y = rms_norm(h).  Returns (y, h), the pre-norm block's pair."""
-    check_rms_norm_inputs("add_rms_norm_eager", x, weight, residual, eps)
-    return _add_rms_norm_eager(x, residual, weight, eps)
+    eps = check_rms_norm_inputs("add_rms_norm_eager", x, weight, residual, eps)
+    h = x + residual
+    return _rms_norm_eager(h, weight, eps), h
 
 
 # --------------------------------------------------------------------------------------------------
@@ -183,7 +166,7 @@ def _rms_norm_fwd_kernel(
         tl.store(H + rows[:, None] * stride_h + cols[None, :], h, mask=mask)
         x = h.to(tl.float32)  # normalize the h we return, exactly as eager does
 
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)  # (BLOCK_M,)
+    rstd = tl.rsqrt(tl.where(row_ok, tl.sum(x * x, axis=1) / n_cols + eps, 1.0))  # (BLOCK_M,); 1: padding rows
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = x * rstd[:, None] * w[None, :]
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -239,7 +222,9 @@ def _rms_norm_bwd_kernel(
         # rstd again, from the x this pass loads anyway (one allocation and one store fewer per call
         # than saving it), in the same reduction as sum(x * g): two sums, one exchange between warps
         sum_xx, sum_xg = tl.reduce((x * x, x * g), axis=1, combine_fn=_add_pairs)  # (BLOCK_M,) each
-        rstd = tl.rsqrt(sum_xx / n_cols + eps)
+        # padding rows (x = 0) get a mean square of 1: at eps = 0 theirs is 0, rstd inf, and 0 * inf = NaN
+        # would reach dw through their x_hat
+        rstd = tl.rsqrt(tl.where(row_ok, sum_xx / n_cols + eps, 1.0))
         x_hat = x * rstd[:, None]
         mean_xg = sum_xg * rstd / n_cols  # mean(x_hat * g)
         dx = (g - x_hat * mean_xg[:, None]) * rstd[:, None]
@@ -272,7 +257,7 @@ _launch_sum = Launcher(_sum_partials_kernel)
 
 
 # --------------------------------------------------------------------------------------------------
-# Launchers
+# Launchers (no checks: their callers pass checked inputs)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -289,12 +274,6 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _row_stride(t: torch.Tensor) -> int:
     """The row stride of what :func:`_rows` returned: N for a contiguous tensor of any rank."""
     return t.stride(-2) if t.dim() == 2 else t.shape[-1]
-
-
-def _check_kernel_inputs(fn: str, **tensors: torch.Tensor) -> None:
-    for name, t in tensors.items():
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
 
 
 def _checked_align(override: int, bits: int) -> int:
@@ -387,33 +366,27 @@ def rms_norm_fwd_launch(
     block_m: int | None = None,
     num_warps: int | None = None,
     align: int | None = None,
-    check: bool = True,
 ):
-    """Run the forward kernel. Returns (y, h or None); both have x's shape and dtype.
+    """Run the forward kernel on checked inputs. Returns (y, h or None); both have x's shape and dtype.
 
-    ``check=False`` skips the input checks: for callers that validated already (the public functions).
     ``block_m``, ``num_warps`` and ``align`` (the ALIGN constexpr; it must divide N and the row strides)
     override the configuration, for probes.
     """
-    if check:
-        fn = "add_rms_norm" if residual is not None else "rms_norm"
-        check_rms_norm_inputs(fn, x, weight, residual, eps)
-        _check_kernel_inputs(fn, x=x, weight=weight)
     n_cols = x.shape[-1]
     cfg_m, block_n, cfg_warps = fwd_config(n_cols)
-    block_m, num_warps = block_m or cfg_m, num_warps or cfg_warps
-
     x2 = _rows(x)
     n_rows = x2.numel() // n_cols if n_cols else 0
     y = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    h = torch.empty_like(y) if residual is not None else None
-    r2 = _rows(residual) if residual is not None else None  # None: not touched without a residual
+    h = r2 = None
+    if residual is not None:
+        h, r2 = torch.empty_like(y), _rows(residual)
     if n_rows == 0:
         return y, h
     stride_x, stride_r = _row_stride(x2), _row_stride(r2) if r2 is not None else 0
     bits = n_cols | stride_x | stride_r  # every integer ALIGN must divide
+    block_m = block_m or cfg_m
     _launch_fwd(
-        (_cdiv(n_rows, block_m),),
+        ((n_rows + block_m - 1) // block_m,),
         x2,
         r2,
         weight if weight.is_contiguous() else weight.contiguous(),
@@ -426,7 +399,7 @@ def rms_norm_fwd_launch(
         n_cols,  # y and h are contiguous
         n_cols,
         eps,
-        num_warps=num_warps,
+        num_warps=num_warps or cfg_warps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -446,43 +419,28 @@ def rms_norm_bwd_launch(
     num_warps: int | None = None,
     programs_per_sm: int | None = None,
     align: int | None = None,
-    check: bool = True,
 ):
     """Run the backward kernel on the forward's input x (or h) and eps. Returns (dx, dw); dx includes dh
-    when it is given; dw has the weight's dtype.
-
-    ``check=False`` skips the checks, for gradients autograd hands back in the shapes of checked outputs.
-    ``block_m``, ``num_warps``, ``programs_per_sm`` and ``align`` override the configuration, for probes.
+    when it is given; dw has the weight's dtype. ``block_m``, ``num_warps``, ``programs_per_sm`` and
+    ``align`` override the configuration, for probes.
     """
-    if check:
-        fn = "rms_norm backward"  # inputs come from the forward: check only what a direct caller could get wrong
-        _check_kernel_inputs(fn, dy=dy, x=x, weight=weight)
-        if weight.shape != x.shape[-1:]:
-            raise ValueError(f"{fn}: weight must have shape ({x.shape[-1]},), got {tuple(weight.shape)}")
-        if dy.shape != x.shape:
-            raise ValueError(f"{fn}: dy must have the shape of x {tuple(x.shape)}, got {tuple(dy.shape)}")
-        if dh is not None and dh.shape != x.shape:
-            raise ValueError(f"{fn}: dh must have the shape of x {tuple(x.shape)}, got {tuple(dh.shape)}")
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols if n_cols else 0
     cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols, n_rows, x.element_size())
     block_m = block_m or cfg_m
-    num_warps, programs_per_sm = num_warps or cfg_warps, programs_per_sm or cfg_per_sm
-
     x2, dy2 = _rows(x), _rows(dy)
     dh2 = _rows(dh) if dh is not None else None  # None: not touched without dh
     dx = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
 
-    n_programs, rows_per_program = backward_grid(n_rows, n_cols, x.device, block_m, programs_per_sm)
+    n_programs, rows_per_program = backward_grid(n_rows, n_cols, x.device, block_m, programs_per_sm or cfg_per_sm)
     # A single program writes dw itself; several write float32 partials that a second kernel sums.
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     partials = dw if n_programs == 1 else torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
     stride_dy, stride_x = _row_stride(dy2), _row_stride(x2)
     stride_dh = _row_stride(dh2) if dh2 is not None else 0
     bits = n_cols | stride_dy | stride_x | stride_dh  # every integer ALIGN must divide
-    align = pow2_divisor(bits) if align is None else _checked_align(align, bits)
     _launch_bwd(
         (n_programs,),
         dy2,
@@ -499,11 +457,11 @@ def rms_norm_bwd_launch(
         stride_dh,
         n_cols,  # dx is contiguous
         eps,
-        num_warps=num_warps,
+        num_warps=num_warps or cfg_warps,
         HAS_DH=dh is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        ALIGN=align,
+        ALIGN=pow2_divisor(bits) if align is None else _checked_align(align, bits),
     )
     if n_programs > 1:
         # narrow column strips, all partial rows in one or two tiles: enough programs and loads in flight
@@ -524,181 +482,77 @@ def rms_norm_bwd_launch(
 
 
 # --------------------------------------------------------------------------------------------------
-# torch.library custom ops: opaque to torch.compile (no graph break), with fake and autograd rules.
-# The fake implementations also validate, so bad inputs fail clearly while tracing.
+# The two registrations over the same launchers:
+# * ``_RMSNorm``, an autograd.Function, for eager calls that need a gradient (a custom op with
+#   registered autograd cost more host time: on the H100 machine, tiny tensors, one forward + backward
+#   took 521 us through the custom ops and 361 us through a Function);
+# * the custom ops ``mahia::rms_norm_fwd`` / ``mahia::rms_norm_bwd`` for torch.compile (opaque to it, no
+#   graph break, with fake and autograd rules). Without a residual the forward's h is an empty tensor.
 # --------------------------------------------------------------------------------------------------
 
 
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps):
+        y, h = rms_norm_fwd_launch(x, weight, residual, eps)
+        ctx.save_for_backward(x if h is None else h, weight)  # h: what was normalized (an output)
+        ctx.eps = eps
+        return y if h is None else (y, h)
+
+    @staticmethod
+    def backward(ctx, dy, dh=None):
+        x, weight = ctx.saved_tensors
+        dx, dw = rms_norm_bwd_launch(dy, x, weight, ctx.eps, dh)
+        return dx, dx if ctx.needs_input_grad[1] else None, dw, None  # h = x + residual: one gradient
+
+
 @torch.library.custom_op("mahia::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """y = RMSNorm forward of x (..., N) with weight (N,)."""
-    return rms_norm_fwd_launch(x, weight, None, eps)[0]
-
-
-@rms_norm_fwd.register_fake
-def _(x, weight, eps):
-    check_rms_norm_inputs("rms_norm", x, weight, eps=eps)
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("mahia::add_rms_norm_fwd", mutates_args=())
-def add_rms_norm_fwd(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+def _fwd_op(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, h) with h = x + residual and y = RMSNorm(h)."""
-    return rms_norm_fwd_launch(x, weight, residual, eps)
+    y, h = rms_norm_fwd_launch(x, weight, residual, eps)
+    return y, x.new_empty(0) if h is None else h
 
 
-@add_rms_norm_fwd.register_fake
+@_fwd_op.register_fake
 def _(x, residual, weight, eps):
-    check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
-    return x.new_empty(x.shape), x.new_empty(x.shape)
+    return x.new_empty(x.shape), x.new_empty(x.shape if residual is not None else (0,))
 
 
 @torch.library.custom_op("mahia::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(
+def _bwd_op(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, dh: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx (+ dh), dw) of RMSNorm, given the saved x (or h) and eps."""
     return rms_norm_bwd_launch(dy, x, weight, eps, dh)
 
 
-@rms_norm_bwd.register_fake
+@_bwd_op.register_fake
 def _(dy, x, weight, eps, dh):
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 
-def _rms_norm_setup(ctx, inputs, output):
-    x, weight, ctx.eps = inputs
-    ctx.save_for_backward(x, weight)
+def _setup(ctx, inputs, output):
+    x, residual, weight, ctx.eps = inputs
+    ctx.residual = residual is not None
+    ctx.save_for_backward(output[1] if ctx.residual else x, weight)
 
 
-def _rms_norm_backward(ctx, dy):
+def _backward(ctx, dy, dh):
     x, weight = ctx.saved_tensors
-    dx, dw = rms_norm_bwd(dy, x, weight, ctx.eps, None)
-    return dx, dw, None
+    dx, dw = _bwd_op(dy, x, weight, ctx.eps, dh if ctx.residual else None)
+    return dx, dx if ctx.residual else None, dw, None
 
 
-rms_norm_fwd.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
-
-
-def _add_rms_norm_setup(ctx, inputs, output):
-    _x, _residual, weight, ctx.eps = inputs
-    _y, h = output
-    ctx.save_for_backward(h, weight)  # h is what was normalized; it is an output, so no extra memory
-
-
-def _add_rms_norm_backward(ctx, dy, dh):
-    h, weight = ctx.saved_tensors
-    dx, dw = rms_norm_bwd(dy, h, weight, ctx.eps, dh)
-    return dx, dx, dw, None  # h = x + residual: both get the same gradient
-
-
-add_rms_norm_fwd.register_autograd(_add_rms_norm_backward, setup_context=_add_rms_norm_setup)
+_fwd_op.register_autograd(_backward, setup_context=_setup)
 
 
 # --------------------------------------------------------------------------------------------------
-# Eager-mode autograd: the same launchers and math, without the custom-op dispatch.
-#
-# Outside torch.compile, dispatching through a custom op with registered autograd costs host time that a
-# 0.1 ms kernel cannot hide: on the H100 machine (tiny tensors, so the host is the bottleneck) one
-# forward + backward took 521 us through the custom ops and 361 us through these autograd.Functions.
-# So eager calls go through the Functions, and the custom ops serve torch.compile (same launchers).
+# The public functions
 # --------------------------------------------------------------------------------------------------
 
 
-class _RMSNormFunction(torch.autograd.Function):
-    """Inputs are validated by the caller (rms_norm / rms_norm_triton); the launchers do not check again."""
-
-    @staticmethod
-    def forward(ctx, x, weight, eps):
-        y, _ = rms_norm_fwd_launch(x, weight, None, eps, check=False)
-        ctx.save_for_backward(x, weight)
-        ctx.eps = eps
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight = ctx.saved_tensors
-        dx, dw = rms_norm_bwd_launch(dy, x, weight, ctx.eps, None, check=False)
-        return dx, dw, None
-
-
-class _AddRMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, residual, weight, eps):
-        y, h = rms_norm_fwd_launch(x, weight, residual, eps, check=False)
-        ctx.save_for_backward(h, weight)
-        ctx.eps = eps
-        return y, h
-
-    @staticmethod
-    def backward(ctx, dy, dh):
-        h, weight = ctx.saved_tensors
-        dx, dw = rms_norm_bwd_launch(dy, h, weight, ctx.eps, dh, check=False)
-        return dx, dx, dw, None
-
-
-# --------------------------------------------------------------------------------------------------
-# The Triton path, and the public functions that choose between it and the eager reference
-# --------------------------------------------------------------------------------------------------
-
-
-def _needs_grad(*tensors: torch.Tensor) -> bool:
-    return any(t.requires_grad for t in tensors) and torch.is_grad_enabled()
-
-
-def _rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    eps = float(eps)
-    if torch.compiler.is_compiling():
-        return rms_norm_fwd(x, weight, eps)
-    if (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
-        return _RMSNormFunction.apply(x, weight, eps)
-    return rms_norm_fwd_launch(x, weight, None, eps, check=False)[0]  # no graph to record: no Function
-
-
-def _add_rms_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    eps = float(eps)
-    if torch.compiler.is_compiling():
-        return add_rms_norm_fwd(x, residual, weight, eps)
-    if _needs_grad(x, residual, weight):
-        return _AddRMSNormFunction.apply(x, residual, weight, eps)
-    return rms_norm_fwd_launch(x, weight, residual, eps, check=False)
-
-
-def _check_triton_inputs(
-    fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float
-) -> None:
-    check_rms_norm_inputs(fn, x, weight, residual, eps)
-    _check_kernel_inputs(fn, x=x, weight=weight)
-    fwd_config(x.shape[-1])  # raises past MAX_HIDDEN
-
-
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2, -1) + eps) * weight with the Triton kernels.  x: (..., N), weight: (N,).
-
-    No fallback: inputs the kernel cannot take (float64, N > MAX_HIDDEN) raise; :func:`rms_norm` is the
-    entry point that picks a path.
-    """
-    _check_triton_inputs("rms_norm_triton", x, weight, None, eps)
-    return _rms_norm_triton(x, weight, eps)
-
-
-def add_rms_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h), in one pass over the data."""
-    _check_triton_inputs("add_rms_norm_triton", x, weight, residual, eps)
-    return _add_rms_norm_triton(x, residual, weight, eps)
-
-
-def _too_wide(x: torch.Tensor) -> str | None:
-    n = x.shape[-1]
-    if n > MAX_HIDDEN:
-        return f"hidden size {n} exceeds the kernel's limit of {MAX_HIDDEN} (the whole row is held in registers)"
-    return None
+def _too_wide(x: torch.Tensor) -> str:
+    return f"hidden size {x.shape[-1]} exceeds the kernel's limit of {MAX_HIDDEN} (the whole row is held in registers)"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -708,9 +562,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     for a hidden size N > ``MAX_HIDDEN`` (65536; one warning), for float64 in x or weight (silently) and
     for ``meta`` tensors. Inputs are checked once, here; errors name ``rms_norm`` and the argument.
     """
-    check_rms_norm_inputs("rms_norm", x, weight, eps=eps)
-    if use_triton("rms_norm", x, weight, unsupported=_too_wide(x) if x.shape[-1] > MAX_HIDDEN else None):
-        return _rms_norm_triton(x, weight, eps)
+    eps = check_rms_norm_inputs("rms_norm", x, weight, None, eps)
+    if use_triton("rms_norm", x, weight, unsupported=None if x.shape[-1] <= MAX_HIDDEN else _too_wide(x)):
+        if torch.compiler.is_compiling():
+            return _fwd_op(x, None, weight, eps)[0]
+        if (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
+            return _RMSNorm.apply(x, None, weight, eps)
+        return rms_norm_fwd_launch(x, weight, None, eps)[0]  # no graph to record: no Function
     return _rms_norm_eager(x, weight, eps)
 
 
@@ -719,7 +577,13 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h); h is rounded to x's dtype and
     that rounded h is normalized. Paths and edge cases as :func:`rms_norm`."""
-    check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
-    if use_triton("add_rms_norm", x, residual, weight, unsupported=_too_wide(x) if x.shape[-1] > MAX_HIDDEN else None):
-        return _add_rms_norm_triton(x, residual, weight, eps)
-    return _add_rms_norm_eager(x, residual, weight, eps)
+    eps = check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
+    wide = None if x.shape[-1] <= MAX_HIDDEN else _too_wide(x)
+    if use_triton("add_rms_norm", x, residual, weight, unsupported=wide):
+        if torch.compiler.is_compiling():
+            return _fwd_op(x, residual, weight, eps)
+        if (x.requires_grad or residual.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
+            return _RMSNorm.apply(x, residual, weight, eps)
+        return rms_norm_fwd_launch(x, weight, residual, eps)
+    h = x + residual
+    return _rms_norm_eager(h, weight, eps), h

@@ -10,13 +10,18 @@ One program per token (b, t): it loads that token's cos/sin row once and rotates
 all Hkv key heads (GQA: Hkv may differ from Hq). Out of place; the outputs are contiguous (B, T, H, D).
 q and k may be strided (e.g. views into a fused qkv projection) as long as the last dim is contiguous.
 Byte count: read q and k, write q and k, per pass (cos/sin are T * D floats, small next to q).
-cos and sin are treated as constants: no gradient flows to them.
+cos and sin are constants: no gradient flows to them, so tables that require grad (while grad mode
+is on) are refused with a ValueError, on every path.
 
-Behaviour at the edges (the public ``rope``): float64 anywhere, e.g. float64 cos/sin tables next to
-float32 q and k, runs the eager reference silently (it computes in q's precision and returns q's dtype);
-empty inputs (B, T or a head count of 0) return empty outputs; ``meta`` tensors get their shapes from
-the eager reference, never the interpreter. Inputs are validated once, by ``rope``, whose name the
-errors carry (e.g. an odd head dim).
+One path: ``rope`` checks its inputs once (errors name it and the argument, e.g. an odd head dim), then
+launches the kernel through ``_Rope`` (an autograd.Function, when a gradient is needed), directly (no
+gradient), or, under torch.compile, through the custom op ``mahia::rope`` (the same launcher; its
+``backward`` flag negates sin, so the op is its own backward).
+
+Behaviour at the edges: float64 anywhere, e.g. float64 cos/sin tables next to float32 q and k, runs
+the eager reference silently (it computes in q's precision and returns q's dtype); empty inputs (B, T
+or a head count of 0) return empty outputs; ``meta`` tensors get their shapes from the eager
+reference, never the interpreter.
 """
 
 from __future__ import annotations
@@ -28,16 +33,15 @@ from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
-__all__ = ["rope", "apply_rope_eager", "rope_triton", "check_rope_inputs", "rope_fwd", "rope_bwd"]
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+__all__ = ["rope", "apply_rope_eager"]
 
 
 # Input checks and the eager reference
 
 
 def check_rope_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """q (B, T, Hq, D), k (B, T, Hkv, D) of one dtype, D even, cos and sin (T, D/2), one device."""
+    """q (B, T, Hq, D), k (B, T, Hkv, D) of one dtype, D even, cos and sin (T, D/2) that do not require
+    grad (they are constants), one device."""
     for name, t in (("q", q), ("k", k)):
         check_float_tensor(fn, name, t)
         if t.dim() != 4:
@@ -57,6 +61,11 @@ def check_rope_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, cos: torch.Tens
         if tuple(t.shape) != (T, D // 2):
             raise ValueError(f"{fn}: {name} must have shape (T, D/2) = ({T}, {D // 2}), got {tuple(t.shape)}")
     check_same_device(fn, q=q, k=k, cos=cos, sin=sin)
+    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():
+        raise ValueError(
+            f"{fn}: cos and sin must not require grad (they are constants: no gradient flows to them); "
+            "pass detached tables, e.g. from RotaryCache.get"
+        )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -72,12 +81,6 @@ def apply_rope_eager(
     """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); math in fp32, output in input dtype."""
     check_rope_inputs("apply_rope_eager", q, k, cos, sin)
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _check_kernel_dtypes(fn: str, q, k, cos, sin) -> None:
-    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
 
 
 @triton.jit
@@ -180,17 +183,9 @@ def rope_launch(
     *,
     backward: bool = False,
     num_warps: int | None = None,
-    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); ``backward`` negates sin.
-
-    ``check=False`` skips the input checks, for gradients that autograd hands back in the shapes of
-    already-checked outputs (it saves host time that a 0.1 ms kernel cannot hide).
-    """
-    if check:
-        fn = "rope backward" if backward else "rope"
-        check_rope_inputs(fn, q, k, cos, sin)
-        _check_kernel_dtypes(fn, q, k, cos, sin)
+    """Rotate checked q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); ``backward`` negates sin.
+    ``num_warps`` overrides the configuration, for probes."""
     # the kernel needs a unit stride along D only
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -242,102 +237,62 @@ def rope_launch(
     return q_out, k_out
 
 
-# torch.library custom ops for torch.compile (the fake implementations validate while tracing).
+# The two registrations over the same launcher: ``_Rope`` (autograd.Function) for eager calls that need
+# a gradient (less host time than a custom op's dispatch; see mahia.ops.rmsnorm), the custom op for
+# torch.compile (opaque to it, with fake and autograd rules).
 
 
-@torch.library.custom_op("mahia::rope_fwd", mutates_args=())
-def rope_fwd(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_rot, k_rot): q and k rotated by the angles whose cos/sin are given."""
-    return rope_launch(q, k, cos, sin)
-
-
-@rope_fwd.register_fake
-def _(q, k, cos, sin):
-    check_rope_inputs("rope", q, k, cos, sin)
-    return q.new_empty(q.shape), k.new_empty(k.shape)
-
-
-@torch.library.custom_op("mahia::rope_bwd", mutates_args=())
-def rope_bwd(
-    dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of q and k: dq and dk rotated by the negated angles."""
-    return rope_launch(dq, dk, cos, sin, backward=True)
-
-
-@rope_bwd.register_fake
-def _(dq, dk, cos, sin):
-    return dq.new_empty(dq.shape), dk.new_empty(dk.shape)
-
-
-def _rope_setup(ctx, inputs, output):
-    _q, _k, cos, sin = inputs
-    ctx.save_for_backward(cos, sin)
-
-
-def _rope_backward(ctx, dq, dk):
-    cos, sin = ctx.saved_tensors
-    dq, dk = rope_bwd(dq, dk, cos, sin)
-    return dq, dk, None, None
-
-
-rope_fwd.register_autograd(_rope_backward, setup_context=_rope_setup)
-
-
-class _RopeFunction(torch.autograd.Function):
-    """Eager-mode autograd over the same launcher, without the custom-op dispatch (less host time;
-    see mahia.ops.rmsnorm)."""
-
+class _Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin):
         ctx.save_for_backward(cos, sin)
-        return rope_launch(q, k, cos, sin, check=False)  # validated by the caller
+        return rope_launch(q, k, cos, sin)
 
     @staticmethod
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
-        dq, dk = rope_launch(dq, dk, cos, sin, backward=True, check=False)
+        dq, dk = rope_launch(dq, dk, cos, sin, backward=True)
         return dq, dk, None, None
 
 
-def _rope_triton(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fn: str
+@torch.library.custom_op("mahia::rope", mutates_args=())
+def _op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if (cos.requires_grad or sin.requires_grad) and torch.is_grad_enabled():  # tensors: checked by the caller
-        raise ValueError(
-            f"{fn}: cos and sin must not require grad (the kernel treats them as constants); "
-            "pass detached tables, e.g. from RotaryCache.get"
-        )
-    if torch.compiler.is_compiling():
-        return rope_fwd(q, k, cos, sin)
-    if (q.requires_grad or k.requires_grad) and torch.is_grad_enabled():
-        return _RopeFunction.apply(q, k, cos, sin)
-    return rope_launch(q, k, cos, sin, check=False)  # no graph to record: no Function
+    return rope_launch(q, k, cos, sin, backward=backward)
 
 
-def rope_triton(
-    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_rot, k_rot) with the Triton kernel.  q (B, T, Hq, D), k (B, T, Hkv, D), cos/sin (T, D/2).
+@_op.register_fake
+def _(q, k, cos, sin, backward):
+    return q.new_empty(q.shape), k.new_empty(k.shape)
 
-    cos and sin are constants here (no gradient flows to them): tables that require grad are refused.
-    No fallback: float64 inputs raise (:func:`rope` picks a path).
-    """
-    check_rope_inputs("rope_triton", q, k, cos, sin)
-    _check_kernel_dtypes("rope_triton", q, k, cos, sin)
-    return _rope_triton(q, k, cos, sin, "rope_triton")
+
+def _setup(ctx, inputs, output):
+    _q, _k, cos, sin, ctx.backward = inputs
+    ctx.save_for_backward(cos, sin)
+
+
+def _backward(ctx, dq, dk):
+    cos, sin = ctx.saved_tensors
+    dq, dk = _op(dq, dk, cos, sin, not ctx.backward)  # the transpose of a rotation: the opposite angle
+    return dq, dk, None, None, None
+
+
+_op.register_autograd(_backward, setup_context=_setup)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2), rotate-half convention.
 
     The Triton kernel where it can run (:mod:`mahia.ops.dispatch`), else :func:`apply_rope_eager` (also
-    for float64 q, k, cos or sin, silently, and for ``meta`` tensors). Inputs are checked once, here;
-    errors name ``rope`` and the argument.
+    for float64 q, k, cos or sin, silently, and for ``meta`` tensors). cos and sin are constants (tables
+    that require grad are refused). Inputs are checked once, here; errors name ``rope`` and the argument.
     """
     check_rope_inputs("rope", q, k, cos, sin)
     if use_triton("rope", q, k, cos, sin):
-        return _rope_triton(q, k, cos, sin, "rope")
+        if torch.compiler.is_compiling():
+            return _op(q, k, cos, sin, False)
+        if (q.requires_grad or k.requires_grad) and torch.is_grad_enabled():
+            return _Rope.apply(q, k, cos, sin)
+        return rope_launch(q, k, cos, sin)  # no graph to record: no Function
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -13,10 +13,14 @@ is contiguous the tensor is treated as one long row (no tail waste at the end of
 each operand needs only a unit stride along N and its own row stride, so the gate/up halves of a
 fused ``w12`` projection (``u.chunk(2, -1)``) are read in place, without a copy.
 
-Behaviour at the edges (the public ``swiglu``): empty inputs (any dim 0) return an empty output and
-empty gradients; float64 inputs run the eager reference silently (reference precision); ``meta``
-tensors get their shapes from the eager reference, never the interpreter; any hidden size runs (the
-kernel walks a row in blocks). Inputs are validated once, by ``swiglu``, whose name errors carry.
+One path: ``swiglu`` checks its inputs once (errors name it and the argument), then launches the
+kernels through ``_SwiGLU`` (an autograd.Function, when a gradient is needed), directly (no gradient),
+or, under torch.compile, through the custom ops ``mahia::swiglu_fwd`` / ``mahia::swiglu_bwd`` (the
+same launchers).
+
+Behaviour at the edges: empty inputs (any dim 0) return an empty output and empty gradients; float64
+inputs run the eager reference silently (reference precision); ``meta`` tensors get their shapes from
+the eager reference, never the interpreter; any hidden size runs (the kernel walks a row in blocks).
 """
 
 from __future__ import annotations
@@ -29,9 +33,7 @@ from mahia.ops._launch import Launcher, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
-__all__ = ["swiglu", "swiglu_eager", "swiglu_triton", "check_swiglu_inputs", "swiglu_fwd", "swiglu_bwd"]
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+__all__ = ["swiglu", "swiglu_eager"]
 
 
 # Input checks and the eager reference
@@ -175,20 +177,11 @@ def _empty(a: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(a) if a.is_contiguous() else torch.empty(a.shape, dtype=a.dtype, device=a.device)
 
 
-def _check_dtypes(fn: str, **tensors: torch.Tensor) -> None:
-    for name, t in tensors.items():
-        if t.dtype not in DTYPES:
-            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 for the Triton kernel, got {t.dtype}")
-
-
 def swiglu_fwd_launch(
-    a: torch.Tensor, b: torch.Tensor, *, block: int | None = None, num_warps: int | None = None, check: bool = True
+    a: torch.Tensor, b: torch.Tensor, *, block: int | None = None, num_warps: int | None = None
 ) -> torch.Tensor:
-    """c = silu(a) * b with the Triton kernel; c is contiguous with a's shape (``check=False``: the
-    caller validated the inputs)."""
-    if check:
-        check_swiglu_inputs("swiglu", a, b)
-        _check_dtypes("swiglu", a=a, b=b)
+    """c = silu(a) * b with the Triton kernel on checked inputs; c is contiguous with a's shape.
+    ``block`` and ``num_warps`` override the configuration, for probes."""
     c = _empty(a)
     if c.numel() == 0:
         return c
@@ -218,15 +211,8 @@ def swiglu_bwd_launch(
     *,
     block: int | None = None,
     num_warps: int | None = None,
-    check: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) of c = silu(a) * b given dc; both contiguous with a's shape."""
-    if check:
-        fn = "swiglu backward"
-        check_swiglu_inputs(fn, a, b)
-        _check_dtypes(fn, dc=dc, a=a, b=b)
-        if dc.shape != a.shape:
-            raise ValueError(f"{fn}: dc must have the shape of a {tuple(a.shape)}, got {tuple(dc.shape)}")
     da, db = _empty(a), _empty(a)
     if da.numel() == 0:
         return da, db
@@ -251,73 +237,53 @@ def swiglu_bwd_launch(
     return da, db
 
 
-# torch.library custom ops for torch.compile (the fake implementations validate while tracing).
+# The two registrations over the same launchers: ``_SwiGLU`` (autograd.Function) for eager calls that
+# need a gradient (less host time than a custom op's dispatch; see mahia.ops.rmsnorm), the custom ops
+# for torch.compile (opaque to it, with fake and autograd rules).
 
 
-@torch.library.custom_op("mahia::swiglu_fwd", mutates_args=())
-def swiglu_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c = silu(a) * b."""
-    return swiglu_fwd_launch(a, b)
-
-
-@swiglu_fwd.register_fake
-def _(a, b):
-    check_swiglu_inputs("swiglu", a, b)
-    return a.new_empty(a.shape)
-
-
-@torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
-def swiglu_bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(da, db) of c = silu(a) * b."""
-    return swiglu_bwd_launch(dc, a, b)
-
-
-@swiglu_bwd.register_fake
-def _(dc, a, b):
-    return a.new_empty(a.shape), a.new_empty(a.shape)
-
-
-def _swiglu_setup(ctx, inputs, output):
-    a, b = inputs
-    ctx.save_for_backward(a, b)
-
-
-def _swiglu_backward(ctx, dc):
-    a, b = ctx.saved_tensors
-    return swiglu_bwd(dc, a, b)
-
-
-swiglu_fwd.register_autograd(_swiglu_backward, setup_context=_swiglu_setup)
-
-
-class _SwiGLUFunction(torch.autograd.Function):
-    """Eager-mode autograd over the same launchers, without the custom-op dispatch (less host time;
-    see mahia.ops.rmsnorm)."""
-
+class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return swiglu_fwd_launch(a, b, check=False)
+        return swiglu_fwd_launch(a, b)
 
     @staticmethod
     def backward(ctx, dc):
         a, b = ctx.saved_tensors
-        return swiglu_bwd_launch(dc, a, b, check=False)
+        return swiglu_bwd_launch(dc, a, b)
 
 
-def _swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling():
-        return swiglu_fwd(a, b)
-    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
-        return _SwiGLUFunction.apply(a, b)
-    return swiglu_fwd_launch(a, b, check=False)  # no graph to record: no Function
+@torch.library.custom_op("mahia::swiglu_fwd", mutates_args=())
+def _fwd_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return swiglu_fwd_launch(a, b)
 
 
-def swiglu_triton(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c = silu(a) * b with the Triton kernels.  a, b: (..., H), same shape and dtype (no fallback)."""
-    check_swiglu_inputs("swiglu_triton", a, b)
-    _check_dtypes("swiglu_triton", a=a, b=b)
-    return _swiglu_triton(a, b)
+@_fwd_op.register_fake
+def _(a, b):
+    return a.new_empty(a.shape)
+
+
+@torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
+def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return swiglu_bwd_launch(dc, a, b)
+
+
+@_bwd_op.register_fake
+def _(dc, a, b):
+    return a.new_empty(a.shape), a.new_empty(a.shape)
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    return _bwd_op(dc, a, b)
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup)
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -328,5 +294,9 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     check_swiglu_inputs("swiglu", a, b)
     if use_triton("swiglu", a, b):
-        return _swiglu_triton(a, b)
+        if torch.compiler.is_compiling():
+            return _fwd_op(a, b)
+        if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+            return _SwiGLU.apply(a, b)
+        return swiglu_fwd_launch(a, b)  # no graph to record: no Function
     return _swiglu_eager(a, b)

@@ -61,11 +61,9 @@ def rmsnorm_fwd(p: Probe, rec: list, dtype) -> None:
         for bm, nw in itertools.product((1, 2, 4, 8, 16), (1, 2, 4, 8, 16)):
             if bm * block_n > 16384 or bm * block_n < 512 or nw * 32 > bm * block_n:
                 continue
-            table[(bm, nw)] = t_ms(
-                lambda: R.rms_norm_fwd_launch(x, w, None, EPS, block_m=bm, num_warps=nw, check=False)
-            )
+            table[(bm, nw)] = t_ms(lambda: R.rms_norm_fwd_launch(x, w, None, EPS, block_m=bm, num_warps=nw))
         peers = peers_rmsnorm(x, w)
-        now = table.get((cur[0], cur[2])) or t_ms(lambda: R.rms_norm_fwd_launch(x, w, None, EPS, check=False))
+        now = table.get((cur[0], cur[2])) or t_ms(lambda: R.rms_norm_fwd_launch(x, w, None, EPS))
         k, v = best(table)
         pk, pv = best(peers)
         p.log(
@@ -95,13 +93,9 @@ def rmsnorm_bwd(p: Probe, rec: list, dtype) -> None:
             if bm * block_n > 16384 or nw * 32 > bm * block_n:
                 continue
             table[(bm, nw, ps)] = t_ms(
-                lambda: R.rms_norm_bwd_launch(
-                    dy, x, w, EPS, None, block_m=bm, num_warps=nw, programs_per_sm=ps, check=False
-                )
+                lambda: R.rms_norm_bwd_launch(dy, x, w, EPS, None, block_m=bm, num_warps=nw, programs_per_sm=ps)
             )
-        now = table.get((cur[0], cur[2], cur[3])) or t_ms(
-            lambda: R.rms_norm_bwd_launch(dy, x, w, EPS, None, check=False)
-        )
+        now = table.get((cur[0], cur[2], cur[3])) or t_ms(lambda: R.rms_norm_bwd_launch(dy, x, w, EPS, None))
         k, v = best(table)
         p.log(
             f"rmsnorm_bwd {dtype} {m}x{n}: now {cur} {now * 1e3:.1f} us; best {k} {v * 1e3:.1f}; now/best {v / now:.3f}"
@@ -141,8 +135,8 @@ def swiglu(p: Probe, rec: list, dtype) -> None:
         for blk, nw in itertools.product((256, 512, 1024, 2048, 4096), (1, 2, 4, 8, 16)):
             if nw * 32 > blk or blk // (nw * 32) > 32:
                 continue
-            fwd[(blk, nw)] = t_ms(lambda: S.swiglu_fwd_launch(a, b, block=blk, num_warps=nw, check=False))
-            bwd[(blk, nw)] = t_ms(lambda: S.swiglu_bwd_launch(dc, a, b, block=blk, num_warps=nw, check=False))
+            fwd[(blk, nw)] = t_ms(lambda: S.swiglu_fwd_launch(a, b, block=blk, num_warps=nw))
+            bwd[(blk, nw)] = t_ms(lambda: S.swiglu_bwd_launch(dc, a, b, block=blk, num_warps=nw))
         peers = {}
         if L is not None:
             a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
@@ -186,7 +180,7 @@ def rope(p: Probe, rec: list, dtype) -> None:
         k = torch.randn(B, T, hk, d, device=DEV, dtype=dtype)
         ang = torch.randn(T, d // 2, device=DEV)
         cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-        table = {nw: t_ms(lambda: P.rope_launch(q, k, cos, sin, num_warps=nw, check=False)) for nw in (1, 2, 4, 8, 16)}
+        table = {nw: t_ms(lambda: P.rope_launch(q, k, cos, sin, num_warps=nw)) for nw in (1, 2, 4, 8, 16)}
         bq = 1 << (hq - 1).bit_length()
         cur = P._num_warps(bq, 1 << (d // 2 - 1).bit_length())
         peer = None

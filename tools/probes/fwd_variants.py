@@ -63,7 +63,7 @@ def rmsnorm_fwd(p):
         bn = triton.next_power_of_2(n)
         ref = F.rms_norm(x.float(), (n,), w.float(), EPS)
         res = {}
-        res["mahia"] = t_ms(lambda: R.rms_norm_fwd_launch(x, w, None, EPS, check=False))
+        res["mahia"] = t_ms(lambda: R.rms_norm_fwd_launch(x, w, None, EPS))
         for nw in (4, 8, 16):
             if nw * 32 > bn:
                 continue
@@ -94,9 +94,7 @@ def rmsnorm_bwd(p):
         t = {}
         for bm, nw, ps in itertools.product((1, 2, 4), (4, 8, 16), (1, 2, 4)):
             t[(bm, nw, ps)] = t_ms(
-                lambda: R.rms_norm_bwd_launch(
-                    dy, x, w, EPS, None, block_m=bm, num_warps=nw, programs_per_sm=ps, check=False
-                )
+                lambda: R.rms_norm_bwd_launch(dy, x, w, EPS, None, block_m=bm, num_warps=nw, programs_per_sm=ps)
             )
         cur = R.bwd_config(n)
         b = min(t.values())
@@ -115,13 +113,13 @@ def rope(p):
         k = torch.randn(B, T, hk, d, device=DEV, dtype=torch.bfloat16)
         ang = torch.randn(T, d // 2, device=DEV)
         cos, sin = ang.cos().to(q.dtype), ang.sin().to(q.dtype)
-        a = P.rope_launch(q, k, cos, sin, check=False)
-        o = OLD.rope_launch(q, k, cos, sin, check=False)
+        a = P.rope_launch(q, k, cos, sin)
+        o = OLD.rope_launch(q, k, cos, sin)
         assert all(torch.equal(u, v) for u, v in zip(a, o))
         res = {}
         for nw in (2, 4, 8):
-            res[f"old{nw}"] = t_ms(lambda: OLD.rope_launch(q, k, cos, sin, num_warps=nw, check=False))
-            res[f"new{nw}"] = t_ms(lambda: P.rope_launch(q, k, cos, sin, num_warps=nw, check=False))
+            res[f"old{nw}"] = t_ms(lambda: OLD.rope_launch(q, k, cos, sin, num_warps=nw))
+            res[f"new{nw}"] = t_ms(lambda: P.rope_launch(q, k, cos, sin, num_warps=nw))
         from liger_kernel.ops.rope import LigerRopeFunction as L
 
         c2, s2 = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
