@@ -436,7 +436,7 @@ def test_fuzz_moe_combine(
 
 
 # ---------------------------------------------------------------------------------------------------
-# grouped_mm (the Triton backend)
+# grouped_mm (every backend)
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -452,16 +452,68 @@ def _gmm_cost(m: int, k: int, n: int, groups: int) -> int:
     m=st.sampled_from([33, 5, 64, 1, 150, 2, 31, 0]),
     k=hidden,
     n=hidden,
-    groups=st.integers(1, 6),
+    empty=st.sampled_from(["", "", "", "", "K", "N"]),  # issue 37 #5: K = 0 or N = 0
+    groups=st.sampled_from([1, 2, 3, 4, 5, 6, 0]),  # issue 37 #7: G = 0 (no row in a group)
+    tail=st.sampled_from([0, 0, 1, 7, 40]),  # issue 37 #6: offs[-1] = M - tail, rows of no group
+    backend=st.sampled_from(["triton", "auto", "padded-bmm"]),
     dtype=dtypes,
     a_layout=st.sampled_from(["contiguous", "transposed", "row-gap"]),
     b_transposed=st.booleans(),
     seed=seeds,
 )
-@example(m=0, k=16, n=16, groups=3, dtype=torch.float32, a_layout="contiguous", b_transposed=False, seed=0)
-@example(m=5, k=9000, n=1, groups=1, dtype=torch.bfloat16, a_layout="transposed", b_transposed=True, seed=1)
-@example(m=2, k=1, n=9000, groups=2, dtype=torch.float16, a_layout="row-gap", b_transposed=False, seed=2)
-def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
+@example(
+    m=0,
+    k=16,
+    n=16,
+    empty="",
+    groups=3,
+    tail=0,
+    backend="triton",
+    dtype=torch.float32,
+    a_layout="contiguous",
+    b_transposed=False,
+    seed=0,
+)
+@example(
+    m=5,
+    k=9000,
+    n=1,
+    empty="",
+    groups=1,
+    tail=0,
+    backend="triton",
+    dtype=torch.bfloat16,
+    a_layout="transposed",
+    b_transposed=True,
+    seed=1,
+)
+@example(
+    m=2,
+    k=1,
+    n=9000,
+    empty="",
+    groups=2,
+    tail=0,
+    backend="triton",
+    dtype=torch.float16,
+    a_layout="row-gap",
+    b_transposed=False,
+    seed=2,
+)
+@example(
+    m=33,
+    k=16,
+    n=24,
+    empty="",
+    groups=3,
+    tail=0,
+    backend="auto",
+    dtype=torch.bfloat16,
+    a_layout="transposed",
+    b_transposed=False,
+    seed=3,
+)
+def test_fuzz_grouped_mm(m, k, n, empty, groups, tail, backend, dtype, a_layout, b_transposed, seed):
     budget = 1 << 30 if ON_GPU else 160
     while _gmm_cost(m, k, n, groups) > budget:  # shrink the largest of m, k, n
         if m >= max(k, n) and m > 1:
@@ -470,16 +522,20 @@ def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
             k //= 2
         else:
             n //= 2
+    k, n = (0 if empty == "K" else k), (0 if empty == "N" else n)
+    tail = min(tail, m)
     g = _gen(seed)
     a = _view(_randn([m, k], dtype, g), a_layout)
-    bk = _randn([groups, n, k] if b_transposed else [groups, k, n], dtype, g, scale=k**-0.5)
+    bk = _randn([groups, n, k] if b_transposed else [groups, k, n], dtype, g, scale=max(k, 1) ** -0.5)
     b = (bk.transpose(1, 2) if b_transposed else bk).detach().requires_grad_()
-    cuts = sorted(torch.randint(0, m + 1, (groups - 1,), generator=g).tolist()) + [m]  # empty groups too
+    cuts = sorted(torch.randint(0, m - tail + 1, (groups - 1,), generator=g).tolist()) + [m - tail] if groups else []
     offs = torch.tensor(cuts, dtype=torch.int32, device=DEVICE)
     with _quiet():
-        c = grouped_mm(a, b, offs, backend="triton")
+        c = grouped_mm(a, b, offs, backend=backend)
     assert c.shape == (m, n) and c.dtype == dtype
     dc = _randn(c.shape, dtype, g)
+    # the broadcast (stride-0) gradient of c.sum(), issue 37 #5, half of the time
+    dc = dc[:1, :1].expand(m, n) if seed % 2 and c.numel() else dc
     da, db = _grads(c, [a, b], dc)
 
     a64, b64 = _ref_inputs(a, b)
@@ -487,7 +543,7 @@ def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
     for grp, end in enumerate(cuts):
         parts.append(a64[start:end] @ b64[grp])
         start = end
-    c64 = torch.cat(parts) if parts else a64.new_zeros(0, n)
+    c64 = torch.cat(parts + [a64[start:] @ a64.new_zeros(k, n)])  # the rows past the last end: 0
     da64, db64 = _grads(c64, [a64, b64], dc.double())
     assert_close("grouped_mm c", c, c64, dtype)
     assert_close("grouped_mm da", da, da64, dtype)
