@@ -551,6 +551,55 @@ def test_fuzz_grouped_mm(m, k, n, empty, groups, tail, backend, dtype, a_layout,
 
 
 # ---------------------------------------------------------------------------------------------------
+# Attention with a float mask (mahia.layers.attention: every path)
+# ---------------------------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(
+    t=st.sampled_from([5, 1, 17, 33]),
+    extra=st.sampled_from([0, 3, 20]),  # S = T + extra: queries aligned to the end of the keys
+    heads=st.sampled_from([(2, 2), (4, 2), (3, 1)]),
+    d=st.sampled_from([16, 8, 40]),
+    dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+    offset=st.sampled_from([-1e5, 300.0, 0.0, -3e4, 1e4]),  # issue 37 #4: a constant in the mask's rows
+    spread=st.sampled_from([1.0, 4.0, 0.0]),
+    per_head=st.booleans(),
+    causal=st.booleans(),
+    path=st.sampled_from(["sdpa", "sdpa-math", "sdpa-flash", "chunked-math", "manual"]),
+    seed=seeds,
+)
+def test_fuzz_attention_float_mask(t, extra, heads, d, dtype, offset, spread, per_head, causal, path, seed):
+    """A float32 mask with a large constant offset per row changes nothing in the softmax; every path must
+    keep the mask's spread, not its offset, in 16-bit (sdpa casts the mask to q's dtype)."""
+    from mahia.layers.attention import chunked_attention, manual_attention, sdpa_attention
+
+    (hq, hkv), s = heads, t + extra
+    g = _gen(seed)
+    q, k, v = (_randn([2, h, n, d], dtype, g) for h, n in ((hq, t), (hkv, s), (hkv, s)))
+    mask = offset + spread * torch.randn(2, hq if per_head else 1, t, s, generator=g, dtype=torch.float64)
+    mask = mask.to(DEVICE, torch.float32)
+    backend = path.partition("-")[2] or None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a named backend that cannot run falls back, with a warning
+        if path == "manual":
+            out = manual_attention(q, k, v, causal=causal, attn_mask=mask)
+        elif path.startswith("chunked"):
+            out = chunked_attention(q, k, v, causal=causal, attn_mask=mask, chunk_size=8, backend=backend)
+        else:
+            out = sdpa_attention(q, k, v, causal=causal, attn_mask=mask, backend=backend)
+
+    q64, k64, v64 = (x.double().repeat_interleave(hq // x.shape[1], dim=1) for x in (q, k, v))
+    scores = q64 @ k64.transpose(-2, -1) / math.sqrt(d) + mask.double()
+    if causal:  # query i sees key j <= i + S - T
+        scores = scores.masked_fill(
+            torch.ones(t, s, dtype=torch.bool, device=DEVICE).tril(s - t).logical_not(), -math.inf
+        )
+    ref = torch.softmax(scores, dim=-1) @ v64
+    assert_close(f"attention {path} mask {offset:g}", out, ref, dtype, norm=True)
+
+
+# ---------------------------------------------------------------------------------------------------
 # The GLA scan (impl="triton")
 # ---------------------------------------------------------------------------------------------------
 
