@@ -17,7 +17,9 @@ Backends, the same product (``grouped_mm_backend`` says which ``backend="auto"``
   for bfloat16 on compute capability 9.0 or 10.x (elsewhere PyTorch's CUDA fallback copies ``offs`` to the
   host); on the CPU for float32/bfloat16/float16 when this torch build has the CPU kernel (a CPU has no
   device queue to wait for). K and N must be positive with 16-byte rows; operands whose strides the
-  kernel rejects (a transposed bfloat16 ``a``, a broadcast gradient) are made contiguous first.
+  kernel rejects (a transposed bfloat16 ``a``, a broadcast gradient) are made contiguous first. Its
+  kernel does not write the rows past the last end: a masked fill of c (and of da) zeroes them, one
+  more pass over the output.
 * ``"triton"``: the Triton grouped GEMM below. Rows are cut into BLOCK_M-row tiles that each belong to
   one group (the rows past the last end form one more group, written as zeros); the tile -> (group,
   first row) table is computed on the device from the ends. The number of tiles is data-dependent but
@@ -418,7 +420,8 @@ class _GroupedMM(torch.autograd.Function):
         if native:
             c = torch._grouped_mm(_aligned(a), _aligned(b), offs=ends)  # rows past ends[-1] are not written
             last = ends[-1:] if ends.numel() else ends.new_zeros(1)
-            return c.masked_fill_((torch.arange(M, device=a.device) >= last)[:, None], 0)
+            # not in place: selective activation checkpointing may keep c as torch._grouped_mm returned it
+            return c.masked_fill((torch.arange(M, device=a.device) >= last)[:, None], 0)
         if torch.compiler.is_compiling():
             return _mm_op(a, b, ends)
         c = a.new_empty(M, N)
