@@ -25,7 +25,9 @@ Paths, all computing the same function:
 Edge cases, the same on every path: a query row that can see no key (its bool mask row all False, or
 its float mask row all -inf, alone or together with the causal triangle) gives an output row of 0 and
 zero gradients, as PyTorch's SDPA kernels do (a plain softmax over nothing would be 0/0 = NaN); an
-empty query block (T = 0) gives an empty (B, Hq, 0, Dv) output.
+empty query block (T = 0) gives an empty (B, Hq, 0, Dv) output; a float mask has each row shifted to a
+maximum of 0 before it meets the scores (softmax ignores the shift), so its offset costs no precision in
+any dtype (SDPA takes it in q's dtype, the manual path in float32).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Grouped matrix multiply for mixture-of-experts layers: ``c[rows of group g] = a[rows of group g] @ b[g]``.
 
 a (M, K) holds the rows of every group back to back, b (G, K, N) one matrix per group, and offs (G,)
-int32 the cumulative group ends: group g is rows [offs[g-1], offs[g]) (offs[-1] read as 0); c is (M, N).
+int32 the cumulative group ends: group g is rows [offs[g-1], offs[g]) (from row 0 for g = 0); c is (M, N).
 The group sizes stay on the device, so nothing here waits for the GPU (no host sync): every shape is
 known from M, K, N, G.
 
 **The rule for offs**, the same on every backend and device. offs is meant to be non-decreasing with
 offs[G-1] = M. Its values are never read on the host (a check would sync): each backend reads the ends
-e_g = min(max(offs[0], ..., offs[g]), M), so an end past M is cut at M, a negative one reads as 0 and one
-below its predecessor gives an empty group. Rows past e_{G-1} (all rows when G = 0) belong to no group:
+e_g = min(max(0, offs[0], ..., offs[g]), M), so an end past M is cut at M, a negative one reads as 0 and
+one below its predecessor gives an empty group. Rows past e_{G-1} (all rows when G = 0) belong to no group:
 their rows of c and of the gradient of a are 0. No index ever leaves [0, M).
 
 Backends, the same product (``grouped_mm_backend`` says which ``backend="auto"`` runs):
@@ -58,7 +58,7 @@ _PAD_BLOCK_M = 32
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
     """c[r] = a[r] @ b[g] for every row r of group g, where group g is rows [e_{g-1}, e_g) with e_{-1} = 0
-    and e_g = min(max(offs[:g+1]), M) (so offs[g] itself for non-decreasing ends <= M; empty groups
+    and e_g = min(max(0, offs[0], ..., offs[g]), M) (offs[g] itself for non-decreasing ends <= M; empty groups
     allowed); rows past e_{G-1} give c[r] = 0 (module docstring).
 
     a: (M, K), b: (G, K, N), offs: (G,) int32. Returns (M, N) in a.dtype, differentiable in a and b:
