@@ -407,7 +407,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     is a broadcast gradient such as the one of ``c.sum()``)."""
     (rows, cols), (s_row, s_col) = t.shape[-2:], t.stride()[-2:]
     lead = s_row if s_col == 1 and s_row >= max(cols, 1) else s_col if s_row == 1 and s_col >= max(rows, 1) else 0
-    return t if lead and (lead * t.itemsize) % 16 == 0 else t.contiguous()
+    # not .contiguous(): an empty or one-row view counts as contiguous whatever its strides
+    return t if lead and (lead * t.itemsize) % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
 class _GroupedMM(torch.autograd.Function):
