@@ -18,8 +18,9 @@ Backends, the same product (``grouped_mm_backend`` says which ``backend="auto"``
   host); on the CPU for float32/bfloat16/float16 when this torch build has the CPU kernel (a CPU has no
   device queue to wait for). K and N must be positive with 16-byte rows; operands whose strides the
   kernel rejects (a transposed bfloat16 ``a``, a broadcast gradient) are made contiguous first. Its
-  kernel does not write the rows past the last end: a masked fill of c (and of da) zeroes them, one
-  more pass over the output.
+  kernel does not write the rows past the last end: a small Triton kernel zeroes them (one launch that
+  returns at once where there are none); without Triton, and under torch.compile (where it fuses), a
+  masked fill of c and da does.
 * ``"triton"``: the Triton grouped GEMM below. Rows are cut into BLOCK_M-row tiles that each belong to
   one group (the rows past the last end form one more group, written as zeros); the tile -> (group,
   first row) table is computed on the device from the ends. The number of tiles is data-dependent but
@@ -371,8 +372,24 @@ def _grouped_mm_wgrad_kernel(
     tl.store(db_ptrs, acc.to(DB.dtype.element_ty), mask=mask_k[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _zero_tail_kernel(C, ENDS, M, N, G, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Zero the rows of C past the last group end (torch._grouped_mm leaves them unwritten). A block of rows
+    wholly before that end returns at once: without such rows (the usual case) this costs one launch."""
+    end = tl.load(ENDS + G - 1, mask=G > 0, other=0)
+    row0 = tl.program_id(0) * BLOCK_M
+    if row0 + BLOCK_M <= end:
+        return
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = ((rm >= end) & (rm < M))[:, None] & (rn < N)[None, :]
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=C.dtype.element_ty), mask=mask)
+
+
 _launch_mm = Launcher(_grouped_mm_kernel)
 _launch_wgrad = Launcher(_grouped_mm_wgrad_kernel)
+_launch_zero_tail = Launcher(_zero_tail_kernel)
 
 
 def _blocks(t: torch.Tensor, kernel: str) -> dict:
@@ -420,9 +437,14 @@ class _GroupedMM(torch.autograd.Function):
         M, N = a.shape[0], b.shape[2]
         if native:
             c = torch._grouped_mm(_aligned(a), _aligned(b), offs=ends)  # rows past ends[-1] are not written
-            last = ends[-1:] if ends.numel() else ends.new_zeros(1)
-            # not in place: selective activation checkpointing may keep c as torch._grouped_mm returned it
-            return c.masked_fill((torch.arange(M, device=a.device) >= last)[:, None], 0)
+            if torch.compiler.is_compiling() or why_not(c) is not None:  # compiled, the fill fuses into c's use
+                last = ends[-1:] if ends.numel() else ends.new_zeros(1)
+                # not in place: selective activation checkpointing may keep c as torch._grouped_mm returned it
+                return c.masked_fill((torch.arange(M, device=a.device) >= last)[:, None], 0)
+            if c.numel():
+                grid = (triton.cdiv(M, 64), triton.cdiv(N, 256))
+                _launch_zero_tail(grid, c, ends, M, N, ends.numel(), *c.stride(), BLOCK_M=64, BLOCK_N=256, num_warps=4)
+            return c
         if torch.compiler.is_compiling():
             return _mm_op(a, b, ends)
         c = a.new_empty(M, N)
