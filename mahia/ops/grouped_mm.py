@@ -19,8 +19,8 @@ Backends, the same product (``grouped_mm_backend`` says which ``backend="auto"``
   device queue to wait for). K and N must be positive with 16-byte rows; operands whose strides the
   kernel rejects (a transposed bfloat16 ``a``, a broadcast gradient) are made contiguous first. Its
   kernel does not write the rows past the last end: a small Triton kernel zeroes them (one launch that
-  returns at once where there are none); without Triton, and under torch.compile (where it fuses), a
-  masked fill of c and da does.
+  returns at once where there are none); without Triton, and under torch.compile (where Inductor can fuse
+  it into the next op), a masked fill of c and da does.
 * ``"triton"``: the Triton grouped GEMM below. Rows are cut into BLOCK_M-row tiles that each belong to
   one group (the rows past the last end form one more group, written as zeros); the tile -> (group,
   first row) table is computed on the device from the ends. The number of tiles is data-dependent but
@@ -437,7 +437,7 @@ class _GroupedMM(torch.autograd.Function):
         M, N = a.shape[0], b.shape[2]
         if native:
             c = torch._grouped_mm(_aligned(a), _aligned(b), offs=ends)  # rows past ends[-1] are not written
-            if torch.compiler.is_compiling() or why_not(c) is not None:  # compiled, the fill fuses into c's use
+            if torch.compiler.is_compiling() or why_not(c) is not None:
                 last = ends[-1:] if ends.numel() else ends.new_zeros(1)
                 # not in place: selective activation checkpointing may keep c as torch._grouped_mm returned it
                 return c.masked_fill((torch.arange(M, device=a.device) >= last)[:, None], 0)
