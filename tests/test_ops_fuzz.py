@@ -429,7 +429,7 @@ def test_fuzz_moe_combine(
 
 
 # ---------------------------------------------------------------------------------------------------
-# grouped_mm (the Triton backend)
+# grouped_mm (every backend)
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -445,16 +445,68 @@ def _gmm_cost(m: int, k: int, n: int, groups: int) -> int:
     m=st.sampled_from([33, 5, 64, 1, 150, 2, 31, 0]),
     k=hidden,
     n=hidden,
-    groups=st.integers(1, 6),
+    empty=st.sampled_from(["", "", "", "", "K", "N"]),  # issue 37 #5: K = 0 or N = 0
+    groups=st.sampled_from([1, 2, 3, 4, 5, 6, 0]),  # issue 37 #7: G = 0 (no row in a group)
+    tail=st.sampled_from([0, 0, 1, 7, 40]),  # issue 37 #6: offs[-1] = M - tail, rows of no group
+    backend=st.sampled_from(["triton", "auto", "padded-bmm"]),
     dtype=dtypes,
     a_layout=st.sampled_from(["contiguous", "transposed", "row-gap"]),
     b_transposed=st.booleans(),
     seed=seeds,
 )
-@example(m=0, k=16, n=16, groups=3, dtype=torch.float32, a_layout="contiguous", b_transposed=False, seed=0)
-@example(m=5, k=9000, n=1, groups=1, dtype=torch.bfloat16, a_layout="transposed", b_transposed=True, seed=1)
-@example(m=2, k=1, n=9000, groups=2, dtype=torch.float16, a_layout="row-gap", b_transposed=False, seed=2)
-def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
+@example(
+    m=0,
+    k=16,
+    n=16,
+    empty="",
+    groups=3,
+    tail=0,
+    backend="triton",
+    dtype=torch.float32,
+    a_layout="contiguous",
+    b_transposed=False,
+    seed=0,
+)
+@example(
+    m=5,
+    k=9000,
+    n=1,
+    empty="",
+    groups=1,
+    tail=0,
+    backend="triton",
+    dtype=torch.bfloat16,
+    a_layout="transposed",
+    b_transposed=True,
+    seed=1,
+)
+@example(
+    m=2,
+    k=1,
+    n=9000,
+    empty="",
+    groups=2,
+    tail=0,
+    backend="triton",
+    dtype=torch.float16,
+    a_layout="row-gap",
+    b_transposed=False,
+    seed=2,
+)
+@example(
+    m=33,
+    k=16,
+    n=24,
+    empty="",
+    groups=3,
+    tail=0,
+    backend="auto",
+    dtype=torch.bfloat16,
+    a_layout="transposed",
+    b_transposed=False,
+    seed=3,
+)
+def test_fuzz_grouped_mm(m, k, n, empty, groups, tail, backend, dtype, a_layout, b_transposed, seed):
     budget = 1 << 30 if ON_GPU else 160
     while _gmm_cost(m, k, n, groups) > budget:  # shrink the largest of m, k, n
         if m >= max(k, n) and m > 1:
@@ -463,16 +515,20 @@ def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
             k //= 2
         else:
             n //= 2
+    k, n = (0 if empty == "K" else k), (0 if empty == "N" else n)
+    tail = min(tail, m)
     g = _gen(seed)
     a = _view(_randn([m, k], dtype, g), a_layout)
-    bk = _randn([groups, n, k] if b_transposed else [groups, k, n], dtype, g, scale=k**-0.5)
+    bk = _randn([groups, n, k] if b_transposed else [groups, k, n], dtype, g, scale=max(k, 1) ** -0.5)
     b = (bk.transpose(1, 2) if b_transposed else bk).detach().requires_grad_()
-    cuts = sorted(torch.randint(0, m + 1, (groups - 1,), generator=g).tolist()) + [m]  # empty groups too
+    cuts = sorted(torch.randint(0, m - tail + 1, (groups - 1,), generator=g).tolist()) + [m - tail] if groups else []
     offs = torch.tensor(cuts, dtype=torch.int32, device=DEVICE)
     with _quiet():
-        c = grouped_mm(a, b, offs, backend="triton")
+        c = grouped_mm(a, b, offs, backend=backend)
     assert c.shape == (m, n) and c.dtype == dtype
     dc = _randn(c.shape, dtype, g)
+    # the broadcast (stride-0) gradient of c.sum(), issue 37 #5, half of the time
+    dc = dc[:1, :1].expand(m, n) if seed % 2 and c.numel() else dc
     da, db = _grads(c, [a, b], dc)
 
     a64, b64 = _ref_inputs(a, b)
@@ -480,11 +536,60 @@ def test_fuzz_grouped_mm(m, k, n, groups, dtype, a_layout, b_transposed, seed):
     for grp, end in enumerate(cuts):
         parts.append(a64[start:end] @ b64[grp])
         start = end
-    c64 = torch.cat(parts) if parts else a64.new_zeros(0, n)
+    c64 = torch.cat(parts + [a64[start:] @ a64.new_zeros(k, n)])  # the rows past the last end: 0
     da64, db64 = _grads(c64, [a64, b64], dc.double())
     assert_close("grouped_mm c", c, c64, dtype)
     assert_close("grouped_mm da", da, da64, dtype)
     assert_close("grouped_mm db", db, db64, dtype)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Attention with a float mask (mahia.layers.attention: every path)
+# ---------------------------------------------------------------------------------------------------
+
+
+@FUZZ
+@given(
+    t=st.sampled_from([5, 1, 17, 33]),
+    extra=st.sampled_from([0, 3, 20]),  # S = T + extra: queries aligned to the end of the keys
+    heads=st.sampled_from([(2, 2), (4, 2), (3, 1)]),
+    d=st.sampled_from([16, 8, 40]),
+    dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+    offset=st.sampled_from([-1e5, 300.0, 0.0, -3e4, 1e4]),  # issue 37 #4: a constant in the mask's rows
+    spread=st.sampled_from([1.0, 4.0, 0.0]),
+    per_head=st.booleans(),
+    causal=st.booleans(),
+    path=st.sampled_from(["sdpa", "sdpa-math", "sdpa-flash", "chunked-math", "manual"]),
+    seed=seeds,
+)
+def test_fuzz_attention_float_mask(t, extra, heads, d, dtype, offset, spread, per_head, causal, path, seed):
+    """A float32 mask with a large constant offset per row changes nothing in the softmax; every path must
+    keep the mask's spread, not its offset, in 16-bit (sdpa casts the mask to q's dtype)."""
+    from mahia.layers.attention import chunked_attention, manual_attention, sdpa_attention
+
+    (hq, hkv), s = heads, t + extra
+    g = _gen(seed)
+    q, k, v = (_randn([2, h, n, d], dtype, g) for h, n in ((hq, t), (hkv, s), (hkv, s)))
+    mask = offset + spread * torch.randn(2, hq if per_head else 1, t, s, generator=g, dtype=torch.float64)
+    mask = mask.to(DEVICE, torch.float32)
+    backend = path.partition("-")[2] or None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a named backend that cannot run falls back, with a warning
+        if path == "manual":
+            out = manual_attention(q, k, v, causal=causal, attn_mask=mask)
+        elif path.startswith("chunked"):
+            out = chunked_attention(q, k, v, causal=causal, attn_mask=mask, chunk_size=8, backend=backend)
+        else:
+            out = sdpa_attention(q, k, v, causal=causal, attn_mask=mask, backend=backend)
+
+    q64, k64, v64 = (x.double().repeat_interleave(hq // x.shape[1], dim=1) for x in (q, k, v))
+    scores = q64 @ k64.transpose(-2, -1) / math.sqrt(d) + mask.double()
+    if causal:  # query i sees key j <= i + S - T
+        scores = scores.masked_fill(
+            torch.ones(t, s, dtype=torch.bool, device=DEVICE).tril(s - t).logical_not(), -math.inf
+        )
+    ref = torch.softmax(scores, dim=-1) @ v64
+    assert_close(f"attention {path} mask {offset:g}", out, ref, dtype, norm=True)
 
 
 # ---------------------------------------------------------------------------------------------------

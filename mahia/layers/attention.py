@@ -1,5 +1,5 @@
 """Attention: the textbook path, PyTorch's fused SDPA kernels with an explicit backend, a chunked path,
-and the attention layer with a static KV cache for graph-capturable decoding.
+and the attention layer (decoding through :class:`mahia.layers.kv_cache.StaticKVCache`).
 
 For one head, queries q (T, D), keys k (S, D), values v (S, Dv):
 
@@ -18,14 +18,16 @@ Paths, all computing the same function:
 
 * :func:`manual_attention` ("before"): materializes the (T, S) score matrix, softmax in float32.
 * :func:`sdpa_attention` ("after"): ``F.scaled_dot_product_attention`` with a chosen kernel, "flash",
-  "cudnn", "efficient" or "math", or None to let PyTorch pick; :func:`resolve_backend` falls back
-  (warning once) when the chosen one cannot run on these inputs.
+  "cudnn", "efficient" or "math", or None to let PyTorch pick; a chosen one that cannot run on these
+  inputs is replaced by the first of ``BACKENDS`` that can (warning once; :func:`available_backends`).
 * :func:`chunked_attention`: queries in chunks, so the manual path needs O(chunk_size * S) memory.
 
 Edge cases, the same on every path: a query row that can see no key (its bool mask row all False, or
 its float mask row all -inf, alone or together with the causal triangle) gives an output row of 0 and
 zero gradients, as PyTorch's SDPA kernels do (a plain softmax over nothing would be 0/0 = NaN); an
-empty query block (T = 0) gives an empty (B, Hq, 0, Dv) output.
+empty query block (T = 0) gives an empty (B, Hq, 0, Dv) output; a float mask has each row shifted to a
+maximum of 0 before it meets the scores (softmax ignores the shift), so its offset costs no precision in
+any dtype (SDPA takes it in q's dtype, the manual path in float32).
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from mahia.layers.kv_cache import StaticKVCache, decode_mask
 from mahia.layers.rope import IMPLS as ROPE_IMPLS
 from mahia.layers.rope import apply_rope
-from mahia.measure.checks import check_float_dtype, check_float_tensor, check_int, check_same_device
+from mahia.measure.checks import check_float_tensor, check_int, check_same_device
 
 __all__ = [
     "IMPLS",
@@ -50,16 +53,11 @@ __all__ = [
     "sdpa_attention",
     "chunked_attention",
     "attention",
-    "resolve_backend",
     "available_backends",
     "fused_backends",
-    "clear_backend_cache",
     "attention_flops",
     "attention_bytes",
     "chunk_blocks",
-    "rope_rows",
-    "decode_mask",
-    "StaticKVCache",
     "Attention",
 ]
 
@@ -80,9 +78,10 @@ DEFAULT_CHUNK_SIZE = 1024
 # ---------------------------------------------------------------------------------------------------
 
 
-def _check_qkv(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise TypeError/ValueError naming the argument unless q (B,Hq,T,D), k (B,Hkv,S,D), v (B,Hkv,S,Dv)
-    fit together."""
+def _check(fn: str, q, k, v, attn_mask=None, causal: bool = False, backend: str | None = None) -> None:
+    """Raise TypeError/ValueError naming the argument unless q (B, Hq, T, D), k (B, Hkv, S, D) and
+    v (B, Hkv, S, Dv) fit together (Hq a multiple of Hkv; S >= T if causal), ``attn_mask`` is None or a
+    bool or float tensor broadcastable to (B, Hq, T, S), and ``backend`` is None or one of ``BACKENDS``."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(fn, name, t, min_dim=4)
         if t.dim() != 4:
@@ -90,43 +89,26 @@ def _check_qkv(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"{fn}: q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     check_same_device(fn, q=q, k=k, v=v)
-    B, Hq, _, D = q.shape
-    if k.shape[0] != B or v.shape[0] != B:
+    B, Hq, T, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or v.shape[:3] != k.shape[:3]:
         raise ValueError(
-            f"{fn}: k and v must have the batch size of q ({B}), got k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"{fn}: k and v must be (B, Hkv, S, D) and (B, Hkv, S, Dv) with the batch size and head dim of q "
+            f"(B={B}, D={D}), got k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
-    if k.shape[-1] != D:
-        raise ValueError(f"{fn}: k must have the head dim of q ({D}), got k {tuple(k.shape)}")
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(
-            f"{fn}: v must be (B, Hkv, S, Dv) with (B, Hkv, S) of k {tuple(k.shape[:3])}, got v {tuple(v.shape)}"
-        )
-    Hkv = k.shape[1]
-    if Hkv == 0 or Hq % Hkv != 0:
+    if k.shape[1] == 0 or Hq % k.shape[1] != 0:
         raise ValueError(
             f"{fn}: the number of query heads Hq={Hq} must be a multiple of the number of "
-            f"kv heads Hkv={Hkv} (dim 1 of k and v)"
+            f"kv heads Hkv={k.shape[1]} (dim 1 of k and v)"
         )
-
-
-def _check_causal_lengths(fn: str, T: int, S: int, causal: bool) -> None:
-    if causal and S < T:
-        raise ValueError(
-            f"{fn}: causal attention aligns the T={T} queries to the end of the S={S} keys and "
-            "needs S >= T (otherwise the first queries see no key)"
-        )
-
-
-def _check_mask(fn: str, attn_mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
+    _check_causal_lengths(fn, T, k.shape[2], causal)
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
     if attn_mask is None:
         return
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"{fn}: attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
-        raise TypeError(
-            f"{fn}: attn_mask must be bool (True = attend) or floating (added to the scores), got {attn_mask.dtype}"
-        )
-    full = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    if not isinstance(attn_mask, torch.Tensor) or not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+        what = attn_mask.dtype if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
+        raise TypeError(f"{fn}: attn_mask must be None or a bool (True = attend) or floating tensor, got {what}")
+    full = (B, Hq, T, k.shape[2])
     try:
         ok = attn_mask.dim() >= 2 and torch.broadcast_shapes(attn_mask.shape, full) == full
     except RuntimeError:
@@ -139,26 +121,12 @@ def _check_mask(fn: str, attn_mask: torch.Tensor | None, q: torch.Tensor, k: tor
     check_same_device(fn, q=q, attn_mask=attn_mask)
 
 
-def _check_backend(fn: str, backend: str | None) -> None:
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
-
-
-def _checked_sdpa_mask(
-    fn: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    causal: bool,
-    backend: str | None = None,
-):
-    """Validate the inputs of an SDPA call; return SDPA's (attn_mask, is_causal) for them."""
-    _check_qkv(fn, q, k, v)
-    _check_mask(fn, attn_mask, q, k)
-    _check_backend(fn, backend)
-    _check_causal_lengths(fn, q.shape[2], k.shape[2], causal)
-    return _combined_mask(q, k, causal, attn_mask)
+def _check_causal_lengths(fn: str, T: int, S: int, causal: bool) -> None:
+    if causal and S < T:
+        raise ValueError(
+            f"{fn}: causal attention aligns the T={T} queries to the end of the S={S} keys and "
+            "needs S >= T (otherwise the first queries see no key)"
+        )
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -181,21 +149,31 @@ def _combined_mask(
 
     SDPA's own ``is_causal`` is used only for S == T without a user mask (where top-left and
     bottom-right agree); it lets flash attention run. Otherwise the causal triangle goes into the mask.
-    Float masks are cast to the dtype of q, which SDPA requires.
+    A float mask goes to the kernels in the dtype of q (cuDNN's and the memory-efficient one's rule),
+    shifted by :func:`_float_mask`.
     """
     T, S = q.shape[2], k.shape[2]
-    if attn_mask is not None and attn_mask.is_floating_point():
-        attn_mask = attn_mask.to(q.dtype)
-    if not causal:
-        return attn_mask, False
-    if attn_mask is None and S == T:
+    if causal and attn_mask is None and S == T:
         return None, True
-    keep = causal_mask(T, S, q.device)  # (T, S)
-    if attn_mask is None:
-        return keep, False
-    if attn_mask.dtype == torch.bool:
-        return attn_mask & keep, False
-    return attn_mask.masked_fill(~keep, float("-inf")), False
+    keep = causal_mask(T, S, q.device) if causal else None  # (T, S)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        return _float_mask(attn_mask, keep, q.dtype), False
+    if keep is None or attn_mask is None:
+        return (attn_mask if keep is None else keep), False
+    return attn_mask & keep, False
+
+
+def _float_mask(mask: torch.Tensor, keep: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """A float mask with the bool ``keep`` (None: all) applied as -inf and each row shifted to a maximum of
+    0, in ``dtype``. Softmax ignores a constant added to a row; shifted, what the scores' dtype keeps is the
+    row's range, not its offset (unshifted, a row of -1e5 rounds to -inf in float16, a bias near 300 keeps 3
+    significant bits in bfloat16, and one near 1e5 swamps float32 scores). A row of -inf stays one."""
+    if keep is not None:
+        mask = mask.masked_fill(~keep, float("-inf"))
+    if mask.numel():
+        top = mask.detach().amax(dim=-1, keepdim=True)
+        mask = mask - torch.where(top.isfinite(), top, 0.0)
+    return mask.to(dtype)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,11 +201,8 @@ def manual_attention(
     gradients), like SDPA: such rows are softmaxed unmasked and their output zeroed, found from the
     mask alone (no pass over the scores). Memory: O(B * Hq * T * S) for the scores and the probabilities.
     """
-    fn = "manual_attention"
-    _check_qkv(fn, q, k, v)
-    _check_mask(fn, attn_mask, q, k)
+    _check("manual_attention", q, k, v, attn_mask, causal)
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
-    _check_causal_lengths(fn, T, S, causal)
     scale = D**-0.5 if scale is None else scale
     n_rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, Hq, S, D)
@@ -242,8 +217,8 @@ def manual_attention(
             keep = attn_mask if keep is None else attn_mask & keep
             seen = keep
         else:
-            bias = attn_mask.to(dt)
-            seen = bias > float("-inf") if keep is None else (bias > float("-inf")) & keep
+            bias = _float_mask(attn_mask, keep, dt)  # the causal triangle included
+            keep, seen = None, bias > float("-inf")
         dead = ~seen.any(dim=-1, keepdim=True)
         # a dead row is softmaxed over all its keys (finite) and its output zeroed below
         keep = None if keep is None else keep | dead
@@ -274,11 +249,12 @@ def sdpa_attention(
     sm80+), "efficient" (xFormers memory-efficient kernel, CUDA only), "math" (the composite reference,
     runs everywhere), or None to let PyTorch choose. A named backend that cannot run on these inputs is
     replaced by the first runnable one in ``BACKENDS`` order, with a warning the first time
-    (:func:`resolve_backend`). GQA uses SDPA's ``enable_gqa`` where the kernel supports it, otherwise
+    (:func:`available_backends` lists them). GQA uses SDPA's ``enable_gqa`` where the kernel supports it, otherwise
     the kv heads are repeated first. Causal with S != T passes an explicit bottom-right mask. A query row
     that sees no key gives 0 on every backend (cuDNN's kernel does not, so masked outputs are fixed up).
     """
-    mask, is_causal = _checked_sdpa_mask("sdpa_attention", q, k, v, attn_mask, causal, backend)
+    _check("sdpa_attention", q, k, v, attn_mask, causal, backend)
+    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
     if q.shape[2] == 0:  # no query: SDPA's CUDA kernels refuse it ("No available kernel"); same result
         return manual_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
     gqa = q.shape[1] != k.shape[1]
@@ -336,13 +312,9 @@ def chunked_attention(
     None, else :func:`sdpa_attention` with that backend. An empty query block (T = 0) runs one empty
     chunk and returns (B, Hq, 0, Dv); fully masked query rows give 0, as on the other paths.
     """
-    fn = "chunked_attention"
-    _check_qkv(fn, q, k, v)
-    _check_mask(fn, attn_mask, q, k)
-    _check_backend(fn, backend)
-    check_int(fn, "chunk_size", chunk_size)
+    _check("chunked_attention", q, k, v, attn_mask, causal, backend)
+    check_int("chunked_attention", "chunk_size", chunk_size)
     T, S = q.shape[2], k.shape[2]
-    _check_causal_lengths(fn, T, S, causal)
     outs = []
     for t0 in range(0, max(T, 1), chunk_size):  # T = 0: one empty chunk, so the output keeps its shape
         t1 = min(t0 + chunk_size, T)
@@ -374,26 +346,19 @@ def attention(
     only (default 1024); passing one to an impl that does not use it is an error, not a silent no-op.
     """
     _check_impl_args("attention", impl, backend, chunk_size)
+    kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
     if impl == "manual":
-        return manual_attention(q, k, v, causal=causal, attn_mask=attn_mask, scale=scale)
+        return manual_attention(q, k, v, **kw)
     if impl == "sdpa":
-        return sdpa_attention(q, k, v, causal=causal, attn_mask=attn_mask, backend=backend, scale=scale)
-    return chunked_attention(
-        q,
-        k,
-        v,
-        causal=causal,
-        chunk_size=chunk_size or DEFAULT_CHUNK_SIZE,
-        backend=backend,
-        attn_mask=attn_mask,
-        scale=scale,
-    )
+        return sdpa_attention(q, k, v, backend=backend, **kw)
+    return chunked_attention(q, k, v, chunk_size=chunk_size or DEFAULT_CHUNK_SIZE, backend=backend, **kw)
 
 
 def _check_impl_args(fn: str, impl: str, backend: str | None, chunk_size: int | None) -> None:
     if impl not in IMPLS:
         raise ValueError(f"{fn}: impl must be one of {IMPLS}, got {impl!r}")
-    _check_backend(fn, backend)
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
     if backend is not None and impl == "manual":
         raise ValueError(f"{fn}: backend={backend!r} applies to impl='sdpa' or 'chunked', not 'manual'")
     if chunk_size is not None:
@@ -403,176 +368,64 @@ def _check_impl_args(fn: str, impl: str, backend: str | None, chunk_size: int | 
 
 
 # ---------------------------------------------------------------------------------------------------
-# Which SDPA backend can run
+# Which SDPA backend runs
 # ---------------------------------------------------------------------------------------------------
 
-# (backend, properties of the inputs) -> (runs, runs with enable_gqa). Filled on first use per key.
-_runnable: dict[tuple, tuple[bool, bool]] = {}
-# (requested, chosen, properties) that already warned about a fallback.
-_warned: set[tuple] = set()
+_warned: set[tuple] = set()  # (requested, chosen, device type, dtype) that already warned about a fallback
 
 
-def clear_backend_cache() -> None:
-    """Forget which backends were found runnable and which fallbacks warned (tests; changed settings)."""
-    _runnable.clear()
-    _warned.clear()
-
-
-def _props(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> tuple:
-    """What the backends' constraints depend on in practice; the cache key (less the backend name)."""
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return (
-        q.device,
-        q.dtype,
-        q.shape[-1],
-        v.shape[-1],
-        mask is not None,
-        is_causal,
-        q.shape[1] != k.shape[1],
-        k.shape[2] == 1,
-        needs_grad,
-    )
-
-
-def _can_use_cuda(name: str, q, k, v, mask, is_causal: bool, gqa: bool) -> bool | None:
-    """PyTorch's own capability check for a CUDA backend on these inputs; None if this torch lacks it."""
-    check = getattr(
-        torch.backends.cuda,
-        {
-            "flash": "can_use_flash_attention",
-            "efficient": "can_use_efficient_attention",
-            "cudnn": "can_use_cudnn_attention",
-        }[name],
-        None,
-    )
-    params_cls = getattr(torch.backends.cuda, "SDPAParams", None)
-    if check is None or params_cls is None:
-        return None
-    try:
-        params = params_cls(q, k, v, mask, 0.0, is_causal, gqa)
-    except TypeError:  # a torch whose SDPAParams has no enable_gqa argument
-        return None
-    # Inside sdpa_kernel so that a caller's own sdpa_kernel(...) context does not veto the backend.
-    with sdpa_kernel(_SDP_BACKEND[name]):
-        return bool(check(params, False))
-
-
-def _try_run(name: str, props: tuple, gqa: bool) -> bool:
-    """Run the backend once on tiny inputs with the given properties; True if it worked."""
-    device, dtype, d, dv, masked, is_causal, has_gqa, s_is_1, needs_grad = props
-    T = S = 1 if s_is_1 else 2
-    Hkv, Hq = 1, (2 if has_gqa else 1)
-    # zeros, not randn: the probe must not advance the caller's random number generator
-    q = torch.zeros(1, Hq, T, d, device=device, dtype=dtype, requires_grad=needs_grad)
-    k = torch.zeros(1, Hkv if gqa else Hq, S, d, device=device, dtype=dtype)
-    v = torch.zeros(1, Hkv if gqa else Hq, S, dv, device=device, dtype=dtype)
-    mask = causal_mask(T, S, device) if masked else None
-    try:
-        with warnings.catch_warnings(), sdpa_kernel(_SDP_BACKEND[name]), torch.set_grad_enabled(needs_grad):
-            warnings.simplefilter("ignore")  # PyTorch warns why each kernel was rejected
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=gqa)
-            if needs_grad:
-                out.sum().backward()
-        return True
-    except RuntimeError:
-        return False
-
-
-def _static_verdict(name: str, device: torch.device, dtype: torch.dtype, masked: bool) -> bool | None:
-    """The rules that need no check of the inputs: True/False where they decide, None where they don't."""
-    if name == "math":
-        return True
-    if name in ("cudnn", "efficient") and device.type != "cuda":
-        return False  # CUDA-only kernels
-    if device.type == "cuda":
-        if name == "flash" and masked:
-            return False  # flash takes only is_causal, no mask tensor
-        if name in ("flash", "cudnn") and dtype not in (torch.float16, torch.bfloat16):
+def _takes(name: str, q, k, v, mask, is_causal: bool) -> bool:
+    """Whether SDPA backend ``name`` takes these inputs as they are: PyTorch's own choice with only that
+    backend enabled (``torch._fused_sdp_choice``, what ``F.scaled_dot_product_attention`` asks; no launch)."""
+    with warnings.catch_warnings(), sdpa_kernel(_SDP_BACKEND[name]):
+        warnings.simplefilter("ignore")  # PyTorch warns why it rejects a kernel
+        try:
+            torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, enable_gqa=q.shape[1] != k.shape[1])
+            return True
+        except RuntimeError:
             return False
-        if name == "efficient" and dtype == torch.float64:
-            return False
-    return None
 
 
 def _runs(name: str, q, k, v, mask, is_causal: bool) -> tuple[bool, bool]:
-    """(can run, can run with enable_gqa), cached per (backend, input properties)."""
-    props = _props(q, k, v, mask, is_causal)
-    key = (name,) + props
-    if key in _runnable:
-        return _runnable[key]
-    verdict = _static_verdict(name, q.device, q.dtype, mask is not None)
-    if verdict is not None:
-        return verdict, verdict
+    """(runs, runs on the grouped-query heads as they are): a backend that does not take GQA heads
+    (``enable_gqa``) may take them once the kv heads are repeated."""
+    native = _takes(name, q, k, v, mask, is_causal)
+    if native or q.shape[1] == k.shape[1]:
+        return native, native
+    n_rep = q.shape[1] // k.shape[1]
+    return _takes(name, q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), mask, is_causal), False
+
+
+def _plan(q, k, v, requested: str, mask, is_causal: bool) -> tuple[str, bool]:
+    """(backend to use, use enable_gqa) for SDPA inputs already combined into (mask, is_causal):
+    ``requested`` if it runs, else the first of ``BACKENDS`` that does, with a warning once per kind of
+    input. Under torch.compile, which cannot trace the check, ``requested`` as it is."""
     if torch.compiler.is_compiling():
-        return True, True  # resolve eagerly first (a warm-up call); tracing cannot run the checks
-    gqa = props[6]
-    result = None
-    if q.device.type == "cuda":  # PyTorch's own checks on the actual inputs: exact, launch nothing
-        native = _can_use_cuda(name, q, k, v, mask, is_causal, gqa)
-        if native is not None and gqa and not native:  # maybe it runs once the kv heads are repeated
-            n_rep = q.shape[1] // k.shape[1]
-            k_rep, v_rep = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-            repeated = _can_use_cuda(name, q, k_rep, v_rep, mask, is_causal, False)
-            result = (bool(repeated), False)
-        elif native is not None:
-            result = (native, native)
-    if result is None:  # only trying tells (PyTorch's CPU flash kernel; a torch without can_use_*)
-        if _try_run(name, props, gqa):
-            result = (True, True)
-        elif gqa and _try_run(name, props, False):
-            result = (True, False)
-        else:
-            result = (False, False)
-    _runnable[key] = result
-    return result
-
-
-def _plan(q, k, v, requested: str | None, mask, is_causal: bool) -> tuple[str, bool]:
-    """(backend to use, use enable_gqa) for SDPA inputs already combined into (mask, is_causal)."""
-    chain = BACKENDS if requested is None else (requested,) + tuple(b for b in BACKENDS if b != requested)
-    for name in chain:
+        return requested, True
+    for name in (requested, *BACKENDS):  # "math" always runs
         runs, native_gqa = _runs(name, q, k, v, mask, is_causal)
         if runs:
             break
-    if requested is not None and name != requested and not torch.compiler.is_compiling():
-        props = _props(q, k, v, mask, is_causal)
-        if (requested, name) + props not in _warned:
-            _warned.add((requested, name) + props)
-            warnings.warn(
-                f"attention: SDPA backend {requested!r} cannot run on these inputs (device {q.device}, "
-                f"dtype {q.dtype}, head_dim {q.shape[-1]}, mask {'yes' if mask is not None else 'no'}, "
-                f"GQA {'yes' if q.shape[1] != k.shape[1] else 'no'}); using {name!r} instead.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+    key = (requested, name, q.device.type, q.dtype)
+    if name != requested and key not in _warned:
+        _warned.add(key)
+        warnings.warn(
+            f"attention: SDPA backend {requested!r} cannot run on these inputs (device {q.device}, "
+            f"dtype {q.dtype}, head_dim {q.shape[-1]}, mask {'yes' if mask is not None else 'no'}, "
+            f"GQA {'yes' if q.shape[1] != k.shape[1] else 'no'}); using {name!r} instead.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return name, native_gqa
-
-
-def resolve_backend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    requested: str | None,
-    causal: bool = True,
-    attn_mask: torch.Tensor | None = None,
-) -> str:
-    """The backend :func:`sdpa_attention` runs for these inputs: ``requested`` if it can, else the first
-    runnable one of ``BACKENDS`` (warning once per kind of input).
-
-    On CUDA the check is PyTorch's own ``torch.backends.cuda.can_use_*_attention`` on the actual
-    inputs (no launch). Elsewhere "cudnn" and "efficient" are out (CUDA-only) and "flash" is tried once
-    on tiny inputs. Results are cached per (backend, device, dtype, head dims, masked, causal, GQA,
-    S == 1, needs grad); call it once eagerly before CUDA graph capture or ``torch.compile``.
-    """
-    mask, is_causal = _checked_sdpa_mask("resolve_backend", q, k, v, attn_mask, causal, requested)
-    return _plan(q, k, v, requested, mask, is_causal)[0]
 
 
 def available_backends(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, attn_mask: torch.Tensor | None = None
 ) -> list[str]:
-    """The SDPA backends (in ``BACKENDS`` order) that can run attention on these inputs."""
-    mask, is_causal = _checked_sdpa_mask("available_backends", q, k, v, attn_mask, causal)
+    """The SDPA backends (in ``BACKENDS`` order) that :func:`sdpa_attention` can run on these inputs, by
+    PyTorch's own check of each (no launch): on a CPU "flash" (PyTorch's CPU kernel) and "math"."""
+    _check("available_backends", q, k, v, attn_mask, causal)
+    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
     return [name for name in BACKENDS if _runs(name, q, k, v, mask, is_causal)[0]]
 
 
@@ -583,7 +436,8 @@ def fused_backends(
     included (``enable_gqa``): those PyTorch's own choice, :func:`sdpa_attention` with ``backend=None``, can run.
     None of them: it runs the math path, which writes the T x T scores like :func:`manual_attention` (on the
     H200 with torch 2.11, float32 with 8 query heads on 4 KV heads: notebook 10's SDPA rung)."""
-    mask, is_causal = _checked_sdpa_mask("fused_backends", q, k, v, attn_mask, causal)
+    _check("fused_backends", q, k, v, attn_mask, causal)
+    mask, is_causal = _combined_mask(q, k, causal, attn_mask)
     return [name for name in BACKENDS if name != "math" and _runs(name, q, k, v, mask, is_causal)[1]]
 
 
@@ -637,126 +491,6 @@ def chunk_blocks(T: int, S: int, chunk_size: int, causal: bool = True) -> list[t
         t1 = min(t0 + chunk_size, T)
         blocks.append((t1 - t0, t1 + S - T if causal else S))
     return blocks
-
-
-# ---------------------------------------------------------------------------------------------------
-# Decoding helpers: rope rows and mask from a position tensor, and the static KV cache
-# ---------------------------------------------------------------------------------------------------
-
-
-def _check_start_pos(fn: str, start_pos: object, device: torch.device) -> torch.Tensor:
-    if not isinstance(start_pos, torch.Tensor):
-        raise TypeError(
-            f"{fn}: start_pos must be a 0-dim int64 tensor on {device} (a Python int would be "
-            f"baked into a captured CUDA graph), got {type(start_pos).__name__}"
-        )
-    if start_pos.dim() != 0 or start_pos.dtype != torch.int64:
-        raise TypeError(
-            f"{fn}: start_pos must be a 0-dim int64 tensor, got shape {tuple(start_pos.shape)} dtype {start_pos.dtype}"
-        )
-    if start_pos.device != device:
-        raise ValueError(f"{fn}: start_pos must be on {device}, got {start_pos.device}")
-    return start_pos
-
-
-def rope_rows(cache: nn.Module, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin) rows of a :class:`~mahia.layers.rope.RotaryCache` at ``positions`` (int64, shape (T,)).
-
-    A gather on the device (no host sync): ``rope_rows(rope, start_pos + torch.arange(T))`` gives the
-    rows a decode step needs from a position *tensor*. Out-of-range positions are not checked (that
-    would sync); on CUDA they trip a device-side assert.
-    """
-    if not (
-        isinstance(getattr(cache, "cos", None), torch.Tensor) and isinstance(getattr(cache, "sin", None), torch.Tensor)
-    ):
-        raise TypeError(
-            f"rope_rows: cache must be a RotaryCache (with .cos and .sin tables), got {type(cache).__name__}"
-        )
-    if not isinstance(positions, torch.Tensor) or positions.dtype != torch.int64 or positions.dim() != 1:
-        raise TypeError("rope_rows: positions must be a 1-d int64 tensor")
-    return cache.cos[positions], cache.sin[positions]  # (T, D/2) each
-
-
-def decode_mask(start_pos: torch.Tensor, T: int, max_len: int) -> torch.Tensor:
-    """Bool (T, max_len): query i (at position start_pos + i) may attend key j iff j <= start_pos + i.
-
-    Built from tensors only, so it needs no host sync and can be captured in a CUDA graph.
-    """
-    device = start_pos.device
-    pos = start_pos + torch.arange(T, device=device)  # (T,)
-    return torch.arange(max_len, device=device)[None, :] <= pos[:, None]  # (T, max_len)
-
-
-class StaticKVCache(nn.Module):
-    """Preallocated keys and values, (batch, n_kv_heads, max_len, head_dim) each.
-
-    ``update(start_pos, k_new, v_new)`` writes T new positions start_pos .. start_pos+T-1 with
-    ``index_copy_`` and returns the whole buffers; shapes never change, so a decode step that uses it
-    can be captured in a CUDA graph. Everything that can be checked from shapes is checked; that
-    start_pos + T <= max_len is the caller's responsibility (checking a device value would sync; on a
-    CPU an overflow raises IndexError, on CUDA it is a device-side assert). For inference: call it under
-    ``torch.no_grad()`` / ``torch.inference_mode()``.
-    """
-
-    def __init__(
-        self,
-        batch: int,
-        max_len: int,
-        n_kv_heads: int,
-        head_dim: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ):
-        super().__init__()
-        for name, val in (("batch", batch), ("max_len", max_len), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim)):
-            check_int("StaticKVCache", name, val)
-        check_float_dtype("StaticKVCache", dtype)
-        self.batch, self.max_len, self.n_kv_heads, self.head_dim = batch, max_len, n_kv_heads, head_dim
-        shape = (batch, n_kv_heads, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-
-    def update(
-        self, start_pos: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k_new, v_new (batch, n_kv_heads, T, head_dim) at positions start_pos .. start_pos+T-1."""
-        fn = "StaticKVCache.update"
-        expected = (self.batch, self.n_kv_heads, None, self.head_dim)
-        for name, t in (("k_new", k_new), ("v_new", v_new)):
-            check_float_tensor(fn, name, t, min_dim=4)
-            if t.dim() != 4 or any(e is not None and s != e for s, e in zip(t.shape, expected)):
-                raise ValueError(
-                    f"{fn}: {name} must be (batch, n_kv_heads, T, head_dim) = ({self.batch}, "
-                    f"{self.n_kv_heads}, T, {self.head_dim}), got {tuple(t.shape)}"
-                )
-            if t.dtype != self.k.dtype:
-                raise TypeError(f"{fn}: {name} must have the cache dtype {self.k.dtype}, got {t.dtype}")
-            if t.device != self.k.device:
-                raise ValueError(f"{fn}: {name} must be on the cache device {self.k.device}, got {t.device}")
-        T = k_new.shape[2]
-        if v_new.shape[2] != T:
-            raise ValueError(
-                f"{fn}: k_new and v_new must hold the same number of positions, got {T} and {v_new.shape[2]}"
-            )
-        if T > self.max_len:
-            raise ValueError(f"{fn}: cannot write T={T} positions into a cache of max_len={self.max_len}")
-        start_pos = _check_start_pos(fn, start_pos, self.k.device)
-        pos = start_pos + torch.arange(T, device=start_pos.device)  # (T,) int64, stays on the device
-        self.k.index_copy_(2, pos, k_new)
-        self.v.index_copy_(2, pos, v_new)
-        return self.k, self.v
-
-    def reset(self) -> None:
-        """Zero both buffers (positions past the current one are masked anyway; this is for hygiene)."""
-        self.k.zero_()
-        self.v.zero_()
-
-    def extra_repr(self) -> str:
-        return (
-            f"batch={self.batch}, max_len={self.max_len}, n_kv_heads={self.n_kv_heads}, "
-            f"head_dim={self.head_dim}, dtype={self.k.dtype}"
-        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -830,30 +564,20 @@ class Attention(nn.Module):
         q, k = apply_rope(q, k, cos, sin, impl=self.rope_impl)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D)
 
-        if kv_cache is None:
-            if start_pos is not None:
-                raise ValueError("Attention.forward: start_pos is only meaningful together with kv_cache")
-            out = attention(q, k, v, impl=self.impl, causal=True, backend=self.backend, chunk_size=self.chunk_size)
-        else:
+        mask = None  # without a cache: causal self-attention over the T tokens
+        if kv_cache is not None:
             if not isinstance(kv_cache, StaticKVCache):
                 raise TypeError(
                     f"Attention.forward: kv_cache must be a StaticKVCache or None, got {type(kv_cache).__name__}"
                 )
             if start_pos is None:
                 raise ValueError("Attention.forward: kv_cache needs start_pos (a 0-dim int64 tensor)")
-            _check_start_pos("Attention.forward", start_pos, x.device)
-            k_all, v_all = kv_cache.update(start_pos, k, v)  # (B, Hkv, max_len, D)
+            k, v = kv_cache.update(start_pos, k, v)  # (B, Hkv, max_len, D)
             mask = decode_mask(start_pos, T, kv_cache.max_len)  # (T, max_len)
-            out = attention(
-                q,
-                k_all,
-                v_all,
-                impl=self.impl,
-                causal=False,
-                backend=self.backend,
-                chunk_size=self.chunk_size,
-                attn_mask=mask,
-            )
+        elif start_pos is not None:
+            raise ValueError("Attention.forward: start_pos is only meaningful together with kv_cache")
+        kw = dict(impl=self.impl, backend=self.backend, chunk_size=self.chunk_size)
+        out = attention(q, k, v, causal=mask is None, attn_mask=mask, **kw)
         out = out.transpose(1, 2).reshape(B, T, Hq * D)  # (B, T, Hq*D)
         return self.out_proj(out)
 

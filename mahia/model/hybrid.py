@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mahia.layers.attention import Attention, StaticKVCache, attention_flops, rope_rows
+from mahia.layers.attention import Attention, attention_flops
+from mahia.layers.kv_cache import StaticKVCache, rope_rows
 from mahia.layers.mlp import SwiGLU
 from mahia.layers.norm import RMSNorm
 from mahia.layers.rope import RotaryCache

@@ -1,32 +1,41 @@
 """Grouped matrix multiply for mixture-of-experts layers: ``c[rows of group g] = a[rows of group g] @ b[g]``.
 
 a (M, K) holds the rows of every group back to back, b (G, K, N) one matrix per group, and offs (G,)
-int32 the cumulative group ends (offs[g] = end of group g's rows); c is (M, N). The group sizes stay on
-the device, so nothing here waits for the GPU (no host sync): every shape is known from M, K, N, G.
+int32 the cumulative group ends: group g is rows [offs[g-1], offs[g]) (from row 0 for g = 0); c is (M, N).
+The group sizes stay on the device, so nothing here waits for the GPU (no host sync): every shape is
+known from M, K, N, G.
 
-``grouped_mm`` has three backends computing the same product (``grouped_mm_backend`` says which runs):
+**The rule for offs**, the same on every backend and device. offs is meant to be non-decreasing with
+offs[G-1] = M. Its values are never read on the host (a check would sync): each backend reads the ends
+e_g = min(max(0, offs[0], ..., offs[g]), M), so an end past M is cut at M, a negative one reads as 0 and
+one below its predecessor gives an empty group. Rows past e_{G-1} (all rows when G = 0) belong to no group:
+their rows of c and of the gradient of a are 0. No index ever leaves [0, M).
+
+Backends, the same product (``grouped_mm_backend`` says which ``backend="auto"`` runs):
 
 * ``"torch._grouped_mm"``: PyTorch's grouped GEMM (CUTLASS). Used where it is sync-free: on CUDA only
   for bfloat16 on compute capability 9.0 or 10.x (elsewhere PyTorch's CUDA fallback copies ``offs`` to the
   host); on the CPU for float32/bfloat16/float16 when this torch build has the CPU kernel (a CPU has no
-  device queue to wait for). Row strides must be multiples of 16 bytes.
-* ``"triton"``: a Triton grouped GEMM in this module. Rows are cut into BLOCK_M-row tiles that each
-  belong to one expert; the tile -> (expert, first row) table is computed on the device from ``offs``.
-  The number of tiles is data-dependent, but never more than ceil(N*k / BLOCK_M) + E, a bound known
-  from the shapes alone: that many programs are launched and the spare ones return at once. The
-  weight gradient has its own kernel that loops over an expert's rows, reading the bounds on the
-  device. Used on CUDA where the PyTorch kernel is not (e.g. A100, or float16/float32).
-* ``"padded-bmm"``: pure PyTorch, same tile table: the tiles are zero-padded into a (T, BLOCK_M, K)
-  batch and multiplied with ``torch.bmm`` by the gathered (T, K, N) expert weights. Sync-free and
-  exact, but it copies one weight matrix per tile: a fallback for the CPU (older torch, float64,
-  unaligned sizes) and for CUDA without Triton, not a fast path.
+  device queue to wait for). K and N must be positive with 16-byte rows; operands whose strides the
+  kernel rejects (a transposed bfloat16 ``a``, a broadcast gradient) are made contiguous first. Its
+  kernel does not write the rows past the last end: a small Triton kernel zeroes them (one launch that
+  returns at once where there are none); without Triton, and under torch.compile (where Inductor can fuse
+  it into the next op), a masked fill of c and da does.
+* ``"triton"``: the Triton grouped GEMM below. Rows are cut into BLOCK_M-row tiles that each belong to
+  one group (the rows past the last end form one more group, written as zeros); the tile -> (group,
+  first row) table is computed on the device from the ends. The number of tiles is data-dependent but
+  never more than ceil(M / BLOCK_M) + G, a bound known from the shapes alone: that many programs are
+  launched and the spare ones return at once. The weight gradient has its own kernel, which loops over
+  a group's rows. Used on CUDA where the PyTorch kernel is not (e.g. A100, or float16/float32).
+* ``"padded-bmm"``: pure PyTorch on the same tile table: the tiles are zero-padded into a (T, BLOCK_M, K)
+  batch and multiplied with ``torch.bmm`` by the gathered (T, K, N) group matrices. Sync-free and exact,
+  but it copies one weight matrix per tile: the fallback for float64 (reference precision), ``meta``
+  tensors (shapes only) and machines where neither of the others runs; not a fast path.
 
-Behaviour at the edges: empty inputs (M, K or N of 0, empty groups) give empty or zero results; a
-and b share one dtype, float64 included (float64 runs the padded bmm: reference precision); ``meta``
-tensors get their shapes from the padded bmm (``why_not`` refuses Triton for them: no data for the
-interpreter). ``offs`` is not checked against M (that needs its values on the host); the Triton
-kernels guard every row index (0 <= row < M), so bad group ends never make them read or write out of
-bounds, though the result is then undefined. Any hidden size runs.
+Both kernels run in eager mode through one ``torch.autograd.Function`` (``_GroupedMM``); under
+``torch.compile`` each Triton kernel is one custom op (``mahia::moe_grouped_mm``, its weight gradient
+``mahia::moe_grouped_mm_wgrad``), opaque to the compiler. Empty inputs (M, K or N of 0, empty groups) give
+empty or zero results; a and b share one dtype.
 """
 
 from __future__ import annotations
@@ -48,12 +57,27 @@ BACKENDS = ("torch._grouped_mm", "triton", "padded-bmm")
 _PAD_BLOCK_M = 32
 
 
-# ---------------------------------------------------------------------------------------------------
-# Grouped matrix multiply: c[rows of group g] = a[rows of group g] @ b[g]
-# ---------------------------------------------------------------------------------------------------
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
+    """c[r] = a[r] @ b[g] for every row r of group g, where group g is rows [e_{g-1}, e_g) with e_{-1} = 0
+    and e_g = min(max(0, offs[0], ..., offs[g]), M) (offs[g] itself for non-decreasing ends <= M; empty groups
+    allowed); rows past e_{G-1} give c[r] = 0 (module docstring).
+
+    a: (M, K), b: (G, K, N), offs: (G,) int32. Returns (M, N) in a.dtype, differentiable in a and b:
+    da[r] = dc[r] @ b[g]^T, db[g] = a[rows of g]^T @ dc[rows of g]. No backend reads ``offs`` on the host.
+    ``backend``: "auto" (see ``grouped_mm_backend``) or one of ``BACKENDS``.
+    """
+    _check(a, b, offs)
+    if backend == "auto":
+        backend = grouped_mm_backend(a, b)
+    else:
+        _check_backend(backend, a, b.shape[1], b.shape[2])
+    ends = offs.clamp(0, a.shape[0]).cummax(0).values  # the rule for offs, on the device
+    if backend == "padded-bmm":
+        return _grouped_mm_padded(a, b, ends)
+    return _GroupedMM.apply(a, b, ends, backend == "torch._grouped_mm")
 
 
-def _check_grouped_mm_inputs(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
+def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
     fn = "grouped_mm"
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
@@ -79,29 +103,32 @@ def _check_grouped_mm_inputs(a: torch.Tensor, b: torch.Tensor, offs: torch.Tenso
         raise ValueError(f"{fn}: a, b and offs must be on one device, got {a.device}, {b.device}, {offs.device}")
 
 
-# dtype -> whether this torch build has a CPU torch._grouped_mm (with autograd) for it; probed once.
+# ---------------------------------------------------------------------------------------------------
+# Which backend runs
+# ---------------------------------------------------------------------------------------------------
+
+# dtype -> whether this torch build has a CPU torch._grouped_mm for it (both forms: (M, K) x (G, K, N)
+# and the weight gradient's (K, M) x (M, N)); probed once.
 _cpu_grouped_mm_probe: dict[torch.dtype, bool] = {}
 
 
 def _probe_native_cpu(dtype: torch.dtype, result: list) -> None:
     try:
-        a = torch.zeros(4, 8, dtype=dtype, requires_grad=True)
-        b = torch.zeros(2, 8, 8, dtype=dtype, requires_grad=True)
-        c = torch._grouped_mm(a, b, offs=torch.tensor([2, 4], dtype=torch.int32))
-        c.backward(torch.ones_like(c))
+        a, offs = torch.zeros(4, 8, dtype=dtype), torch.tensor([2, 4], dtype=torch.int32)
+        c = torch._grouped_mm(a, torch.zeros(2, 8, 8, dtype=dtype), offs=offs)
+        torch._grouped_mm(a.t(), c, offs=offs)
         result.append(True)
     except (RuntimeError, NotImplementedError, TypeError):
         result.append(False)
 
 
 def _native_cpu_supported(dtype: torch.dtype) -> bool:
-    """Whether this torch build has a CPU kernel (and autograd) for torch._grouped_mm in ``dtype``."""
+    """Whether this torch build has a CPU kernel for torch._grouped_mm in ``dtype``."""
     if dtype not in _cpu_grouped_mm_probe:
         ok = hasattr(torch, "_grouped_mm")
         if ok:
-            # The first call may come from inside a model's forward: under no_grad, inference_mode or
-            # activation checkpointing, whose state (grad mode, saved-tensor hooks, dispatch modes) is
-            # per thread. A thread of its own runs the probe's backward outside all of them.
+            # The first call may come from inside a model's forward, under dispatch modes (an instrument,
+            # checkpointing) that are per thread: a thread of its own runs the probe outside all of them.
             result: list[bool] = []
             thread = threading.Thread(target=_probe_native_cpu, args=(dtype, result), name="mahia-grouped-mm-probe")
             thread.start()
@@ -140,8 +167,8 @@ def _why_not_native(device: torch.device, dtype: torch.dtype, k: int, n: int) ->
             return f"this torch build has no CPU torch._grouped_mm for {dtype}"
     else:
         return f"not used on {device.type} devices"
-    if (k * dtype.itemsize) % 16 or (n * dtype.itemsize) % 16:
-        return f"row strides must be multiples of 16 bytes, got K={k} and N={n} in {dtype}"
+    if k == 0 or n == 0 or (k * dtype.itemsize) % 16 or (n * dtype.itemsize) % 16:
+        return f"K and N must be positive with rows of a multiple of 16 bytes, got K={k} and N={n} in {dtype}"
     return None
 
 
@@ -191,37 +218,43 @@ def _check_backend(backend: str, a: torch.Tensor, k: int, n: int) -> None:
         raise ValueError(f"grouped_mm: backend {backend!r} cannot run here: {reason}")
 
 
-def _tile_table(offs: torch.Tensor, n_rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+# ---------------------------------------------------------------------------------------------------
+# The tile table and the padded-bmm backend
+# ---------------------------------------------------------------------------------------------------
+
+
+def _tile_table(ends: torch.Tensor, n_rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut every group's rows into ``block_m``-row tiles, on the device: (tile_group, tile_row0), int32.
 
-    Group g holds rows [offs[g-1], offs[g]) and needs ceil(count_g / block_m) tiles. The table has the
-    fixed length ceil(n_rows / block_m) + G (an upper bound on the tile count that needs no data);
-    spare tiles at the end get group -1.
+    ``ends`` are the group ends (non-decreasing, <= n_rows); the rows past the last one count as group G.
+    Group g holds count_g rows and needs ceil(count_g / block_m) tiles; the G + 1 groups need at most
+    ceil(n_rows / block_m) + G tiles, the table's fixed length (a bound that needs no data). Spare tiles
+    at the end get group -1.
     """
-    G = offs.numel()
-    ends = offs.long()
-    counts = torch.diff(ends, prepend=ends.new_zeros(1))  # (G,)
-    tiles = (counts + block_m - 1) // block_m  # (G,) tiles per group
-    tile_end = tiles.cumsum(0)  # (G,) one past each group's last tile
-    t = torch.arange((n_rows + block_m - 1) // block_m + G, device=offs.device)
-    group = torch.searchsorted(tile_end, t, right=True)  # (T,) group of tile t; G for spares
-    g = group.clamp(max=G - 1)
-    row0 = (ends - counts).gather(0, g) + (t - (tile_end - tiles).gather(0, g)) * block_m
-    group = group.masked_fill(group >= G, -1)
-    return group.to(torch.int32), row0.to(torch.int32)
+    G = ends.numel()
+    bounds = torch.cat([ends.long(), ends.new_full((1,), n_rows, dtype=torch.long)])  # (G+1,)
+    counts = torch.diff(bounds, prepend=bounds.new_zeros(1))  # (G+1,) rows per group
+    tiles = (counts + block_m - 1) // block_m  # (G+1,) tiles per group
+    tile_end = tiles.cumsum(0)  # (G+1,) one past each group's last tile
+    t = torch.arange((n_rows + block_m - 1) // block_m + G, device=ends.device)
+    group = torch.searchsorted(tile_end, t, right=True)  # (T,) group of tile t; G+1 for spares
+    g = group.clamp(max=G)
+    row0 = (bounds - counts).gather(0, g) + (t - (tile_end - tiles).gather(0, g)) * block_m
+    return group.masked_fill(group > G, -1).to(torch.int32), row0.to(torch.int32)
 
 
-def _grouped_mm_padded(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+def _grouped_mm_padded(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """Sync-free grouped matmul in plain PyTorch: zero-padded tiles, one ``bmm``. Differentiable."""
     M, K = a.shape
     G, _, N = b.shape
+    if G == 0:  # every row is past the last end: c = 0, still a function of a and b (zero gradients)
+        return a.new_zeros(M, N) + (a[:, :0].sum() + b.sum())
     bm = _PAD_BLOCK_M
-    group, row0 = _tile_table(offs, M, bm)
+    group, row0 = _tile_table(ends, M, bm)
     T = group.numel()
-    valid_tile = group >= 0
-    g = group.clamp(min=0).long()
+    g = group.clamp(0, G - 1).long()  # the tail tiles (group G) and spares hold no real row
     src = row0.long()[:, None] + torch.arange(bm, device=a.device)  # (T, bm) source row of each slot
-    valid = valid_tile[:, None] & (src < offs.long().gather(0, g)[:, None])  # slot holds a real row
+    valid = ((group >= 0) & (group < G))[:, None] & (src < ends.long().gather(0, g)[:, None])  # a real row
     src = torch.where(valid, src, M).reshape(-1)  # padding slots -> dump row M
     a_ext = torch.cat([a, a.new_zeros(1, K)])  # (M+1, K), row M is zeros
     a_tiles = a_ext.index_select(0, src).view(T, bm, K)  # (T, bm, K)
@@ -230,29 +263,8 @@ def _grouped_mm_padded(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> 
     return c_ext[:M]
 
 
-def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
-    """c[r] = a[r] @ b[g] for every row r of group g, where group g is rows [start_g, offs[g]) with
-    start_0 = 0 and start_g = offs[g-1] (empty groups allowed).
-
-    a: (M, K), b: (G, K, N), offs: (G,) int32 cumulative group ends, offs[G-1] = M (rows past it are
-    not computed). Returns (M, N) in a.dtype, differentiable in a and b. No backend reads ``offs`` on
-    the host.
-    ``backend``: "auto" (see ``grouped_mm_backend``) or one of ``BACKENDS``.
-    """
-    _check_grouped_mm_inputs(a, b, offs)
-    if backend == "auto":
-        backend = grouped_mm_backend(a, b)
-    else:
-        _check_backend(backend, a, b.shape[1], b.shape[2])
-    if backend == "torch._grouped_mm":
-        return torch._grouped_mm(a, b, offs=offs)
-    if backend == "triton":
-        return _grouped_mm_triton(a, b, offs)
-    return _grouped_mm_padded(a, b, offs)
-
-
 # ---------------------------------------------------------------------------------------------------
-# Triton grouped GEMM: kernels, launchers, custom ops with autograd
+# The kernels: one autograd Function in eager mode, one custom op per Triton kernel under torch.compile
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -261,12 +273,13 @@ def _grouped_mm_kernel(
     A,
     B,
     C,
-    offs_ptr,
-    tile_group_ptr,
-    tile_row_ptr,
+    ENDS,
+    TILE_GROUP,
+    TILE_ROW,
     M,
     N,
     K,
+    G,
     stride_am,
     stride_ak,
     stride_bg,
@@ -279,22 +292,24 @@ def _grouped_mm_kernel(
     BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """One (BLOCK_M, BLOCK_N) tile of C = A[rows of g] @ B[g]; the tile's group comes from the table."""
+    """One (BLOCK_M, BLOCK_N) tile of C = A[rows of g] @ B[g]; the tile's group g comes from the table
+    (g = G: rows past the last end, stored as zeros; g = -1: a spare tile)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    g = tl.load(tile_group_ptr + pid_m)
+    g = tl.load(TILE_GROUP + pid_m)
     if g < 0:  # a spare tile of the static upper bound
         return
-    row_end = tl.load(offs_ptr + g)
-    rm = tl.load(tile_row_ptr + pid_m) + tl.arange(0, BLOCK_M)
+    row_end = tl.load(ENDS + g, mask=g < G, other=M)
+    k_end = tl.where(g < G, K, 0)  # the rows of no group get no product: zeros
+    rm = tl.load(TILE_ROW + pid_m) + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    mask_m = (rm < row_end) & (rm >= 0) & (rm < M)  # 0 <= row < M even if offs is wrong
+    mask_m = rm < row_end
     mask_n = rn < N
     a_ptrs = A + rm[:, None].to(tl.int64) * stride_am + rk[None, :] * stride_ak
     b_ptrs = B + g.to(tl.int64) * stride_bg + rk[:, None] * stride_bk + rn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(0, k_end, BLOCK_K):
         mask_k = rk < K - k0
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
@@ -313,8 +328,7 @@ def _grouped_mm_wgrad_kernel(
     A,
     DC,
     DB,
-    offs_ptr,
-    M,
+    ENDS,
     K,
     N,
     stride_am,
@@ -333,8 +347,8 @@ def _grouped_mm_wgrad_kernel(
     g = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_n = tl.program_id(2)
-    start = tl.maximum(tl.load(offs_ptr + g - 1, mask=g > 0, other=0), 0)
-    end = tl.minimum(tl.load(offs_ptr + g), M)  # rows stay in 0 .. M-1 even if offs is wrong
+    start = tl.load(ENDS + g - 1, mask=g > 0, other=0)
+    end = tl.load(ENDS + g)
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_k = rk < K
@@ -358,11 +372,27 @@ def _grouped_mm_wgrad_kernel(
     tl.store(db_ptrs, acc.to(DB.dtype.element_ty), mask=mask_k[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _zero_tail_kernel(C, ENDS, M, N, G, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Zero the rows of C past the last group end (torch._grouped_mm leaves them unwritten). A block of rows
+    wholly before that end returns at once: without such rows (the usual case) this costs one launch."""
+    end = tl.load(ENDS + G - 1, mask=G > 0, other=0)
+    row0 = tl.program_id(0) * BLOCK_M
+    if row0 + BLOCK_M <= end:
+        return
+    rm = row0 + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = ((rm >= end) & (rm < M))[:, None] & (rn < N)[None, :]
+    c_ptrs = C + rm[:, None].to(tl.int64) * stride_cm + rn[None, :] * stride_cn
+    tl.store(c_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=C.dtype.element_ty), mask=mask)
+
+
 _launch_mm = Launcher(_grouped_mm_kernel)
 _launch_wgrad = Launcher(_grouped_mm_wgrad_kernel)
+_launch_zero_tail = Launcher(_zero_tail_kernel)
 
 
-def _triton_blocks(t: torch.Tensor, kernel: str) -> dict:
+def _blocks(t: torch.Tensor, kernel: str) -> dict:
     """Tile sizes for ``kernel`` ("mm" or "wgrad"): small under the CPU interpreter (test speed),
     GEMM-sized on a GPU. Rules of thumb, not autotuned (the tile table depends on BLOCK_M)."""
     if not t.is_cuda:
@@ -388,107 +418,89 @@ def _ieee_dot(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 or not t.is_cuda
 
 
-def grouped_mm_triton_launch(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """c = grouped_mm(a, b, offs) with the Triton kernel. a (M, K), b (G, K, N) with any strides."""
-    _check_grouped_mm_inputs(a, b, offs)
-    M, K = a.shape
-    G, _, N = b.shape
-    c = torch.empty(M, N, dtype=a.dtype, device=a.device)
-    if M == 0 or N == 0:
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a contiguous copy where torch._grouped_mm rejects its strides: each matrix must be row- or
+    column-major with a leading stride of a multiple of 16 bytes (a transposed bfloat16 ``a`` is not, nor
+    is a broadcast gradient such as the one of ``c.sum()``)."""
+    (rows, cols), (s_row, s_col) = t.shape[-2:], t.stride()[-2:]
+    lead = s_row if s_col == 1 and s_row >= max(cols, 1) else s_col if s_row == 1 and s_col >= max(rows, 1) else 0
+    # not .contiguous(): an empty or one-row view counts as contiguous whatever its strides
+    return t if lead and (lead * t.itemsize) % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
+class _GroupedMM(torch.autograd.Function):
+    """c = grouped_mm(a, b, ends) on torch._grouped_mm (``native``) or the Triton kernels, with
+    da = grouped_mm(dc, b^T, ends) and db = _wgrad(a, dc, ends). ``ends`` follow the rule for offs."""
+
+    @staticmethod
+    def forward(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
+        M, N = a.shape[0], b.shape[2]
+        if native:
+            c = torch._grouped_mm(_aligned(a), _aligned(b), offs=ends)  # rows past ends[-1] are not written
+            if torch.compiler.is_compiling() or why_not(c) is not None:
+                last = ends[-1:] if ends.numel() else ends.new_zeros(1)
+                # not in place: selective activation checkpointing may keep c as torch._grouped_mm returned it
+                return c.masked_fill((torch.arange(M, device=a.device) >= last)[:, None], 0)
+            if c.numel():
+                grid = (triton.cdiv(M, 64), triton.cdiv(N, 256))
+                _launch_zero_tail(grid, c, ends, M, N, ends.numel(), *c.stride(), BLOCK_M=64, BLOCK_N=256, num_warps=4)
+            return c
+        if torch.compiler.is_compiling():
+            return _mm_op(a, b, ends)
+        c = a.new_empty(M, N)
+        if c.numel():
+            cfg = _blocks(a, "mm")
+            group, row0 = _tile_table(ends, M, cfg["BLOCK_M"])
+            grid = (group.numel(), triton.cdiv(N, cfg["BLOCK_N"]))
+            _launch_mm(
+                grid, a, b, c, ends, group, row0, M, N, a.shape[1], ends.numel(),
+                *a.stride(), *b.stride(), *c.stride(), IEEE=_ieee_dot(a), **cfg,
+            )  # fmt: skip
         return c
-    cfg = _triton_blocks(a, "mm")
-    group, row0 = _tile_table(offs, M, cfg["BLOCK_M"])
-    grid = (group.numel(), triton.cdiv(N, cfg["BLOCK_N"]))
-    _launch_mm(
-        grid,
-        a,
-        b,
-        c,
-        offs,
-        group,
-        row0,
-        M,
-        N,
-        K,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        b.stride(2),
-        c.stride(0),
-        c.stride(1),
-        IEEE=_ieee_dot(a),
-        **cfg,
-    )
-    return c
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        a, b, ends, ctx.native = inputs
+        ctx.save_for_backward(a, b, ends)
+
+    @staticmethod
+    def backward(ctx, dc):
+        a, b, ends = ctx.saved_tensors
+        da = _GroupedMM.forward(dc, b.transpose(1, 2), ends, ctx.native) if ctx.needs_input_grad[0] else None
+        db = _wgrad(a, dc, ends, ctx.native) if ctx.needs_input_grad[1] else None
+        return da, db, None, None
 
 
-def grouped_mm_wgrad_launch(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """db (G, K, N) with db[g] = a[rows of g]^T @ dc[rows of g]. a (M, K), dc (M, N)."""
-    M, K = a.shape
-    N = dc.shape[1]
-    G = offs.numel()
-    db = torch.empty(G, K, N, dtype=a.dtype, device=a.device)
-    if M == 0:
-        return db.zero_()
-    cfg = _triton_blocks(a, "wgrad")
-    grid = (G, triton.cdiv(K, cfg["BLOCK_K"]), triton.cdiv(N, cfg["BLOCK_N"]))
-    _launch_wgrad(
-        grid,
-        a,
-        dc,
-        db,
-        offs,
-        M,
-        K,
-        N,
-        a.stride(0),
-        a.stride(1),
-        dc.stride(0),
-        dc.stride(1),
-        db.stride(0),
-        db.stride(1),
-        db.stride(2),
-        IEEE=_ieee_dot(a),
-        **cfg,
-    )
+def _wgrad(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
+    """db (G, K, N) with db[g] = a[rows of g]^T @ dc[rows of g]. a (M, K), dc (M, N), any strides."""
+    if native:
+        return torch._grouped_mm(_aligned(a).t(), _aligned(dc), offs=ends)
+    if torch.compiler.is_compiling():
+        return _wgrad_op(a, dc, ends)
+    K, N = a.shape[1], dc.shape[1]
+    db = a.new_empty(ends.numel(), K, N)
+    if db.numel():
+        cfg = _blocks(a, "wgrad")
+        grid = (ends.numel(), triton.cdiv(K, cfg["BLOCK_K"]), triton.cdiv(N, cfg["BLOCK_N"]))
+        _launch_wgrad(grid, a, dc, db, ends, K, N, *a.stride(), *dc.stride(), *db.stride(), IEEE=_ieee_dot(a), **cfg)
     return db
 
 
 @torch.library.custom_op("mahia::moe_grouped_mm", mutates_args=())
-def _grouped_mm_op(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    return grouped_mm_triton_launch(a, b, offs)
+def _mm_op(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    return _GroupedMM.forward(a, b, ends, False)
 
 
-@_grouped_mm_op.register_fake
-def _(a, b, offs):
+@_mm_op.register_fake
+def _(a, b, ends):
     return a.new_empty(a.shape[0], b.shape[2])
 
 
 @torch.library.custom_op("mahia::moe_grouped_mm_wgrad", mutates_args=())
-def _grouped_mm_wgrad_op(a: torch.Tensor, dc: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    return grouped_mm_wgrad_launch(a, dc, offs)
+def _wgrad_op(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    return _wgrad(a, dc, ends, False)
 
 
-@_grouped_mm_wgrad_op.register_fake
-def _(a, dc, offs):
-    return a.new_empty(offs.shape[0], a.shape[1], dc.shape[1])
-
-
-def _grouped_mm_setup(ctx, inputs, output):
-    a, b, offs = inputs
-    ctx.save_for_backward(a, b, offs)
-
-
-def _grouped_mm_backward(ctx, dc):
-    a, b, offs = ctx.saved_tensors
-    da = _grouped_mm_op(dc, b.transpose(1, 2), offs) if ctx.needs_input_grad[0] else None  # dC B^T
-    db = _grouped_mm_wgrad_op(a, dc, offs) if ctx.needs_input_grad[1] else None  # A^T dC
-    return da, db, None
-
-
-_grouped_mm_op.register_autograd(_grouped_mm_backward, setup_context=_grouped_mm_setup)
-
-
-def _grouped_mm_triton(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    return _grouped_mm_op(a, b, offs)
+@_wgrad_op.register_fake
+def _(a, dc, ends):
+    return a.new_empty(ends.shape[0], a.shape[1], dc.shape[1])
