@@ -52,9 +52,8 @@ MATMUL_OPS = (
     "aten::baddbmm",
     "aten::_grouped_mm",
     "aten::addbmm",
-    "mahia::moe_grouped_mm",
-    # its backward in eager mode: the custom op's autograd node launches the weight-gradient kernel itself
-    "GeneratedBackwardFor_mahia_moe_grouped_mm",
+    "mahia::moe_grouped_mm",  # compiled
+    "_GroupedMM",  # eager: mahia.ops.grouped_mm's autograd Function (its backward is _GroupedMMBackward)
 )
 # The chunked GLA scan (mahia.ops.gla_scan): its chunk products are matmul FLOPs in the models' FLOP counts, but
 # its kernels also do the decays and the cumulative sums, so it is a group of its own. Eager calls run through

@@ -52,7 +52,7 @@ KERNELS: tuple[str, ...] = (
     "add_rms_norm",
     "swiglu",
     "rope",
-    "gla",  # gated linear attention scan (ops/gla_scan.py)
+    "gla",  # gated linear attention scan (ops/gla_scan/)
     "moe_grouped_mm",  # grouped GEMM of the MoE layer (ops/grouped_mm.py)
     "moe_combine",
 )  # the MoE layer's un-permute + gated sum (ops/moe_combine.py)
@@ -130,7 +130,8 @@ _KERNEL_DTYPES = frozenset(KERNEL_DTYPES)  # one hash per lookup
 
 def use_triton(kernel: str, *tensors: torch.Tensor, unsupported: str | None = None) -> bool:
     """True when ``kernel``'s Triton path should run on these inputs; else False, warning once if Triton
-    is unavailable (or, with ``unsupported``, the reason the kernel cannot take these inputs).
+    is unavailable for a CUDA input or under the interpreter (or, with ``unsupported``, the reason the kernel
+    cannot take these inputs). A CPU input without ``TRITON_INTERPRET=1`` takes the PyTorch path silently.
 
     Silently False, without a warning: a non-tensor (the eager path's check reports it), a floating
     tensor that is not float32/float16/bfloat16 (float64 means reference precision, which the eager path
@@ -147,7 +148,10 @@ def use_triton(kernel: str, *tensors: torch.Tensor, unsupported: str | None = No
     if unsupported is None and _TRITON_IMPORT_ERROR is None and first.is_cuda and not _disabled_by_env():
         return True
     if not triton_available_for(first):
-        warn_fallback_once(kernel, first)
+        # A CPU tensor without the interpreter takes the PyTorch path by design (no warning box in every CPU
+        # notebook); a CUDA tensor, or a switched-off interpreter run, is worth a warning.
+        if first.is_cuda or _interpreting():
+            warn_fallback_once(kernel, first)
         return False
     if unsupported is not None:
         warn_fallback_once(kernel, first, reason=unsupported)
