@@ -11,7 +11,6 @@ matplotlib.use("Agg")
 
 from mahia.lessons.full_stack import (  # noqa: E402
     LADDER,
-    Rung,
     Stack,
     StepOutputs,
     alone,
@@ -20,18 +19,11 @@ from mahia.lessons.full_stack import (  # noqa: E402
     climb,
     cosine,
     for_device,
-    greedy_gap,
-    mfu,
-    optimizations_in_use,
-    peer_scope_note,
-    predict_ms,
     profile_step,
     step_outputs,
-    tokens_per_s,
     waterfall,
 )
 from mahia.measure.checks import CorrectnessError  # noqa: E402
-from mahia.measure.timing import Timing  # noqa: E402
 from mahia.model import HybridConfig, SyntheticTokens  # noqa: E402
 
 # These tests are about the ladder, not the Triton kernels: run their eager references, not the (slow)
@@ -67,21 +59,6 @@ def _batch(cfg, B=3, T=13):
 # --- stacks and rungs ------------------------------------------------------------------------------
 
 
-def test_stack_and_rung_validate():
-    with pytest.raises(ValueError, match="unknown model optimization"):
-        Stack(model=("fastest",))
-    with pytest.raises(TypeError, match="tuple of optimization names"):
-        Stack(model="sdpa")
-    with pytest.raises(ValueError, match="amp"):
-        Stack(amp="fp8")
-    with pytest.raises(ValueError, match="compile"):
-        Rung("c", "c", "x", compile="reduce-overhead")  # needs a step marker: make_train_step's job
-    with pytest.raises(ValueError, match="name"):
-        Rung("not a name", "x", "y")
-    with pytest.raises(TypeError, match="sync_free_logging"):
-        Stack(sync_free_logging=1)
-
-
 def test_rungs_accumulate_and_stack_config_applies_them():
     rung = {r.name: r for r in LADDER}
     assert LADDER[0].name == "hybrid_parts"  # the loops go first: the standard rungs start from their absence
@@ -91,8 +68,8 @@ def test_rungs_accumulate_and_stack_config_applies_them():
     assert cfg.attention_impl == "sdpa" and cfg.moe_impl == "loop" and cfg.gating_impl == "branch"
     assert Stack(amp="bf16").dtype == torch.bfloat16 and Stack().dtype == torch.float32
     assert Stack().describe() == "baseline"
-    with pytest.raises(TypeError, match="HybridConfig"):
-        Stack().config("small")
+    with pytest.raises(ValueError, match="unknown optimization"):
+        Stack(model=("fastest",)).config(cfg)
 
 
 def test_climb_is_cumulative_and_alone_is_not():
@@ -106,8 +83,6 @@ def test_climb_is_cumulative_and_alone_is_not():
     )  # every fast impl
     solo = dict(alone())
     assert solo["bf16"] == Stack(amp="bf16") and solo["sdpa"] == Stack(model=("sdpa",))
-    with pytest.raises(ValueError, match="unique"):
-        climb([LADDER[0], LADDER[0]])
 
 
 def test_for_device_drops_and_swaps_cuda_only_rungs():
@@ -119,8 +94,6 @@ def test_for_device_drops_and_swaps_cuda_only_rungs():
     assert parts.model == ("logspace_scan", "batched_memory", "masked_gating")
     kept_gpu, why_gpu = for_device(LADDER, cuda=True)
     assert kept_gpu == list(LADDER) and why_gpu == {}
-    with pytest.raises(TypeError, match="cuda"):
-        for_device(LADDER, cuda="yes")
 
 
 # --- building and checking -------------------------------------------------------------------------
@@ -178,13 +151,9 @@ def test_step_outputs_leaves_the_weights_and_grads_alone():
     step_outputs(b.forward, b.model, _batch(cfg))
     assert all(p.grad is None for p in b.model.parameters())
     assert all(torch.equal(p, q) for p, q in zip(b.model.parameters(), before))
-    with pytest.raises(ValueError, match="amp"):
-        step_outputs(b.forward, b.model, _batch(cfg), amp="fp16")
-    with pytest.raises(ValueError, match="batch"):
-        step_outputs(b.forward, b.model, _batch(cfg)[0])
 
 
-def test_check_step_direction_and_arguments():
+def test_check_step_direction():
     g = torch.randn(50)
     ref = StepOutputs(torch.tensor(1.0), torch.tensor(1.0), torch.randn(2, 3), g)
     flipped = dataclasses.replace(ref, grad=-g)
@@ -194,34 +163,13 @@ def test_check_step_direction_and_arguments():
         check_step("flipped", flipped, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
     with pytest.raises(CorrectnessError, match="grad"):
         check_step("flipped", flipped, ref, 1e-6)
-    with pytest.raises(ValueError, match="fields"):
-        check_step("x", ref, ref, 1e-6, fields=("weights",))
-    with pytest.raises(ValueError, match="nothing to check"):
-        check_step("x", ref, ref, 1e-6, fields=())
-    with pytest.raises(ValueError, match="tol"):
-        check_step("x", ref, ref, 0.0)
-    with pytest.raises(TypeError, match="StepOutputs"):
-        check_step("x", {"loss": 1}, ref, 1e-6)
 
 
 def test_cosine():
     a = torch.tensor([1.0, 2.0, 3.0])
     assert cosine(a, 2 * a) == pytest.approx(1.0)
     assert cosine(a, -a) == pytest.approx(-1.0)
-    assert cosine(torch.zeros(3), torch.zeros(3)) == 1.0
-    assert cosine(a, torch.tensor([1.0, float("nan"), 0.0])) == -1.0
-    with pytest.raises(ValueError, match="shape"):
-        cosine(a, a[:2])
-
-
-def test_greedy_gap():
-    logits = torch.tensor([[0.1, 2.0, -1.0], [4.0, 3.0, 0.0]])
-    assert greedy_gap(logits, torch.tensor([1, 0])) == 0.0
-    assert greedy_gap(logits, torch.tensor([1, 1])) == pytest.approx(1.0 / 4.0)  # (4 - 3) / max|logit|
-    with pytest.raises(ValueError, match="shape"):
-        greedy_gap(logits, torch.tensor([1]))
-    with pytest.raises(TypeError, match="integer"):
-        greedy_gap(logits, torch.tensor([1.0, 0.0]))
+    assert math.isnan(cosine(a, torch.tensor([1.0, float("nan"), 0.0])))  # fails check_step's `cos >= min_cosine`
 
 
 # --- the cost model --------------------------------------------------------------------------------
@@ -236,36 +184,6 @@ def test_sync_free_logging_removes_exactly_one_sync_per_step():
     p_free = profile_step(lambda: free.step(batch), peak=True)
     assert p_naive.syncs - p_free.syncs == 1
     assert p_naive.ops > 100 and p_naive.peak_bytes is None and p_free.peak_bytes > 0
-    with pytest.raises(TypeError, match="callable"):
-        profile_step(3)
-
-
-def test_predict_ms():
-    # GPU: launches hide under longer device work; CPU: they add up; syncs add on top in both
-    assert predict_ms(1000, 0, 2.0, launch_us=5.0, sync_us=20.0, overlap=True) == pytest.approx(5.0)
-    assert predict_ms(100, 0, 2.0, launch_us=5.0, sync_us=20.0, overlap=True) == pytest.approx(2.0)
-    assert predict_ms(100, 0, 2.0, launch_us=5.0, sync_us=20.0, overlap=False) == pytest.approx(2.5)
-    assert predict_ms(100, 3, 2.0, launch_us=5.0, sync_us=20.0, overlap=True) == pytest.approx(2.06)
-    with pytest.raises(ValueError, match="syncs"):
-        predict_ms(1, -1, 0.0, launch_us=1.0, sync_us=1.0, overlap=True)
-    with pytest.raises(ValueError, match="work_ms"):
-        predict_ms(1, 0, float("nan"), launch_us=1.0, sync_us=1.0, overlap=True)
-    with pytest.raises(TypeError, match="overlap"):
-        predict_ms(1, 0, 0.0, launch_us=1.0, sync_us=1.0, overlap=1)
-
-
-def test_tokens_per_s_and_mfu():
-    t = Timing(median_ms=4.0, p20_ms=3.9, p80_ms=4.2, n=5)
-    assert tokens_per_s(1000, t) == pytest.approx(250_000.0)
-    assert tokens_per_s(1000, 4.0) == pytest.approx(250_000.0)
-    # 1 GFLOP per token at 250k tokens/s = 250 TFLOP/s: a quarter of a 1000 TFLOP/s peak
-    assert mfu(1e9, 250_000.0, 1000.0) == pytest.approx(0.25)
-    with pytest.raises(ValueError, match="tokens"):
-        tokens_per_s(0, t)
-    with pytest.raises(ValueError, match="step time"):
-        tokens_per_s(10, 0.0)
-    with pytest.raises(ValueError, match="peak_tflops"):
-        mfu(1e9, 1.0, math.inf)
 
 
 def test_waterfall():
@@ -274,13 +192,9 @@ def test_waterfall():
     ax = waterfall(["base", "+a", "+b"], [10.0, 40.0, 30.0], title="t", device_note="CPU run")
     assert len(ax.patches) == 4  # three rungs and the total
     texts = [t.get_text() for t in ax.texts]
-    assert "x4.00" in texts and "x0.75" in texts and any("x3.00" in t for t in texts)
+    assert "x4" in texts and "x0.75" in texts and any("x3" in t for t in texts)
     assert ax.get_yscale() == "log"
     plt.close(ax.figure)
-    with pytest.raises(ValueError, match="labels"):
-        waterfall(["a"], [1.0, 2.0], title="t")
-    with pytest.raises(ValueError, match="positive"):
-        waterfall(["a", "b"], [1.0, 0.0], title="t")
     # spread draws one error bar per level; a rung whose range overlaps the one below is marked n.s.
     ax = waterfall(
         ["base", "+a", "+b"],
@@ -290,36 +204,14 @@ def test_waterfall():
         significant=[True, True, False],
     )
     texts = [t.get_text() for t in ax.texts]
-    assert "x4.00" in texts and "x0.75\nn.s." in texts and len(ax.collections) == 1
+    assert "x4" in texts and "x0.75\nn.s." in texts and len(ax.collections) == 1
     plt.close(ax.figure)
-    with pytest.raises(ValueError, match="spread"):
-        waterfall(["a", "b"], [1.0, 2.0], title="t", spread=[(1, 1)])
-    with pytest.raises(ValueError, match="significant"):
-        waterfall(["a", "b"], [1.0, 2.0], title="t", significant=[True])
 
 
 def test_alone_from_another_base():
     base = LADDER[0].on(Stack())  # the loop-free baseline of notebook 10
     solo = dict(alone(LADDER[1:], base=base))
     assert solo["baseline"] == base and solo["sdpa"] == Stack(model=base.model + ("sdpa",))
-    with pytest.raises(TypeError, match="base"):
-        alone(LADDER[1:], base="loop-free")
-
-
-def test_optimizations_in_use_and_peer_scope():
-    # notebook 11's compiled stack on the dense preset: only SDPA acts on it, as on the PlainGPT peer (11-3)
-    names = ("sdpa", "grouped_moe", "triton_scan", "batched_memory", "masked_gating")
-    dense = HybridConfig.preset("dense-350m")
-    assert optimizations_in_use(dense, names) == ("sdpa",)
-    assert optimizations_in_use(HybridConfig.preset("hybrid"), names) == names  # MoE, meta, memory and gating
-    assert optimizations_in_use(HybridConfig.preset("dense-350m", moe=True), names) == ("sdpa", "grouped_moe")
-    note = peer_scope_note(dense, names)
-    assert "the only one that acts on this model is sdpa, which the peer uses too: both runs share the recipe" in note
-    assert "not the stack (grouped_moe, triton_scan, batched_memory, masked_gating act on parts this model" in note
-    assert peer_scope_note(dense, ("all",)) == "Beyond the peer's recipe, the stack gives this model all. "
-    assert "triton" in peer_scope_note(dense, ("sdpa", "triton"))
-    with pytest.raises(ValueError, match="unknown model optimization"):
-        optimizations_in_use(dense, ("nope",))
 
 
 def test_fused_backends_are_those_that_take_gqa_heads_as_they_are(monkeypatch):

@@ -5,12 +5,10 @@ import torch
 
 from mahia.lessons.hybrid_parts import (
     HostCost,
-    check_moe,
     count_ops_and_syncs,
     fwd_bwd,
     gla_inputs,
     host_cost,
-    host_row,
     launch_costs,
     launch_model_ms,
     moe_bytes,
@@ -18,7 +16,7 @@ from mahia.lessons.hybrid_parts import (
     threshold_in_gap,
     train_routing,
 )
-from mahia.measure.checks import CorrectnessError, rel_error
+from mahia.measure.checks import rel_error
 from mahia.measure.timing import Timing
 from mahia.model.moe import MoE
 from mahia.ops.gla_scan import gla_loop
@@ -48,10 +46,6 @@ def test_launch_model_overlap_and_syncs():
     assert launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.06)
     # on a CPU the same cores dispatch and compute: launches and work add up
     assert launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0, overlap=False) == pytest.approx(2.56)
-    with pytest.raises(ValueError, match="n_syncs"):
-        launch_model_ms(1, -1, 1.0, 1.0)
-    with pytest.raises(ValueError, match="work_ms"):
-        launch_model_ms(1, 1, 1.0, 1.0, work_ms=float("nan"))
 
 
 def test_launch_costs_on_cpu():
@@ -70,8 +64,6 @@ def test_launch_costs_on_cpu():
     assert all(kw == {"memory": False} for kw in calls)
     real = launch_costs("cpu", n_kernels=20, bench=lambda fn, **kw: Timing(0.1, 0.1, 0.1, 1))
     assert real.sync_us == 0.0 and real.launch_us > 0
-    with pytest.raises(ValueError, match="n_kernels"):
-        launch_costs("cpu", n_kernels=0)
 
 
 def test_count_ops_and_syncs_sees_both():
@@ -86,29 +78,11 @@ def test_count_ops_and_syncs_sees_both():
     assert syncs.count == 2  # nonzero and .item()
     ops, syncs = count_ops_and_syncs(lambda: torch.where(x > 0, x, 0.0))
     assert syncs.count == 0 and ops.total >= 2
-    with pytest.raises(TypeError, match="fn"):
-        count_ops_and_syncs(3)
 
 
 def test_moe_bytes():
     # x and y: 2*N*D; weights: E*(D*2H + H*D); router: D*E
     assert moe_bytes(7, 5, 3, 2, element_size=2) == (2 * 7 * 5 + 2 * 3 * 5 * 3 + 5 * 2) * 2
-    with pytest.raises(ValueError, match="hidden"):
-        moe_bytes(7, 5, 0, 2, element_size=2)
-
-
-@no_triton
-def test_check_moe_agrees_and_catches_a_wrong_layer():
-    ref, fast = _pair()
-    x, dy = torch.randn(2, 19, 20), torch.randn(2, 19, 20)
-    errs = check_moe(fast, ref, x, dy)
-    assert set(errs) == {"y", "aux", "dx", "dw_router", "dw13", "dw2"}
-    assert max(errs.values()) < 1e-5
-    assert ref.w13.grad is None  # the closure uses autograd.grad, .grad stays untouched
-    with torch.no_grad():
-        fast.w2[1].mul_(1.01)  # one expert wrong by 1%
-    with pytest.raises(CorrectnessError, match="grouped vs loop"):
-        check_moe(fast, ref, x, dy)
 
 
 @no_triton
@@ -116,16 +90,13 @@ def test_moe_fwd_bwd_gradients_match_backward():
     ref, _ = _pair(experts=3)
     x, dy = torch.randn(11, 20), torch.randn(11, 20)
     y, aux, dx, dwr, dw13, dw2 = moe_fwd_bwd(ref, x, dy)()
+    assert ref.w13.grad is None  # autograd.grad: .grad stays untouched
     xl = x.clone().requires_grad_()
     y2, aux2 = ref(xl)
     ((y2 * dy).sum() + aux2).backward()
     assert rel_error(dx, xl.grad) < 1e-6
     assert rel_error(dw13, ref.w13.grad) < 1e-6
     assert rel_error(dwr, ref.w_router.grad) < 1e-6
-    with pytest.raises(ValueError, match="dy"):
-        moe_fwd_bwd(ref, x, dy[:5])
-    with pytest.raises(TypeError, match="MoE"):
-        moe_fwd_bwd(torch.nn.Linear(3, 3), x, dy)
 
 
 @no_triton
@@ -145,10 +116,6 @@ def test_train_routing_aux_loss_balances():
     assert cvs[0.0][0] == pytest.approx(cvs[1.0][0])  # same start
     assert cvs[1.0][1] < 0.5 * cvs[1.0][0]  # the aux loss spreads the tokens
     assert cvs[1.0][1] < cvs[0.0][1]
-    with pytest.raises(ValueError, match="target"):
-        train_routing(m, x, target[:3], steps=1)
-    with pytest.raises(ValueError, match="steps"):
-        train_routing(m, x, target, steps=-1)
 
 
 def test_gla_inputs_and_fwd_bwd():
@@ -163,12 +130,6 @@ def test_gla_inputs_and_fwd_bwd():
     (gla_loop(*leaves) * do).sum().backward()
     for got, leaf in zip((dq, dk, dv, dg), leaves):
         assert rel_error(got, leaf.grad) < 1e-12
-    with pytest.raises(ValueError, match="T"):
-        gla_inputs(1, 2, 0, 5, 7)
-    with pytest.raises(TypeError, match="inputs\\[1\\]"):
-        fwd_bwd(gla_loop, (q, torch.ones(3, dtype=torch.long)), do)
-    with pytest.raises(ValueError, match="grad_out"):
-        fwd_bwd(gla_loop, (q, k, v, g), do[:, :1])()
 
 
 def test_threshold_in_gap():
@@ -176,10 +137,6 @@ def test_threshold_in_gap():
     # values in [0.3, 0.7]: 0.3 | 0.35 0.36 0.41 | 0.62 | 0.7 -> widest gap 0.41..0.62
     assert threshold_in_gap(g) == pytest.approx(0.515)
     assert threshold_in_gap(torch.tensor([0.95])) == pytest.approx(0.5)  # nothing inside: the middle
-    with pytest.raises(ValueError, match="lo < hi"):
-        threshold_in_gap(g, lo=0.7, hi=0.3)
-    with pytest.raises(TypeError, match="gates"):
-        threshold_in_gap(torch.tensor([1, 2]))
 
 
 # --- the host's measured cost per op ---------------------------------------------------------------
@@ -218,37 +175,3 @@ def test_host_cost_halves_the_size_until_the_call_fits_the_queue():
     assert host_cost(_adds, 8, device="cpu", counts=known, timer=fake).n_ops == 8
     real = host_cost(_adds, 50, device="cpu")  # host_time itself: a CPU op costs well under a millisecond
     assert 0 < real.us_per_op < 1000 and real.timing.n >= 5
-
-
-def test_host_cost_and_host_row_check_their_arguments():
-    with pytest.raises(TypeError, match="make_fn must be callable"):
-        host_cost(3, 4, device="cpu")
-    with pytest.raises(ValueError, match="size must be a positive int"):
-        host_cost(_adds, 0, device="cpu")
-    with pytest.raises(ValueError, match="dispatched no op"):
-        host_cost(lambda n: lambda: None, 4, device="cpu")
-    with pytest.raises(TypeError, match="timing must be a Timing"):
-        HostCost(1.0, 3)
-    with pytest.raises(ValueError, match="n_ops must be a positive int"):
-        HostCost(Timing.from_samples([1.0]), 0)
-    hc = HostCost(Timing.from_samples([1.0]), 10)
-    with pytest.raises(ValueError, match="refined_ms must be a number > 0"):
-        host_row("p", hc, measured=hc.timing, n_ops=10, n_syncs=0, launch_us=5.0, predicted_ms=0.05, refined_ms=0)
-
-
-def test_host_row():
-    hc = HostCost(Timing.from_samples([1.0, 1.2, 1.4]), 50, size=32)
-    wall = Timing.from_samples([30.0, 31.0, 33.0])
-    row = host_row(
-        "loop",
-        hc,
-        measured=wall,
-        n_ops=1000,
-        n_syncs=0,
-        launch_us=10.0,
-        predicted_ms=10.0,
-        refined_ms=launch_model_ms(1000, 0, hc.us_per_op, 0.0),
-        instance="T=32",
-    )
-    assert row["host µs/op"] == pytest.approx(1.2e3 / 50) and row["refined ms"] == pytest.approx(24.0)
-    assert (row["host ops"], row["ops"], row["host instance"], row["measured ms"]) == (50, 1000, "T=32", 31.0)
