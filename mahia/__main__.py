@@ -369,18 +369,18 @@ def _replace_block(text: str, begin: str, end: str, block: str) -> str:
 
 
 def _reference_folders(folders: list[Path], root: Path) -> list[Path]:
-    """The folders of the README's headline table, each checked (a full-profile summary.json of the current
-    format that matches its records), sorted by GPU slug: those named, or every folder of ``root`` that has
+    """The folders of the README's headline table, each checked (a full-profile summary.json that matches its
+    records), sorted by GPU slug: those named, or every folder of ``root`` that has
     such a summary."""
     from mahia.measure.results import headline, read_summary
     from mahia.runner import UsageError
 
     if not folders:
         found = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-        folders = [f for f in found if "sources" in _summary_or_empty(f)]
+        folders = [f for f in found if _summary_or_empty(f)]
         if not folders:
             raise UsageError(
-                f"no folder of {root} has a full-profile summary.json of the current format: name one "
+                f"no folder of {root} has a full-profile summary.json: name one "
                 "(`python -m mahia report <folder>` writes it from the records)"
             )
     folders = sorted(dict.fromkeys(folders), key=lambda f: f.name)
@@ -393,8 +393,6 @@ def _reference_folders(folders: list[Path], root: Path) -> list[Path]:
             raise UsageError(str(e)) from None
         except ValueError:
             raise UsageError(f"{f}/summary.json is not JSON: `python -m mahia report {f}` rewrites it") from None
-        if "sources" not in summary:
-            raise UsageError(f"{f}/summary.json is in the old format: `python -m mahia report {f}`")
         fresh = headline(f, "full")
         if any(summary.get(k) != v for k, v in fresh.items()):
             raise UsageError(

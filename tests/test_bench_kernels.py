@@ -10,10 +10,14 @@ import pytest
 import torch
 
 from mahia.bench import kernels as bk
-from mahia.bench.kernels import _copy_of_same_bytes, min_bytes
+from mahia.bench.kernels import min_bytes
+from mahia.bench.kernels.shapes import _grid
+from mahia.bench.kernels.sweep import _copy_of_same_bytes, _measure
 from mahia.measure import hardware, results
-from mahia.measure.checks import rel_error
+from mahia.measure.checks import CorrectnessError, compare_fn, rel_error
 from mahia.measure.timing import Timing
+from mahia.ops.rmsnorm import rms_norm_eager
+from mahia.ops.rope import apply_rope_eager
 
 
 def _ceilings():
@@ -129,9 +133,9 @@ def test_the_check_before_timing_catches_a_wrong_gradient():
     x, w = bk.make_inputs("rmsnorm", (7, 100), torch.float32, "cpu")
     q, k, cos, sin = bk.make_inputs("rope", (1, 3, 2, 1, 8), torch.bfloat16, "cpu")
     assert (
-        bk.compare_fn(
-            bk.apply_rope_eager,
-            bk.apply_rope_eager,
+        compare_fn(
+            apply_rope_eager,
+            apply_rope_eager,
             [q, k, cos, sin],
             grads=False,
             grad_inputs=[0, 1],
@@ -140,23 +144,23 @@ def test_the_check_before_timing_catches_a_wrong_gradient():
         ).max_error
         < 1e-2
     )
-    with pytest.raises(bk.CorrectnessError, match="gradient of input 1"):  # dw off by 1%
+    with pytest.raises(CorrectnessError, match="gradient of input 1"):  # dw off by 1%
 
         class Wrong(torch.autograd.Function):
             @staticmethod
             def forward(ctx, x, w):
                 ctx.save_for_backward(x, w)
-                return bk.rms_norm_eager(x, w)
+                return rms_norm_eager(x, w)
 
             @staticmethod
             def backward(ctx, dy):
                 x, w = ctx.saved_tensors
                 with torch.enable_grad():
                     x_, w_ = x.detach().requires_grad_(), w.detach().requires_grad_()
-                    dx, dw = torch.autograd.grad(bk.rms_norm_eager(x_, w_), (x_, w_), dy)
+                    dx, dw = torch.autograd.grad(rms_norm_eager(x_, w_), (x_, w_), dy)
                 return dx, dw * 1.01
 
-        bk.compare_fn(Wrong.apply, bk.rms_norm_eager, [x, w], grads=True, grad_inputs=[0, 1], tol=1e-5, name="t")
+        compare_fn(Wrong.apply, rms_norm_eager, [x, w], grads=True, grad_inputs=[0, 1], tol=1e-5, name="t")
     nan = torch.full((3,), float("nan"))
     assert rel_error(nan, torch.ones(3)) == math.inf and rel_error(torch.zeros(2), torch.zeros(2)) == 0.0
 
@@ -213,7 +217,7 @@ def test_quick_run_records_device_and_eager_time_and_resumes(tmp_path, capsys):
     df = rec.frame()
     interp = os.environ.get("TRITON_INTERPRET") == "1"
     variants = {"eager", "F.rms_norm"} | ({"mahia_triton"} if interp else set())
-    for shape in bk._grid("rmsnorm", quick=True):
+    for shape in _grid("rmsnorm", quick=True):
         sh = "x".join(map(str, shape))
         for exp in ("rmsnorm_fwd", "rmsnorm_fwd_eager", "rmsnorm_fwdbwd", "rmsnorm_fwdbwd_eager"):
             g = df[(df["experiment"] == exp) & (df["shape"] == sh)]
@@ -309,7 +313,7 @@ def test_summary_keys_on_synthetic_records():
     rows += _peers("swiglu_fwdbwd", (16384, 11008), fp, 2.0, {"torch.compile": 1.9})
     df = pd.DataFrame(rows)
     keys = bk.summary_keys(df)
-    assert set(keys) == set(bk.SUMMARY_KEYS)
+    assert set(keys) == set(results.SUITE_SUMMARIES[bk.SUMMARY_STEM])
     expect = {
         "rmsnorm_host_fwd_vs_native": 1.5,
         "rmsnorm_host_fwdbwd_vs_native": 1.5,
@@ -339,7 +343,7 @@ def test_summary_keys_on_synthetic_records():
     }
     assert detail["rmsnorm_fwd_worst_frac_of_copy"]["shape"] == "16384x4096"
     empty = bk.summary_keys(pd.DataFrame(columns=df.columns))
-    assert all(v is None for v in empty.values()) and set(empty) == set(bk.SUMMARY_KEYS)
+    assert all(v is None for v in empty.values()) and set(empty) == set(results.SUITE_SUMMARIES[bk.SUMMARY_STEM])
 
 
 def test_eager_pytorch_counts_as_a_peer():
@@ -387,8 +391,8 @@ def test_plot_draws_a_figure_per_kernel_and_the_host_cost(tmp_path):
 
 def test_a_wrong_variant_is_not_timed_and_the_others_go_on(tmp_path, capsys):
     rec = _recorder(tmp_path)
-    good = bk.Variant("eager", bk.rms_norm_eager)
-    bad = bk.Variant("F.rms_norm", lambda x, w: bk.rms_norm_eager(x, w) * 1.01)  # 1% off: over float32's 1e-5
+    good = bk.Variant("eager", rms_norm_eager)
+    bad = bk.Variant("F.rms_norm", lambda x, w: rms_norm_eager(x, w) * 1.01)  # 1% off: over float32's 1e-5
 
     def make():
         return bk.make_inputs("rmsnorm", (5, 100), torch.float32, "cpu")
@@ -401,16 +405,16 @@ def test_a_wrong_variant_is_not_timed_and_the_others_go_on(tmp_path, capsys):
         "dtype": torch.float32,
         "budget": bk.QUICK_BUDGET,
     }
-    with pytest.raises(bk.CorrectnessError):
-        bk._measure(rec, "rmsnorm_fwd", [bad, good], make, bk.rms_norm_eager, **kw)
+    with pytest.raises(CorrectnessError):
+        _measure(rec, "rmsnorm_fwd", [bad, good], make, rms_norm_eager, **kw)
     assert rec.rows == []  # nothing timed before the failure
     failures = []
-    bk._measure(
+    _measure(
         rec,
         "rmsnorm_fwd",
         [bad, good],
         make,
-        bk.rms_norm_eager,
+        rms_norm_eager,
         failures=failures,
         modes={"device": "rmsnorm_fwd", "eager": "rmsnorm_fwd_eager"},
         **kw,

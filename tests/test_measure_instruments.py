@@ -372,7 +372,6 @@ def test_float32_matmuls_sees_autocast_casts_and_names_the_module_and_function()
     (p,) = r.products
     assert (p.op, p.a, p.b, p.count) == ("addmm", (N, K), (K, 3), 1)  # linear reaches the mode as addmm
     assert p.function == "_Mixed.forward" and p.module == "`router` (Linear)"
-    assert str(p) == f"`addmm` ({N}×{K}) @ ({K}×3) in `_Mixed.forward` of `router` (Linear)"
 
 
 def test_float32_matmuls_counts_mm_bmm_and_ignores_other_dtypes_and_ops():

@@ -123,7 +123,7 @@ def test_an_old_or_outdated_summary_is_one_line_and_exit_2(repo, capsys):
     folder = repo / "data" / "results" / H200
     doc = json.loads((folder / "summary.json").read_text())
     (folder / "summary.json").write_text(json.dumps({"metrics": doc["metrics"]}))
-    assert "is in the old format" in _one_line_exit_2(capsys, ["readme", "--write", str(folder)], repo)
+    assert "does not match its records" in _one_line_exit_2(capsys, ["readme", "--write", str(folder)], repo)
     doc["metrics"]["amp_speedup"] = 99.0  # a summary that no longer says what its records say
     (folder / "summary.json").write_text(json.dumps(doc))
     assert "does not match its records" in _one_line_exit_2(capsys, ["readme", "--write", str(folder)], repo)

