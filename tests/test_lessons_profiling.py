@@ -43,6 +43,8 @@ def test_a_cpu_profile_lists_the_operators_by_their_own_time():
     assert 0 < p.ms(MATMUL_KERNELS) <= p.busy_ms and p.ms("no such kernel") == 0.0
     t = p.table(rows=2)
     assert list(t.columns) == ["calls", "ms", "share"] and len(t) == 2 and t.index.name == "operator (CPU)"
+    assert p.summary() == {"profiled ms": p.wall_ms, "operator ms (CPU)": p.busy_ms, "top-level operators": 3.0,
+                           "operators' share": p.busy}  # fmt: skip
     groups = p.by_group({"matmuls": MATMUL_OPS})
     assert groups["matmuls"] > 0 and groups.sum() == pytest.approx(p.ops["ms"].sum())
 
@@ -61,6 +63,7 @@ def test_compare_lines_up_two_profiles_by_name():
     )
     assert gpu.busy == 1.0 and list(gpu.table().index) == ["flash_fwd_kernel", "Memcpy DtoD (Device -> Device)"]
     assert gpu.table().index.name == "kernel"
+    assert gpu.summary() == {"profiled ms": 1.0, "kernel ms": 1.0, "launches": 2, "device busy": 1.0}
 
 
 def test_by_group_takes_the_first_matching_group_and_keeps_the_rest():

@@ -144,6 +144,12 @@ class Profile:
         of = [next((g for g, p in groups.items() if n.startswith(tuple(p))), "other") for n in self.ops.index]
         return self.ops["ms"].groupby(of).sum().reindex([*groups, "other"], fill_value=0.0)
 
+    def summary(self) -> dict[str, float]:
+        """The profile's numbers, named for what they are on its device: a row of a table."""
+        cuda = ("kernel ms", "launches", "device busy")
+        names = cuda if self.device == "cuda" else ("operator ms (CPU)", "top-level operators", "operators' share")
+        return dict(zip(("profiled ms", *names), (self.wall_ms, self.busy_ms, self.launches, self.busy), strict=True))
+
     def _what(self) -> str:
         return "kernel" if self.device == "cuda" else "operator (CPU)"
 
