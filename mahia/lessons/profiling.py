@@ -204,7 +204,7 @@ def profile_calls(fn: Callable[[], object], device: str | torch.device, *, calls
     host = torch.autograd.DeviceType.CPU
     # Ranges (record_function) also appear on the device timeline as "user annotations" spanning their
     # kernels: left out, or their kernels would count twice.
-    avg = [e for e in prof.key_averages() if not e.is_user_annotation]
+    avg = [e for e in prof.key_averages() if not getattr(e, "is_user_annotation", False)]
     # Operators by their own time: on a GPU the device time of the kernels each launched itself, so no kernel
     # counts twice; on a CPU their own host time, so nested operators do not count twice.
     ops = _table([(e.key, e.count, e.self_device_time_total if cuda else e.self_cpu_time_total)
