@@ -1,4 +1,4 @@
-"""mahia.lessons.profiler_summary: the profiler evidence notebooks 00-04 show (a CPU run here: host operators)."""
+"""mahia.lessons.profiling: the profiler's account of a call, as tables (a CPU run here: host operators)."""
 
 import re
 
@@ -6,89 +6,102 @@ import pandas as pd
 import pytest
 import torch
 
-from mahia.lessons.profiler_summary import (
+from mahia.lessons.profiling import (
+    ATTENTION_OPS,
     MATMUL_KERNELS,
-    ProfileSummary,
+    MATMUL_OPS,
+    SCAN_OPS,
+    Profile,
     compare,
-    duration,
     profile_calls,
     short_kernel_name,
     tile_shape,
 )
 
 
-def test_a_cpu_profile_lists_the_operators_and_says_it_is_cpu_evidence():
+def _table(rows):
+    """A Profile's table from (name, ms) rows, one call each."""
+    t = pd.DataFrame(rows, columns=["name", "ms"]).set_index("name").assign(calls=1.0)
+    return t.assign(share=t["ms"] / t["ms"].sum())
+
+
+def _profile(rows, device="cpu", ops=None):
+    top = _table(rows)
+    return Profile(device, 1.0, float(top["ms"].sum()), len(top), top, top if ops is None else _table(ops))
+
+
+def test_a_cpu_profile_lists_the_operators_by_their_own_time():
     a, b = torch.randn(64, 64), torch.randn(64, 64)
-    s = profile_calls(lambda: (a @ b).relu().sum(), "cpu", calls=3)
-    assert s.device == "cpu" and not s.cuda and s.calls == 3
-    assert 0 < s.busy_ms <= s.wall_ms * 1.05  # operators' own time fits in the wall time (timer granularity aside)
-    assert s.launches == pytest.approx(3.0)  # matmul, relu, sum: the top-level operators of one call
-    names = list(s.top["name"])
-    assert "aten::mm" in names and "aten::sum" in names
-    assert list(s.top["ms"]) == sorted(s.top["ms"], reverse=True)
-    assert s.top["share"].sum() == pytest.approx(1.0)
-    assert 0 < s.ms_matching(MATMUL_KERNELS) <= s.busy_ms
-    assert s.ms_matching("no such kernel") == 0.0
-    t = s.table(rows=2)
-    assert list(t.columns) == ["operator (CPU)", "calls", "ms per call", "share of busy time"] and len(t) == 2
-    text = s.sentence("a matmul")
-    assert text.startswith("Profiler, a matmul (CPU run: host operators, not GPU kernels)") and "`aten::mm`" in text
-
-
-def test_a_gpu_summary_speaks_of_kernels_and_device_time():
-    top = pd.DataFrame(
-        {
-            "name": ["void pytorch_flash::flash_fwd_kernel<T<128> >(P)", "Memcpy DtoD (Device -> Device)"],
-            "calls": [1.0, 1.0],
-            "ms": [0.75, 0.25],
-        }
-    )
-    top["share"] = top["ms"]
-    s = ProfileSummary("cuda", 3, wall_ms=2.0, busy_ms=1.0, launches=2, top=top)
-    assert s.busy == 0.5
-    text = s.sentence("SDPA")
-    # no timing without the profiler given: its wall time is named as the profiler's, not read as idle device time
-    assert (
-        "2 kernels and copies per call ran 1 ms of device time, in 2 ms of profiled wall time (50%; that wall" in text
-    )
-    assert "device busy" not in text
-    # the H100 review of 02 (b34185d): 0.475 ms of kernels in 8.13 ms profiled, against 0.522 ms timed by bench
-    timed = s.sentence("SDPA", measured_ms=1.1)
-    assert "device busy 91% of the 1.1 ms the call takes without the profiler" in timed
-    assert "busy throughout" in s.sentence("SDPA", measured_ms=0.8)
-    assert "more than the 800 µs the call takes" in s.sentence("SDPA", measured_ms=0.8)
-    # 00-9: a short copy's device time in µs, as the prose beside it gives it, not "0.00104 ms"
-    short = ProfileSummary("cuda", 20, wall_ms=0.137, busy_ms=0.00104, launches=1, top=top)
-    assert "1 kernel or copy per call ran 1.04 µs of device time, in 137 µs of profiled wall" in short.sentence("copy")
-    # 01-5: a copy is not a kernel; the profiler's device rows hold both
-    copy_only = ProfileSummary("cuda", 20, wall_ms=0.137, busy_ms=0.00104, launches=1, top=top.iloc[1:])
-    assert "1 copy per call ran" in copy_only.sentence("copy")
-    kernels = ProfileSummary("cuda", 3, wall_ms=2.0, busy_ms=1.0, launches=3, top=top.iloc[:1])
-    assert "3 kernels per call ran" in kernels.sentence("x")
-    cpu = ProfileSummary("cpu", 20, wall_ms=0.0051, busy_ms=0.00202, launches=1, top=top).sentence("copy")
-    assert "the operators spent 2.02 µs of their own time in 5.1 µs of wall time per call" in cpu
-    assert duration(2.64) == "2.64 ms" and duration(0.9996) == "1,000 µs"
-    with pytest.raises(ValueError, match="need a time in ms"):
-        duration(float("nan"))
-    with pytest.raises(ValueError, match="measured_ms"):
-        s.sentence("SDPA", measured_ms=0.0)
-    assert "`flash_fwd_kernel` (75%)" in text and "`Memcpy DtoD (Device -> Device)` (25%)" in text
-    assert list(s.table().columns)[0] == "kernel"
+    p = profile_calls(lambda: (a @ b).relu().sum(), "cpu", calls=3)
+    assert p.device == "cpu"
+    assert 0 < p.busy_ms <= p.wall_ms * 1.05  # operators' own time fits in the wall time (timer granularity aside)
+    assert p.launches == pytest.approx(3.0)  # matmul, relu, sum: the top-level operators of one call
+    assert "aten::mm" in p.top.index and "aten::sum" in p.top.index
+    assert p.top.loc["aten::mm", "calls"] == 1.0
+    assert list(p.top["ms"]) == sorted(p.top["ms"], reverse=True)
+    assert p.top["share"].sum() == pytest.approx(1.0) and p.ops is p.top  # a CPU: the operators are the work
+    assert 0 < p.ms(MATMUL_KERNELS) <= p.busy_ms and p.ms("no such kernel") == 0.0
+    t = p.table(rows=2)
+    assert list(t.columns) == ["calls", "ms", "share"] and len(t) == 2 and t.index.name == "operator (CPU)"
+    assert p.summary() == {"profiled ms": p.wall_ms, "operator ms (CPU)": p.busy_ms, "top-level operators": 3.0,
+                           "operators' share": p.busy}  # fmt: skip
+    groups = p.by_group({"matmuls": MATMUL_OPS})
+    assert groups["matmuls"] > 0 and groups.sum() == pytest.approx(p.ops["ms"].sum())
 
 
 def test_compare_lines_up_two_profiles_by_name():
-    def summary(rows, device="cpu"):
-        top = pd.DataFrame(rows, columns=["name", "ms"]).assign(calls=1.0, share=0.0)
-        return ProfileSummary(device, 1, 1.0, float(top["ms"].sum()), len(top), top)
-
-    before = summary([("aten::nonzero", 0.5), ("aten::mm", 1.0)])
-    after = summary([("aten::where", 0.2), ("aten::mm", 1.1)])
+    before = _profile([("aten::nonzero", 0.5), ("aten::mm", 1.0)])
+    after = _profile([("aten::where", 0.2), ("aten::mm", 1.1)])
     t = compare(before, after)
     assert list(t.index) == ["aten::nonzero", "aten::where", "aten::mm"]  # by the size of the difference
     assert t.loc["aten::nonzero", "after - before"] == -0.5 and t.loc["aten::where", "ms before"] == 0.0
     assert t.index.name == "operator (CPU)"
     with pytest.raises(ValueError, match="different devices"):
-        compare(before, summary([("k", 1.0)], device="cuda"))
+        compare(before, _profile([("k", 1.0)], device="cuda"))
+    gpu = _profile(
+        [("void pytorch_flash::flash_fwd_kernel<T<128> >(P)", 0.75), ("Memcpy DtoD (Device -> Device)", 0.25)], "cuda"
+    )
+    assert gpu.busy == 1.0 and list(gpu.table().index) == ["flash_fwd_kernel", "Memcpy DtoD (Device -> Device)"]
+    assert gpu.table().index.name == "kernel"
+    assert gpu.summary() == {"profiled ms": 1.0, "kernel ms": 1.0, "launches": 2, "device busy": 1.0}
+
+
+def test_by_group_takes_the_first_matching_group_and_keeps_the_rest():
+    ops = [
+        ("aten::mm", 3.0),
+        ("aten::_scaled_dot_product_flash_attention", 2.0),
+        ("aten::add", 1.0),
+        ("aten::addmm", 0.5),
+    ]
+    p = _profile([("k", 1.0)], "cuda", ops=ops)
+    assert p.by_group({"matmuls": MATMUL_OPS, "attention": ATTENTION_OPS}).to_dict() == {
+        "matmuls": 3.5,
+        "attention": 2.0,
+        "other": 1.0,
+    }
+    assert p.by_group({}).to_dict() == {"other": 6.5}
+    # every SDPA backend's forward and backward counts as attention (cuDNN's is the default on an H100)
+    names = [
+        "aten::_cudnn_attention_forward",
+        "aten::_cudnn_attention_backward",
+        "aten::_flash_attention_backward",
+        "aten::_efficient_attention_forward",
+        "aten::_scaled_dot_product_cudnn_attention",
+    ]
+    p = _profile([("k", 1.0)], "cuda", ops=[(n, 1.0) for n in names])
+    assert p.by_group({"attention": ATTENTION_OPS}).to_dict() == {"attention": 5.0, "other": 0.0}
+    # the operator names an H100 profile of notebook 06's fp32 step gave (b34185d): the scan's and the grouped
+    # GEMM's backward kernels had gone to "other", beside norms and the optimizer (now eager: _GroupedMM)
+    ops = [
+        ("_GLAFunctionBackward", 102.0),
+        ("_GLAFunction", 30.9),
+        ("_GroupedMMBackward", 20.2),
+        ("mahia::moe_grouped_mm", 10.0),
+        ("aten::mm", 300.0),
+        ("aten::_fused_adamw_", 5.0),
+    ]
+    groups = _profile([("k", 1.0)], "cuda", ops=ops).by_group({"matmuls": MATMUL_OPS, "scan": SCAN_OPS})
+    assert groups.to_dict() == pytest.approx({"matmuls": 330.2, "scan": 132.9, "other": 5.0})
 
 
 def test_names_and_tiles():
@@ -138,9 +151,8 @@ NOT_MATMULS = [
 
 
 def test_matmul_kernels_match_cublas_cutlass_and_inductor_gemms_only():
-    top = pd.DataFrame({"name": MATMULS + NOT_MATMULS, "ms": [1.0] * len(MATMULS) + [100.0] * len(NOT_MATMULS)})
-    s = ProfileSummary("cuda", 1, wall_ms=1.0, busy_ms=1.0, launches=1, top=top.assign(calls=1.0, share=0.0))
-    assert s.ms_matching(MATMUL_KERNELS) == len(MATMULS)  # every matmul, none of the rest
+    s = _profile([(n, 1.0) for n in MATMULS] + [(n, 100.0) for n in NOT_MATMULS], "cuda")
+    assert s.ms(MATMUL_KERNELS) == len(MATMULS)  # every matmul, none of the rest
     assert [n for n in MATMULS if not re.search(MATMUL_KERNELS, n)] == []
     assert [n for n in NOT_MATMULS if re.search(MATMUL_KERNELS, n)] == []
 
