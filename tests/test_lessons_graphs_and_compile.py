@@ -1,4 +1,4 @@
-"""The step prediction, compile bookkeeping, CUDA-graph wrapper and bucketing helpers of notebooks 04 and 05.
+"""The step prediction, compile bookkeeping and CUDA-graph helpers of notebooks 04 and 05.
 
 The op traces themselves (trace_ops, re-exported here) are tested in test_measure_instruments.py."""
 
@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from mahia.lessons.graphs_and_compile import (
-    CaptureAttempt,
     GraphedTrainStep,
-    _first_and_last_error,
     break_even_steps,
     collect_noise,
     cuda_memory,
@@ -41,12 +39,6 @@ def test_predict_step_is_max_or_sum_of_host_and_device():
     assert math.isclose(g.cpu_ms, 0.01) and g.ms == max(g.cpu_ms, p.gpu_ms)  # one launch, same kernels
     c = predict_step(tr, launch_us=10.0, bandwidth_gbps=1.0, matmul_tflops=1e-3, overlap=False)
     assert math.isclose(c.ms, c.cpu_ms + c.gpu_ms)
-    with pytest.raises(ValueError, match="launch_us"):
-        predict_step(tr, launch_us=-1, bandwidth_gbps=1.0, matmul_tflops=1.0)
-    with pytest.raises(ValueError, match="bandwidth_gbps"):
-        predict_step(tr, launch_us=1, bandwidth_gbps=0, matmul_tflops=1.0)
-    with pytest.raises(TypeError, match="OpTrace"):
-        predict_step("trace", launch_us=1, bandwidth_gbps=1.0, matmul_tflops=1.0)
     assert isinstance(tr, OpTrace)
 
 
@@ -61,41 +53,6 @@ def test_timed_call_and_break_even():
     assert break_even_steps(1000.0, 3.0, 1.0) == 500.0
     assert break_even_steps(1000.0, 1.0, 1.0) == math.inf
     assert break_even_steps(1000.0, 1.0, 2.0) == math.inf
-    with pytest.raises(ValueError, match="compile_ms"):
-        break_even_steps(-1.0, 1.0, 0.5)
-    with pytest.raises(ValueError, match="eager_ms"):
-        break_even_steps(1.0, float("nan"), 0.5)
-
-
-class _EndRaises:
-    """A context manager whose exit raises, as ``torch.cuda.graph`` does when ``capture_end`` fails."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        raise RuntimeError("CUDA error: operation failed due to a previous error during capture\nmore")
-
-
-def test_try_capture_reports_the_first_error_and_rejects_bad_arguments():
-    try:
-        with _EndRaises():
-            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
-    except RuntimeError as exc:
-        first, last = _first_and_last_error(exc)
-    assert first == "RuntimeError: CUDA error: operation not permitted when stream is capturing"
-    assert last == "RuntimeError: CUDA error: operation failed due to a previous error during capture"
-    try:
-        raise ValueError("alone")
-    except ValueError as exc:
-        assert _first_and_last_error(exc) == ("ValueError: alone", None)
-    failed = CaptureAttempt(None, None, first, last, ("The CUDA Graph is empty",))
-    assert not failed.ok and str(failed).startswith(first) and "ending the failed capture then raised" in str(failed)
-    assert "torch warned: The CUDA Graph is empty" in str(failed)
-    with pytest.raises(ValueError, match="CUDA graphs need CUDA tensors"):
-        try_capture(lambda x: x * 2, torch.randn(3))
-    with pytest.raises(TypeError, match="fn must be callable"):
-        try_capture("f", torch.randn(3))
 
 
 @pytest.mark.gpu
@@ -105,7 +62,7 @@ def test_try_capture_leaves_cuda_ready_after_a_failed_capture():
     bad = try_capture(lambda t: t * torch.tensor([2.0], device="cuda"), x)  # host data copied inside capture
     assert not bad.ok and "pinned" in bad.error
     sync = try_capture(lambda t: t / t.sum().item(), x)  # a host sync inside capture
-    assert not sync.ok and sync.error
+    assert not sync.ok and "previous error during capture" not in sync.error  # the step's own error, first
     assert torch.cuda.current_stream() == caller
     good = try_capture(lambda t: t * 2, x)  # the next capture starts clean
     x.add_(1)  # the example inputs are the static inputs
@@ -125,13 +82,6 @@ def test_graphed_train_step_refuses_what_cannot_be_captured():
     model, loss_fn, batch = _mlp_and_batch("cpu")
     with pytest.raises(ValueError, match="capturable=True"):
         GraphedTrainStep(model, torch.optim.AdamW(model.parameters()), batch, loss_fn=loss_fn)
-    opt = torch.optim.AdamW(model.parameters(), capturable=True)
-    with pytest.raises(ValueError, match="CUDA graphs need CUDA tensors"):
-        GraphedTrainStep(model, opt, batch, loss_fn=loss_fn)
-    with pytest.raises(TypeError, match="optimizer must be"):
-        GraphedTrainStep(model, "adam", batch, loss_fn=loss_fn)
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        cuda_memory("cpu")
 
 
 @pytest.mark.gpu
@@ -158,7 +108,7 @@ def test_graphed_train_step_trains_like_eager_on_cuda():
         check_close("graphed loss", step(b).clone(), eager(b), tolerance(torch.float32, tf32=True))
     for p, q in zip(model.parameters(), twin.parameters()):
         check_close("weights after training", p, q, tolerance(torch.float32, tf32=True))
-    with pytest.raises(ValueError, match="captured for"):
+    with pytest.raises(RuntimeError, match="size"):
         step((torch.randn(N + 1, K, device="cuda"), torch.randn(N + 1, M, device="cuda")))
 
 
@@ -193,8 +143,6 @@ def test_generated_kernels_and_library_calls_read_inductor_output():
         "extern_kernels.mm": 2,
         "torch.ops.aten._scaled_dot_product_flash_attention": 1,
     }
-    with pytest.raises(TypeError, match="code must be a str"):
-        generated_kernels(None)
 
 
 def test_collect_noise_keeps_warnings_logs_and_stderr_of_a_graph_break(capsys):

@@ -33,8 +33,6 @@ def test_saved_tensor_bytes_counts_what_autograd_keeps():
     )
     # linear keeps its input (7x13), relu its output (7x29); the weight is excluded.
     assert got == {"lin": 7 * 13 * 4, "act": 7 * 29 * 4, "total": 7 * 42 * 4}
-    with pytest.raises(TypeError, match="must be an nn.Module"):
-        saved_tensor_bytes(lambda: None, modules={"x": 3})
 
 
 def _meta_model(cfg: HybridConfig) -> HybridModel:
@@ -98,8 +96,6 @@ def test_peak_bytes_on_cpu_sees_checkpointing_save_memory(no_triton):
     grads = sum(p.numel() * 4 for p in model.parameters())
     assert peaks[None] >= saved and peaks[None] >= grads
     assert peaks[None] < saved + grads + 4 * 48 * 256 * 4 * 3  # + the logits, their gradient and a log-softmax
-    with pytest.raises(TypeError, match="callable"):
-        peak_bytes(3, "cpu")
 
 
 def test_fits_catches_only_out_of_memory():
@@ -121,8 +117,6 @@ def test_with_peak_fills_in_only_what_bench_could_not_measure():
     assert filled.peak_mem_bytes == 1200 and filled.median_ms == 1.0
     measured = Timing(1.0, 0.9, 1.1, 5, peak_mem_bytes=7)
     assert with_peak(measured, lambda: torch.empty(300), "cpu") is measured
-    with pytest.raises(TypeError, match="Timing"):
-        with_peak(1.0, lambda: None, "cpu")
 
 
 def test_peak_composition_itemizes_the_live_peak_by_op_dtype_and_phase():
@@ -147,8 +141,6 @@ def test_peak_composition_itemizes_the_live_peak_by_op_dtype_and_phase():
     }
     assert pc.phase_bytes() == {"forward": 20 * n, "backward/optimizer": 4 * n}
     assert pc.count["forward: mul (float64)"] == 1
-    with pytest.raises(TypeError, match="callable"):
-        peak_composition(None)
 
 
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])

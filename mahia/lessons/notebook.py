@@ -25,30 +25,12 @@ import pandas as pd
 import torch
 
 from mahia.measure import hardware
-from mahia.measure.checks import check_int
-from mahia.measure.results import Recorder, default_figures_dir
+from mahia.measure.results import Recorder, default_figures_dir, default_results_dir
 from mahia.measure.timing import Timing, bench
 
-__all__ = [
-    "PROFILES",
-    "Context",
-    "setup",
-    "show_source",
-    "side_by_side",
-    "source_html",
-    "headless",
-    "md",
-    "explorer",
-    "watch_settings",
-    "SettingsLine",
-]
+__all__ = ["PROFILES", "Context", "setup", "show_source", "side_by_side", "explorer", "watch_settings"]
 
 PROFILES = ("quick", "full")
-
-
-def headless() -> bool:
-    """True under the runner (papermill) or when no notebook front end is attached."""
-    return os.environ.get("MAHIA_HEADLESS") == "1"
 
 
 @dataclass
@@ -91,12 +73,6 @@ class Context:
         return quick if self.quick else full
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def sig3(v: float) -> str:
     """A number to three significant digits, written out (``12300``, ``0.0123``) between 1e-4 and 1e7, where
     an exponent is harder to read than the digits."""
@@ -120,20 +96,18 @@ def setup(
 ) -> Context:
     """Resolve the device, check the profile, seed, measure (or reuse) the ceilings, make a recorder.
 
-    ``cpu_threads``: on a CPU run, ``torch.set_num_threads(cpu_threads)`` once the ceilings are measured
-    (None leaves PyTorch's default). The notebooks' ops are small: splitting each over threads costs
-    more than it saves, and on a busy machine the threads wait for each other, so one thread keeps the
-    CPU timings short and steady. ``cpu_note``: what else this notebook does differently on a CPU,
-    printed with the set-up report on a CPU run. Neither changes anything on a GPU.
+    On a CPU run only: ``torch.set_num_threads(cpu_threads)`` once the ceilings are measured (the notebooks'
+    ops are small: one thread keeps the timings short and steady on a busy machine), and ``cpu_note``, what
+    else the notebook does differently on a CPU, printed with the set-up report.
     """
-    if cpu_threads is not None:
-        check_int("setup", "cpu_threads", cpu_threads)
     if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        raise ValueError(f"setup: profile must be one of {PROFILES}, got {profile!r}")
     dev = hardware.resolve_device(device)
-    seed_everything(int(seed))
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
     rec_dir = Path(results_dir) if results_dir else None
-    ceil = hardware.ceilings(dev, results_dir=rec_dir or _results_root(), quick=(profile == "quick"))
+    ceil = hardware.ceilings(dev, results_dir=rec_dir or default_results_dir(), quick=(profile == "quick"))
     rec = Recorder(notebook, dev, results_dir=rec_dir, ceilings=ceil)
     figs = (Path(figures_dir) if figures_dir else default_figures_dir()) / rec.slug
     report = hardware.device_report(str(dev))
@@ -148,38 +122,17 @@ def setup(
             f"  measured ceilings: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
             f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s"
         )
-    _cpu_setup(ctx, cpu_threads, cpu_note, verbose)
-    return ctx
-
-
-def _cpu_setup(ctx: Context, threads: int | None, note: str | None, verbose: bool) -> None:
-    """The CPU-only part of :func:`setup`: after the ceilings, so they are measured like every other run's."""
-    if ctx.is_cuda:
-        return
     said = []
-    if threads is not None:
-        torch.set_num_threads(threads)
-        said.append(f"torch.set_num_threads({threads}) for this notebook (small ops: thread fork/join would dominate)")
-    if note:
-        said.append(note)
+    if not ctx.is_cuda and cpu_threads is not None:
+        torch.set_num_threads(cpu_threads)
+        said.append(
+            f"torch.set_num_threads({cpu_threads}) for this notebook (small ops: thread fork/join would dominate)"
+        )
+    if not ctx.is_cuda and cpu_note:
+        said.append(cpu_note)
     if verbose and said:
         print("CPU run: " + "; ".join(said))
-
-
-def _results_root() -> Path:
-    from mahia.measure.results import default_results_dir
-
-    return default_results_dir()
-
-
-def md(text: str) -> None:
-    """Render Markdown (a caption or a line computed by the run)."""
-    try:
-        from IPython.display import Markdown, display
-
-        display(Markdown(text))
-    except ImportError:
-        print(text)
+    return ctx
 
 
 def _source(obj) -> str:
@@ -204,18 +157,12 @@ def _listing(code: str) -> str:
 
 
 def side_by_side(before, after, *, titles=("before", "after")) -> str:
-    """HTML with the source of two functions (or code strings) side by side, each in a scrollable,
-    left-aligned, unwrapped listing (whatever the page's stylesheet says about tables and ``pre``)."""
+    """HTML with the source of two functions (or code strings) side by side, in listings that scroll."""
     cells = "".join(
         f"<td style='{CELL_STYLE}'><b>{html.escape(t)}</b>{_listing(_source(o))}</td>"
         for t, o in zip(titles, (before, after))
     )
     return f"<table style='{TABLE_STYLE}'><tr>{cells}</tr></table>"
-
-
-def source_html(obj) -> str:
-    """HTML of one object's source (or a code string): the listing ``show_source(obj)`` displays."""
-    return _listing(_source(obj))
 
 
 def show_source(before, after=None, *, titles=("before", "after")) -> None:
@@ -226,18 +173,15 @@ def show_source(before, after=None, *, titles=("before", "after")) -> None:
         print(_source(before) + ("\n# ---- after ----\n" + _source(after) if after is not None else ""))
         return
     if after is None:
-        display(HTML(source_html(before)))
+        display(HTML(_listing(_source(before))))
     else:
         display(HTML(side_by_side(before, after, titles=titles)))
 
 
 def explorer(interactive: bool, build: Callable[[], object]) -> None:
-    """Show an ipywidgets explorer in JupyterLab; skip it (saying so) headless or without widgets.
-
-    ``build()`` makes the explorer (its controls, an ``Output`` its callbacks print into) and runs it once;
-    the explorer shown says what it runs (``watch_settings``): above its output, "running: <settings>"
-    while a change of a control is being computed, then the settings that produced the output."""
-    if not interactive or headless():
+    """Show the ipywidgets explorer ``build()`` makes (and runs once), under a settings line
+    (:func:`watch_settings`); skip it, saying so, headless or without ipywidgets."""
+    if not interactive or os.environ.get("MAHIA_HEADLESS") == "1":  # the runner (papermill) sets it
         print("explorer skipped: not an interactive session (set interactive=True in JupyterLab)")
         return
     try:
@@ -250,7 +194,7 @@ def explorer(interactive: bool, build: Callable[[], object]) -> None:
 
 
 def _walk(widget) -> list:
-    """``widget`` and every widget inside it, depth first, in display order."""
+    """``widget`` and every widget inside it, depth first."""
     import ipywidgets as w
 
     out = [widget]
@@ -260,16 +204,8 @@ def _walk(widget) -> list:
     return out
 
 
-def _is_control(widget) -> bool:
-    """A widget a reader sets: a slider, a checkbox, a dropdown, toggle buttons (not a label or an output)."""
-    import ipywidgets as w
-
-    return isinstance(widget, w.ValueWidget) and not isinstance(widget, (w.Label, w.HTML, w.HTMLMath, w.Output))
-
-
 def _shown_value(control, state: dict | None = None):
-    """The value a control shows: a selection's label, else its value; with ``state`` (an update from the
-    front end not yet applied), the value that update sets."""
+    """A selection's label, else the value; with ``state`` (an update not yet applied), the value it sets."""
     state = state or {}
     labels = getattr(control, "_options_labels", None)  # a selection's labels (synced with the front end)
     if labels is not None:
@@ -280,9 +216,8 @@ def _shown_value(control, state: dict | None = None):
 
 class SettingsLine:
     """The line above an explorer's output: ``running: <settings>`` while a change is computed, then the
-    settings that produced the output (and how long it took). In an explorer run by a button (``trigger``,
-    its label), a control that changes runs nothing: the line says so and keeps naming the output's settings.
-    """
+    settings that produced the output (and how long it took). Where a button (``trigger``) runs the explorer,
+    a changed control only says so."""
 
     def __init__(self, controls: list, status, trigger: str | None = None) -> None:
         self.controls, self.status, self.trigger = controls, status, trigger
@@ -294,7 +229,7 @@ class SettingsLine:
             self._show(f"press '{trigger}' to run: {self.settings()}", GREY)
 
     def settings(self, pending=None, state: dict | None = None) -> str:
-        """'name=value, ...' of every control; ``pending``'s value from ``state`` (an update not yet applied)."""
+        """'name=value, ...' of every control, ``pending``'s from ``state``."""
         parts = []
         for c in self.controls:
             name = c.description or type(c).__name__.lower()
@@ -316,7 +251,6 @@ class SettingsLine:
         self._show(f"running: {self.settings(pending, state)} ...", AMBER)
 
     def finish(self) -> None:
-        """Head the output with the settings that made it (and how long that took, after ``start``)."""
         took = ""
         if self._started is not None:
             took = f" ({time.perf_counter() - self._started:.2f} s)"
@@ -325,7 +259,6 @@ class SettingsLine:
         self._show(self._last, INK)
 
     def changed(self, _change=None) -> None:
-        """A control's value changed (called after the explorer's own callbacks)."""
         if self.trigger is None:
             self.finish()  # the explorer's callbacks ran with it: a change made from code, or the front end's
         elif not self.running:
@@ -341,17 +274,16 @@ INK, GREY, AMBER, RED = "#333", "#777", "#a60", "#b00"
 
 
 def watch_settings(widget):
-    """Add a ``SettingsLine`` to an explorer widget, above its (first) ``Output``, and return the widget to
-    display. An update from the front end (a slider moved, an option picked) or a button's click first
-    shows "running: <the new settings>", then runs the explorer's own callbacks, then heads their output
-    with the settings; a change made from code re-heads it after the callbacks. Where a button runs the
-    explorer, a control that changes only says that the button runs it."""
+    """Put a :class:`SettingsLine` above an explorer's first ``Output``, and return the widget to display. An
+    update from the front end or a button's click shows "running: <new settings>", runs the explorer's own
+    callbacks, then heads their output with the settings; a change made from code re-heads it after."""
     import ipywidgets as w
 
     if not isinstance(widget, w.Widget):  # something else to display: shown as it is
         return widget
     everything = _walk(widget)
-    controls = [x for x in everything if _is_control(x)]
+    shown = (w.Label, w.HTML, w.HTMLMath, w.Output)
+    controls = [x for x in everything if isinstance(x, w.ValueWidget) and not isinstance(x, shown)]
     buttons = [x for x in everything if isinstance(x, w.Button)]
     status = w.HTML(layout=w.Layout(margin="2px 0"))
     line = SettingsLine(controls, status, trigger=(buttons[0].description or "run") if buttons else None)
@@ -375,8 +307,7 @@ SETTING_KEYS = frozenset({"value", "index", "label"})  # what the front end send
 
 
 def _wrap(widget, method: str, line: SettingsLine, pending: Callable[[], object]) -> None:
-    """Replace ``widget.<method>`` (the entry point of the front end's updates and clicks) by one that says
-    "running" first and heads the output after."""
+    """Wrap ``widget.<method>`` (where the front end's updates and clicks enter): "running" first, heading after."""
     original = getattr(widget, method)
 
     def wrapped(*args, **kwargs):

@@ -1,14 +1,5 @@
-"""Memory instruments of the training notebooks (06 mixed precision, 07 gradient checkpointing).
-
-* :func:`saved_tensor_bytes` sums the tensors autograd keeps for backward, per module;
-* :func:`peak_bytes` is the peak a call adds, from the CUDA allocator or, on any device, from
-  :class:`mahia.measure.instruments.LiveTensorMemory` (:func:`with_peak` puts it into a ``Timing`` measured
-  on the CPU); :func:`fits` tries a call and reports whether it ran out of GPU memory;
-* :func:`peak_composition` labels the live tensors a call made by the op that made them, their dtype and the
-  phase (forward, or backward and optimizer), as they were at the call's peak.
-
-The taught code (autocast and GradScaler, checkpointing policies) is in the notebooks' own cells.
-"""
+"""Memory instruments of the training notebooks (06 mixed precision, 07 gradient checkpointing); the taught
+code (autocast and GradScaler, checkpointing policies) is in the notebooks' own cells."""
 
 from __future__ import annotations
 
@@ -42,16 +33,10 @@ def saved_tensor_bytes(
     whole storage alive). Storages of ``exclude`` (e.g. the parameters, which exist anyway) are skipped.
     Returns ``{label: bytes}`` with the labels in first-saved order, plus ``"total"``.
 
-    Measured with ``torch.autograd.graph.saved_tensors_hooks``, so it sees what a plain forward saves;
-    inside ``torch.utils.checkpoint`` regions the checkpoint's own hooks take over (use
-    :func:`peak_bytes` to see what checkpointing saves).
+    ``saved_tensors_hooks`` see what a plain forward saves; inside ``torch.utils.checkpoint`` the checkpoint's
+    own hooks take over (:func:`peak_bytes` sees what checkpointing saves).
     """
-    if not callable(fn):
-        raise TypeError(f"saved_tensor_bytes: fn must be callable, got {type(fn).__name__}")
     modules = modules or {}
-    for name, m in modules.items():
-        if not isinstance(m, nn.Module):
-            raise TypeError(f"saved_tensor_bytes: modules[{name!r}] must be an nn.Module, got {type(m).__name__}")
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     stack: list[str] = []
     seen: dict[int, tuple[str, int]] = {}
@@ -95,10 +80,7 @@ def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
     On CUDA: ``torch.cuda.max_memory_allocated - memory_allocated`` at entry (the allocator's view). Elsewhere:
     :class:`mahia.measure.instruments.LiveTensorMemory` (the live tensors' view, without allocator rounding).
     """
-    if not callable(fn):
-        raise TypeError(f"peak_bytes: fn must be callable, got {type(fn).__name__}")
-    device = torch.device(device)
-    if device.type == "cuda":
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
@@ -113,8 +95,6 @@ def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
 def with_peak(timing: Timing, fn: Callable[[], object], device: torch.device | str) -> Timing:
     """``timing`` with ``peak_mem_bytes`` filled in by :func:`peak_bytes` (one more call of ``fn``) where
     ``bench`` could not measure it (on the CPU, where PyTorch keeps no allocator statistics)."""
-    if not isinstance(timing, Timing):
-        raise TypeError(f"with_peak: timing must be a mahia.measure.timing.Timing, got {type(timing).__name__}")
     if timing.peak_mem_bytes is not None:
         return timing
     return dataclasses.replace(timing, peak_mem_bytes=peak_bytes(fn, device))
@@ -127,8 +107,6 @@ def fits(fn: Callable[[], object], *, cleanup: Callable[[], object] | None = Non
     half-finished backward left) and the freed memory is returned to the CUDA allocator's pool, so the
     next attempt starts clean.
     """
-    if not callable(fn):
-        raise TypeError(f"fits: fn must be callable, got {type(fn).__name__}")
     try:
         fn()
         ok = True
@@ -142,15 +120,6 @@ def fits(fn: Callable[[], object], *, cleanup: Callable[[], object] | None = Non
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
     return ok
-
-
-# ---------------------------------------------------------------------------------------------------
-# What is resident at the peak
-# ---------------------------------------------------------------------------------------------------
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 @dataclass
@@ -220,7 +189,7 @@ class _PeakTracker(TorchDispatchMode):
         }
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta" and t.untyped_storage().data_ptr() not in inputs:
-                self._track(t, f"{phase}: {func.overloadpacket.__name__} ({_dtype_name(t.dtype)})")
+                self._track(t, f"{phase}: {func.overloadpacket.__name__} ({str(t.dtype)[6:]})")
         return out
 
 
@@ -229,8 +198,6 @@ def peak_composition(fn: Callable[[], object]) -> PeakComposition:
     (:class:`PeakComposition`): the same peak :class:`mahia.measure.instruments.LiveTensorMemory` measures
     (storages made inside ``fn``, each at its full size; what existed before is not counted), itemized.
     Eager code only (a compiled region's buffers do not pass through the dispatcher)."""
-    if not callable(fn):
-        raise TypeError(f"peak_composition: fn must be callable, got {type(fn).__name__}")
     tracker = _PeakTracker()
     with tracker:
         fn()

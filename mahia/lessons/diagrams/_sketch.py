@@ -1,7 +1,5 @@
-"""Drawing pieces shared by the diagrams of notebooks 05-09 (graphs, checkpoint, moe, scan): a blank
-canvas in diagram units, labelled boxes, arrows and captions. Text is placed by the caller; the tests
-(tests/test_lessons_diagrams_b.py) check with the Agg renderer that no two labels overlap.
-"""
+"""Drawing pieces shared by the diagrams of notebooks 05-09: a blank canvas in diagram units, labelled boxes,
+arrows and captions (the tests check with the Agg renderer that no two labels overlap)."""
 
 from __future__ import annotations
 
@@ -27,20 +25,7 @@ def canvas(width: float, height: float, *, figsize: tuple[float, float]):
 
 
 def box(
-    ax,
-    x: float,
-    y: float,
-    w: float,
-    h: float,
-    text: str = "",
-    *,
-    color: str = "white",
-    text_color: str = "black",
-    fontsize: float = 8,
-    hatch: str | None = None,
-    alpha: float = 1.0,
-    lw: float = 0.8,
-    ls: str = "-",
+    ax, x, y, w, h, text="", *, color="white", text_color="black", fontsize=8, hatch=None, alpha=1.0, lw=0.8, ls="-"
 ):
     """A rectangle with its lower-left corner at (x, y) and ``text`` centred in it; returns the text (or None)."""
     ax.add_patch(

@@ -1,20 +1,9 @@
-"""The checkpoint timeline (notebook 07): one training step of ``n`` blocks under each policy, the work
-in time order (forward F, the loss, backward B, recompute R) above the activation memory kept for
-backward at each moment.
-
-* **none**: every forward keeps its block's activations until that block's backward frees them: the
-  memory climbs to ``n`` blocks' worth at the loss;
-* **full**: a forward keeps only its block's input; just before a block's backward its forward runs
-  again (R) and its activations live until that backward ends: the peak is ``n`` inputs plus one
-  block, for one extra forward per block;
-* **selective**: a forward keeps the matmul and attention outputs (a share of the activations); the
-  recompute reruns only the cheap pointwise ops that rebuild the rest.
-
-The proportions are the arguments (``input_share``, ``selective_share``: a block input and what selective
-keeps, as shares of one block's activations), not measurements; section 1 of the notebook measures them.
-
-    fig = draw(n_blocks=4)
-"""
+"""The checkpoint timeline (notebook 07): one training step of ``n`` blocks under each policy, the work in
+time order (forward F, the loss, backward B, recompute R) above the activation memory kept for backward.
+none: the memory climbs to ``n`` blocks' worth at the loss; full: ``n`` block inputs plus one block rebuilt,
+for one extra forward per block; selective: the matmul and attention outputs kept, only the pointwise ops
+rerun. ``input_share`` and ``selective_share`` (shares of one block's activations) are arguments, not
+measurements: section 1 of the notebook measures them."""
 
 from __future__ import annotations
 
@@ -22,7 +11,6 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from mahia.lessons.diagrams._sketch import DEVICE, HOST, MEMORY
-from mahia.measure.checks import check_int
 
 __all__ = ["POLICIES", "draw", "timeline"]
 
@@ -41,12 +29,6 @@ _T_FWD, _T_BWD, _T_LOSS, _T_SEL = 1.0, 2.0, 0.6, 0.35
 def timeline(policy: str, n_blocks: int, *, input_share: float = 0.15, selective_share: float = 0.6) -> list[dict]:
     """The step as a list of ``{"label", "kind", "start", "end", "memory"}``, ``memory`` being the
     activations kept (in blocks' worth) once that piece of work has ended."""
-    if policy not in POLICIES:
-        raise ValueError(f"checkpoint.timeline: policy must be one of {POLICIES}, got {policy!r}")
-    check_int("checkpoint.timeline", "n_blocks", n_blocks)
-    for name, v in (("input_share", input_share), ("selective_share", selective_share)):
-        if not (isinstance(v, (int, float)) and 0 < v < 1):
-            raise ValueError(f"checkpoint.timeline: {name} must be in (0, 1), got {v!r}")
     kept = {"none": 1.0, "full": input_share, "selective": selective_share}[policy]
     out, t, mem = [], 0.0, 0.0
 
@@ -69,13 +51,8 @@ def timeline(policy: str, n_blocks: int, *, input_share: float = 0.15, selective
     return out
 
 
-def draw(
-    n_blocks: int = 4, policies=POLICIES, *, input_share: float = 0.15, selective_share: float = 0.6
-):  # -> matplotlib.figure.Figure
-    """The timelines of ``policies`` (any of "none", "full", "selective"), one above the other; returns the Figure."""
-    policies = tuple(policies)
-    if not policies or any(p not in POLICIES for p in policies):
-        raise ValueError(f"checkpoint.draw: policies must be a non-empty subset of {POLICIES}, got {policies!r}")
+def draw(n_blocks: int = 4, policies=POLICIES, *, input_share: float = 0.15, selective_share: float = 0.6):
+    """The timelines of ``policies`` (any of "none", "full", "selective"), one above the other."""
     steps = {p: timeline(p, n_blocks, input_share=input_share, selective_share=selective_share) for p in policies}
     t_max = max(s[-1]["end"] for s in steps.values())
     m_max = max(r["memory"] for s in steps.values() for r in s)
@@ -92,19 +69,10 @@ def draw(
         mem = fig.add_subplot(grid[row + 1], sharex=work)
         for r in steps[policy]:
             w = r["end"] - r["start"]
-            work.add_patch(
-                plt.Rectangle((r["start"], 0.1), w, 0.8, facecolor=colors[r["kind"]], edgecolor="black", lw=0.6)
-            )
-            if w >= 0.3:  # a selective recompute (r) is narrow: a smaller font still names it
-                work.text(
-                    r["start"] + w / 2,
-                    0.5,
-                    r["label"],
-                    ha="center",
-                    va="center",
-                    fontsize=7.5 if w >= 0.5 else 6,
-                    color="white" if r["kind"] in ("forward", "backward") else "black",
-                )
+            work.add_patch(plt.Rectangle((r["start"], 0.1), w, 0.8, fc=colors[r["kind"]], ec="black", lw=0.6))
+            ink = "white" if r["kind"] in ("forward", "backward") else "black"
+            size = 7.5 if w >= 0.5 else 6  # a selective recompute (r) is narrow: a smaller font still names it
+            work.text(r["start"] + w / 2, 0.5, r["label"], ha="center", va="center", fontsize=size, color=ink)
         work.set_ylim(0, 1)
         work.axis("off")
         work.set_title(_TITLES[policy], loc="left", fontsize=9)
@@ -116,18 +84,9 @@ def draw(
         mem.plot(times, levels, color=MEMORY, lw=1.2)
         top = max(levels)
         at = times[levels.index(top)]
-        mem.annotate(
-            f"peak: {top:.2g} × one block's activations",
-            (at, top),
-            xytext=(4, 2),
-            textcoords="offset points",
-            fontsize=7.5,
-            va="bottom",
-        )
-        mem.set_ylim(0, m_max * 1.25)
-        mem.set_xlim(0, t_max)
-        mem.set_yticks([])
-        mem.set_xticks([])
+        peak = f"peak: {top:.2g} × one block's activations"
+        mem.annotate(peak, (at, top), xytext=(4, 2), textcoords="offset points", fontsize=7.5, va="bottom")
+        mem.set(ylim=(0, m_max * 1.25), xlim=(0, t_max), yticks=[], xticks=[])
         mem.set_ylabel("kept", fontsize=8)
         mem.grid(False)
     mem.set_xlabel("time (one block's forward = 1)", fontsize=8)

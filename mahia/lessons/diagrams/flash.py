@@ -1,15 +1,6 @@
-"""FlashAttention's tiling: one program per block of queries walks the key/value blocks (notebook 02).
-
-    fig = draw()                      # 4 x 4 blocks, causal
-    fig = draw(blocks=5, causal=False, row=3)
-
-The score matrix S = Q Kᵀ is cut into tiles of (query block, key block). One program owns the query block
-``Qi`` (highlighted row ``row``): it loads ``Qi`` once, then for each key block ``Kj`` computes the tile
-``Qi Kjᵀ`` in registers and shared memory, updates a running maximum ``m``, a running sum ``ℓ`` and its
-partial output with ``Vj`` (the online softmax: when ``m`` grows, the partial output is rescaled), and writes
-``Oi`` once at the end. The tiles of scores never reach device memory. Causal: tiles above the diagonal are
-skipped, tiles on it are half masked. Nothing is measured here.
-"""
+"""FlashAttention's tiling (notebook 02): the score matrix S = Q Kᵀ in tiles of (query block, key block); one
+program owns a query block, walks the key blocks with an online softmax and writes its output once, so no
+tile of scores reaches device memory. Causal: tiles above the diagonal are skipped, those on it half masked."""
 
 from __future__ import annotations
 
@@ -30,13 +21,9 @@ NOTES = (
 
 
 def draw(*, blocks: int = 4, causal: bool = True, row: int | None = None) -> Figure:
-    """The tiling of the module docstring with ``blocks`` query and key blocks; ``row`` is the highlighted
-    program's query block (default: the third from the top, or the last if there are fewer)."""
-    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 2 <= blocks <= 8:
-        raise ValueError(f"flash.draw: blocks must be an int in [2, 8], got {blocks!r}")
+    """The tiling with ``blocks`` (2 to 8) query and key blocks; ``row``: the highlighted program's query block
+    (default: the third from the top, or the last if there are fewer)."""
     row = min(2, blocks - 1) if row is None else row
-    if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < blocks:
-        raise ValueError(f"flash.draw: row must be an int in [0, blocks), got {row!r}")
     n = blocks
     fig, ax = plt.subplots(figsize=(13, 5.6))
     gx, gy = 2.0, 1.6  # the grid's lower-left corner; tile (i, j) at column j, row i from the top
@@ -73,10 +60,7 @@ def draw(*, blocks: int = 4, causal: bool = True, row: int | None = None) -> Fig
     last = row if causal else n - 1
     y_row = gy + n - 1 - row + 0.5
     ax.annotate(
-        "",
-        (gx + last + 0.85, y_row),
-        (gx + 0.15, y_row),
-        arrowprops={"arrowstyle": "->", "lw": 1.6, "color": "black"},
+        "", (gx + last + 0.85, y_row), (gx + 0.15, y_row), arrowprops={"arrowstyle": "->", "lw": 1.6, "color": "k"}
     )
     ax.text(gx + n / 2, gy + n + 1.6, "S = Q·Kᵀ, one tile per (query block, key block)", ha="center", fontsize=9.5)
     nx = gx + n + 2.0

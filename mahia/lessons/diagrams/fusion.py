@@ -1,14 +1,6 @@
-"""Fusion of memory-bound ops: eager sends the tensor through device memory once per op, a fused kernel once
-in all (notebook 03).
-
-    fig = draw(["pow", "mean", "add", "rsqrt", "mul", "mul"], name="RMSNorm")
-    fig = draw(list(traffic["op"]), name="RMSNorm")     # the ops a run traced (aten names are shortened)
-
-Top: eager PyTorch, one kernel per op; each reads its inputs from device memory and writes its output back,
-so every intermediate makes a round trip. Bottom: one fused kernel runs the same ops on values held in
-registers: it reads the inputs once and writes the result once. The ops are the caller's; nothing is
-measured here.
-"""
+"""Fusion of memory-bound ops (notebook 03): eager runs one kernel per op, each reading its inputs from device
+memory and writing its output back; one fused kernel runs the same ops on registers, reading the inputs once
+and writing the result once. ``draw(list(traffic["op"]), name="RMSNorm")`` (aten names are shortened)."""
 
 from __future__ import annotations
 
@@ -30,11 +22,8 @@ def short_op(name: str) -> str:
 
 
 def draw(ops: Sequence[str], *, name: str = "", inputs: str = "x", output: str = "y") -> Figure:
-    """The two rows of the module docstring for the chain of ``ops`` (at least two, at most 16), of the
-    function ``name`` (may be empty) with ``inputs`` and ``output`` (the labels of the fused kernel's one read
-    and one write)."""
-    if isinstance(ops, str) or not isinstance(ops, Sequence) or not 2 <= len(ops) <= 16:
-        raise ValueError(f"fusion.draw: ops must be a sequence of 2 to 16 op names, got {ops!r}")
+    """The two rows for the chain of ``ops`` (2 to 16) of the function ``name``, with ``inputs`` and ``output``
+    (the labels of the fused kernel's one read and one write)."""
     labels = [short_op(o) for o in ops]
     name = f" {name}" if name else ""
     k = len(labels)

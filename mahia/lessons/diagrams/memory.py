@@ -1,14 +1,7 @@
-"""The memory hierarchy of a GPU and the roofline it implies (notebook 00).
-
-    fig = draw()                                             # the schematic alone
-    fig = draw(copy_gbps=4250, peak_tflops=686, l2_mib=60)   # with the run's measured numbers beside it
-
-Left: where bytes live, fastest and smallest at the top: registers and shared memory inside each SM, the
-L2 cache all SMs share, device memory (HBM) and, across PCIe or NVLink-C2C, the host's memory. Right: the
-roofline those levels make: a kernel that does few FLOPs per byte it moves is limited by the bandwidth
-(the slope), one that does many by the arithmetic units (the roof); they meet at the ridge point,
-peak / bandwidth. Axes are schematic (log scales, no ticks); measured numbers appear only when given.
-"""
+"""The memory hierarchy of a GPU and the roofline it implies (notebook 00). Left: where bytes live, fastest
+and smallest at the top. Right: a kernel with few FLOPs per byte is limited by the bandwidth (the slope), one
+with many by the arithmetic units (the roof); they meet at the ridge point, peak / bandwidth. The axes are
+schematic; measured numbers appear only when given: ``draw(copy_gbps=4250, peak_tflops=686, l2_mib=60)``."""
 
 from __future__ import annotations
 
@@ -26,14 +19,6 @@ LEVELS = (
 )
 
 
-def _positive(name: str, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"memory.draw: {name} must be a positive number or None, got {value!r}")
-    return float(value)
-
-
 def draw(
     *,
     copy_gbps: float | None = None,
@@ -41,12 +26,7 @@ def draw(
     l2_mib: float | None = None,
     peak_name: str = "matmul",
 ) -> Figure:
-    """The two panels of the module docstring. ``copy_gbps``, ``peak_tflops`` (and ``peak_name``, the
-    ceiling's name) and ``l2_mib`` are the run's measured or reported numbers, written beside the levels and
-    the ridge point when given; nothing is typed in."""
-    copy_gbps = _positive("copy_gbps", copy_gbps)
-    peak_tflops = _positive("peak_tflops", peak_tflops)
-    l2_mib = _positive("l2_mib", l2_mib)
+    """The two panels, with the run's measured or reported numbers (``peak_name``: the ceiling's name) when given."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.25, 1]})
     _hierarchy(left, copy_gbps, l2_mib)
     _roofline(right, copy_gbps, peak_tflops, peak_name)
@@ -58,9 +38,7 @@ def _hierarchy(ax, copy_gbps: float | None, l2_mib: float | None) -> None:
     ax.set(xlim=(-0.13, 1), ylim=(-0.02, 1.06))
     ax.axis("off")
     ax.set_title("Where the bytes live", fontsize=12)
-    notes = {1: f"{l2_mib:g} MiB on this GPU" if l2_mib else None, 2: None}
-    if copy_gbps:
-        notes[2] = f"measured copy: {copy_gbps:,.0f} GB/s"
+    notes = {1: l2_mib and f"{l2_mib:g} MiB on this GPU", 2: copy_gbps and f"measured copy: {copy_gbps:,.0f} GB/s"}
     h, gap = 0.2, 0.045
     for i, (name, sub, color) in enumerate(LEVELS):
         w = 0.56 + 0.13 * i

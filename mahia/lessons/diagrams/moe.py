@@ -1,18 +1,7 @@
-"""The grouped MoE forward (notebook 08): permute, grouped GEMM, SwiGLU, grouped GEMM, combine.
-
-* **tokens**: the router gives every token its top-k experts (and gates);
-* **permute**: the ``N·k`` (token, expert) rows are sorted by expert (one ``argsort``) and the tokens
-  gathered in that order, so that each expert's rows are contiguous; ``offs = cumsum(tokens per
-  expert)`` marks where each expert's rows end, on the device;
-* **grouped GEMM 1**: one launch multiplies each expert's block of rows by that expert's ``W13`` (D x 2H);
-* **SwiGLU**: ``silu(h1) * h3`` row by row, halving the width to H;
-* **grouped GEMM 2**: one launch multiplies each block by that expert's ``W2`` (H x D);
-* **combine**: every token reads its ``k`` results back through the inverse permutation, weights them
-  by its gates and sums them.
-
-    fig = draw()                                   # 6 tokens, 3 experts, top-2
-    fig = draw(assignments=[(0, 1), (1, 2), ...])  # your own routing: one tuple of experts per token
-"""
+"""The grouped MoE forward (notebook 08): the ``N·k`` (token, expert) rows sorted by expert (``argsort``),
+``offs = cumsum(rows per expert)`` on the device, a grouped GEMM by each expert's ``W13`` (D x 2H), SwiGLU
+row by row (2H -> H), a grouped GEMM by ``W2`` (H x D), and the combine: each token sums its ``k`` results,
+weighted by its gates. ``draw(assignments=[(0, 1), (1, 2), ...])``: one tuple of experts per token."""
 
 from __future__ import annotations
 
@@ -30,34 +19,16 @@ def permutation(assignments: Sequence[Sequence[int]], n_experts: int) -> tuple[l
     """The (token, expert) rows sorted by expert (stable: tokens in order within an expert) and
     ``offs``, the cumulative row count at the end of each expert's block: what ``argsort`` and
     ``cumsum`` compute in the grouped path."""
-    rows = [(t, e) for t, experts in enumerate(assignments) for e in experts]
-    if not rows:
-        raise ValueError("moe.permutation: assignments is empty")
-    bad = [e for _, e in rows if not (isinstance(e, int) and 0 <= e < n_experts)]
-    if bad:
-        raise ValueError(f"moe.permutation: expert ids must be ints in [0, {n_experts}), got {bad}")
-    rows.sort(key=lambda r: r[1])
-    offs, n = [], 0
-    for e in range(n_experts):
-        n += sum(1 for _, x in rows if x == e)
-        offs.append(n)
-    return rows, offs
+    rows = sorted(((t, e) for t, experts in enumerate(assignments) for e in experts), key=lambda r: r[1])
+    return rows, [sum(1 for _, x in rows if x <= e) for e in range(n_experts)]
 
 
 def draw(assignments: Sequence[Sequence[int]] = DEFAULT_ASSIGNMENTS, n_experts: int | None = None):
-    """The permute → grouped GEMM → SwiGLU → grouped GEMM → combine diagram for ``assignments`` (the experts of each token,
-    all of the same length k); returns the Figure."""
+    """The diagram for ``assignments`` (the k experts of each token; at most 8 experts and 10 tokens fit)."""
     assignments = [tuple(a) for a in assignments]
-    ks = {len(a) for a in assignments}
-    if len(ks) != 1 or 0 in ks:
-        raise ValueError(f"moe.draw: every token needs the same number k >= 1 of experts, got lengths {sorted(ks)}")
     n_experts = n_experts or 1 + max(e for a in assignments for e in a)
-    if n_experts > len(EXPERT_COLORS) or len(assignments) > 10:
-        raise ValueError(
-            f"moe.draw: at most {len(EXPERT_COLORS)} experts and 10 tokens fit, got {n_experts} and {len(assignments)}"
-        )
     rows, offs = permutation(assignments, n_experts)
-    k = ks.pop()
+    k = len(assignments[0])
     n_rows = len(rows)
     rh = 1.6  # height of one (token, expert) row
     top = n_rows * rh + 3.5  # the rows end 3.5 units above the bottom, where the caption is
@@ -94,13 +65,14 @@ def draw(assignments: Sequence[Sequence[int]] = DEFAULT_ASSIGNMENTS, n_experts: 
             y_lo, y_hi = y_row(end - 1), y_row(start) + rh
             y_mid = (y_lo + y_hi) / 2
             for x0, label in ((30, f"rows @ W13[{e}]"), (57, f"rows @ W2[{e}]")):
+                text = f"{label}\n({end - start} rows)"
                 box(
                     ax,
                     x0,
                     y_lo + 0.1,
                     12,
                     y_hi - y_lo - 0.2,
-                    f"{label}\n({end - start} rows)",
+                    text,
                     color=color(e),
                     text_color="white",
                     fontsize=7,
@@ -108,23 +80,12 @@ def draw(assignments: Sequence[Sequence[int]] = DEFAULT_ASSIGNMENTS, n_experts: 
                 )
             for x0, x1 in ((27, 30), (42, 45), (54, 57), (69, 72)):
                 ax.plot([x0, x1], [y_mid] * 2, color="0.4", lw=0.8)
-            caption(
-                ax,
-                19.5,
-                y_lo,
-                f"offs[{e}] = {end}",
-                ha="right",
-                va="center",
-                fontsize=7,
-                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5},
-            )
+            white = {"facecolor": "white", "edgecolor": "none", "pad": 0.5}
+            caption(ax, 19.5, y_lo, f"offs[{e}] = {end}", ha="right", fontsize=7, bbox=white)
         start = end
-    caption(
-        ax,
-        1,
-        1.6,
+    note = (
         f"{len(assignments)} tokens × top-{k} = {n_rows} (token, expert) rows. offs = cumsum(rows per expert) stays "
-        "on the device: no host sync.\nTwo grouped GEMMs (one launch each) with SwiGLU between them, then one combine.",
-        fontsize=7.5,
+        "on the device: no host sync.\nTwo grouped GEMMs (one launch each) with SwiGLU between them, then one combine."
     )
+    caption(ax, 1, 1.6, note, fontsize=7.5)
     return fig

@@ -1,31 +1,17 @@
-"""The chunked scan of gated linear attention (notebook 09): the loop against the chunked form.
-
-* **loop**: the recurrence ``S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ``, ``o_t = S_tᵀ q_t``, one step per
-  token: ``T`` dependent steps of tiny kernels;
-* **chunked**: the sequence in chunks of ``C`` tokens. Inside a chunk every pair ``j ≤ i`` interacts
-  through one masked matmul with the decays ``exp(b_i - b_j)`` (``b`` the running sum of ``g`` inside the
-  chunk: exponents ≤ 0, nothing overflows), all chunks in parallel; between chunks only the state is
-  carried, ``T / C`` dependent steps, and each chunk's output adds ``Q_c S_{c-1}`` from the state before it.
-
-    fig = draw(n_chunks=4, chunk=4)
-"""
+"""The chunked scan of gated linear attention (notebook 09): the loop (one dependent step per token) above the
+chunked form (a masked matmul inside every chunk, all chunks at once; ``T / C`` dependent steps of the state
+between chunks)."""
 
 from __future__ import annotations
 
 from mahia.lessons.diagrams._sketch import DEVICE, HOST, MEMORY, arrow, box, canvas, caption, heading
-from mahia.measure.checks import check_int
 
 __all__ = ["draw"]
 
 
 def draw(n_chunks: int = 4, chunk: int = 4):
-    """The loop (``n_chunks * chunk`` steps) above the chunked form; returns the Figure. At most 24
-    tokens and 6 chunks fit the width."""
-    check_int("scan.draw", "n_chunks", n_chunks, minimum=2)
-    check_int("scan.draw", "chunk", chunk, minimum=2)
+    """The loop (``n_chunks * chunk`` steps) above the chunked form; at most 24 tokens in 6 chunks fit."""
     T = n_chunks * chunk
-    if T > 24 or n_chunks > 6:
-        raise ValueError(f"scan.draw: at most 24 tokens in at most 6 chunks fit, got {n_chunks} x {chunk}")
     fig, ax = canvas(100, 57, figsize=(10, 5.7))
 
     # The loop: one dependent step per token.
@@ -35,24 +21,13 @@ def draw(n_chunks: int = 4, chunk: int = 4):
         box(ax, 2 + t * step, 46, step * 0.62, 4.5, f"{t + 1}", color=HOST, fontsize=7)
         if t:
             arrow(ax, (2 + (t - 1) * step + step * 0.62, 48.25), (2 + t * step, 48.25), lw=0.7)
-    caption(
-        ax,
-        2,
-        42.5,
-        "each step: S_t = diag(exp(g_t)) S_(t-1) + k_t v_tᵀ and o_t = S_tᵀ q_t; a few tiny kernels, "
-        "and the next step waits for this one (forward and backward)",
-        fontsize=7.5,
-    )
+    step_note = "each step: S_t = diag(exp(g_t)) S_(t-1) + k_t v_tᵀ and o_t = S_tᵀ q_t; a few tiny kernels, "
+    caption(ax, 2, 42.5, step_note + "and the next step waits for this one (forward and backward)", fontsize=7.5)
 
     # The chunked form: a masked matmul inside every chunk, in parallel; a short chain of states between.
     heading(ax, 1, 37, f"Chunked: {n_chunks} chunks of C = {chunk} tokens")
-    caption(
-        ax,
-        2,
-        33.5,
-        "inside a chunk: (Q_c K_cᵀ ⊙ exp(b_i - b_j), j ≤ i) V_c, one masked matmul per chunk, every chunk at once",
-        fontsize=7.5,
-    )
+    inside = "inside a chunk: (Q_c K_cᵀ ⊙ exp(b_i - b_j), j ≤ i) V_c, one masked matmul per chunk, every chunk at once"
+    caption(ax, 2, 33.5, inside, fontsize=7.5)
     width = 96.0 / n_chunks
     cell_w, cell_h = min(2.4, 0.7 * width / chunk), 12.0 / chunk
     grid_top, grid_bottom = 30.5, 18.5
@@ -61,25 +36,19 @@ def draw(n_chunks: int = 4, chunk: int = 4):
         gx = x + (width - chunk * cell_w) / 2  # the chunk's C x C grid of pairs, centred
         for i in range(chunk):  # row i (query), column j (key): only j <= i interacts
             for j in range(chunk):
-                on = j <= i
+                y, on = grid_top - (i + 1) * cell_h, j <= i
                 box(
                     ax,
                     gx + j * cell_w,
-                    grid_top - (i + 1) * cell_h,
+                    y,
                     cell_w,
                     cell_h,
                     color=DEVICE if on else "white",
                     lw=0.4,
-                    alpha=0.9 if on else 1.0,
+                    alpha=0.9 if on else 1,
                 )
-        caption(
-            ax,
-            x + width / 2,
-            grid_bottom - 2,
-            f"chunk {c + 1}: tokens {c * chunk + 1}-{(c + 1) * chunk}",
-            ha="center",
-            fontsize=7.5,
-        )
+        tokens = f"chunk {c + 1}: tokens {c * chunk + 1}-{(c + 1) * chunk}"
+        caption(ax, x + width / 2, grid_bottom - 2, tokens, ha="center", fontsize=7.5)
 
     # The state carried between chunks; the state before a chunk feeds that chunk's output (dashed).
     y_state = 7.5
@@ -96,12 +65,6 @@ def draw(n_chunks: int = 4, chunk: int = 4):
                 lw=0.7,
                 ls="--",
             )
-    caption(
-        ax,
-        2,
-        3.5,
-        f"between chunks: S_c = decay_c · S_(c-1) + K_cᵀ (decay ⊙ V_c), only {n_chunks} dependent "
-        "steps; dashed: each chunk's output adds Q_c S_(c-1), the state before it",
-        fontsize=7.5,
-    )
+    between = f"between chunks: S_c = decay_c · S_(c-1) + K_cᵀ (decay ⊙ V_c), only {n_chunks} dependent steps; "
+    caption(ax, 2, 3.5, between + "dashed: each chunk's output adds Q_c S_(c-1), the state before it", fontsize=7.5)
     return fig
