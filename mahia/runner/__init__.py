@@ -39,7 +39,6 @@ from mahia.measure import files
 from mahia.measure.executed import copy_executed
 from mahia.measure.files import REPO_ROOT
 from mahia.runner.notebooks import (
-    STRIP_KEYS,
     UsageError,
     _check_params,
     _failure,
@@ -51,6 +50,7 @@ from mahia.runner.notebooks import (
     notebook_parameters,
     parse_params,
     slowest_cells,
+    strip,
 )
 from mahia.runner.session import (
     StopFlag,
@@ -133,9 +133,8 @@ def strip_on_save(model: dict, path: str, **_) -> None:
     if model.get("type") != "notebook" or Path(path).name not in {p.name for p in list_notebooks()}:
         return
     import nbformat
-    from nbstripout import strip_output
 
-    model["content"] = strip_output(nbformat.from_dict(model["content"]), False, False, False, STRIP_KEYS.split())
+    model["content"] = strip(nbformat.from_dict(model["content"]))
 
 
 def _papermill_cmd(sess: _Session, nb: Path, out_nb: Path, mine: dict) -> list[str]:

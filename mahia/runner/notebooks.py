@@ -46,14 +46,21 @@ def _load(path: Path) -> dict:
 STRIP_KEYS = "metadata.language_info"
 
 
+def strip(nb):
+    """A notebook (nbformat's node) as it is committed: nbstripout without outputs, counts or ``STRIP_KEYS``; what
+    clean-notebooks writes and what JupyterLab saves under make lab (``strip_on_save``)."""
+    from nbstripout import strip_output
+
+    return strip_output(nb, keep_output=False, keep_count=False, keep_id=False, extra_keys=STRIP_KEYS.split())
+
+
 def _stripped(text: str) -> str:
-    """``text`` (a notebook's JSON) as nbstripout leaves it: as it is committed."""
+    """``text`` (a notebook's JSON) as it is committed (:func:`strip`)."""
     import io
 
     import nbformat
-    from nbstripout import strip_output
 
-    nb = strip_output(nbformat.reads(text, as_version=nbformat.NO_CONVERT), False, False, False, STRIP_KEYS.split())
+    nb = strip(nbformat.reads(text, as_version=nbformat.NO_CONVERT))
     out = io.StringIO()
     nbformat.write(nb, out, version=nbformat.NO_CONVERT)
     return out.getvalue()
