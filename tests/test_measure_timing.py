@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mahia.measure import timing
-from mahia.measure.timing import Timing, bench, capture_graph, gain_range, host_time, ratio_range
+from mahia.measure.timing import Timing, bench, capture_graph, compare, gain_range, host_time, ratio_range, verdict
 
 
 def test_capture_graph_checks_its_arguments():
@@ -160,10 +160,20 @@ def test_host_time_on_a_gpu_is_the_issue_time_not_the_kernels():
     assert host.median_ms < wall.median_ms  # three big matmuls queue in microseconds and run for milliseconds
 
 
+def test_verdict_and_compare_read_the_spreads():
+    base, fast, same = Timing(3.0, 2.0, 4.0, 10), Timing(0.75, 0.5, 1.0, 10), Timing(3.5, 2.5, 4.5, 10)
+    assert (verdict(base, fast), verdict(fast, base), verdict(base, same)) == ("faster", "slower", "within noise")
+    t = compare({"eager": base, "fused": fast, "again": same})
+    assert list(t["verdict"]) == ["baseline", "faster", "within noise"]
+    assert t.loc["fused", "gain"] == 4.0 and t.loc["eager", "p80 ms"] == 4.0
+    assert compare({"eager": base, "fused": fast}, baseline="fused").loc["eager", "verdict"] == "slower"
+    with pytest.raises(ValueError, match="no timings"):
+        compare({})
+
+
 def test_gain_range_is_the_ratio_the_two_spreads_allow():
     before, after = Timing(3.0, 2.0, 4.0, 10), Timing(0.75, 0.5, 1.0, 10)
     assert gain_range(before, after) == (2.0, 8.0)  # p20/p80 and p80/p20
-    assert before.band == (3.0, 2.0, 4.0)  # (median, p20, p80): what retimed_note compares
     assert ratio_range(2.0, 4.0, 0.5, 1.0) == (2.0, 8.0)
     with pytest.raises(TypeError, match="two Timing objects"):
         gain_range(3.0, after)

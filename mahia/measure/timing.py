@@ -84,11 +84,6 @@ class Timing:
         return cls(med, p20, p80, len(times_ms), first_call_ms, peak_mem_bytes, device)
 
     @property
-    def band(self) -> tuple[float, float, float]:
-        """(median, p20, p80) in ms."""
-        return self.median_ms, self.p20_ms, self.p80_ms
-
-    @property
     def spread(self) -> float:
         """Relative width of the 20-80 percentile band."""
         return (self.p80_ms - self.p20_ms) / self.median_ms if self.median_ms > 0 else math.nan
