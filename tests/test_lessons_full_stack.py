@@ -77,7 +77,8 @@ def test_climb_is_cumulative_and_alone_is_not():
     assert [n for n, _ in steps] == ["baseline"] + [r.name for r in LADDER]
     assert steps[0][1] == Stack()
     last = steps[-1][1]
-    assert last.sync_free_logging and last.amp == "bf16" and last.compile == "default"
+    assert last.sync_free_logging and last.amp == "bf16" and last.compile == "default" and last.graphs
+    assert LADDER[-1].name == "graphs" and not steps[-2][1].graphs  # the graph is the last rung, over compile
     assert set(last.config(HybridConfig.preset("tiny")).__dict__.items()) >= set(
         HybridConfig.preset("tiny").optimized().__dict__.items()
     )  # every fast impl
@@ -89,7 +90,7 @@ def test_for_device_drops_and_swaps_cuda_only_rungs():
     kept, why = for_device(LADDER, cuda=False, compile_problem="no compiler here")
     names = [r.name for r in kept]
     assert "triton" not in names and "compile" not in names
-    assert "CUDA only" in why["triton"] and "no compiler here" in why["compile"]
+    assert "CUDA only" in why["triton"] and "no compiler here" in why["compile"] and "CUDA only" in why["graphs"]
     parts = next(r for r in kept if r.name == "hybrid_parts")
     assert parts.model == ("logspace_scan", "batched_memory", "masked_gating")
     kept_gpu, why_gpu = for_device(LADDER, cuda=True)

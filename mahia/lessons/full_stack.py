@@ -31,6 +31,7 @@ class Stack:
     sync_free_logging: bool = False
     amp: str | None = None
     compile: str | None = None
+    graphs: bool = False  # the whole step captured in one CUDA graph and replayed (notebook 05)
 
     def config(self, cfg):
         from mahia.model.optimize import apply
@@ -44,6 +45,7 @@ class Stack:
     def describe(self) -> str:
         parts = [*self.model, *(["sync-free logging"] if self.sync_free_logging else [])]
         parts += [f"amp={self.amp}"] * bool(self.amp) + [f"compile={self.compile}"] * bool(self.compile)
+        parts += ["CUDA graph"] * self.graphs
         return ", ".join(parts) or "baseline"
 
 
@@ -58,6 +60,7 @@ class Rung:
     sync_free_logging: bool = False
     amp: str | None = None
     compile: str | None = None
+    graphs: bool = False
 
     def on(self, stack: Stack) -> Stack:
         return Stack(
@@ -65,6 +68,7 @@ class Rung:
             sync_free_logging=stack.sync_free_logging or self.sync_free_logging,
             amp=self.amp or stack.amp,
             compile=self.compile or stack.compile,
+            graphs=stack.graphs or self.graphs,
         )
 
 
@@ -83,6 +87,7 @@ LADDER: tuple[Rung, ...] = (
     Rung("grouped_moe", "grouped MoE", "E host syncs and 2E small matmuls per MoE block", model=("grouped_moe",)),
     Rung("bf16", "bf16 autocast", "the matmul rate (bf16) and half the activation bytes", amp="bf16"),
     Rung("compile", "torch.compile", "launches and bytes of unfused pointwise ops", compile="default"),
+    Rung("graphs", "CUDA graph", "host time: the whole step (optimizer too) replayed as one graph", graphs=True),
 )
 
 
@@ -113,6 +118,9 @@ def for_device(
     for r in rungs:
         if r.compile and compile_problem:
             why[r.name] = f"dropped: {compile_problem}"
+            continue
+        if r.graphs and not cuda:
+            why[r.name] = "dropped: CUDA only (a CPU has no device queue to replay a graph on)"
             continue
         model = tuple(_CPU_SWAP.get(n, n) for n in r.model) if not cuda else r.model
         if model != r.model:
@@ -148,10 +156,44 @@ def build(cfg, stack: Stack, *, device, state: dict | None = None, lr: float = 1
         model = (model_class or HybridModel)(stack.config(cfg))
     if state is not None:
         model.load_state_dict(state)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
+    # capturable: the step count and the bias corrections stay on the device, so a graph can hold the update
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=stack.graphs)
     forward = torch.compile(model, mode=stack.compile) if stack.compile else model
     step = make_train_step(forward, optimizer, amp=stack.amp, sync_free_logging=stack.sync_free_logging)
-    return Built(stack, model, forward, optimizer, step)
+    return Built(stack, model, forward, optimizer, graphed(step) if stack.graphs else step)
+
+
+def graphed(step: Callable, warmup: int = 3) -> Callable:
+    """``step(batch)`` replayed from one CUDA graph per batch shape (notebook 05's idiom, here the whole
+    training step: forward, backward, AdamW). The first call of a shape runs ``warmup`` real steps on a side
+    stream (compilation, autotuning, the optimizer's state), captures one, and keeps its inputs; every call
+    copies the batch into them and replays. ``.history``: the loss of every real step and replay, in order;
+    ``.pool_bytes``: the memory the graphs hold between steps."""
+    graphs: dict = {}
+
+    def replay(batch):
+        key = tuple(t.shape for t in batch)
+        if key not in graphs:
+            static = tuple(t.clone() for t in batch)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                replay.history += [step(static) for _ in range(warmup)]
+            torch.cuda.current_stream().wait_stream(side)
+            before, graph = torch.cuda.memory_allocated(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                loss = step(static)  # recorded, not run: the weights are as the warm-up left them
+            replay.pool_bytes += torch.cuda.memory_allocated() - before
+            graphs[key] = graph, static, loss
+        graph, static, loss = graphs[key]
+        for s, x in zip(static, batch):
+            s.copy_(x)
+        graph.replay()
+        replay.history.append(loss.clone())
+        return replay.history[-1]
+
+    replay.history, replay.pool_bytes = [], 0
+    return replay
 
 
 @dataclass
