@@ -59,8 +59,8 @@ class Context:
         return f"{name}, {self.recorder._stamp()['date'][:10]}"
 
     def bench(self, fn: Callable[[], object], **kw) -> Timing:
-        kw.setdefault("rep_ms", 40 if self.quick else 200)
-        kw.setdefault("warmup_ms", 10 if self.quick else 50)
+        kw.setdefault("rep_ms", 20 if self.quick else 200)
+        kw.setdefault("warmup_ms", 5 if self.quick else 50)
         return bench(fn, device=self.device, **kw)
 
     def save(self, fig_or_ax, name: str) -> list[Path]:
