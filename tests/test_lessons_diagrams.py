@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
-from mahia.lessons.diagrams import checkpoint, flash, fusion, graphs, memory, moe, queues, scan  # noqa: E402
+from mahia.lessons.diagrams import checkpoint, fusion, memory  # noqa: E402
 
 
 def texts(fig) -> list[Text]:
@@ -59,18 +59,10 @@ RMS_OPS = ["aten.pow.Tensor_Scalar", "aten.mean.dim", "aten.add.Tensor", "aten.r
 DRAWN = {  # the notebooks' calls, and the extremes their arguments can take
     "memory (00), CPU": lambda: memory.draw(),
     "memory (00), GPU": lambda: memory.draw(copy_gbps=4250.0, peak_tflops=686.0, l2_mib=60, peak_name="matmul_bf16"),
-    "queues (01)": lambda: queues.draw(kernels=6, sync_after=3),
-    "queues, a sync after the first": lambda: queues.draw(kernels=3, sync_after=1),
-    "flash (02)": lambda: flash.draw(blocks=4, causal=True),
-    "flash, 8 blocks, not causal": lambda: flash.draw(blocks=8, causal=False),
     "fusion (03)": lambda: fusion.draw(RMS_OPS + ["aten.mul.Tensor"], name="RMSNorm", inputs="x, w", output="y"),
     "fusion, 16 ops": lambda: fusion.draw([f"aten._to_copy.op{i}" for i in range(16)]),
-    "graphs (05)": lambda: graphs.draw(n_kernels=4),
     "checkpoint (07)": lambda: checkpoint.draw(n_blocks=6, input_share=0.02, selective_share=0.98),
     "checkpoint, 2 blocks": lambda: checkpoint.draw(n_blocks=2, input_share=0.98, selective_share=0.02),
-    "moe (08)": lambda: moe.draw(),
-    "scan (09)": lambda: scan.draw(n_chunks=4, chunk=4),
-    "scan, 6 chunks": lambda: scan.draw(n_chunks=6, chunk=4),
 }
 
 

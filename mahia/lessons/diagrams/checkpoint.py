@@ -10,12 +10,10 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from mahia.lessons.diagrams._sketch import DEVICE, HOST, MEMORY
-
 __all__ = ["POLICIES", "draw", "timeline"]
 
 POLICIES = ("none", "full", "selective")
-BACKWARD = "#55a868"
+HOST, DEVICE, MEMORY, BACKWARD = "#dd8452", "#4c72b0", "#8172b2", "#55a868"
 _TITLES = {
     "none": "no checkpointing: every block's activations stay until its backward",
     "full": "full: keep each block's input, rerun its forward (R) just before its backward",
