@@ -1,9 +1,6 @@
-"""The checkpoint timeline (notebook 07): one training step of ``n`` blocks under each policy, the work in
-time order (forward F, the loss, backward B, recompute R) above the activation memory kept for backward.
-none: the memory climbs to ``n`` blocks' worth at the loss; full: ``n`` block inputs plus one block rebuilt,
-for one extra forward per block; selective: the matmul and attention outputs kept, only the pointwise ops
-rerun. ``input_share`` and ``selective_share`` (shares of one block's activations) are arguments, not
-measurements: section 1 of the notebook measures them."""
+"""The checkpoint timeline (notebook 07): one training step of ``n`` blocks per policy, the work in time order
+(forward F, loss, backward B, recompute R) above the activation memory kept for backward. ``input_share`` and
+``selective_share`` (of one block's activations) come from the notebook's measurements."""
 
 from __future__ import annotations
 
