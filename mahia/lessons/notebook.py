@@ -177,11 +177,7 @@ def _walk(widget) -> list:
     """``widget`` and every widget inside it, depth first."""
     import ipywidgets as w
 
-    out = [widget]
-    if isinstance(widget, w.Box):
-        for child in widget.children:
-            out += _walk(child)
-    return out
+    return [widget] + [x for child in (widget.children if isinstance(widget, w.Box) else ()) for x in _walk(child)]
 
 
 def _shown_value(control, state: dict | None = None):
@@ -209,21 +205,16 @@ class SettingsLine:
 
     def settings(self, pending=None, state: dict | None = None) -> str:
         """'name=value, ...' of every control, ``pending``'s from ``state``."""
-        parts = []
-        for c in self.controls:
-            name = c.description or type(c).__name__.lower()
-            value = _shown_value(c, state if c is pending else None)
-            parts.append(f"{name}={value}")
+        parts = [
+            f"{c.description or type(c).__name__.lower()}={_shown_value(c, state if c is pending else None)}"
+            for c in self.controls
+        ]
         return ", ".join(parts) or "no settings"
 
     def _show(self, text: str, color: str) -> None:
         self.status.value = (
             f"<code style='color:{color};white-space:pre-wrap;text-align:left'>{html.escape(text)}</code>"
         )
-
-    @property
-    def running(self) -> bool:
-        return self._started is not None
 
     def start(self, pending=None, state: dict | None = None) -> None:
         self._started = time.perf_counter()
@@ -240,7 +231,7 @@ class SettingsLine:
     def changed(self, _change=None) -> None:
         if self.trigger is None:
             self.finish()  # the explorer's callbacks ran with it: a change made from code, or the front end's
-        elif not self.running:
+        elif self._started is None:
             shown = f"output: {self._last}; " if self._last else ""
             self._show(f"{shown}set: {self.settings()} (press '{self.trigger}' to run)", GREY)
 
@@ -298,7 +289,7 @@ def _wrap(widget, method: str, line: SettingsLine, pending: Callable[[], object]
         except Exception as e:
             line.failed(e)
             raise
-        if line.running:  # no value changed (no observer ran): still head the output
+        if line._started is not None:  # no value changed (no observer ran): still head the output
             line.finish()
         return result
 

@@ -22,12 +22,10 @@ import torch
 from mahia.measure.checks import check_int
 from mahia.profile import quiet_profiler_notices
 
-# Kernel (or operator) names of matrix products. On a GPU: cuBLAS/cuBLASLt (``sm80_xmma_gemm_...``,
-# ``ampere_sgemm_...``, gemv, split-K's reduction, and on Hopper the ``nvjet_...`` family), CUTLASS and
-# Inductor's matmul templates (``triton_tem_fused_mm_0``); on a CPU, aten ops.
+# Kernel (or operator) names of matrix products: cuBLAS/cuBLASLt (``sm80_xmma_gemm_...``, gemv, split-K's reduction,
+# Hopper's ``nvjet_...``), CUTLASS, Inductor's templates (``triton_tem_fused_mm_0``); on a CPU, aten ops.
 _MATMUL = r"gemm|gemv|matmul|xmma|wgmma|cutlass|nvjet|splitKreduce|triton_tem_\w*mm|aten::(?:mm|bmm|addmm|baddbmm)"
-# Fused attention runs matrix products too, and its names say so (``cutlass::`` types in flash's template
-# arguments, cuDNN's ``..._sdpa_..._wgmma_...``); it is attention, not a matrix product, so it is left out.
+# Fused attention's names say matrix product too (flash's ``cutlass::`` types, cuDNN's ``_sdpa_..._wgmma_``): left out.
 _ATTENTION = r"flash|fmha|sdpa|attention"
 MATMUL_KERNELS = rf"(?i)^(?!.*(?:{_ATTENTION}))(?=.*(?:{_MATMUL}))"
 
@@ -35,8 +33,8 @@ MATMUL_KERNELS = rf"(?i)^(?!.*(?:{_ATTENTION}))(?=.*(?:{_MATMUL}))"
 # that launched it. mahia's grouped GEMM: compiled, its custom op; eager, its autograd Function.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm", "aten::addbmm")
 MATMUL_OPS += ("mahia::moe_grouped_mm", "_GroupedMM")
-# The chunked GLA scan (mahia.ops.gla_scan) is a group of its own: its kernels do the decays and cumulative sums
-# besides the chunk products. Eager: the autograd Function (forward and backward); compiled: the custom ops.
+# The GLA scan is a group of its own (its kernels do decays and cumulative sums besides the chunk products):
+# eager its autograd Function, compiled its custom ops.
 SCAN_OPS = ("_GLAFunction", "mahia::gla_", "GeneratedBackwardFor_mahia_gla_")
 # Every SDPA backend's forward and backward (cuDNN's is the default on an H100 with torch 2.11).
 ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention")
@@ -44,9 +42,8 @@ ATTENTION_OPS += ("aten::_cudnn_attention",)
 # Rows that are no operator's work: the profiler's own, and the driver's full-launch-queue marker.
 _NOT_WORK = ("Activity Buffer Request", "ProfilerStep", "[memory]", "Command Buffer Full")
 
-# What a templated kernel computes, from its template arguments: PyTorch passes a functor
-# (``CUDAFunctor_add``, ``MulFunctor``, ``sum_functor``, ``MeanOps``) or a lambda written inside the op's
-# function, which takes a TensorIterator (``direct_copy_kernel_cuda(at::TensorIteratorBase&)``).
+# What a templated kernel computes: its functor (``CUDAFunctor_add``, ``MulFunctor``, ``MeanOps``) or the op's
+# function whose lambda it runs, which takes a TensorIterator (``direct_copy_kernel_cuda(at::TensorIteratorBase&)``).
 _HINT = re.compile(r"\w*[Ff]unctor\w*|\w+Ops?\b|\w+(?=\(at::TensorIterator)")
 # Generic launchers whose template argument is the kernel itself (``cutlass::Kernel2<cutlass_80_..._gemm_...>``).
 _LAUNCHERS = {"Kernel", "Kernel2", "device_kernel"}

@@ -1,7 +1,5 @@
-"""What notebook 01 measures its loops with (the two training loops are in its own cells): a small model and
-its data, a chain of tiny kernels that prices one launch and one sync (also used by 04, 05 and hybrid_parts),
-the host's time per step of a loop that never waits, and the ops a step dispatches.
-"""
+"""What notebook 01 measures its two loops with: a small model and its data, a chain of tiny kernels that prices
+one launch and one sync (also 04, 05, hybrid_parts), the host's time per step, the ops a step dispatches."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -126,11 +127,10 @@ class PeakComposition:
 
     def phase_bytes(self) -> dict[str, int]:
         """Bytes at the peak per phase."""
-        out: dict[str, int] = {}
+        out = Counter()
         for label, n in self.by_label.items():
-            phase = label.split(":", 1)[0]
-            out[phase] = out.get(phase, 0) + n
-        return out
+            out[label.split(":", 1)[0]] += n
+        return dict(out)
 
 
 class _PeakTracker(TorchDispatchMode):
@@ -138,8 +138,7 @@ class _PeakTracker(TorchDispatchMode):
         super().__init__()
         self.current = 0
         self.result = PeakComposition(0)
-        self._by_label: dict[str, int] = {}
-        self._count: dict[str, int] = {}
+        self._by_label, self._count = Counter(), Counter()
         self._alive: dict[int, weakref.ref] = {}
 
     def _track(self, t: torch.Tensor, label: str) -> None:
@@ -156,14 +155,10 @@ class _PeakTracker(TorchDispatchMode):
 
         self._alive[ptr] = weakref.ref(st, freed)
         self.current += n
-        self._by_label[label] = self._by_label.get(label, 0) + n
-        self._count[label] = self._count.get(label, 0) + 1
-        if self.current > self.result.peak:
-            self.result = PeakComposition(
-                self.current,
-                {k: v for k, v in self._by_label.items() if v > 0},
-                {k: v for k, v in self._count.items() if v > 0},
-            )
+        self._by_label[label] += n
+        self._count[label] += 1
+        if self.current > self.result.peak:  # unary + drops the labels at 0
+            self.result = PeakComposition(self.current, dict(+self._by_label), dict(+self._count))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
