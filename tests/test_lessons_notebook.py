@@ -24,30 +24,16 @@ def fake_ceilings(monkeypatch):
 
 def test_cpu_threads_set_after_the_ceilings_and_said(fake_ceilings, tmp_path, capsys):
     before = torch.get_num_threads()
-    ctx = notebook.setup(
-        "nb",
-        device="cpu",
-        results_dir=str(tmp_path),
-        figures_dir=str(tmp_path),
-        cpu_threads=1,
-        cpu_note="liger skipped",
-    )
-    assert torch.get_num_threads() == 1 and fake_ceilings == [before]  # ceilings measured as in any run
+    kw = dict(device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path))
+    notebook.setup("nb", **kw)  # defaults: threads left alone, nothing said
+    assert torch.get_num_threads() == before and "CPU run:" not in capsys.readouterr().out
+    notebook.setup("nb", **kw, cpu_note="eager paths")
+    assert "CPU run: eager paths" in capsys.readouterr().out
+    ctx = notebook.setup("nb", **kw, cpu_threads=1, cpu_note="liger skipped")
+    assert torch.get_num_threads() == 1 and fake_ceilings == [before] * 3  # ceilings measured as in any run
     out = capsys.readouterr().out
     assert "CPU run: torch.set_num_threads(1) for this notebook" in out and out.rstrip().endswith("; liger skipped")
     assert not ctx.is_cuda
-
-
-def test_defaults_leave_threads_alone_and_say_nothing(fake_ceilings, tmp_path, capsys):
-    before = torch.get_num_threads()
-    notebook.setup("nb", device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path))
-    assert torch.get_num_threads() == before
-    assert "CPU run:" not in capsys.readouterr().out
-
-
-def test_a_note_alone_is_printed(fake_ceilings, tmp_path, capsys):
-    notebook.setup("nb", device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path), cpu_note="eager paths")
-    assert "CPU run: eager paths" in capsys.readouterr().out
 
 
 # -- listings: readable whatever the page's stylesheet says -------------------------------------------------
@@ -59,17 +45,13 @@ def _styles(markup: str, tag: str) -> list[dict[str, str]]:
     return [dict(tuple(p.strip() for p in d.split(":", 1)) for d in s.split(";") if d.strip()) for s in found]
 
 
-def _indented(x):
-    if x:
-        return [x, x]
-    return None
-
-
 LEFT_UNWRAPPED = {"text-align": "left", "white-space": "pre", "word-break": "normal", "overflow-x": "auto"}
 
 
-def test_side_by_side_listings_keep_their_indentation_against_lab_css():
-    html = notebook.side_by_side(_indented, "def after(x):\n    return [x] * 2\n", titles=("before", "after"))
+def test_listings_keep_their_indentation_against_lab_css(monkeypatch):
+    import IPython.display
+
+    html = notebook.side_by_side("def f(x):\n    if x:\n        return [x, x]\n", "def after(x):\n    return [x] * 2\n")
     pres, cells = _styles(html, "pre"), _styles(html, "td")
     assert len(pres) == 2 and len(cells) == 2
     for style in pres:  # JupyterLab's CSS: td/pre right-aligned, pre-wrap, break-all; inline styles win
@@ -78,18 +60,10 @@ def test_side_by_side_listings_keep_their_indentation_against_lab_css():
         assert style["text-align"] == "left" and style["vertical-align"] == "top"
     assert _styles(html, "table")[0]["table-layout"] == "fixed"  # a long line scrolls in its half, not widens it
     assert "\n        return [x, x]" in html and "\n    return [x] * 2" in html  # indentation kept as written
-
-
-def test_show_source_displays_one_listing_or_two_side_by_side(monkeypatch):
-    import IPython.display
-
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
     notebook.show_source("if a < b:\n    pass\n")
-    notebook.show_source("x = 1", "y = 2")
-    assert LEFT_UNWRAPPED.items() <= _styles(shown[0], "pre")[0].items()
-    assert "if a &lt; b:\n    pass" in shown[0]
-    assert shown[1] == notebook.side_by_side("x = 1", "y = 2")
+    assert LEFT_UNWRAPPED.items() <= _styles(shown[0], "pre")[0].items() and "if a &lt; b:\n    pass" in shown[0]
 
 
 # -- explorers: which settings made the output, and that it is running --------------------------------------

@@ -1,19 +1,14 @@
-"""Rules every notebook in notebooks/ keeps, checked on the committed files (no notebook is run here).
+"""Rules every notebook in notebooks/ keeps, checked on the committed files (that they are committed clean, with a
+``parameters`` cell, is tests/test_foundation.py's):
 
-* no code cell over ``MAX_CELL_LINES`` lines: long plotting or prose code belongs in a tested helper;
-* no ``MAHIA_*`` environment variable set by the notebook: implementations are chosen through explicit
-  arguments (``HybridConfig(kernels=...)``, ``impl=``, ``mahia.model.apply``), not the environment;
-* only public names of ``mahia``: no ``from mahia.x import _y``, no ``import mahia.x._y``, no ``m._y``
-  on a name bound to a mahia import (``mahia.lessons.kernel_listings`` shows private code by name);
-* committed clean: no outputs, no execution counts, and the first code cell is tagged ``parameters``;
-* every line of the ``parameters`` cell has at most one ``=``: papermill reads ``name: type = value  # help``
-  and skips, with an "Unable to parse line" warning in every run's log, a line whose help has another one;
-* every exercise has a worked solution: each markdown cell with a ``## Exercise`` heading is followed, before
-  the next level-2 heading, by a code cell tagged ``solution`` whose source is hidden
-  (``"jupyter": {"source_hidden": true}``, collapsed in JupyterLab); it runs with the lesson;
-* short text (issue 34): every paragraph a reader meets (a blank-line block or a list item of a markdown cell, a
-  run of comment lines in a code cell) is at most ``MAX_PARAGRAPH_WORDS`` words, and a notebook's markdown at most
-  ``MAX_MARKDOWN_WORDS``. What a cell prints is held to the same paragraph limit in tests/test_notebooks.py.
+* no code cell over ``MAX_CELL_LINES`` lines; no ``MAHIA_*`` environment variable set (implementations are chosen
+  by explicit arguments); only public names of ``mahia`` (``mahia.lessons.kernel_listings`` shows private code);
+* every line of the ``parameters`` cell has at most one ``=`` (papermill skips, with a warning, a line whose help
+  has another);
+* every ``## Exercise`` is followed, before the next level-2 heading, by a hidden code cell tagged ``solution``;
+* every paragraph a reader meets (a blank-line block or list item of markdown, a run of comment lines) is at most
+  ``MAX_PARAGRAPH_WORDS`` words, a notebook's markdown at most ``MAX_MARKDOWN_WORDS`` (issue 34); what a cell
+  prints is held to the same paragraph limit in tests/test_notebooks.py.
 
 Each checker is also run on a bad example, so that every rule can fail.
 """
@@ -86,19 +81,6 @@ def private_names(nb: dict) -> list[str]:
                 if isinstance(root, ast.Name) and root.id in bound:
                     found.append(f"cell {i}, line {node.lineno}: {ast.unparse(node)}")
     return found
-
-
-def dirty_cells(nb: dict) -> list[str]:
-    return [
-        f"cell {i}"
-        for i, c in enumerate(nb["cells"])
-        if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count") is not None)
-    ]
-
-
-def first_code_cell_tagged(nb: dict) -> bool:
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    return bool(code) and "parameters" in code[0].get("metadata", {}).get("tags", [])
 
 
 def unparsable_parameter_lines(nb: dict) -> list[str]:
@@ -201,13 +183,9 @@ def markdown_words(nb: dict) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _nb(*sources: str, outputs=None, count=None, tags=("parameters",)) -> dict:
-    cells = [
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s} for s in sources
-    ]
-    cells[0]["metadata"] = {"tags": list(tags)} if tags else {}
-    cells[-1]["outputs"] = outputs or []
-    cells[-1]["execution_count"] = count
+def _nb(*sources: str) -> dict:
+    cells = [{"cell_type": "code", "metadata": {}, "source": s} for s in sources]
+    cells[0]["metadata"] = {"tags": ["parameters"]}
     return {"cells": cells}
 
 
@@ -258,14 +236,6 @@ def test_private_name_checker_fails_on_imports_and_attributes():
         "_local = 1\nprint(type(rms_norm).__name__, rms_norm.__doc__)"
     )
     assert private_names(fine) == []
-
-
-def test_clean_checker_fails_on_outputs_counts_and_a_missing_tag():
-    assert dirty_cells(_nb("x = 1", outputs=[{"output_type": "stream", "text": "1"}])) == ["cell 0"]
-    assert dirty_cells(_nb("x = 1", count=3)) == ["cell 0"]
-    assert dirty_cells(_nb("x = 1")) == []
-    assert not first_code_cell_tagged(_nb("x = 1", tags=()))
-    assert first_code_cell_tagged(_nb("x = 1"))
 
 
 def _cell(kind: str, source: str, **meta) -> dict:
@@ -324,7 +294,6 @@ def test_notebook_keeps_the_rules(notebook):
     assert long_cells(notebook) == []
     assert mahia_env_writes(notebook) == []
     assert private_names(notebook) == []
-    assert dirty_cells(notebook) == [] and first_code_cell_tagged(notebook)
     assert unparsable_parameter_lines(notebook) == []
     assert exercises_without_solution(notebook) == []
     assert long_paragraphs(notebook) == []
