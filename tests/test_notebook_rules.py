@@ -16,6 +16,7 @@ Each checker is also run on a bad example, so that every rule can fail.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import re
 from pathlib import Path
@@ -107,25 +108,20 @@ def _is_hidden_solution(cell: dict) -> bool:
     )
 
 
+def _not_level2(cell: dict) -> bool:
+    return not (cell["cell_type"] == "markdown" and LEVEL2.search("".join(cell["source"])))
+
+
 def exercises_without_solution(nb: dict) -> list[str]:
     """The ``## Exercise`` cells with no hidden ``solution`` code cell before the next level-2 heading."""
-    found = []
-    cells = nb["cells"]
+    found, cells = [], nb["cells"]
     for i, c in enumerate(cells):
         src = "".join(c["source"])
         m = EXERCISE.search(src) if c["cell_type"] == "markdown" else None
-        if not m:
-            continue
-        ok = False
-        if not LEVEL2.search(src, m.end()):  # the exercise section goes on past this cell
-            for nxt in cells[i + 1 :]:
-                if nxt["cell_type"] == "markdown" and LEVEL2.search("".join(nxt["source"])):
-                    break
-                if _is_hidden_solution(nxt):
-                    ok = True
-                    break
-        if not ok:
-            found.append(f"cell {i}: an exercise without a hidden solution cell after it")
+        if m:
+            section = [] if LEVEL2.search(src, m.end()) else itertools.takewhile(_not_level2, cells[i + 1 :])
+            if not any(_is_hidden_solution(n) for n in section):
+                found.append(f"cell {i}: an exercise without a hidden solution cell after it")
     return found
 
 
@@ -239,10 +235,7 @@ def test_private_name_checker_fails_on_imports_and_attributes():
 
 
 def _cell(kind: str, source: str, **meta) -> dict:
-    cell = {"cell_type": kind, "metadata": meta, "source": source}
-    if kind == "code":
-        cell.update(execution_count=None, outputs=[])
-    return cell
+    return {"cell_type": kind, "metadata": meta, "source": source}
 
 
 SOLUTION = {"tags": ["solution"], "jupyter": {"source_hidden": True}}
