@@ -31,14 +31,6 @@ def eager_kernels(monkeypatch):
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
-def _pair(dim=20, hidden=28, experts=5, top_k=2, dtype=torch.float32):
-    torch.manual_seed(0)
-    ref = MoE(dim, hidden, experts, top_k, impl="loop", dtype=dtype)
-    fast = MoE(dim, hidden, experts, top_k, impl="grouped", backend="padded-bmm", dtype=dtype)
-    fast.load_state_dict(ref.state_dict())
-    return ref, fast
-
-
 def test_launch_model_overlap_and_syncs():
     # launches hide under longer device work; syncs add on top
     assert launch_model_ms(100, 0, 5.0, 20.0) == pytest.approx(0.5)
@@ -49,35 +41,18 @@ def test_launch_model_overlap_and_syncs():
 
 
 def test_launch_costs_on_cpu():
-    calls = []
-
-    def fake_bench(fn, **kw):
-        calls.append(kw)
-        fn()
-        # the synced chain is timed second: make it 1 ms slower
-        ms = 1.0 + len(calls) - 1
-        return Timing(ms, ms, ms, 1)
-
-    c = launch_costs("cpu", n_kernels=50, bench=fake_bench)
-    assert c.launch_us == pytest.approx(1e3 / 50)
-    assert c.sync_us == pytest.approx(1e3 / 50)
-    assert all(kw == {"memory": False} for kw in calls)
+    # the synced chain is timed second: 1 ms slower than the chain, over 50 kernels
+    fake = iter([Timing(1.0, 1.0, 1.0, 1), Timing(2.0, 2.0, 2.0, 1)])
+    c = launch_costs("cpu", n_kernels=50, bench=lambda fn, memory: (fn(), next(fake))[1])
+    assert c.launch_us == pytest.approx(1e3 / 50) and c.sync_us == pytest.approx(1e3 / 50)
     real = launch_costs("cpu", n_kernels=20, bench=lambda fn, **kw: Timing(0.1, 0.1, 0.1, 1))
     assert real.sync_us == 0.0 and real.launch_us > 0
 
 
 def test_count_ops_and_syncs_sees_both():
     x = torch.randn(37)
-
-    def f():
-        y = (x * 2 + 1).sum()
-        return (x > 0).nonzero(), y.item()
-
-    ops, syncs = count_ops_and_syncs(f)
-    assert ops.total >= 4
-    assert syncs.count == 2  # nonzero and .item()
-    ops, syncs = count_ops_and_syncs(lambda: torch.where(x > 0, x, 0.0))
-    assert syncs.count == 0 and ops.total >= 2
+    ops, syncs = count_ops_and_syncs(lambda: ((x > 0).nonzero(), (x * 2 + 1).sum().item()))
+    assert ops.total >= 4 and syncs.count == 2  # nonzero and .item()
 
 
 def test_moe_bytes():
@@ -87,7 +62,8 @@ def test_moe_bytes():
 
 @no_triton
 def test_moe_fwd_bwd_gradients_match_backward():
-    ref, _ = _pair(experts=3)
+    torch.manual_seed(0)
+    ref = MoE(20, 28, 3, 2, impl="loop")
     x, dy = torch.randn(11, 20), torch.randn(11, 20)
     y, aux, dx, dwr, dw13, dw2 = moe_fwd_bwd(ref, x, dy)()
     assert ref.w13.grad is None  # autograd.grad: .grad stays untouched
@@ -154,7 +130,7 @@ def _adds(n: int):
     return fn
 
 
-def test_host_cost_divides_the_host_time_by_the_ops_and_takes_t_sync_out():
+def test_host_cost_divides_the_host_time_by_the_ops_and_takes_t_sync_out_of_a_call_that_fits_the_queue():
     fake = lambda fn: Timing.from_samples([2.0, 2.0, 2.0])  # ms: the host time of every call
     hc = host_cost(_adds, 40, device="cpu", timer=fake)
     assert (hc.n_ops, hc.n_syncs, hc.size) == (40, 0, 40) and hc.us_per_op == pytest.approx(2000 / 40)
@@ -163,15 +139,11 @@ def test_host_cost_divides_the_host_time_by_the_ops_and_takes_t_sync_out():
     assert odd.us_per_op == pytest.approx((2000 - 500) / 26)
     never_negative = HostCost(Timing.from_samples([0.1]), 4, n_syncs=3, sync_us=100.0)
     assert never_negative.us_per_op == 0.0
-
-
-def test_host_cost_halves_the_size_until_the_call_fits_the_queue():
-    fake = lambda fn: Timing.from_samples([1.0])
+    # with a launch queue of `limit` kernels, the size is halved until the call fits
     hc = host_cost(_adds, 40, device="cpu", limit=12, timer=fake)
     assert (hc.size, hc.n_ops) == (10, 10)  # 40 and 20 adds overfill a queue of 12
     # a sync drains the queue: 26 ops in two runs between syncs, 13 each, fit a queue of 13
     assert host_cost(_adds, 25, device="cpu", limit=13, timer=fake).size == 25
-    known = (count_ops_and_syncs(_adds(8))[0], count_ops_and_syncs(_adds(8))[1])
-    assert host_cost(_adds, 8, device="cpu", counts=known, timer=fake).n_ops == 8
+    assert host_cost(_adds, 8, device="cpu", counts=count_ops_and_syncs(_adds(8)), timer=fake).n_ops == 8
     real = host_cost(_adds, 50, device="cpu")  # host_time itself: a CPU op costs well under a millisecond
     assert 0 < real.us_per_op < 1000 and real.timing.n >= 5

@@ -24,30 +24,16 @@ def fake_ceilings(monkeypatch):
 
 def test_cpu_threads_set_after_the_ceilings_and_said(fake_ceilings, tmp_path, capsys):
     before = torch.get_num_threads()
-    ctx = notebook.setup(
-        "nb",
-        device="cpu",
-        results_dir=str(tmp_path),
-        figures_dir=str(tmp_path),
-        cpu_threads=1,
-        cpu_note="liger skipped",
-    )
-    assert torch.get_num_threads() == 1 and fake_ceilings == [before]  # ceilings measured as in any run
+    kw = dict(device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path))
+    notebook.setup("nb", **kw)  # defaults: threads left alone, nothing said
+    assert torch.get_num_threads() == before and "CPU run:" not in capsys.readouterr().out
+    notebook.setup("nb", **kw, cpu_note="eager paths")
+    assert "CPU run: eager paths" in capsys.readouterr().out
+    ctx = notebook.setup("nb", **kw, cpu_threads=1, cpu_note="liger skipped")
+    assert torch.get_num_threads() == 1 and fake_ceilings == [before] * 3  # ceilings measured as in any run
     out = capsys.readouterr().out
     assert "CPU run: torch.set_num_threads(1) for this notebook" in out and out.rstrip().endswith("; liger skipped")
     assert not ctx.is_cuda
-
-
-def test_defaults_leave_threads_alone_and_say_nothing(fake_ceilings, tmp_path, capsys):
-    before = torch.get_num_threads()
-    notebook.setup("nb", device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path))
-    assert torch.get_num_threads() == before
-    assert "CPU run:" not in capsys.readouterr().out
-
-
-def test_a_note_alone_is_printed(fake_ceilings, tmp_path, capsys):
-    notebook.setup("nb", device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path), cpu_note="eager paths")
-    assert "CPU run: eager paths" in capsys.readouterr().out
 
 
 # -- listings: readable whatever the page's stylesheet says -------------------------------------------------
@@ -59,17 +45,13 @@ def _styles(markup: str, tag: str) -> list[dict[str, str]]:
     return [dict(tuple(p.strip() for p in d.split(":", 1)) for d in s.split(";") if d.strip()) for s in found]
 
 
-def _indented(x):
-    if x:
-        return [x, x]
-    return None
-
-
 LEFT_UNWRAPPED = {"text-align": "left", "white-space": "pre", "word-break": "normal", "overflow-x": "auto"}
 
 
-def test_side_by_side_listings_keep_their_indentation_against_lab_css():
-    html = notebook.side_by_side(_indented, "def after(x):\n    return [x] * 2\n", titles=("before", "after"))
+def test_listings_keep_their_indentation_against_lab_css(monkeypatch):
+    import IPython.display
+
+    html = notebook.side_by_side("def f(x):\n    if x:\n        return [x, x]\n", "def after(x):\n    return [x] * 2\n")
     pres, cells = _styles(html, "pre"), _styles(html, "td")
     assert len(pres) == 2 and len(cells) == 2
     for style in pres:  # JupyterLab's CSS: td/pre right-aligned, pre-wrap, break-all; inline styles win
@@ -78,47 +60,16 @@ def test_side_by_side_listings_keep_their_indentation_against_lab_css():
         assert style["text-align"] == "left" and style["vertical-align"] == "top"
     assert _styles(html, "table")[0]["table-layout"] == "fixed"  # a long line scrolls in its half, not widens it
     assert "\n        return [x, x]" in html and "\n    return [x] * 2" in html  # indentation kept as written
-
-
-def test_show_source_displays_one_listing_or_two_side_by_side(monkeypatch):
-    import IPython.display
-
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
     notebook.show_source("if a < b:\n    pass\n")
-    notebook.show_source("x = 1", "y = 2")
-    assert LEFT_UNWRAPPED.items() <= _styles(shown[0], "pre")[0].items()
-    assert "if a &lt; b:\n    pass" in shown[0]
-    assert shown[1] == notebook.side_by_side("x = 1", "y = 2")
+    assert LEFT_UNWRAPPED.items() <= _styles(shown[0], "pre")[0].items() and "if a &lt; b:\n    pass" in shown[0]
 
 
 # -- explorers: which settings made the output, and that it is running --------------------------------------
 def _update(widget, **state):
     """What the front end sends when a reader moves a control (the kernel's comm handler calls this)."""
     widget._handle_msg({"content": {"data": {"method": "update", "state": state}}, "buffers": []})
-
-
-def _explorer():
-    """An explorer as most notebooks build one: controls whose callbacks print into an Output."""
-    import ipywidgets as w
-
-    size = w.IntSlider(value=6, min=2, max=9, description="log2 size")
-    part = w.Dropdown(options=["GLA (T)", "graph memory"], description="component")
-    out = w.Output()
-    seen = []
-
-    def rerun(_=None):
-        seen.append(_plain(status.value) if status is not None else "")  # what the reader sees meanwhile
-        out.outputs = ({"output_type": "stream", "name": "stdout", "text": f"{part.value} at {2**size.value}\n"},)
-
-    size.observe(rerun, "value")
-    part.observe(rerun, "value")
-    box = w.VBox([w.HBox([size, part]), out])
-    status = None
-    rerun()  # build() runs the explorer once, before it is watched
-    shown = notebook.watch_settings(box)
-    status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
-    return shown, size, part, out, status, seen
 
 
 def _plain(markup: str) -> str:
@@ -128,61 +79,67 @@ def _plain(markup: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
+def _watched(box):
+    """``watch_settings(box)`` and a function reading its settings line as the reader sees it."""
+    import ipywidgets as w
+
+    shown = notebook.watch_settings(box)
+    status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
+    return shown, status, lambda: _plain(status.value)
+
+
 def test_an_explorer_says_running_then_heads_its_output_with_the_settings():
-    shown, size, part, out, status, seen = _explorer()
+    import ipywidgets as w
+
+    size = w.IntSlider(value=6, min=2, max=9, description="log2 size")
+    part = w.Dropdown(options=["GLA (T)", "graph memory"], description="component")
+    out, seen, line = w.Output(), [], lambda: ""
+
+    def rerun(_=None):  # as most notebooks build one: callbacks that print into an Output
+        seen.append(line())  # what the reader sees meanwhile
+        out.outputs = ({"output_type": "stream", "name": "stdout", "text": f"{part.value} at {2**size.value}\n"},)
+
+    size.observe(rerun, "value")
+    part.observe(rerun, "value")
+    rerun()  # build() runs the explorer once, before it is watched
+    shown, status, line = _watched(w.VBox([w.HBox([size, part]), out]))
     kids = list(shown.children)
     assert kids.index(status) == kids.index(out) - 1  # the line sits right above the output
-    assert _plain(status.value) == "log2 size=6, component=GLA (T)"  # the first run's settings
+    assert line() == "log2 size=6, component=GLA (T)"  # the first run's settings
     seen.clear()
     _update(size, value=8)  # a slider moved in the browser
     assert seen == ["running: log2 size=8, component=GLA (T) ..."]  # said before the explorer computed
-    assert _plain(status.value).startswith("log2 size=8, component=GLA (T) (") and _plain(status.value).endswith(" s)")
+    assert line().startswith("log2 size=8, component=GLA (T) (") and line().endswith(" s)")
     assert out.outputs[0]["text"] == "GLA (T) at 256\n"
     _update(part, index=1)  # a dropdown: the front end sends the index, the line shows the label
     assert seen[-1] == "running: log2 size=8, component=graph memory ..."
-    assert _plain(status.value).startswith("log2 size=8, component=graph memory (")
+    assert line().startswith("log2 size=8, component=graph memory (")
     before = status.value
     _update(size, description="log2 size")  # an update that sets nothing: nothing runs, the line stays
     assert status.value == before and len(seen) == 2
     size.value = 3  # a change made from code: no running line, the output is headed after
-    assert _plain(status.value) == "log2 size=3, component=graph memory" and len(seen) == 3
+    assert line() == "log2 size=3, component=graph memory" and len(seen) == 3
 
 
-def test_an_explorer_run_by_a_button_says_what_the_output_is_for():
+def test_an_explorer_run_by_a_button_says_what_the_output_is_for_and_a_failure_says_so():
     import ipywidgets as w
 
-    dim = w.Dropdown(options=[64, 128], description="dim")
-    go = w.Button(description="time")
-    out = w.Output()
-    seen = []
-    go.on_click(lambda _b: seen.append(_plain(status.value)))
-    shown = notebook.watch_settings(w.VBox([w.HBox([dim, go]), out]))
-    status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
-    assert _plain(status.value) == "press 'time' to run: dim=64"  # nothing ran yet
+    dim, go, seen = w.Dropdown(options=[64, 128], description="dim"), w.Button(description="time"), []
+    go.on_click(lambda _b: seen.append(line()))
+    _, _, line = _watched(w.VBox([w.HBox([dim, go]), w.Output()]))
+    assert line() == "press 'time' to run: dim=64"  # nothing ran yet
     _update(dim, index=1)  # a setting alone runs nothing here
-    assert _plain(status.value) == "set: dim=128 (press 'time' to run)" and seen == []
+    assert line() == "set: dim=128 (press 'time' to run)" and seen == []
     go._handle_custom_msg({"event": "click"}, [])  # the button, clicked in the browser
-    assert seen == ["running: dim=128 ..."]
-    done = _plain(status.value)
-    assert done.startswith("dim=128 (") and done.endswith(" s)")
+    done = line()
+    assert seen == ["running: dim=128 ..."] and done.startswith("dim=128 (") and done.endswith(" s)")
     _update(dim, index=0)
-    assert _plain(status.value) == f"output: {done}; set: dim=64 (press 'time' to run)"
-
-
-def test_an_explorer_that_fails_says_so_on_its_line():
-    import ipywidgets as w
-
+    assert line() == f"output: {done}; set: dim=64 (press 'time' to run)"
     size = w.IntSlider(value=1, description="n")
-    out = w.Output()
-
-    def rerun(change):
-        raise RuntimeError("out of memory")
-
-    size.observe(rerun, "value")
-    shown = notebook.watch_settings(w.VBox([size, out]))
-    status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
+    size.observe(lambda change: (_ for _ in ()).throw(RuntimeError("out of memory")), "value")
+    _, _, line = _watched(w.VBox([size, w.Output()]))
     _update(size, value=2)  # the comm handler logs the traceback; the reader sees the line
-    assert _plain(status.value) == "n=2: failed, RuntimeError: out of memory"
+    assert line() == "n=2: failed, RuntimeError: out of memory"
 
 
 def test_explorer_shows_the_watched_widget_only_when_interactive(monkeypatch, capsys):

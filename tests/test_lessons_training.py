@@ -7,7 +7,6 @@ import torch
 from torch import nn
 
 from mahia.lessons.training import fits, peak_bytes, peak_composition, saved_tensor_bytes, with_peak
-from mahia.measure.cost import training_peak_bytes
 from mahia.measure.timing import Timing
 from mahia.model import HybridConfig, HybridModel, SyntheticTokens, apply_checkpointing
 
@@ -19,11 +18,6 @@ def no_triton(monkeypatch):
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
-# ---------------------------------------------------------------------------------------------------
-# Memory
-# ---------------------------------------------------------------------------------------------------
-
-
 def test_saved_tensor_bytes_counts_what_autograd_keeps():
     torch.manual_seed(0)
     lin, act = nn.Linear(13, 29), nn.ReLU()
@@ -33,33 +27,6 @@ def test_saved_tensor_bytes_counts_what_autograd_keeps():
     )
     # linear keeps its input (7x13), relu its output (7x29); the weight is excluded.
     assert got == {"lin": 7 * 13 * 4, "act": 7 * 29 * 4, "total": 7 * 42 * 4}
-
-
-def _meta_model(cfg: HybridConfig) -> HybridModel:
-    with torch.device("meta"):
-        return HybridModel(cfg)
-
-
-@pytest.mark.parametrize("preset", ["tiny", "small", "dense-350m"])
-def test_step_peak_estimate(preset):
-    model = _meta_model(HybridConfig.preset(preset).optimized())
-    B, T, dt = 3, 128, torch.bfloat16
-    est = {m: model.memory_estimate(B, T, dt, checkpoint=m) for m in (None, "full", "selective")}
-    peak = {
-        m: training_peak_bytes(activations=e["activations"], recompute=e["recompute"], gradients=e["gradients"])
-        for m, e in est.items()
-    }
-    assert peak[None] == est[None]["activations"] + est[None]["gradients"]
-    assert peak["full"] == est["full"]["activations"] + est["full"]["recompute"] + est["full"]["gradients"]
-    recomputed = peak["selective"] - est["selective"]["activations"] - est["selective"]["gradients"]
-    # only the pointwise part of a block: less than the whole block full checkpointing recomputes
-    assert 0 < recomputed == est["selective"]["recompute"] < est["full"]["recompute"]
-    # ... the most that any one block recomputes (blocks differ: MoE, meta-attention, memory)
-    rows = model.activation_bytes_per_token(T, dt, itemized=True)
-    blocks = [[r for r in rows if r["block"] == i] for i in range(model.cfg.n_layers)]
-    most = max(sum(r["full"] - r["selective"] for r in b) for b in blocks)
-    assert recomputed == int(B * T * most)
-    assert peak["full"] < peak["selective"] < peak[None]
 
 
 def test_block_table_against_measured_saved_tensors(no_triton):
@@ -163,16 +130,3 @@ def test_full_checkpointing_counts_block_inputs_in_the_residual_streams_dtype(no
         r["full"] for r in model.activation_bytes_per_token(16, torch.bfloat16, itemized=True) if r["block"] is None
     )
     assert kept_full - head == cfg.n_layers * cfg.dim * residual
-
-
-def test_mahias_triton_kernels_take_float32_products_in_full_precision():
-    # Review 06-2: notebook 06 says TF32 does not reach mahia's Triton kernels, which take float32 products in full
-    # precision (tl.dot would default to TF32 and make the "true fp32" baseline TF32 in Triton).
-    import importlib
-
-    gla_kernels = importlib.import_module("mahia.ops.gla_scan.kernels")
-    grouped_mm = importlib.import_module("mahia.ops.grouped_mm")
-
-    q = torch.zeros(1, 1, 16, 16)
-    assert gla_kernels._config(q, 16)[3] == "ieee"
-    assert grouped_mm._ieee_dot(q)

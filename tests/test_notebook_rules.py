@@ -1,19 +1,14 @@
-"""Rules every notebook in notebooks/ keeps, checked on the committed files (no notebook is run here).
+"""Rules every notebook in notebooks/ keeps, checked on the committed files (that they are committed clean, with a
+``parameters`` cell, is tests/test_foundation.py's):
 
-* no code cell over ``MAX_CELL_LINES`` lines: long plotting or prose code belongs in a tested helper;
-* no ``MAHIA_*`` environment variable set by the notebook: implementations are chosen through explicit
-  arguments (``HybridConfig(kernels=...)``, ``impl=``, ``mahia.model.apply``), not the environment;
-* only public names of ``mahia``: no ``from mahia.x import _y``, no ``import mahia.x._y``, no ``m._y``
-  on a name bound to a mahia import (``mahia.lessons.kernel_listings`` shows private code by name);
-* committed clean: no outputs, no execution counts, and the first code cell is tagged ``parameters``;
-* every line of the ``parameters`` cell has at most one ``=``: papermill reads ``name: type = value  # help``
-  and skips, with an "Unable to parse line" warning in every run's log, a line whose help has another one;
-* every exercise has a worked solution: each markdown cell with a ``## Exercise`` heading is followed, before
-  the next level-2 heading, by a code cell tagged ``solution`` whose source is hidden
-  (``"jupyter": {"source_hidden": true}``, collapsed in JupyterLab); it runs with the lesson;
-* short text (issue 34): every paragraph a reader meets (a blank-line block or a list item of a markdown cell, a
-  run of comment lines in a code cell) is at most ``MAX_PARAGRAPH_WORDS`` words, and a notebook's markdown at most
-  ``MAX_MARKDOWN_WORDS``. What a cell prints is held to the same paragraph limit in tests/test_notebooks.py.
+* no code cell over ``MAX_CELL_LINES`` lines; no ``MAHIA_*`` environment variable set (implementations are chosen
+  by explicit arguments); only public names of ``mahia`` (``mahia.lessons.kernel_listings`` shows private code);
+* every line of the ``parameters`` cell has at most one ``=`` (papermill skips, with a warning, a line whose help
+  has another);
+* every ``## Exercise`` is followed, before the next level-2 heading, by a hidden code cell tagged ``solution``;
+* every paragraph a reader meets (a blank-line block or list item of markdown, a run of comment lines) is at most
+  ``MAX_PARAGRAPH_WORDS`` words, a notebook's markdown at most ``MAX_MARKDOWN_WORDS`` (issue 34); what a cell
+  prints is held to the same paragraph limit in tests/test_notebooks.py.
 
 Each checker is also run on a bad example, so that every rule can fail.
 """
@@ -21,6 +16,7 @@ Each checker is also run on a bad example, so that every rule can fail.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import re
 from pathlib import Path
@@ -45,42 +41,15 @@ def long_cells(nb: dict, limit: int = MAX_CELL_LINES) -> list[str]:
     return [f"cell {i}: {len(src.splitlines())} lines" for i, src in _code_cells(nb) if len(src.splitlines()) > limit]
 
 
-def _is_environ(node: ast.AST) -> bool:
-    """``os.environ`` or a bare ``environ``."""
-    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
-        isinstance(node, ast.Name) and node.id == "environ"
-    )
-
-
-def _mahia_str(node: ast.AST | None) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("MAHIA_")
+# os.environ["MAHIA_..."] = / setdefault / update / __setitem__, os.putenv("MAHIA_...") and del os.environ["MAHIA_..."]
+MAHIA_ENV_WRITE = re.compile(
+    r"environ\[\s*['\"]MAHIA_\w*['\"]\s*\]\s*=[^=]|environ\.(?:setdefault|update|__setitem__)\([^)]*MAHIA_"
+    r"|putenv\(\s*['\"]MAHIA_|del\s+(?:os\.)?environ\[\s*['\"]MAHIA_"
+)
 
 
 def mahia_env_writes(nb: dict) -> list[str]:
-    """``os.environ["MAHIA_..."] = ...``, ``os.environ.setdefault("MAHIA_...", ...)``, ``.update(MAHIA_...=)``,
-    ``os.putenv("MAHIA_...", ...)`` and ``del os.environ["MAHIA_..."]``."""
-    found = []
-    for i, src in _code_cells(nb):
-        for node in ast.walk(_parse(src)):
-            targets = []
-            if isinstance(node, (ast.Assign, ast.Delete)):
-                targets = node.targets
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            for t in targets:
-                if isinstance(t, ast.Subscript) and _is_environ(t.value) and _mahia_str(t.slice):
-                    found.append(f"cell {i}, line {node.lineno}: os.environ[{t.slice.value!r}]")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                f = node.func
-                on_environ = _is_environ(f.value) and f.attr in ("setdefault", "update", "__setitem__")
-                putenv = f.attr == "putenv" and isinstance(f.value, ast.Name) and f.value.id == "os"
-                if on_environ or putenv:
-                    keys = [a for a in node.args if _mahia_str(a)]
-                    keys += [k for a in node.args if isinstance(a, ast.Dict) for k in a.keys if _mahia_str(k)]
-                    keys += [kw for kw in node.keywords if kw.arg and kw.arg.startswith("MAHIA_")]
-                    if keys:
-                        found.append(f"cell {i}, line {node.lineno}: {f.attr} of a MAHIA_ variable")
-    return found
+    return [f"cell {i}: {m.group(0)!r}" for i, src in _code_cells(nb) for m in MAHIA_ENV_WRITE.finditer(src)]
 
 
 def _private(name: str) -> bool:
@@ -115,19 +84,6 @@ def private_names(nb: dict) -> list[str]:
     return found
 
 
-def dirty_cells(nb: dict) -> list[str]:
-    return [
-        f"cell {i}"
-        for i, c in enumerate(nb["cells"])
-        if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count") is not None)
-    ]
-
-
-def first_code_cell_tagged(nb: dict) -> bool:
-    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
-    return bool(code) and "parameters" in code[0].get("metadata", {}).get("tags", [])
-
-
 def unparsable_parameter_lines(nb: dict) -> list[str]:
     """Lines of the ``parameters`` cell that papermill cannot read (more than one ``=``)."""
     cells = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
@@ -152,25 +108,20 @@ def _is_hidden_solution(cell: dict) -> bool:
     )
 
 
+def _not_level2(cell: dict) -> bool:
+    return not (cell["cell_type"] == "markdown" and LEVEL2.search("".join(cell["source"])))
+
+
 def exercises_without_solution(nb: dict) -> list[str]:
     """The ``## Exercise`` cells with no hidden ``solution`` code cell before the next level-2 heading."""
-    found = []
-    cells = nb["cells"]
+    found, cells = [], nb["cells"]
     for i, c in enumerate(cells):
         src = "".join(c["source"])
         m = EXERCISE.search(src) if c["cell_type"] == "markdown" else None
-        if not m:
-            continue
-        ok = False
-        if not LEVEL2.search(src, m.end()):  # the exercise section goes on past this cell
-            for nxt in cells[i + 1 :]:
-                if nxt["cell_type"] == "markdown" and LEVEL2.search("".join(nxt["source"])):
-                    break
-                if _is_hidden_solution(nxt):
-                    ok = True
-                    break
-        if not ok:
-            found.append(f"cell {i}: an exercise without a hidden solution cell after it")
+        if m:
+            section = [] if LEVEL2.search(src, m.end()) else itertools.takewhile(_not_level2, cells[i + 1 :])
+            if not any(_is_hidden_solution(n) for n in section):
+                found.append(f"cell {i}: an exercise without a hidden solution cell after it")
     return found
 
 
@@ -228,13 +179,9 @@ def markdown_words(nb: dict) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 
-def _nb(*sources: str, outputs=None, count=None, tags=("parameters",)) -> dict:
-    cells = [
-        {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": s} for s in sources
-    ]
-    cells[0]["metadata"] = {"tags": list(tags)} if tags else {}
-    cells[-1]["outputs"] = outputs or []
-    cells[-1]["execution_count"] = count
+def _nb(*sources: str) -> dict:
+    cells = [{"cell_type": "code", "metadata": {}, "source": s} for s in sources]
+    cells[0]["metadata"] = {"tags": ["parameters"]}
     return {"cells": cells}
 
 
@@ -287,19 +234,8 @@ def test_private_name_checker_fails_on_imports_and_attributes():
     assert private_names(fine) == []
 
 
-def test_clean_checker_fails_on_outputs_counts_and_a_missing_tag():
-    assert dirty_cells(_nb("x = 1", outputs=[{"output_type": "stream", "text": "1"}])) == ["cell 0"]
-    assert dirty_cells(_nb("x = 1", count=3)) == ["cell 0"]
-    assert dirty_cells(_nb("x = 1")) == []
-    assert not first_code_cell_tagged(_nb("x = 1", tags=()))
-    assert first_code_cell_tagged(_nb("x = 1"))
-
-
 def _cell(kind: str, source: str, **meta) -> dict:
-    cell = {"cell_type": kind, "metadata": meta, "source": source}
-    if kind == "code":
-        cell.update(execution_count=None, outputs=[])
-    return cell
+    return {"cell_type": kind, "metadata": meta, "source": source}
 
 
 SOLUTION = {"tags": ["solution"], "jupyter": {"source_hidden": True}}
@@ -347,34 +283,11 @@ def notebook(request) -> dict:
     return json.loads(request.param.read_text())
 
 
-def test_no_long_code_cell(notebook):
+def test_notebook_keeps_the_rules(notebook):
     assert long_cells(notebook) == []
-
-
-def test_no_mahia_environment_variable_set(notebook):
     assert mahia_env_writes(notebook) == []
-
-
-def test_only_public_mahia_names(notebook):
     assert private_names(notebook) == []
-
-
-def test_committed_clean_with_a_parameters_cell(notebook):
-    assert dirty_cells(notebook) == []
-    assert first_code_cell_tagged(notebook)
-
-
-def test_papermill_reads_every_parameter_line(notebook):
     assert unparsable_parameter_lines(notebook) == []
-
-
-def test_every_exercise_has_a_hidden_solution(notebook):
     assert exercises_without_solution(notebook) == []
-
-
-def test_paragraphs_are_short(notebook):
     assert long_paragraphs(notebook) == []
-
-
-def test_markdown_is_short(notebook):
     assert markdown_words(notebook) <= MAX_MARKDOWN_WORDS

@@ -1,13 +1,10 @@
-"""What notebooks 04 (torch.compile), 05 (CUDA graphs) and 10 share that is not their lesson: a kernel/byte
-model of a step, reading Inductor's output, and the capture helpers whose failure handling is not the point.
+"""What notebooks 04 (torch.compile), 05 (CUDA graphs) and 10 share that is not their lesson. :func:`predict_step`
+prices an op trace with :mod:`mahia.measure.cost` (``t_launch``: the host cost of one op; ``t_floor``: the
+shortest kernel)::
 
-:func:`predict_step` prices an op trace (:func:`trace_ops`) with :mod:`mahia.measure.cost`, ``t_launch``
-being the host cost of one op and ``t_floor`` the shortest kernel::
-
-    GPU time   = sum over kernels of max(t_floor, FLOPs / peak, bytes / bandwidth)
-    CPU time   = kernels x t_launch          (one launch when the step replays a CUDA graph)
-    step       = max(CPU, GPU)    on a GPU (the host queues work ahead: the slower side sets the pace)
-               = CPU + GPU        on a CPU (the same cores dispatch and compute)
+    GPU time = sum over kernels of max(t_floor, FLOPs / peak, bytes / bandwidth)
+    CPU time = kernels x t_launch          (one launch when the step replays a CUDA graph)
+    step     = max(CPU, GPU) on a GPU (the host queues work ahead), CPU + GPU on a CPU (the same cores do both)
 """
 
 from __future__ import annotations
@@ -27,21 +24,8 @@ from typing import Any
 import torch
 
 from mahia.measure.cost import Machine, step_time, work_ms
-from mahia.measure.instruments import OpTrace, trace_ops
+from mahia.measure.instruments import OpTrace, trace_ops  # noqa: F401 (notebooks 04, 05 and 10 import trace_ops here)
 from mahia.measure.timing import capture_graph
-
-__all__ = [
-    "trace_ops",  # re-exported from mahia.measure.instruments: notebooks 04, 05 and 10 import it from here
-    "predict_step",
-    "timed_call",
-    "generated_kernels",
-    "library_calls",
-    "break_even_steps",
-    "GraphedTrainStep",
-    "try_capture",
-    "cuda_memory",
-    "collect_noise",
-]
 
 
 @dataclass(frozen=True)
@@ -51,10 +35,6 @@ class StepPrediction:
     ms: float  # the step: max (GPU, overlapping) or sum (CPU)
     kernels: int
     bytes: int
-
-    @property
-    def launch_bound(self) -> bool:
-        return self.cpu_ms > self.gpu_ms
 
 
 def predict_step(
@@ -124,22 +104,11 @@ def break_even_steps(compile_ms: float, eager_ms: float, compiled_ms: float) -> 
 
 
 class GraphedTrainStep:
-    """A whole training step (forward, backward and the optimizer's update) captured in one CUDA graph and
-    replayed: PyTorch's "whole-network capture".
-
-        step = GraphedTrainStep(model, opt, (idx, targets))    # warm-up steps, then one captured step
-        loss = step((idx2, targets2))                           # copy into the static batch, one replay
-
-    * **static inputs**: every call copies the batch into buffers the graph owns (``static_batch``);
-    * **a device-only optimizer step**: ``capturable=True`` keeps the step count and the update on the device;
-    * **gradients in the graph's memory**: ``zero_grad(set_to_none=True)`` before the captured backward, so
-      the backward allocates the gradients from the graph's pool; every replay rewrites them in place;
-    * **warm-up outside capture**: ``warmup`` real steps on a side stream, which *train the model* on the
-      example batch: give an eager twin the same steps before comparing the two.
-
-    ``loss_fn(model, *batch)`` gives the loss (default ``model(*batch)[1]``). The returned loss is the graph's
-    static output: the next replay overwrites it. Nothing in the step may read a value on the host.
-    """
+    """A whole training step (forward, backward, the optimizer's update; ``capturable=True`` keeps its step count
+    on the device) captured in one CUDA graph: ``step = GraphedTrainStep(model, opt, batch)``, then
+    ``loss = step(batch2)`` copies the batch into the graph's static inputs and replays it. The ``warmup`` steps
+    before the capture *train the model*: give an eager twin the same. ``loss_fn(model, *batch)`` gives the
+    loss (default ``model(*batch)[1]``); the returned loss is overwritten by the next replay."""
 
     def __init__(self, model, optimizer, example_batch: Sequence[torch.Tensor], *, warmup=3, loss_fn=None, pool=None):
         if not all(group.get("capturable", False) for group in optimizer.param_groups):
@@ -172,12 +141,11 @@ def _first_line(exc: BaseException) -> str:
 @dataclass
 class CaptureAttempt:
     """What :func:`try_capture` got: the ``graph`` and its ``outputs`` (overwritten by each replay), or the
-    ``error`` the step raised, and ``end_error``, what ending the failed capture raised on top of it."""
+    ``error`` the step itself raised."""
 
     graph: torch.cuda.CUDAGraph | None
     outputs: Any = None
     error: str | None = None
-    end_error: str | None = None
     warnings: tuple[str, ...] = ()
 
     @property
@@ -186,37 +154,33 @@ class CaptureAttempt:
 
     def __str__(self) -> str:
         s = "captured" if self.ok else str(self.error)
-        if self.end_error:
-            s += f" (ending the failed capture then raised {self.end_error})"
         return s + (" [torch warned: " + "; ".join(self.warnings) + "]" if self.warnings else "")
 
 
 def try_capture(fn: Callable[..., Any], *example_inputs: torch.Tensor, warmup: int = 1) -> CaptureAttempt:
     """``fn(*example_inputs)`` captured (the inputs themselves as the static inputs), or why it cannot be.
 
-    ``torch.cuda.graph`` ends the capture in its ``__exit__`` even when the step raised; when that raises too
-    ("a previous error during capture"), Python shows only that consequence. The step's own error is reported
-    here (the first of the chain), the caller's stream is restored and the device synchronized. A sticky CUDA
-    error (an illegal address) cannot be cleared: the synchronization raises.
+    When the step raises, ``torch.cuda.graph``'s ``__exit__`` ends the capture and that can raise too ("a previous
+    error during capture"): Python shows only the consequence. Here the step's own error (the first of the chain)
+    is reported, the caller's stream restored and the device synchronized.
     """
     caller = torch.cuda.current_stream()
     torch.cuda.synchronize()
-    graph, outputs, error, end_error = None, None, None, None
+    graph, outputs, error = None, None, None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             with torch.no_grad():
                 graph, outputs = capture_graph(lambda: fn(*example_inputs), warmup=warmup)
         except Exception as exc:  # noqa: BLE001 - reporting why the capture failed is the point
-            first = exc
-            while first.__cause__ or first.__context__:
-                first = first.__cause__ or first.__context__
-            error, end_error = _first_line(first), (_first_line(exc) if first is not exc else None)
+            while exc.__cause__ or exc.__context__:
+                exc = exc.__cause__ or exc.__context__
+            error = _first_line(exc)
         finally:
             torch.cuda.set_stream(caller)
     torch.cuda.synchronize()
     notes = tuple(dict.fromkeys(str(w.message).strip().split(". ")[0] for w in caught))
-    return CaptureAttempt(graph, outputs, error, end_error, notes)
+    return CaptureAttempt(graph, outputs, error, notes)
 
 
 def cuda_memory(device: torch.device | str) -> dict[str, int]:

@@ -1,13 +1,7 @@
-"""Measurement glue for notebooks 08 (MoE routing) and 09 (hybrid components): the cost model's constants, the
-host cost per op, and the inputs and forward + backward closures the two notebooks time.
-
-The cost model (:func:`mahia.measure.cost.step_time`): a call of ``n_ops`` small kernels and ``n_syncs`` syncs takes
-
-    t = max(n_ops * t_launch, t_work) + n_syncs * t_sync        (GPU; on a CPU the sum: overlap=False)
-
-``t_launch`` is a one-element add in a bare chain. A real op costs the host more (module calls, argument checks,
-autograd recording, allocation): :func:`host_cost` measures that per op.
-"""
+"""Measurement glue for notebooks 08 (MoE routing) and 09 (hybrid components): the cost model's constants
+(:func:`mahia.measure.cost.step_time`: ``t = max(n_ops t_launch, t_work) + n_syncs t_sync`` on a GPU, the sum on a
+CPU), the host cost per op (a real op costs the host more than a bare one-element add: module calls, checks,
+autograd, allocation), and the inputs and forward + backward closures the two notebooks time."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ capture and step, 09 the GLA scan kernel): ``show_source(listing("decoder_captur
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 __all__ = ["LISTINGS", "listing"]
@@ -21,7 +22,4 @@ def listing(name: str):
     if name not in LISTINGS:
         raise KeyError(f"listing: unknown name {name!r}; listed: {sorted(LISTINGS)}")
     module, path = LISTINGS[name]
-    obj = importlib.import_module(module)
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return functools.reduce(getattr, path.split("."), importlib.import_module(module))

@@ -1,12 +1,6 @@
-"""What every notebook does first, and a few display helpers.
-
-    ctx = mahia.lessons.notebook.setup("03_triton_fusion", device=device, profile=profile, seed=seed,
-                               results_dir=results_dir)
-
-returns a ``Context``: the resolved device, the profile, the measured ceilings, a results
-``Recorder`` and the figures folder, and prints the device report. Notebooks measure through
-``ctx.bench`` (which is ``mahia.measure.timing.bench`` bound to the device and the profile's budgets).
-"""
+"""What every notebook does first (:func:`setup`: device, profile, seed, measured ceilings, a results recorder,
+the device report; ``ctx.bench`` is ``mahia.measure.timing.bench`` with the profile's budgets), listings of code
+and the explorers' settings line."""
 
 from __future__ import annotations
 
@@ -59,8 +53,8 @@ class Context:
         return f"{name}, {self.recorder._stamp()['date'][:10]}"
 
     def bench(self, fn: Callable[[], object], **kw) -> Timing:
-        kw.setdefault("rep_ms", 40 if self.quick else 200)
-        kw.setdefault("warmup_ms", 10 if self.quick else 50)
+        kw.setdefault("rep_ms", 20 if self.quick else 200)
+        kw.setdefault("warmup_ms", 5 if self.quick else 50)
         return bench(fn, device=self.device, **kw)
 
     def save(self, fig_or_ax, name: str) -> list[Path]:
@@ -74,8 +68,7 @@ class Context:
 
 
 def sig3(v: float) -> str:
-    """A number to three significant digits, written out (``12300``, ``0.0123``) between 1e-4 and 1e7, where
-    an exponent is harder to read than the digits."""
+    """Three significant digits, written out (``12300``, ``0.0123``) between 1e-4 and 1e7."""
     if v != v or v in (float("inf"), float("-inf")) or v == 0 or not 1e-4 <= abs(v) < 1e7:
         return f"{v:.3g}"
     v = float(f"{v:.3g}")  # round first: 99.96 is "100", not "100.0"
@@ -94,12 +87,9 @@ def setup(
     cpu_threads: int | None = None,
     cpu_note: str | None = None,
 ) -> Context:
-    """Resolve the device, check the profile, seed, measure (or reuse) the ceilings, make a recorder.
-
-    On a CPU run only: ``torch.set_num_threads(cpu_threads)`` once the ceilings are measured (the notebooks'
-    ops are small: one thread keeps the timings short and steady on a busy machine), and ``cpu_note``, what
-    else the notebook does differently on a CPU, printed with the set-up report.
-    """
+    """Resolve the device, check the profile, seed, measure (or reuse) the ceilings, make a recorder. On a CPU
+    only: ``torch.set_num_threads(cpu_threads)`` after the ceilings (small ops: one thread keeps timings steady on
+    a busy machine), and ``cpu_note`` (what else the notebook does differently there) printed with the report."""
     if profile not in PROFILES:
         raise ValueError(f"setup: profile must be one of {PROFILES}, got {profile!r}")
     dev = hardware.resolve_device(device)
@@ -122,15 +112,11 @@ def setup(
             f"  measured ceilings: copy {ceil.copy_gbps:,.0f} GB/s, bf16 matmul "
             f"{ceil.matmul_bf16_tflops:,.4g} TFLOP/s, fp32 matmul {ceil.matmul_fp32_tflops:,.4g} TFLOP/s"
         )
-    said = []
+    said = [] if cpu_threads is None else [f"torch.set_num_threads({cpu_threads}) for this notebook (small ops)"]
+    said += [cpu_note] if cpu_note else []
     if not ctx.is_cuda and cpu_threads is not None:
         torch.set_num_threads(cpu_threads)
-        said.append(
-            f"torch.set_num_threads({cpu_threads}) for this notebook (small ops: thread fork/join would dominate)"
-        )
-    if not ctx.is_cuda and cpu_note:
-        said.append(cpu_note)
-    if verbose and said:
+    if verbose and not ctx.is_cuda and said:
         print("CPU run: " + "; ".join(said))
     return ctx
 
@@ -167,19 +153,13 @@ def side_by_side(before, after, *, titles=("before", "after")) -> str:
 
 def show_source(before, after=None, *, titles=("before", "after")) -> None:
     """Show the code that matters: one object's source, or two side by side."""
-    try:
-        from IPython.display import HTML, display
-    except ImportError:
-        print(_source(before) + ("\n# ---- after ----\n" + _source(after) if after is not None else ""))
-        return
-    if after is None:
-        display(HTML(_listing(_source(before))))
-    else:
-        display(HTML(side_by_side(before, after, titles=titles)))
+    from IPython.display import HTML, display
+
+    display(HTML(_listing(_source(before)) if after is None else side_by_side(before, after, titles=titles)))
 
 
 def explorer(interactive: bool, build: Callable[[], object]) -> None:
-    """Show the ipywidgets explorer ``build()`` makes (and runs once), under a settings line
+    """Show the ipywidgets explorer ``build()`` makes (and runs once) with its settings line
     (:func:`watch_settings`); skip it, saying so, headless or without ipywidgets."""
     if not interactive or os.environ.get("MAHIA_HEADLESS") == "1":  # the runner (papermill) sets it
         print("explorer skipped: not an interactive session (set interactive=True in JupyterLab)")
@@ -197,11 +177,7 @@ def _walk(widget) -> list:
     """``widget`` and every widget inside it, depth first."""
     import ipywidgets as w
 
-    out = [widget]
-    if isinstance(widget, w.Box):
-        for child in widget.children:
-            out += _walk(child)
-    return out
+    return [widget] + [x for child in (widget.children if isinstance(widget, w.Box) else ()) for x in _walk(child)]
 
 
 def _shown_value(control, state: dict | None = None):
@@ -216,8 +192,7 @@ def _shown_value(control, state: dict | None = None):
 
 class SettingsLine:
     """The line above an explorer's output: ``running: <settings>`` while a change is computed, then the
-    settings that produced the output (and how long it took). Where a button (``trigger``) runs the explorer,
-    a changed control only says so."""
+    settings that made the output and how long it took; with a button (``trigger``), a change only says so."""
 
     def __init__(self, controls: list, status, trigger: str | None = None) -> None:
         self.controls, self.status, self.trigger = controls, status, trigger
@@ -230,21 +205,16 @@ class SettingsLine:
 
     def settings(self, pending=None, state: dict | None = None) -> str:
         """'name=value, ...' of every control, ``pending``'s from ``state``."""
-        parts = []
-        for c in self.controls:
-            name = c.description or type(c).__name__.lower()
-            value = _shown_value(c, state if c is pending else None)
-            parts.append(f"{name}={value}")
+        parts = [
+            f"{c.description or type(c).__name__.lower()}={_shown_value(c, state if c is pending else None)}"
+            for c in self.controls
+        ]
         return ", ".join(parts) or "no settings"
 
     def _show(self, text: str, color: str) -> None:
         self.status.value = (
             f"<code style='color:{color};white-space:pre-wrap;text-align:left'>{html.escape(text)}</code>"
         )
-
-    @property
-    def running(self) -> bool:
-        return self._started is not None
 
     def start(self, pending=None, state: dict | None = None) -> None:
         self._started = time.perf_counter()
@@ -261,7 +231,7 @@ class SettingsLine:
     def changed(self, _change=None) -> None:
         if self.trigger is None:
             self.finish()  # the explorer's callbacks ran with it: a change made from code, or the front end's
-        elif not self.running:
+        elif self._started is None:
             shown = f"output: {self._last}; " if self._last else ""
             self._show(f"{shown}set: {self.settings()} (press '{self.trigger}' to run)", GREY)
 
@@ -274,9 +244,8 @@ INK, GREY, AMBER, RED = "#333", "#777", "#a60", "#b00"
 
 
 def watch_settings(widget):
-    """Put a :class:`SettingsLine` above an explorer's first ``Output``, and return the widget to display. An
-    update from the front end or a button's click shows "running: <new settings>", runs the explorer's own
-    callbacks, then heads their output with the settings; a change made from code re-heads it after."""
+    """Put a :class:`SettingsLine` above an explorer's first ``Output``; return the widget to display. A front-end
+    update or a click shows "running: <settings>", runs the explorer's callbacks, then heads their output."""
     import ipywidgets as w
 
     if not isinstance(widget, w.Widget):  # something else to display: shown as it is
@@ -320,7 +289,7 @@ def _wrap(widget, method: str, line: SettingsLine, pending: Callable[[], object]
         except Exception as e:
             line.failed(e)
             raise
-        if line.running:  # no value changed (no observer ran): still head the output
+        if line._started is not None:  # no value changed (no observer ran): still head the output
             line.finish()
         return result
 

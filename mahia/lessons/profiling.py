@@ -1,23 +1,9 @@
-"""The evidence a notebook shows beside a timing: ``torch.profiler``'s account of a call, as tables.
-
-:func:`profile_calls` runs a call a few times under ``torch.profiler`` and returns a :class:`Profile`:
-
-* ``wall_ms``: wall time per call, the profiler's own cost (a few µs per operator) included;
-* ``busy_ms``: on a GPU the device time of the kernels (and copies) per call; ``busy = busy_ms / wall_ms`` near 1:
-  the device is busy and faster kernels pay; far below: it waits for the host (Python, dispatch, launches, syncs);
-* ``launches``: kernels per call on a GPU;
-* ``top``: the kernels by name (``key_averages``), longest first: calls and ms per call, and share;
-* ``ops``: the operators by their own time (on a GPU the device time of the kernels they launch themselves):
-  what :func:`mahia.profile.profile_step` reports, as a table; :meth:`Profile.by_group` sums it into groups.
-
-A CPU has no kernels: there ``top`` and ``ops`` list the host's operators (``aten::...``) by their own time,
-``busy_ms`` is their sum and ``launches`` counts the top-level operators per call::
-
-    p = profile_calls(lambda: manual_attention(q, k, v), device)
-    p.table()                         # the longest kernels, short names
-    p.ms(MATMUL_KERNELS)              # ms per call of the kernels whose name matches
-    p.by_group({"matmuls": MATMUL_OPS})
-    compare(before, after)            # where two profiles of the same work differ
+"""The evidence a notebook shows beside a timing: :func:`profile_calls` runs a call a few times under
+``torch.profiler`` and returns a :class:`Profile`, per call: ``wall_ms`` (the profiler's own few µs per operator
+included); ``busy_ms``, the device time of the kernels (``busy = busy_ms / wall_ms`` near 1: faster kernels pay;
+far below: the device waits for the host); ``launches``; ``top``, the kernels by name, and ``ops``, the operators
+by their own time (``by_group`` sums them into groups). A CPU has no kernels: there both list the host's
+operators, ``busy_ms`` is their sum and ``launches`` counts the top-level ones.
 """
 
 from __future__ import annotations
@@ -36,15 +22,10 @@ import torch
 from mahia.measure.checks import check_int
 from mahia.profile import quiet_profiler_notices
 
-__all__ = ["Profile", "profile_calls", "compare", "short_kernel_name", "tile_shape", "quiet_native_stderr"]
-__all__ += ["MATMUL_KERNELS", "MATMUL_OPS", "SCAN_OPS", "ATTENTION_OPS"]
-
-# Kernel (or operator) names of matrix products. On a GPU: cuBLAS/cuBLASLt (``sm80_xmma_gemm_...``,
-# ``ampere_sgemm_...``, gemv, split-K's reduction, and on Hopper the ``nvjet_...`` family), CUTLASS and
-# Inductor's matmul templates (``triton_tem_fused_mm_0``); on a CPU, aten ops.
+# Kernel (or operator) names of matrix products: cuBLAS/cuBLASLt (``sm80_xmma_gemm_...``, gemv, split-K's reduction,
+# Hopper's ``nvjet_...``), CUTLASS, Inductor's templates (``triton_tem_fused_mm_0``); on a CPU, aten ops.
 _MATMUL = r"gemm|gemv|matmul|xmma|wgmma|cutlass|nvjet|splitKreduce|triton_tem_\w*mm|aten::(?:mm|bmm|addmm|baddbmm)"
-# Fused attention runs matrix products too, and its names say so (``cutlass::`` types in flash's template
-# arguments, cuDNN's ``..._sdpa_..._wgmma_...``); it is attention, not a matrix product, so it is left out.
+# Fused attention's names say matrix product too (flash's ``cutlass::`` types, cuDNN's ``_sdpa_..._wgmma_``): left out.
 _ATTENTION = r"flash|fmha|sdpa|attention"
 MATMUL_KERNELS = rf"(?i)^(?!.*(?:{_ATTENTION}))(?=.*(?:{_MATMUL}))"
 
@@ -52,8 +33,8 @@ MATMUL_KERNELS = rf"(?i)^(?!.*(?:{_ATTENTION}))(?=.*(?:{_MATMUL}))"
 # that launched it. mahia's grouped GEMM: compiled, its custom op; eager, its autograd Function.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm", "aten::addbmm")
 MATMUL_OPS += ("mahia::moe_grouped_mm", "_GroupedMM")
-# The chunked GLA scan (mahia.ops.gla_scan) is a group of its own: its kernels do the decays and cumulative sums
-# besides the chunk products. Eager: the autograd Function (forward and backward); compiled: the custom ops.
+# The GLA scan is a group of its own (its kernels do decays and cumulative sums besides the chunk products):
+# eager its autograd Function, compiled its custom ops.
 SCAN_OPS = ("_GLAFunction", "mahia::gla_", "GeneratedBackwardFor_mahia_gla_")
 # Every SDPA backend's forward and backward (cuDNN's is the default on an H100 with torch 2.11).
 ATTENTION_OPS = ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient_attention")
@@ -61,22 +42,11 @@ ATTENTION_OPS += ("aten::_cudnn_attention",)
 # Rows that are no operator's work: the profiler's own, and the driver's full-launch-queue marker.
 _NOT_WORK = ("Activity Buffer Request", "ProfilerStep", "[memory]", "Command Buffer Full")
 
-# What a templated kernel computes, from its template arguments: PyTorch passes a functor
-# (``CUDAFunctor_add``, ``MulFunctor``, ``sum_functor``, ``MeanOps``) or a lambda written inside the op's
-# function, which takes a TensorIterator (``direct_copy_kernel_cuda(at::TensorIteratorBase&)``).
+# What a templated kernel computes: its functor (``CUDAFunctor_add``, ``MulFunctor``, ``MeanOps``) or the op's
+# function whose lambda it runs, which takes a TensorIterator (``direct_copy_kernel_cuda(at::TensorIteratorBase&)``).
 _HINT = re.compile(r"\w*[Ff]unctor\w*|\w+Ops?\b|\w+(?=\(at::TensorIterator)")
 # Generic launchers whose template argument is the kernel itself (``cutlass::Kernel2<cutlass_80_..._gemm_...>``).
 _LAUNCHERS = {"Kernel", "Kernel2", "device_kernel"}
-
-
-def _closing(s: str, i: int) -> int:
-    """The index of the bracket that closes the one at ``s[i]``, ``len(s)`` if none does."""
-    depth = 0
-    for j in range(i, len(s)):
-        depth += (s[j] in "<([{") - (s[j] in ">)]}")
-        if depth == 0:
-            return j
-    return len(s)
 
 
 def short_kernel_name(name: str, width: int = 60) -> str:
@@ -89,7 +59,7 @@ def short_kernel_name(name: str, width: int = 60) -> str:
     if s.startswith("void ") or re.search(r"\w[<(]", s):
         i = re.search(r"[<(]|$", s).start()
         head = s[:i].split()
-        args = s[i + 1 : _closing(s, i)] if s[i : i + 1] == "<" else ""
+        args = s[i + 1 :] if s[i : i + 1] == "<" else ""  # the template arguments (and the parameters: same hints)
         func = head[-1].split("::")[-1] if head else s
         launched = re.match(r"[A-Za-z_][\w:]*", args)
         hints = _HINT.findall(args)

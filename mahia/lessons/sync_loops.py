@@ -1,7 +1,5 @@
-"""What notebook 01 measures its loops with (the two training loops are in its own cells): a small model and
-its data, a chain of tiny kernels that prices one launch and one sync (also used by 04, 05 and hybrid_parts),
-the host's time per step of a loop that never waits, and the ops a step dispatches.
-"""
+"""What notebook 01 measures its two loops with: a small model and its data, a chain of tiny kernels that prices
+one launch and one sync (also 04, 05, hybrid_parts), the host's time per step, the ops a step dispatches."""
 
 from __future__ import annotations
 
@@ -56,14 +54,9 @@ def make_batches(
 
 
 def launch_chain(x: torch.Tensor, n_kernels: int, *, read_every: int = 0) -> torch.Tensor:
-    """Add 1 to ``x`` ``n_kernels`` times (one tiny kernel each); with ``read_every=k > 0`` read
-    ``x[0]`` back to the host after every k-th kernel (one sync each).
-
-    On a GPU, time(read_every=1) - time(read_every=0), divided by ``n_kernels``, is what one sync adds
-    to a stream of short kernels. The chain is launch-bound, so at each read at most one tiny kernel is
-    queued: this is the read-back's round trip (copy to host, the host's wake-up, launch latency of the
-    next kernel), not the wait for a queue of longer work to drain, which a device-bound loop also pays.
-    """
+    """Add 1 to ``x`` ``n_kernels`` times (one tiny kernel each), reading ``x[0]`` back (a sync) after every
+    ``read_every``-th kernel if > 0. On a GPU, (time(read_every=1) - time(0)) / n_kernels is one sync's round
+    trip (copy, the host's wake-up, the next launch): the chain is launch-bound, so no queue of work drains."""
     flat = x.view(-1)
     for i in range(n_kernels):
         x.add_(1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,16 +27,10 @@ def saved_tensor_bytes(
     modules: dict[str, nn.Module] | None = None,
     exclude: tuple[torch.Tensor, ...] | list[torch.Tensor] = (),
 ) -> dict[str, int]:
-    """Bytes of the tensors autograd saves for backward while ``fn()`` runs, per module label.
-
-    Every saved tensor is attributed to the innermost module of ``modules`` (name -> module) running when
-    it was saved, else to ``"other"``; each storage is counted once, at its full size (a view keeps its
-    whole storage alive). Storages of ``exclude`` (e.g. the parameters, which exist anyway) are skipped.
-    Returns ``{label: bytes}`` with the labels in first-saved order, plus ``"total"``.
-
-    ``saved_tensors_hooks`` see what a plain forward saves; inside ``torch.utils.checkpoint`` the checkpoint's
-    own hooks take over (:func:`peak_bytes` sees what checkpointing saves).
-    """
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs, ``{label: bytes, "total": ...}``:
+    each storage counted once at its full size (a view keeps its storage alive), under the innermost module of
+    ``modules`` (name -> module) running when it was saved, else ``"other"``; ``exclude``'s storages (the
+    parameters) skipped. Inside ``torch.utils.checkpoint`` its own hooks take over: :func:`peak_bytes` sees those."""
     modules = modules or {}
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     stack: list[str] = []
@@ -75,11 +70,8 @@ def saved_tensor_bytes(
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:
-    """Peak bytes that ``fn()`` allocates on top of what was allocated before it.
-
-    On CUDA: ``torch.cuda.max_memory_allocated - memory_allocated`` at entry (the allocator's view). Elsewhere:
-    :class:`mahia.measure.instruments.LiveTensorMemory` (the live tensors' view, without allocator rounding).
-    """
+    """Peak bytes ``fn()`` allocates on top of what was allocated before: the allocator's view on CUDA, the live
+    tensors' (:class:`mahia.measure.instruments.LiveTensorMemory`, no allocator rounding) elsewhere."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -101,12 +93,8 @@ def with_peak(timing: Timing, fn: Callable[[], object], device: torch.device | s
 
 
 def fits(fn: Callable[[], object], *, cleanup: Callable[[], object] | None = None) -> bool:
-    """Run ``fn()``; True if it finished, False if it ran out of GPU memory (``torch.cuda.OutOfMemoryError``).
-
-    Any other exception propagates. Afterwards, in both cases, ``cleanup()`` runs (e.g. drop the gradients a
-    half-finished backward left) and the freed memory is returned to the CUDA allocator's pool, so the
-    next attempt starts clean.
-    """
+    """Run ``fn()``: True if it finished, False if it ran out of GPU memory (other errors propagate). Then
+    ``cleanup()`` (drop what a half-finished step left) and empty the allocator's cache: the next try starts clean."""
     try:
         fn()
         ok = True
@@ -124,11 +112,9 @@ def fits(fn: Callable[[], object], *, cleanup: Callable[[], object] | None = Non
 
 @dataclass
 class PeakComposition:
-    """The live tensors a call had made, as they were at its peak (bytes of storage, each counted once).
-
-    ``by_label`` and ``count`` are keyed by ``"<phase>: <op> (<dtype>)"``: the phase is ``forward`` where
-    grad mode was on when the op ran, ``backward/optimizer`` where it was off (the backward pass and
-    ``optimizer.step()`` run without grad mode); the op is the ATen op that made the tensor."""
+    """The live tensors a call had made, at its peak (storage bytes, each counted once), keyed by
+    ``"<phase>: <op> (<dtype>)"``: ``forward`` where grad mode was on, ``backward/optimizer`` where it was off
+    (the backward and ``optimizer.step()``); the op is the ATen op that made the tensor."""
 
     peak: int
     by_label: dict[str, int] = field(default_factory=dict)
@@ -141,11 +127,10 @@ class PeakComposition:
 
     def phase_bytes(self) -> dict[str, int]:
         """Bytes at the peak per phase."""
-        out: dict[str, int] = {}
+        out = Counter()
         for label, n in self.by_label.items():
-            phase = label.split(":", 1)[0]
-            out[phase] = out.get(phase, 0) + n
-        return out
+            out[label.split(":", 1)[0]] += n
+        return dict(out)
 
 
 class _PeakTracker(TorchDispatchMode):
@@ -153,8 +138,7 @@ class _PeakTracker(TorchDispatchMode):
         super().__init__()
         self.current = 0
         self.result = PeakComposition(0)
-        self._by_label: dict[str, int] = {}
-        self._count: dict[str, int] = {}
+        self._by_label, self._count = Counter(), Counter()
         self._alive: dict[int, weakref.ref] = {}
 
     def _track(self, t: torch.Tensor, label: str) -> None:
@@ -171,14 +155,10 @@ class _PeakTracker(TorchDispatchMode):
 
         self._alive[ptr] = weakref.ref(st, freed)
         self.current += n
-        self._by_label[label] = self._by_label.get(label, 0) + n
-        self._count[label] = self._count.get(label, 0) + 1
-        if self.current > self.result.peak:
-            self.result = PeakComposition(
-                self.current,
-                {k: v for k, v in self._by_label.items() if v > 0},
-                {k: v for k, v in self._count.items() if v > 0},
-            )
+        self._by_label[label] += n
+        self._count[label] += 1
+        if self.current > self.result.peak:  # unary + drops the labels at 0
+            self.result = PeakComposition(self.current, dict(+self._by_label), dict(+self._count))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -194,10 +174,8 @@ class _PeakTracker(TorchDispatchMode):
 
 
 def peak_composition(fn: Callable[[], object]) -> PeakComposition:
-    """Run ``fn()`` and return what it had allocated and still held at its peak, by label
-    (:class:`PeakComposition`): the same peak :class:`mahia.measure.instruments.LiveTensorMemory` measures
-    (storages made inside ``fn``, each at its full size; what existed before is not counted), itemized.
-    Eager code only (a compiled region's buffers do not pass through the dispatcher)."""
+    """Run ``fn()``: what it had allocated and still held at its peak, by label (the peak
+    :class:`mahia.measure.instruments.LiveTensorMemory` measures, itemized). Eager code only."""
     tracker = _PeakTracker()
     with tracker:
         fn()

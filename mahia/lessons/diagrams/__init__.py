@@ -1,2 +1,2 @@
-"""Diagrams the notebooks draw with matplotlib, one module per idea: each ``draw(...)`` returns a Figure;
-nothing is measured here, so a diagram looks the same on every machine."""
+"""Diagrams drawn from what a notebook measures (00's ceilings, 03's traced ops, 07's shares): each ``draw(...)``
+returns a Figure. The diagrams with nothing measured in them are images in their notebook's markdown."""

@@ -1,21 +1,16 @@
-"""The checkpoint timeline (notebook 07): one training step of ``n`` blocks under each policy, the work in
-time order (forward F, the loss, backward B, recompute R) above the activation memory kept for backward.
-none: the memory climbs to ``n`` blocks' worth at the loss; full: ``n`` block inputs plus one block rebuilt,
-for one extra forward per block; selective: the matmul and attention outputs kept, only the pointwise ops
-rerun. ``input_share`` and ``selective_share`` (shares of one block's activations) are arguments, not
-measurements: section 1 of the notebook measures them."""
+"""The checkpoint timeline (notebook 07): one training step of ``n`` blocks per policy, the work in time order
+(forward F, loss, backward B, recompute R) above the activation memory kept for backward. ``input_share`` and
+``selective_share`` (of one block's activations) come from the notebook's measurements."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from mahia.lessons.diagrams._sketch import DEVICE, HOST, MEMORY
-
 __all__ = ["POLICIES", "draw", "timeline"]
 
 POLICIES = ("none", "full", "selective")
-BACKWARD = "#55a868"
+HOST, DEVICE, MEMORY, BACKWARD = "#dd8452", "#4c72b0", "#8172b2", "#55a868"
 _TITLES = {
     "none": "no checkpointing: every block's activations stay until its backward",
     "full": "full: keep each block's input, rerun its forward (R) just before its backward",
