@@ -142,13 +142,6 @@ def test_ceilings_cached_per_run(tmp_path, monkeypatch):
         c1.limit("flops")
 
 
-def test_cuda_matmul_sizes_are_public():
-    # Review 06-3: notebook 06 measures fp16 at the bf16 ceiling's sizes (and TF32 at the fp32 one's), so both
-    # read one public constant instead of typing the sizes again.
-    assert "CUDA_MATMUL_SIZES" in hardware.__all__
-    assert hardware.CUDA_MATMUL_SIZES[0] == 4096 and len(hardware.CUDA_MATMUL_SIZES) > 1
-
-
 # -- results -----------------------------------------------------------------------------------------
 def _ceil(slug):
     return hardware.Ceilings(
