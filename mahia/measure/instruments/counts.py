@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import traceback
 import warnings
@@ -61,10 +62,7 @@ def launches_kernel(func, out: Any, args: tuple = (), kwargs: dict | None = None
 
 def _distinct_bytes(t: torch.Tensor) -> int:
     """Bytes of the distinct elements a tensor (view) covers: broadcast (stride-0) dims count once."""
-    n = 1
-    for size, stride in zip(t.shape, t.stride()):
-        n *= size if stride != 0 else 1
-    return n * t.element_size() if t.numel() else 0
+    return math.prod(n for n, s in zip(t.shape, t.stride()) if s) * t.element_size() if t.numel() else 0
 
 
 @contextmanager
