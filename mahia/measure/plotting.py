@@ -32,16 +32,7 @@ ROLE_COLORS = {
     "reference": "#8172b2",
     "metric": "#937860",
 }
-# seaborn's "colorblind" (Okabe-Ito), then Paul Tol's muted colours for crowded plots.
-PALETTE = tuple(sns.color_palette("colorblind").as_hex()) + (
-    "#332288",
-    "#882255",
-    "#999933",
-    "#44aa99",
-    "#88ccee",
-    "#ddcc77",
-    "#aa4499",
-)
+PALETTE = tuple(sns.color_palette("colorblind").as_hex())  # Okabe-Ito's colour-blind-safe ten
 
 sns.set_theme(style="whitegrid", context="notebook")
 
@@ -56,10 +47,10 @@ def palette_for(names: Iterable) -> dict:
     """``{name: colour}`` for the names of one plot, whatever their order: each takes its hashed colour, or,
     when a name before it (sorted) took that one, the next free colour of ``PALETTE``."""
     unique = list(dict.fromkeys(n for n in names if not (isinstance(n, float) and math.isnan(n))))
-    extra = [to_hex(c) for c in sns.husl_palette(len(unique))]  # more names than PALETTE holds
+    extra = [to_hex(c) for c in sns.husl_palette(len(unique))]  # for more names than PALETTE holds
     used: dict = {}
     for name in sorted(unique, key=lambda n: (_key(n), str(n))):
-        start = zlib.crc32(_key(name).encode()) % 10
+        start = zlib.crc32(_key(name).encode()) % len(PALETTE)
         used[name] = next(c for c in PALETTE[start:] + PALETTE[:start] + tuple(extra) if c not in used.values())
     return {name: used[name] for name in unique}
 

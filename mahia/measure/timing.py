@@ -39,20 +39,12 @@ class Timing:
     device: str = "cpu"
 
     @classmethod
-    def from_samples(
-        cls,
-        times_ms: Sequence[float],
-        *,
-        first_call_ms: float | None = None,
-        peak_mem_bytes: int | None = None,
-        device: str = "cpu",
-    ) -> Timing:
-        """Median and 20th/80th percentiles of times measured elsewhere (e.g. a few steps too long to
-        :func:`bench`), with the same statistics as :func:`bench`."""
+    def from_samples(cls, times_ms: Sequence[float], **kw) -> Timing:
+        """:func:`bench`'s statistics of times measured elsewhere (e.g. a few steps too long to bench); ``kw``:
+        ``first_call_ms``, ``peak_mem_bytes``, ``device``."""
         if not times_ms:
             raise ValueError("Timing.from_samples: needs at least one time")
-        med, p20, p80 = _percentiles(list(times_ms))
-        return cls(med, p20, p80, len(times_ms), first_call_ms, peak_mem_bytes, device)
+        return cls(*_percentiles(list(times_ms)), len(times_ms), **kw)
 
     @property
     def spread(self) -> float:
@@ -88,17 +80,11 @@ def compare(timings: dict[str, Timing], baseline: str | None = None) -> pd.DataF
     if not timings:
         raise ValueError("compare: no timings")
     base = timings[baseline if baseline is not None else next(iter(timings))]
-    rows = {
-        name: {
-            "median ms": t.median_ms,
-            "p20 ms": t.p20_ms,
-            "p80 ms": t.p80_ms,
-            "gain": base.median_ms / t.median_ms,
-            "verdict": "baseline" if t is base else verdict(base, t),
-        }
-        for name, t in timings.items()
-    }
-    return pd.DataFrame.from_dict(rows, orient="index")
+    rows = [
+        (t.median_ms, t.p20_ms, t.p80_ms, base.median_ms / t.median_ms, "baseline" if t is base else verdict(base, t))
+        for t in timings.values()
+    ]
+    return pd.DataFrame(rows, index=list(timings), columns=["median ms", "p20 ms", "p80 ms", "gain", "verdict"])
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
