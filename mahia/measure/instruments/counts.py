@@ -129,6 +129,9 @@ class SyncReport:
         )
 
 
+_INDEX_OPS = ("aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl")
+
+
 def _host_copy(name: str, args: tuple, kwargs: dict) -> bool:
     """A copy from a CUDA tensor into host memory (``.cpu()``, ``.to("cpu")``, ``.numpy()``)."""
     if name == "aten._to_copy":
@@ -146,14 +149,9 @@ class _SyncRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         name, r = _op_name(func), self.report
         r.saw_cuda = r.saw_cuda or any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
-        indices = (
-            args[1]
-            if len(args) > 1 and name in ("aten.index", "aten.index_put", "aten.index_put_", "aten._index_put_impl")
-            else ()
-        )
         if name in SYNCING_OPS:
             label = None if name == "aten.repeat_interleave" and kwargs.get("output_size") is not None else name
-        elif any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ()):
+        elif name in _INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] or ()):
             label = "boolean-mask index"  # x[mask]: as many outputs as Trues
         else:
             label = "copy to host" if _host_copy(name, args, kwargs) else None
