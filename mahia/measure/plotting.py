@@ -131,9 +131,6 @@ def sweep(
     if palette is None and hue in df.columns and not pd.api.types.is_numeric_dtype(df[hue]):
         palette = palette_for(df[hue].dropna())
     sns.lineplot(data=df, x=x, y=y, hue=hue, marker="o", ax=ax, palette=palette)
-    if limit is not None:
-        ax.axhline(limit, color="black", ls="--", lw=1)
-        ax.annotate(limit_label or "measured limit", (ax.get_xlim()[0], limit), va="bottom", fontsize=9)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -141,6 +138,9 @@ def sweep(
         ax.yaxis.set_major_formatter(_PlainLogFormatter())
         # the 2, 3, 4, 6 between decades labelled too where the axis spans about a decade or less
         ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+    if limit is not None:  # after the scales: the label's x is the axis's left end
+        ax.axhline(limit, color="black", ls="--", lw=1)
+        ax.annotate(limit_label or "measured limit", (ax.get_xlim()[0], limit), va="bottom", fontsize=9)
     ax.set_title(_title(title, device_note))
     return ax
 
