@@ -59,6 +59,19 @@ def _title(title: str, device_note: str | None) -> str:
     return f"{title}\n{device_note}" if device_note else title
 
 
+class _PlainLogFormatter(mticker.LogFormatter):
+    """A log axis's labels as plain numbers ("0.6", "2", "100"), not "6 × 10⁻¹"."""
+
+    def _num_to_string(self, x, vmin, vmax):
+        return f"{x:g}"
+
+
+def _plain_log(axis) -> None:
+    """Plain numbers on a log axis; the 2, 3, 4, 6 between decades too where it spans about a decade or less."""
+    axis.set_major_formatter(_PlainLogFormatter())
+    axis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+
+
 def bars(
     df: pd.DataFrame,
     *,
@@ -97,15 +110,9 @@ def bars(
     ax.set_xlabel(labels.get(value, "fraction of measured limit" if value == "frac_of_limit" else value))
     if log:
         ax.set_xscale("log")
+        _plain_log(ax.xaxis)
     ax.set_title(_title(title, device_note))
     return ax
-
-
-class _PlainLogFormatter(mticker.LogFormatter):
-    """A log axis's labels as plain numbers ("0.6", "2", "100"), not "6 × 10⁻¹"."""
-
-    def _num_to_string(self, x, vmin, vmax):
-        return f"{x:g}"
 
 
 def sweep(
@@ -135,9 +142,7 @@ def sweep(
         ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(_PlainLogFormatter())
-        # the 2, 3, 4, 6 between decades labelled too where the axis spans about a decade or less
-        ax.yaxis.set_minor_formatter(_PlainLogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
+        _plain_log(ax.yaxis)
     if limit is not None:  # after the scales: the label's x is the axis's left end
         ax.axhline(limit, color="black", ls="--", lw=1)
         ax.annotate(limit_label or "measured limit", (ax.get_xlim()[0], limit), va="bottom", fontsize=9)
