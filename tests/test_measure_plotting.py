@@ -70,6 +70,11 @@ def test_a_variant_has_one_colour_in_every_plot_and_process_and_none_shared_in_a
     assert _line_colors(plotting.sweep(_sweep_frame(names[3:] + names[:3]), x="T", y="ms", title="s")) == want
     pts = pd.DataFrame({"variant": names, "flops": 1e9, "bytes": 1e8, "median_ms": np.linspace(0.1, 1, len(names))})
     assert [to_hex(c.get_facecolors()[0]) for c in plotting.roofline(pts, CEIL).collections] == [want[n] for n in names]
+    # the recurring names have fixed colours ("before" paths vermillion, the project's own green), whatever qualifies them
+    assert plotting.palette_for(["eager", "grouped (optimized)"]) == {
+        "eager": "#d55e00",
+        "grouped (optimized)": "#029e73",
+    }
     # a qualified name keeps its family's colour where the family is not in the plot
     assert (
         plotting.palette_for(["flash causal", "math causal"])["flash causal"]

@@ -1,8 +1,8 @@
 """Plots the notebooks share: bars with their 20-80% spread, sweeps, the roofline under the measured ceilings.
 
-A colour names a variant, never a role: :func:`palette_for` gives each name the colour of a CRC-32 of its first
-word (stable in every process; "flash causal" keeps the colour of "flash"), and moves a name whose colour is
-taken in the plot to the next free one of the colour-blind-safe ``PALETTE``. ``ROLE_COLORS`` is for drawings
+A colour names a variant, never a role: :func:`palette_for` gives a name the fixed colour of its first word
+("flash causal" keeps the colour of "flash") or one picked by a CRC-32 of it (stable in every process), and a
+name whose colour is taken in the plot a free one of the colour-blind-safe ``PALETTE``. ``ROLE_COLORS`` is for drawings
 that colour by role themselves (timelines, waterfalls).
 """
 
@@ -34,6 +34,22 @@ ROLE_COLORS = {
 }
 PALETTE = tuple(sns.color_palette("colorblind").as_hex())  # Okabe-Ito's colour-blind-safe ten
 
+# Names that recur across notebooks keep one colour: the usual "before" paths vermillion, the project's own bluish
+# green, the peers other hues; ``measured`` black, ``predicted`` grey. Any other name is hashed.
+_FIXED = {
+    "#d55e00": "eager baseline loop manual naive branch per-expert train_syncing fp32 float32 none",
+    "#029e73": "mahia mahia_triton triton sdpa grouped batched masked foreach cuda_graph optimized sync_free "
+    "train_sync_free bf16 bfloat16 full",
+    "#0173b2": "f.rms_norm masked+plan logspace chunked flash fp16 float16 selective",
+    "#cc78bc": "torch.compile default compile_reduce_overhead cudnn tf32",
+    "#de8f05": "liger efficient keep_attention max-autotune-no-cudagraphs grouped_moe",
+    "#56b4e9": "bucketed_graphs reduce-overhead",
+    "#ca9161": "math max-autotune",
+    "#000000": "measured",
+    "#949494": "predicted",
+}
+_FIXED_COLOR = {name: color for color, names in _FIXED.items() for name in names.split()}
+
 sns.set_theme(style="whitegrid", context="notebook")
 
 
@@ -44,15 +60,20 @@ def _key(name) -> str:
 
 
 def palette_for(names: Iterable) -> dict:
-    """``{name: colour}`` for the names of one plot, whatever their order: each takes its hashed colour, or,
-    when a name before it (sorted) took that one, the next free colour of ``PALETTE``."""
+    """``{name: colour}`` for the names of one plot, whatever their order: each takes its hashed colour unless a
+    name before it (sorted) took it; those left take the free colours no name of the plot hashes to, then any."""
     unique = list(dict.fromkeys(n for n in names if not (isinstance(n, float) and math.isnan(n))))
-    extra = [to_hex(c) for c in sns.husl_palette(len(unique))]  # for more names than PALETTE holds
+    order = sorted(unique, key=lambda n: (_key(n) not in _FIXED_COLOR, _key(n), str(n)))  # fixed names first
+    want = {n: _FIXED_COLOR.get(_key(n)) or PALETTE[zlib.crc32(_key(n).encode()) % len(PALETTE)] for n in unique}
     used: dict = {}
-    for name in sorted(unique, key=lambda n: (_key(n), str(n))):
-        start = zlib.crc32(_key(name).encode()) % len(PALETTE)
-        used[name] = next(c for c in PALETTE[start:] + PALETTE[:start] + tuple(extra) if c not in used.values())
-    return {name: used[name] for name in unique}
+    for n in order:
+        if want[n] not in used.values():
+            used[n] = want[n]
+    spare = [c for c in PALETTE if c not in want.values()] + list(PALETTE)
+    spare += [to_hex(c) for c in sns.husl_palette(len(unique))]  # for more names than PALETTE holds
+    for n in order:
+        used[n] = used.get(n) or next(c for c in spare if c not in used.values())
+    return {n: used[n] for n in unique}
 
 
 def _title(title: str, device_note: str | None) -> str:
