@@ -21,7 +21,6 @@ from mahia.measure.instruments.counts import (
     SyncReport,
     count_ops,
     count_syncs,
-    launches_kernel,
 )
 from mahia.measure.instruments.trace import (
     FLOAT32_MATMUL_OPS,

@@ -51,13 +51,9 @@ def _written_tensors(func, args: tuple, kwargs: dict, out: Any) -> list[torch.Te
 
 
 def _launches(func, written: list[torch.Tensor]) -> bool:
+    """Whether an op that wrote ``written`` launches a kernel: every op but views, :data:`NO_KERNEL_OPS`, profiler
+    markers and ops that write no tensor."""
     return bool(written) and not (func.is_view or func.namespace == "profiler" or _bare_name(func) in NO_KERNEL_OPS)
-
-
-def launches_kernel(func, out: Any, args: tuple = (), kwargs: dict | None = None) -> bool:
-    """Whether the op ``func`` (an ``OpOverload``) called with ``args``/``kwargs`` and returning ``out`` launches a
-    kernel: every op but views, :data:`NO_KERNEL_OPS`, profiler markers and ops that write no tensor."""
-    return _launches(func, _written_tensors(func, args, kwargs or {}, out))
 
 
 def _distinct_bytes(t: torch.Tensor) -> int:
@@ -237,7 +233,9 @@ class _OpCounter(TorchDispatchMode):
         before = self.triton
         out = func(*args, **kwargs)
         # a custom op whose Triton kernels the hook saw was counted kernel by kernel
-        if launches_kernel(func, out, args, kwargs) and not (func.namespace != "aten" and self.triton > before):
+        if _launches(func, _written_tensors(func, args, kwargs, out)) and not (
+            func.namespace != "aten" and self.triton > before
+        ):
             self.report.total += 1
             self.report.by_op[_bare_name(func) if func.namespace == "aten" else _op_name(func)] += 1
         return out
@@ -246,7 +244,7 @@ class _OpCounter(TorchDispatchMode):
 @contextmanager
 def count_ops():
     """Yields an :class:`OpCount` of the ops run in the block (backward included) that launch a kernel
-    (:func:`launches_kernel`) and of the compiled Triton kernels launched from Python: the kernel launches of
+    (:func:`_launches`) and of the compiled Triton kernels launched from Python: the kernel launches of
     eager code (a compiled region's kernels skip the dispatcher).
 
     >>> with count_ops() as c:
