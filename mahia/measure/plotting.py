@@ -121,7 +121,7 @@ def bars(
         ends = np.fmax(vals, p80)  # a NaN p80: the bar's end
     for yi, v, end in zip(y, vals, ends):
         if math.isfinite(v) and (v > 0 or not log):
-            text = f"{v:,.0f}" if abs(v) >= 99.95 else f"{v:.3g}"
+            text = f"{v:,.0f}" if abs(v) >= 99.95 else f"{v:#.3g}"  # three significant digits: "67.0"
             ax.annotate(text, (end, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=9)
     ax.margins(x=0.2)  # room for the labels (bars keep their left edge at 0)
     ax.set_yticks(y, d["variant"])
