@@ -19,16 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # -- timing ------------------------------------------------------------------------------------------
-def test_bench_orders_percentiles_and_reports_first_call():
-    x = torch.randn(256, 256)
-    t = bench(lambda: x @ x, device="cpu", rep_ms=20)
-    assert t.n >= 1 and t.device == "cpu"
-    assert 0 < t.p20_ms <= t.median_ms <= t.p80_ms
-    assert t.first_call_ms is not None and t.first_call_ms > 0
-    assert t.peak_mem_bytes is None  # not tracked on the CPU
-
-
-def test_bench_sees_more_work():
+def test_bench_orders_percentiles_reports_first_call_and_sees_more_work():
     small, big = torch.randn(32, 32), torch.randn(1024, 1024)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # on a busy machine, spinning worker threads swamp a tiny matmul
@@ -37,24 +28,22 @@ def test_bench_sees_more_work():
         t_big = bench(lambda: big @ big, device="cpu", rep_ms=20)
     finally:
         torch.set_num_threads(threads)
+    assert t_small.n >= 5 and t_small.device == "cpu" and 0 < t_small.p20_ms <= t_small.median_ms <= t_small.p80_ms
+    assert t_small.first_call_ms > 0 and t_small.peak_mem_bytes is None  # no allocator peak on the CPU
     assert t_big.median_ms > 5 * t_small.median_ms  # 32768 times the FLOPs
 
 
-def test_bench_cuda_without_gpu_is_a_clear_error():
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    with pytest.raises(RuntimeError, match="CUDA is not available"):
-        bench(lambda: None, device="cuda")
-
-
 # -- correctness -------------------------------------------------------------------------------------
-def test_rel_error_basics():
+def test_rel_error_and_tolerance_per_dtype():
     a = torch.randn(100, dtype=torch.float64)
     assert checks.rel_error(a, a) == 0.0
     assert checks.rel_error(a * (1 + 1e-3), a) == pytest.approx(1e-3, rel=1e-6)
     assert checks.rel_error(torch.full((3,), float("nan")), torch.ones(3)) == float("inf")
     with pytest.raises(ValueError, match="shape mismatch"):
         checks.rel_error(torch.ones(3), torch.ones(4))
+    assert checks.tolerance(torch.float32) < checks.tolerance(torch.float16) < checks.tolerance(torch.bfloat16)
+    with pytest.raises(ValueError, match="no tolerance"):
+        checks.tolerance(torch.int32)
 
 
 def test_compare_fn_passes_a_correct_path_and_stops_a_wrong_one():
@@ -69,14 +58,8 @@ def test_compare_fn_passes_a_correct_path_and_stops_a_wrong_one():
         checks.compare_fn(wrong_grad, lambda t: t * 3, [x])
 
 
-def test_tolerance_per_dtype():
-    assert checks.tolerance(torch.float32) < checks.tolerance(torch.float16) < checks.tolerance(torch.bfloat16)
-    with pytest.raises(ValueError, match="no tolerance"):
-        checks.tolerance(torch.int32)
-
-
 # -- syncs -------------------------------------------------------------------------------------------
-def test_count_syncs_sees_the_usual_suspects():
+def test_count_syncs_sees_the_usual_suspects_and_not_sync_free_code():
     x = torch.randn(100)
     with count_syncs() as r:
         x.sum().item()  # 1
@@ -86,12 +69,8 @@ def test_count_syncs_sees_the_usual_suspects():
         torch.nonzero(x > 1)  # 4
     assert r.count == 4, str(r)
     assert r.ops["aten.nonzero"] == 1 and r.ops["boolean-mask index"] == 1
-    assert str(r).startswith("4 sync(s) — ") and "aten.nonzero ×1" in str(r) and " x1" not in str(r)
+    assert str(r).startswith("4 sync(s) — ") and "aten.nonzero ×1" in str(r)
     assert any("test_foundation.py" in w for w in r.where)
-
-
-def test_sync_free_code_counts_zero():
-    x = torch.randn(100)
     with count_syncs() as r:
         torch.where(x > 0, x, torch.zeros_like(x)).sum()
         torch.topk(x, 5)
@@ -147,13 +126,6 @@ def test_ceilings_cached_per_run(tmp_path, monkeypatch):
     assert hardware.ceilings("cpu", results_dir=tmp_path, quick=True) == c1
     with pytest.raises(ValueError, match="unknown limit"):
         c1.limit("flops")
-
-
-def test_cuda_matmul_sizes_are_public():
-    # Review 06-3: notebook 06 measures fp16 at the bf16 ceiling's sizes (and TF32 at the fp32 one's), so both
-    # read one public constant instead of typing the sizes again.
-    assert "CUDA_MATMUL_SIZES" in hardware.__all__
-    assert hardware.CUDA_MATMUL_SIZES[0] == 4096 and len(hardware.CUDA_MATMUL_SIZES) > 1
 
 
 # -- results -----------------------------------------------------------------------------------------

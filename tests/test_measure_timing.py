@@ -1,5 +1,5 @@
-"""mahia.measure.timing: capture_graph, the one CUDA-graph capture (argument checks run on a CPU), Timing's
-statistics and host_time, the host's issue time of a call."""
+"""mahia.measure.timing: Timing's statistics, verdict and compare, host_time (the host's issue time of a call) and
+capture_graph, the one CUDA-graph capture (bench itself is tested in test_foundation.py)."""
 
 import math
 import subprocess
@@ -11,71 +11,9 @@ import pytest
 import torch
 
 from mahia.measure import timing
-from mahia.measure.timing import Timing, bench, capture_graph, compare, gain_range, host_time, ratio_range, verdict
+from mahia.measure.timing import Timing, bench, capture_graph, compare, gain_range, host_time, verdict
 
-
-def test_capture_graph_checks_its_arguments():
-    with pytest.raises(TypeError, match="fn must be callable"):
-        capture_graph("f")
-    with pytest.raises(ValueError, match="warmup must be an int >= 0"):
-        capture_graph(lambda: None, warmup=-1)
-    with pytest.raises(ValueError, match="warmup"):
-        capture_graph(lambda: None, warmup=1.5)
-
-
-def test_capture_graph_without_cuda_is_a_clear_error():
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    calls = []
-    with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
-        capture_graph(lambda: calls.append(1))
-    assert calls == []  # refused before any warm-up call
-
-
-@pytest.mark.gpu
-def test_capture_graph_replays_into_its_outputs():
-    x = torch.randn(64, 32, device="cuda")
-    w = torch.randn(32, 16, device="cuda")
-    calls = []
-
-    def fn():
-        calls.append(1)
-        return torch.relu(x @ w) + 1
-
-    graph, out = capture_graph(fn, warmup=2)
-    assert len(calls) == 3  # two warm-up calls and the captured one; replays do not call fn
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.testing.assert_close(out, torch.relu(x @ w) + 1)
-    assert len(calls) == 3
-    # a second graph sharing the first one's memory pool
-    graph2, out2 = capture_graph(lambda: out * 2, warmup=1, pool=graph.pool())
-    graph.replay()
-    graph2.replay()
-    torch.testing.assert_close(out2, out * 2)
-
-
-@pytest.mark.gpu
-def test_bench_cuda_graph_times_replays_and_names_what_cannot_be_captured():
-    x = torch.randn(256, 256, device="cuda")
-    t = bench(lambda: x @ x, cuda_graph=True, rep_ms=5, warmup_ms=1)
-    assert t.median_ms > 0
-    # A failed capture can leave CUDA's random generator in capture mode for the rest of the process:
-    # fail one in a process of its own.
-    code = (
-        "import torch; from mahia.measure.timing import bench; x = torch.randn(8, device='cuda')\n"
-        "try:\n    bench(lambda: x.sum().item(), cuda_graph=True, rep_ms=5, warmup_ms=1)\n"
-        "except RuntimeError as e:\n    print(e)\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    assert "cannot be captured in a CUDA graph" in out.stdout, out.stdout + out.stderr
+NO_GPU = not torch.cuda.is_available()
 
 
 def test_timing_from_samples_uses_the_benchmark_statistics():
@@ -88,30 +26,32 @@ def test_timing_from_samples_uses_the_benchmark_statistics():
         Timing.from_samples([])
 
 
-# ---------------------------------------------------------------------------------------------------
-# host_time: the host's issue time of a call
-# ---------------------------------------------------------------------------------------------------
+def test_verdict_gain_range_and_compare_read_the_spreads():
+    base, fast, same = Timing(3.0, 2.0, 4.0, 10), Timing(0.75, 0.5, 1.0, 10), Timing(3.5, 2.5, 4.5, 10)
+    assert gain_range(base, fast) == (2.0, 8.0)  # p20/p80 and p80/p20
+    assert (verdict(base, fast), verdict(fast, base), verdict(base, same)) == ("faster", "slower", "within noise")
+    t = compare({"eager": base, "fused": fast, "again": same})
+    assert list(t["verdict"]) == ["baseline", "faster", "within noise"]
+    assert t.loc["fused", "gain"] == 4.0 and t.loc["eager", "p80 ms"] == 4.0
+    assert compare({"eager": base, "fused": fast}, baseline="fused").loc["eager", "verdict"] == "slower"
+    with pytest.raises(ValueError, match="no timings"):
+        compare({})
+    with pytest.raises(TypeError, match="two Timing objects"):
+        gain_range(3.0, fast)
 
 
-def test_host_time_measures_a_known_sleep():
+def test_host_time_measures_a_known_sleep_and_leaves_the_trailing_synchronize_out(monkeypatch):
     t = host_time(lambda: time.sleep(0.004), device="cpu", warmup_ms=0, rep_ms=0, min_reps=5)
     assert t.n == 5 and t.device == "cpu"
     assert 4.0 <= t.p20_ms <= t.median_ms <= t.p80_ms < 12.0  # sleep() never returns early; a loaded machine is late
-
-
-def test_host_time_leaves_the_trailing_synchronize_out_and_syncs_around_each_call(monkeypatch):
     events = []
 
     def slow_sync(device=None):  # a device that takes 20 ms to catch up after every call
         events.append("sync")
         time.sleep(0.02)
 
-    def fn():
-        events.append("call")
-        time.sleep(0.002)
-
     monkeypatch.setattr(timing, "synchronize", slow_sync)
-    t = host_time(fn, device="cpu", warmup_ms=0, rep_ms=0, min_reps=3)
+    t = host_time(lambda: events.append("call") or time.sleep(0.002), device="cpu", warmup_ms=0, rep_ms=0, min_reps=3)
     assert 2.0 <= t.median_ms < 15.0  # the call's 2 ms, not the 20 ms catch-up that follows it
     assert events == ["sync", "call", "sync"] * (2 + 3)  # first call, budget estimate, 3 repetitions
 
@@ -129,53 +69,62 @@ def test_host_time_times_the_first_call_apart_and_keeps_to_its_budget():
     assert host_time(lambda: None, device="cpu", rep_ms=1000, max_reps=7).n == 7
 
 
-def test_host_time_checks_its_arguments():
-    with pytest.raises(TypeError, match="fn must be callable"):
+def test_bad_arguments_are_refused_before_any_call():
+    calls = []
+    f = lambda: calls.append(1)  # noqa: E731
+    with pytest.raises(TypeError, match="host_time: fn must be callable"):
         host_time(3.0)
     for bad in (dict(warmup_ms=-1), dict(rep_ms="50"), dict(rep_ms=math.inf), dict(warmup_ms=True)):
         with pytest.raises(ValueError, match="must be a finite number >= 0"):
-            host_time(lambda: None, device="cpu", **bad)
+            host_time(f, device="cpu", **bad)
     with pytest.raises(ValueError, match="min_reps must be a positive int"):
-        host_time(lambda: None, device="cpu", min_reps=0)
+        host_time(f, device="cpu", min_reps=0)
     with pytest.raises(ValueError, match="max_reps must be an int >= 5"):
-        host_time(lambda: None, device="cpu", max_reps=2)
-    with pytest.raises(ValueError, match="device must be"):
-        host_time(lambda: None, device="no-such-device")
-
-
-def test_host_time_without_cuda_is_a_clear_error():
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    calls = []
-    with pytest.raises(RuntimeError, match="CUDA is not available"):
-        host_time(lambda: calls.append(1), device="cuda")
+        host_time(f, device="cpu", max_reps=2)
+    with pytest.raises(ValueError, match="host_time: device must be"):
+        host_time(f, device="no-such-device")
+    with pytest.raises(TypeError, match="capture_graph: fn must be callable"):
+        capture_graph("f")
+    with pytest.raises(ValueError, match="warmup must be an int >= 0"):
+        capture_graph(f, warmup=-1)
+    if NO_GPU:
+        with pytest.raises(RuntimeError, match="host_time.*CUDA is not available"):
+            host_time(f, device="cuda")
+        with pytest.raises(RuntimeError, match="bench.*CUDA is not available"):
+            bench(f, device="cuda")
+        with pytest.raises(RuntimeError, match="CUDA graphs need a CUDA device"):
+            capture_graph(f)
     assert calls == []
+
+
+@pytest.mark.gpu
+def test_capture_graph_replays_into_its_outputs_and_bench_times_replays():
+    x, w = torch.randn(64, 32, device="cuda"), torch.randn(32, 16, device="cuda")
+    calls = []
+    graph, out = capture_graph(lambda: calls.append(1) or torch.relu(x @ w) + 1, warmup=2)
+    assert len(calls) == 3  # two warm-up calls and the captured one; replays do not call fn
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.testing.assert_close(out, torch.relu(x @ w) + 1)
+    graph2, out2 = capture_graph(lambda: out * 2, warmup=1, pool=graph.pool())  # sharing the first one's pool
+    graph.replay()
+    graph2.replay()
+    torch.testing.assert_close(out2, out * 2)
+    assert bench(lambda: x @ w, cuda_graph=True, rep_ms=5, warmup_ms=1).median_ms > 0
+    # A failed capture can leave CUDA's random generator in capture mode: fail one in a process of its own.
+    code = (
+        "import torch; from mahia.measure.timing import bench; x = torch.randn(8, device='cuda')\n"
+        "try:\n    bench(lambda: x.sum().item(), cuda_graph=True, rep_ms=5, warmup_ms=1)\n"
+        "except RuntimeError as e:\n    print(e)\n"
+    )
+    cwd = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert "cannot be captured in a CUDA graph" in out.stdout, out.stdout + out.stderr
 
 
 @pytest.mark.gpu
 def test_host_time_on_a_gpu_is_the_issue_time_not_the_kernels():
     x = torch.randn(4096, 4096, device="cuda")
     wall = bench(lambda: x @ x @ x @ x, rep_ms=20, warmup_ms=5)
-    host = host_time(lambda: x @ x @ x @ x, device="cuda")
-    assert host.median_ms < wall.median_ms  # three big matmuls queue in microseconds and run for milliseconds
-
-
-def test_verdict_and_compare_read_the_spreads():
-    base, fast, same = Timing(3.0, 2.0, 4.0, 10), Timing(0.75, 0.5, 1.0, 10), Timing(3.5, 2.5, 4.5, 10)
-    assert (verdict(base, fast), verdict(fast, base), verdict(base, same)) == ("faster", "slower", "within noise")
-    t = compare({"eager": base, "fused": fast, "again": same})
-    assert list(t["verdict"]) == ["baseline", "faster", "within noise"]
-    assert t.loc["fused", "gain"] == 4.0 and t.loc["eager", "p80 ms"] == 4.0
-    assert compare({"eager": base, "fused": fast}, baseline="fused").loc["eager", "verdict"] == "slower"
-    with pytest.raises(ValueError, match="no timings"):
-        compare({})
-
-
-def test_gain_range_is_the_ratio_the_two_spreads_allow():
-    before, after = Timing(3.0, 2.0, 4.0, 10), Timing(0.75, 0.5, 1.0, 10)
-    assert gain_range(before, after) == (2.0, 8.0)  # p20/p80 and p80/p20
-    assert ratio_range(2.0, 4.0, 0.5, 1.0) == (2.0, 8.0)
-    with pytest.raises(TypeError, match="two Timing objects"):
-        gain_range(3.0, after)
-    with pytest.raises(ValueError, match="p20 is above"):
-        ratio_range(4.0, 2.0, 0.5, 1.0)
+    assert host_time(lambda: x @ x @ x @ x, device="cuda").median_ms < wall.median_ms  # queued in µs, run in ms

@@ -11,8 +11,7 @@ relative error explodes) and comparable across shapes. Typical values (METHOD.md
     float16            ~5e-4 .. 2e-3
 
 ``TOLERANCE`` holds the bound a fast path must meet for its *compute* dtype; the reference is always
-run in float64 (or float32 where float64 is unsupported), so the bound covers only the fast path's
-own rounding. NaN or Inf never passes.
+run in float64, so the bound covers only the fast path's own rounding. NaN or Inf never passes.
 """
 
 from __future__ import annotations
@@ -21,20 +20,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-
-__all__ = [
-    "TOLERANCE",
-    "CorrectnessError",
-    "Comparison",
-    "rel_error",
-    "tolerance",
-    "check_close",
-    "compare_fn",
-    "check_int",
-    "check_float_dtype",
-    "check_float_tensor",
-    "check_same_device",
-]
 
 # Norm-wise relative error a fast path may have, by the dtype it computes in.
 TOLERANCE: dict[torch.dtype, float] = {
@@ -50,8 +35,7 @@ class CorrectnessError(AssertionError):
 
 
 def check_int(fn: str, name: str, value, *, minimum: int = 1) -> int:
-    """``value`` if it is an int (a bool is not one) >= ``minimum``; else a ValueError naming ``fn`` and
-    ``name``. The one argument check of the package's counts and sizes."""
+    """``value`` if it is an int (not a bool) >= ``minimum``; else a ValueError naming ``fn`` and ``name``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise ValueError(f"{fn}: {name} must be {what}, got {value!r}")
@@ -88,11 +72,8 @@ def check_same_device(fn: str, **tensors: torch.Tensor) -> None:
 
 
 def tolerance(dtype: torch.dtype, *, tf32: bool = False) -> float:
-    """Allowed norm-wise relative error for results computed in ``dtype``.
-
-    ``tf32=True`` widens the float32 bound to what TF32 matrix units (and Triton's default float32
-    ``tl.dot``) give: about 1e-3 worst case for a 10-bit mantissa.
-    """
+    """Allowed norm-wise relative error for results computed in ``dtype``; ``tf32=True`` widens float32's to what
+    TF32 matrix units (and Triton's default float32 ``tl.dot``) give: about 1e-3 for a 10-bit mantissa."""
     if dtype not in TOLERANCE:
         raise ValueError(f"no tolerance defined for dtype {dtype}; known: {sorted(map(str, TOLERANCE))}")
     if tf32 and dtype == torch.float32:
@@ -104,10 +85,8 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref||_2 / ||ref||_2`` in float64 (inf if out has NaN/Inf, 0 for two zero tensors)."""
     if out.shape != ref.shape:
         raise ValueError(f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}")
-    # float64 on out's device: no host copy of a large tensor (MPS has no float64: the host there)
-    dev = out.device if out.device.type != "mps" else torch.device("cpu")
-    o = out.detach().to(device=dev, dtype=torch.float64)
-    r = ref.detach().to(device=dev, dtype=torch.float64)
+    o = out.detach().double()  # on out's device: no host copy of a large tensor
+    r = ref.detach().to(device=out.device, dtype=torch.float64)
     if not bool(torch.isfinite(o).all()):
         return float("inf")
     denom = r.norm().item()
@@ -161,32 +140,25 @@ def compare_fn(
 ) -> Comparison:
     """Run ``fast(*inputs)`` and ``ref(*upcast inputs)``; compare outputs and gradients.
 
-    The reference runs on copies of the inputs upcast to ``ref_dtype`` (float64 by default, on the
-    same device, so that a CUDA reference needs no host round trip). Floating inputs that require
-    grad get gradients from one backward pass of ``sum(out_i * g_i)`` with the same random ``g_i`` for
-    both paths. Raises ``CorrectnessError`` on the first value over ``tol`` (default: by the dtype of
-    the first floating input).
+    The reference runs on copies of the inputs upcast to ``ref_dtype`` on the same device (no host round trip).
+    Floating inputs (those in ``grad_inputs``) get gradients from one backward pass of ``sum(out_i * g_i)`` with
+    the same seeded ``g_i`` for both paths. Raises ``CorrectnessError`` on the first value over ``tol`` (default:
+    :func:`tolerance` of the first floating input's dtype).
     """
     float_inputs = [x for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()]
     if not float_inputs:
         raise ValueError(f"{name}: compare_fn needs at least one floating-point tensor input")
-    dtype = float_inputs[0].dtype
-    tol = tolerance(dtype) if tol is None else tol
-    if ref_dtype == torch.float64 and float_inputs[0].device.type == "mps":
-        ref_dtype = torch.float32
+    tol = tolerance(float_inputs[0].dtype) if tol is None else tol
 
     idx = set(range(len(inputs))) if grad_inputs is None else set(grad_inputs)
 
-    def prep(cast: torch.dtype | None):
-        out = []
-        for i, x in enumerate(inputs):
-            if isinstance(x, torch.Tensor) and x.is_floating_point():
-                y = x.detach().to(cast) if cast is not None else x.detach().clone()
-                y.requires_grad_(grads and i in idx)
-                out.append(y)
-            else:
-                out.append(x)
-        return out
+    def prep(cast: torch.dtype | None) -> list:
+        return [
+            (x.detach().to(cast) if cast else x.detach().clone()).requires_grad_(grads and i in idx)
+            if isinstance(x, torch.Tensor) and x.is_floating_point()
+            else x
+            for i, x in enumerate(inputs)
+        ]
 
     fast_in, ref_in = prep(None), prep(ref_dtype)
     fast_out = _as_tuple(fast(*fast_in))
@@ -194,13 +166,13 @@ def compare_fn(
     if len(fast_out) != len(ref_out):
         raise CorrectnessError(f"{name}: returned {len(fast_out)} outputs, reference {len(ref_out)}")
 
-    errors: dict[str, float] = {}
-    for i, (o, r) in enumerate(zip(fast_out, ref_out)):
-        errors[f"out{i}"] = check_close(f"{name} output {i}", o, r, tol)
+    errors = {
+        f"out{i}": check_close(f"{name} output {i}", o, r, tol) for i, (o, r) in enumerate(zip(fast_out, ref_out))
+    }
 
     if grads and any(t.requires_grad for t in fast_in if isinstance(t, torch.Tensor)):
         # Seeded cotangents drawn where the outputs are: no host-sized tensor crosses to the device.
-        dev = fast_out[0].device if fast_out[0].device.type != "mps" else torch.device("cpu")
+        dev = fast_out[0].device
         gen = torch.Generator(device=dev).manual_seed(1234)
         pairs = [
             (o, r, torch.randn(o.shape, generator=gen, dtype=torch.float64, device=dev))

@@ -1,51 +1,35 @@
 """One cost model: the time of a step from its launches, syncs, FLOPs and bytes, and the peak memory of a
-training step from its byte counts.
+training step from its byte counts. Plain numbers in, plain numbers out: the counts come from the instruments,
+a model's own tables or a formula; the rates from :mod:`mahia.measure.hardware` and a chain of tiny launches.
 
-Plain numbers in, plain numbers out. The counts come from the instruments (:mod:`mahia.measure.instruments`:
-ops, syncs, an op trace with bytes and FLOPs), from a model's own tables (its FLOPs and activation bytes per
-token) or from a formula; the rates from :mod:`mahia.measure.hardware` (bandwidth, matmul rate) and a chain
-of tiny launches (launch and sync cost). Nothing here imports a model.
+**Time.** A kernel (or work taken as one, the roofline of its totals) takes on the device
 
-**Time.** One kernel, or an amount of work taken as one (the roofline of its totals), takes on the device
+    t_kernel(F, B) = max(t_floor, F / matmul rate, B / bandwidth)               (:func:`kernel_ms`)
 
-    t_kernel(F, B) = max(t_floor, F / matmul rate, B / bandwidth)          (:func:`kernel_ms`)
+and a step of kernels k, issued with ``n_launches`` launches and ``n_syncs`` host-device syncs, takes
 
-and a step of kernels k, issued by the host with ``n_launches`` launches and ``n_syncs`` host-device
-synchronizations, takes
+    t_work = sum over kernels of t_kernel(F_k, B_k)                             (:func:`work_ms`)
+    t_step = max(n_launches t_launch, t_work) + n_syncs t_sync    a GPU: the host queues work ahead, so
+                                                                  the slower side sets the pace
+    t_step = n_launches t_launch + t_work + n_syncs t_sync        a CPU: the same cores dispatch and compute
 
-    t_work = sum over kernels of t_kernel(F_k, B_k)                        (:func:`work_ms`)
-    t_step = max(n_launches t_launch, t_work) + n_syncs t_sync   overlap: a GPU; the host queues work
-                                                                 ahead, so the slower side sets the pace
-    t_step = n_launches t_launch + t_work + n_syncs t_sync       no overlap: a CPU; the same cores
-                                                                 dispatch and compute
-                                                                            (:func:`step_time`)
+A sync drains the queue: nothing overlaps it. A CUDA-graph replay is one launch. A launch-bound step
+(n_launches t_launch > t_work) gains from fewer launches (fusion, graphs, no Python loops), a bandwidth-bound
+one from fewer bytes (fusion), a matmul-bound one from neither.
 
-A sync drains the queue: nothing overlaps it. A step replayed from a CUDA graph is one launch. A step is
-launch-bound when n_launches t_launch > t_work: fewer launches (fusion, CUDA graphs, no Python loops) help;
-when it is bandwidth-bound fewer bytes help (fusion); when matmul-bound, neither. The rates of a machine
-are one :class:`Machine`.
+**Memory.** Per block b, ``full_b`` is what autograd keeps without checkpointing and ``selective_b`` what it keeps
+under selective checkpointing (the block's input and the outputs of its matmuls and attention); ``input`` is a
+block's input, ``attn`` the attention kernel's output and log-sum-exp, ``head`` what the rest keeps::
 
-**Memory.** Autograd keeps some activations of every block from the forward pass for the backward pass.
-With, per block b, ``full_b`` the bytes it keeps without checkpointing and ``selective_b`` those it keeps
-under selective checkpointing (its input and the outputs of its matrix products and attention), ``input``
-what full checkpointing keeps of a block (its input), ``attn`` what the fused attention kernel outputs per
-block (its output and log-sum-exp) and ``head`` what the part outside the blocks keeps (never
-checkpointed)::
+    checkpoint        kept                              recompute (alive again while one block reruns)
+    None              sum_b full_b + head               0
+    "full"            n_blocks input + head             max_b full_b
+    "selective"       sum_b selective_b + head          max_b (full_b - selective_b)
+    "keep_attention"  n_blocks (input + attn) + head    max_b full_b - attn
 
-    checkpoint    kept                          recompute (alive again while one block is recomputed)
-    None          sum_b full_b + head           0
-    "full"        n_blocks input + head         max_b full_b                   the whole block is rerun
-    "selective"   sum_b selective_b + head      max_b (full_b - selective_b)   only what was not kept
-    "keep_attention"  n_blocks (input + attn) + head   max_b full_b - attn   all but the attention output
-
-(:func:`activation_bytes`; any unit: per token, per step). The peak of a training step, on top of the
-weights and the optimizer state, falls early in the backward pass, when the gradients start to exist and
-little has been freed::
-
-    peak = kept activations + recompute + gradients                        (:func:`training_peak_bytes`)
-
-Allocator slack, workspaces and the temporaries of the backward pass are not modelled: measure for the
-real peak.
+The peak of a training step, on top of weights and optimizer state, falls early in the backward pass, when the
+gradients start to exist and little has been freed: ``peak = kept + recompute + gradients``. Allocator slack,
+workspaces and backward temporaries are not modelled: measure for the real peak.
 """
 
 from __future__ import annotations
@@ -54,25 +38,12 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "Machine",
-    "kernel_ms",
-    "work_ms",
-    "StepTime",
-    "step_time",
-    "CHECKPOINT_POLICIES",
-    "activation_bytes",
-    "training_peak_bytes",
-]
-
 
 def _number(fn: str, name: str, v, *, positive: bool = False, finite: bool = True) -> float:
     """``v`` as a float if it is a real number (not a bool) >= 0 (> 0 with ``positive``; inf allowed unless
     ``finite``), else a ValueError naming ``fn`` and ``name``."""
     ok = not isinstance(v, bool) and isinstance(v, (int, float)) and (v > 0 if positive else v >= 0)
-    if ok and finite and v == math.inf:
-        ok = False
-    if not ok:
+    if not ok or (finite and v == math.inf):
         what = ("a finite " if finite else "a ") + ("positive number" if positive else "number >= 0")
         raise ValueError(f"{fn}: {name} must be {what}, got {v!r}")
     return float(v)
@@ -80,14 +51,9 @@ def _number(fn: str, name: str, v, *, positive: bool = False, finite: bool = Tru
 
 @dataclass(frozen=True)
 class Machine:
-    """The rates of one machine for the cost model (module docstring).
-
-    ``launch_us``: host time to issue one kernel; ``sync_us``: what one host-device sync adds;
-    ``bandwidth_gbps``: device memory bandwidth (GB/s, 1e9 bytes); ``matmul_tflops``: the matmul rate
-    (TFLOP/s, 1e12); ``floor_us``: the shortest a kernel takes; ``overlap``: whether the host runs ahead of
-    the device (True on a GPU, False on a CPU). A rate of ``inf`` (the default) makes that resource free:
-    leave out what a prediction does not use.
-    """
+    """The rates of one machine: ``launch_us`` (host time to issue a kernel), ``sync_us`` (what a sync adds),
+    ``bandwidth_gbps`` (1e9 bytes/s), ``matmul_tflops`` (1e12 FLOP/s), ``floor_us`` (the shortest kernel) and
+    ``overlap`` (the host runs ahead of the device: a GPU). A rate of ``inf`` makes that resource free."""
 
     launch_us: float = 0.0
     sync_us: float = 0.0
@@ -105,19 +71,22 @@ class Machine:
             raise TypeError(f"Machine: overlap must be a bool (True: a GPU, False: a CPU), got {self.overlap!r}")
 
 
-def kernel_ms(flops: float, nbytes: float, machine: Machine) -> float:
-    """Device time of one kernel in ms: ``max(t_floor, flops / matmul rate, bytes / bandwidth)``. Applied to
-    the totals of several kernels, the roofline time of that work (no floor per kernel then: pass a
-    ``machine`` with ``floor_us=0``)."""
+def _machine(fn: str, machine) -> Machine:
     if not isinstance(machine, Machine):
-        raise TypeError(f"kernel_ms: machine must be a Machine, got {type(machine).__name__}")
-    flops = _number("kernel_ms", "flops", flops)
-    nbytes = _number("kernel_ms", "nbytes", nbytes)
-    return max(machine.floor_us * 1e-3, flops / (machine.matmul_tflops * 1e9), nbytes / (machine.bandwidth_gbps * 1e6))
+        raise TypeError(f"{fn}: machine must be a Machine, got {type(machine).__name__}")
+    return machine
+
+
+def kernel_ms(flops: float, nbytes: float, machine: Machine) -> float:
+    """Device time of one kernel in ms: ``max(t_floor, flops / matmul rate, bytes / bandwidth)``; of the totals of
+    several kernels with ``floor_us=0``, the roofline time of that work."""
+    m = _machine("kernel_ms", machine)
+    flops, nbytes = _number("kernel_ms", "flops", flops), _number("kernel_ms", "nbytes", nbytes)
+    return max(m.floor_us * 1e-3, flops / (m.matmul_tflops * 1e9), nbytes / (m.bandwidth_gbps * 1e6))
 
 
 def work_ms(kernels: Iterable[tuple[float, float]], machine: Machine) -> float:
-    """Device time of a sequence of kernels in ms: the sum of :func:`kernel_ms` over ``(flops, bytes)`` pairs."""
+    """Device time of a sequence of ``(flops, bytes)`` kernels in ms: the sum of :func:`kernel_ms`."""
     total = 0.0
     for i, k in enumerate(kernels):
         if not (isinstance(k, (tuple, list)) and len(k) == 2):
@@ -128,47 +97,24 @@ def work_ms(kernels: Iterable[tuple[float, float]], machine: Machine) -> float:
 
 @dataclass(frozen=True)
 class StepTime:
-    """One predicted step, in ms: its three terms and their combination ``ms`` (module docstring)."""
+    """One predicted step in ms: its three terms and the step ``ms`` (module docstring)."""
 
     launch_ms: float  # n_launches * t_launch: the host issuing the kernels
     work_ms: float  # the device running them
     sync_ms: float  # n_syncs * t_sync
-    ms: float  # the step
-    overlap: bool
-
-    @property
-    def launch_bound(self) -> bool:
-        """The host's launches take longer than the device's work."""
-        return self.launch_ms > self.work_ms
-
-    @property
-    def bound_by(self) -> str:
-        """The largest term: ``"launches"``, ``"device work"`` or ``"syncs"``."""
-        terms = {"launches": self.launch_ms, "device work": self.work_ms, "syncs": self.sync_ms}
-        return max(terms, key=terms.get)
+    ms: float
 
 
 def step_time(machine: Machine, *, launches: float, work_ms: float = 0.0, syncs: float = 0) -> StepTime:
-    """A step of ``launches`` kernel launches (1 for a CUDA-graph replay), ``work_ms`` of device work (from
-    :func:`work_ms`, :func:`kernel_ms` or a measurement) and ``syncs`` host-device syncs on ``machine``:
-
-        ms = max(launches t_launch, work_ms) + syncs t_sync     machine.overlap (a GPU)
-        ms = launches t_launch + work_ms + syncs t_sync         otherwise (a CPU)
-    """
-    if not isinstance(machine, Machine):
-        raise TypeError(f"step_time: machine must be a Machine, got {type(machine).__name__}")
-    launches = _number("step_time", "launches", launches)
+    """A step of ``launches`` kernel launches (1 for a CUDA-graph replay), ``work_ms`` of device work and ``syncs``
+    host-device syncs: ``max(launches t_launch, work_ms)`` (overlapping, a GPU) or their sum (a CPU), plus
+    ``syncs t_sync``."""
+    m = _machine("step_time", machine)
+    launch = _number("step_time", "launches", launches) * m.launch_us * 1e-3
     work = _number("step_time", "work_ms", work_ms)
-    syncs = _number("step_time", "syncs", syncs)
-    launch = launches * machine.launch_us * 1e-3
-    sync = syncs * machine.sync_us * 1e-3
-    busy = max(launch, work) if machine.overlap else launch + work
-    return StepTime(launch, work, sync, busy + sync, machine.overlap)
+    sync = _number("step_time", "syncs", syncs) * m.sync_us * 1e-3
+    return StepTime(launch, work, sync, (max(launch, work) if m.overlap else launch + work) + sync)
 
-
-# ---------------------------------------------------------------------------------------------------
-# Memory
-# ---------------------------------------------------------------------------------------------------
 
 CHECKPOINT_POLICIES = (None, "full", "selective", "keep_attention")
 
@@ -181,46 +127,21 @@ def activation_bytes(
     attention: float = 0.0,
     checkpoint: str | None = None,
 ) -> tuple[float, float]:
-    """``(kept, recompute)``: the activation bytes autograd keeps at the end of the forward pass, and those
-    alive again while one checkpointed block is recomputed during backward (module docstring).
-
-    ``blocks``: ``(full_b, selective_b)`` per block, the bytes block b keeps without checkpointing and with
-    selective checkpointing; ``block_input``: what full checkpointing keeps of each block; ``head``: what
-    the rest of the model keeps (not checkpointed); ``attention``: what the attention kernel outputs per
-    block (kept by ``"keep_attention"``); ``checkpoint``: one of ``CHECKPOINT_POLICIES``.
-    """
+    """``(kept, recompute)`` activation bytes for ``checkpoint`` (the module docstring's table; any unit): what
+    autograd keeps at the end of the forward pass, and what is alive again while one block is recomputed.
+    ``blocks``: ``(full_b, selective_b)`` per block."""
     if checkpoint not in CHECKPOINT_POLICIES:
         raise ValueError(f"activation_bytes: checkpoint must be one of {CHECKPOINT_POLICIES}, got {checkpoint!r}")
-    block_input = _number("activation_bytes", "block_input", block_input)
-    head = _number("activation_bytes", "head", head)
-    attention = _number("activation_bytes", "attention", attention)
-    pairs = []
-    for i, b in enumerate(blocks):
-        if not (isinstance(b, (tuple, list)) and len(b) == 2):
-            raise TypeError(f"activation_bytes: block {i} must be a (full, selective) pair, got {b!r}")
-        full = _number("activation_bytes", f"block {i} full", b[0])
-        sel = _number("activation_bytes", f"block {i} selective", b[1])
-        if sel > full:
-            raise ValueError(
-                f"activation_bytes: block {i} keeps more with selective checkpointing ({sel}) than without ({full})"
-            )
-        pairs.append((full, sel))
+    n = len(blocks)
     if checkpoint is None:
-        return sum(f for f, _ in pairs) + head, 0.0
+        return sum(f for f, _ in blocks) + head, 0.0
     if checkpoint == "full":
-        return len(pairs) * block_input + head, max((f for f, _ in pairs), default=0.0)
+        return n * block_input + head, max((f for f, _ in blocks), default=0.0)
     if checkpoint == "keep_attention":
-        rerun = max((max(f - attention, 0.0) for f, _ in pairs), default=0.0)
-        return len(pairs) * (block_input + attention) + head, rerun
-    return sum(s for _, s in pairs) + head, max((f - s for f, s in pairs), default=0.0)
+        return n * (block_input + attention) + head, max((max(f - attention, 0.0) for f, _ in blocks), default=0.0)
+    return sum(s for _, s in blocks) + head, max((f - s for f, s in blocks), default=0.0)
 
 
 def training_peak_bytes(*, activations: float, recompute: float, gradients: float) -> int:
-    """Peak bytes of a training step on top of the weights and the optimizer state:
-    ``activations + recompute + gradients`` (module docstring), rounded down to whole bytes."""
-    return int(
-        sum(
-            _number("training_peak_bytes", name, v)
-            for name, v in (("activations", activations), ("recompute", recompute), ("gradients", gradients))
-        )
-    )
+    """Peak bytes of a training step on top of the weights and the optimizer state (module docstring)."""
+    return int(activations + recompute + gradients)
