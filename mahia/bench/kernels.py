@@ -469,10 +469,12 @@ def run(recorder, ceilings, *, quick: bool, parts=None) -> None:
 # ------------------------------------------------------------------------------------------- summary keys
 
 
-def _vs_best_peer(g) -> float | None:
-    """time(best peer) / time(mahia_triton) in the rows ``g`` of one experiment, shape and dtype."""
+def _vs(g, peer: str | None = None) -> float | None:
+    """time(best peer) / time(mahia_triton) in the rows ``g`` of one experiment, shape and dtype; ``peer``: that
+    variant's time instead of the best peer's."""
     t = g[g["median_ms"].notna()]
-    mine, peers = t[t["variant"] == "mahia_triton"], t[t["role"].isin(PEER_ROLES)]
+    mine = t[t["variant"] == "mahia_triton"]
+    peers = t[t["variant"] == peer] if peer else t[t["role"].isin(PEER_ROLES)]
     return None if mine.empty or peers.empty else float(peers["median_ms"].min() / mine["median_ms"].iloc[0])
 
 
@@ -489,8 +491,8 @@ def summary_keys(records, *, where: bool = False) -> dict:
     role in PEER_ROLES at that shape and dtype): above 1, mahia is faster. None where records are missing. With
     ``where=True`` each value comes as ``{"value", "experiment", "shape", "dtype"}``.
 
-    rmsnorm_host_fwd[bwd]_vs_native     time(F.rms_norm) / time(mahia_triton), rmsnorm_host_fwd[bwd]
-                                        (bfloat16 if recorded, else any dtype)
+    rmsnorm_host_fwd[bwd]_vs_native     time(F.rms_norm) / time(mahia_triton), rmsnorm_host_fwd[bwd] at HOST_SHAPE
+                                        (bfloat16 if recorded, else another dtype)
     <k>_fwdbwd_eager_vs_best_peer       <k>_fwdbwd_eager at HEADLINE[k], bfloat16; k = rmsnorm, swiglu, rope
     <k>_fwdbwd_eager_worst_vs_best_peer the smallest such ratio over every case with an input >= 16 MB
     <k>_device_worst_vs_best_peer       the smallest device-time ratio over <k>_fwd and <k>_fwdbwd, inputs >= 8 MB
@@ -511,8 +513,8 @@ def summary_keys(records, *, where: bool = False) -> dict:
         value = None if value is None or math.isnan(value) else float(value)
         out[key] = {"value": value, "experiment": exp, "shape": shape, "dtype": dtype} if where else value
 
-    def at(exp, shape, dtype):
-        return df[(df["experiment"] == exp) & (df["shape"] == shape) & (df["dtype"] == dtype)]
+    def one(key, fn, exp, shape, dtype):
+        put(key, fn(df[(df["experiment"] == exp) & (df["shape"] == shape) & (df["dtype"] == dtype)]), exp, shape, dtype)
 
     def worst(key, exps, fn, min_bytes_):
         found = []
@@ -524,29 +526,16 @@ def summary_keys(records, *, where: bool = False) -> dict:
         put(key, *min(found, default=(None,)))
 
     for p in PASSES:
-        sel = df[(df["experiment"] == f"rmsnorm_host_{p}") & df["variant"].isin(["F.rms_norm", "mahia_triton"])]
-        sel = sel[sel["median_ms"].notna()]
-        sel = sel[sel["dtype"] == "bfloat16"] if (sel["dtype"] == "bfloat16").any() else sel
-        t = {(r.shape, r.dtype, r.variant): r.median_ms for r in sel.itertuples()}
-        both = [(s, d) for s, d, v in t if v == "F.rms_norm" and (s, d, "mahia_triton") in t]
-        s, d = both[0] if both else (None, None)
-        ratio = t[(s, d, "F.rms_norm")] / t[(s, d, "mahia_triton")] if both else None
-        put(f"rmsnorm_host_{p}_vs_native", ratio, f"rmsnorm_host_{p}", s, d)
+        exp = f"rmsnorm_host_{p}"
+        dts = sorted(set(df.loc[df["experiment"] == exp, "dtype"]))
+        dt = "bfloat16" if "bfloat16" in dts or not dts else dts[0]
+        one(f"{exp}_vs_native", lambda g: _vs(g, "F.rms_norm"), exp, _shape_str(HOST_SHAPE["rmsnorm"]), dt)
     for k in ("rmsnorm", "swiglu", "rope"):
-        exp, shape = f"{k}_fwdbwd_eager", _shape_str(HEADLINE[k])
-        put(f"{k}_fwdbwd_eager_vs_best_peer", _vs_best_peer(at(exp, shape, "bfloat16")), exp, shape, "bfloat16")
-    for k in ("rmsnorm", "swiglu", "rope"):
-        worst(f"{k}_fwdbwd_eager_worst_vs_best_peer", [f"{k}_fwdbwd_eager"], _vs_best_peer, EAGER_WORST_MIN_BYTES)
-    for k in ("rmsnorm", "swiglu", "rope"):
-        worst(f"{k}_device_worst_vs_best_peer", [f"{k}_fwd", f"{k}_fwdbwd"], _vs_best_peer, DEVICE_WORST_MIN_BYTES)
-    shape = _shape_str(HEADLINE["rmsnorm"])
-    put(
-        "rmsnorm_fwdbwd_frac_of_copy",
-        _frac_of_copy(at("rmsnorm_fwdbwd", shape, "bfloat16")),
-        "rmsnorm_fwdbwd",
-        shape,
-        "bfloat16",
-    )
+        exp = f"{k}_fwdbwd_eager"
+        one(f"{exp}_vs_best_peer", _vs, exp, _shape_str(HEADLINE[k]), "bfloat16")
+        worst(f"{exp}_worst_vs_best_peer", [exp], _vs, EAGER_WORST_MIN_BYTES)
+        worst(f"{k}_device_worst_vs_best_peer", [f"{k}_fwd", f"{k}_fwdbwd"], _vs, DEVICE_WORST_MIN_BYTES)
+    one("rmsnorm_fwdbwd_frac_of_copy", _frac_of_copy, "rmsnorm_fwdbwd", _shape_str(HEADLINE["rmsnorm"]), "bfloat16")
     worst("rmsnorm_fwd_worst_frac_of_copy", ["rmsnorm_fwd"], _frac_of_copy, COPY_MIN_BYTES)
     return out
 
