@@ -1,14 +1,9 @@
 """``python -m mahia.bench {kernels,moe,meta,hybrid,all} [--quick] [--device D] [--results-dir R] [--part P]``
 
-On a CPU the sizes are the quick ones (``--quick`` is implied: the full sizes are GPU sizes). It prints the
-limits it measured, each suite's rows and, at the end, what ran, what measured nothing and what failed.
-
-Records go to ``runs/results/<device>/bench_<suite>.csv`` (git-ignored) unless ``--results-dir`` says otherwise;
-the committed reference ``data/results/<gpu>/`` is written only through ``python -m mahia reference --bench ...``.
-Records carry the profile (``quick`` with ``--quick`` or on a CPU, else ``full``) and the commit (``MAHIA_COMMIT``
-or git's); a suite that recorded rows refreshes the folder's summary of that profile. The measured ceilings are
-written to the folder only as a part of a runner run (``MAHIA_RUN_ID``, which the notebooks of the run share), so
-the command on its own never replaces the ceilings a notebook run measured.
+On a CPU the sizes are the quick ones. Records go to ``runs/results/<device>/bench_<suite>.csv`` unless
+``--results-dir`` says otherwise (the committed ``data/results/`` only through ``python -m mahia reference``), with
+the profile and the commit; a suite that recorded rows refreshes the folder's summary. The measured ceilings are
+written to the folder only within a runner run (``MAHIA_RUN_ID``), never replacing those a notebook run measured.
 """
 
 from __future__ import annotations

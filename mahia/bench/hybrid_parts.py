@@ -88,17 +88,8 @@ def _graph_memory(recorder, s, dev, dtype) -> None:
     )  # read scores and weighted sum
     fns = {impl: (role, lambda m=mods[impl]: m(x)) for impl, role in (("loop", "baseline"), ("batched", "optimized"))}
     with torch.no_grad():
-        _time(
-            recorder,
-            "graph_memory_fwd",
-            fns,
-            errs,
-            "forward under no_grad",
-            shape=f"{B}x{T}x{D},N={N},k={k}",
-            dtype=dtype,
-            flops=flops,
-            limit=_matmul(dtype),
-        )
+        record = dict(shape=f"{B}x{T}x{D},N={N},k={k}", dtype=dtype, flops=flops, limit=_matmul(dtype))
+        _time(recorder, "graph_memory_fwd", fns, errs, "forward under no_grad", **record)
 
 
 def _fabric(recorder, s, dev, dtype) -> None:
@@ -134,17 +125,8 @@ def _fabric(recorder, s, dev, dtype) -> None:
         "sample; flops count the pairs that are on (masked also computes the others)"
     )
     with torch.no_grad():
-        _time(
-            recorder,
-            "fabric_fwd",
-            fns,
-            errs,
-            notes,
-            shape=f"{B}x{T}x{D},L={L}",
-            dtype=dtype,
-            flops=useful,
-            limit=_matmul(dtype),
-        )
+        record = dict(shape=f"{B}x{T}x{D},L={L}", dtype=dtype, flops=useful, limit=_matmul(dtype))
+        _time(recorder, "fabric_fwd", fns, errs, notes, **record)
 
 
 def _momentum(recorder, s, dev) -> None:

@@ -71,14 +71,9 @@ ROLE = {
 # The calls a user could make instead of mahia: every best-peer key takes the fastest of these roles. Eager is
 # the baseline the speedups divide by, and a peer too: where plain PyTorch is fastest, mahia is behind.
 PEER_ROLES = ("baseline", "peer")
-EAGER = {
-    "rmsnorm": ops.rms_norm_eager,
-    "add_rmsnorm": ops.add_rms_norm_eager,
-    "swiglu": ops.swiglu_eager,
-    "rope": ops.apply_rope_eager,
-    "moe_combine": ops.moe_combine_eager,
-}
-MAHIA = {k: getattr(ops, n) for k, n in zip(KERNELS, ("rms_norm", "add_rms_norm", "swiglu", "rope", "moe_combine"))}
+_OPS = dict(zip(KERNELS, ("rms_norm", "add_rms_norm", "swiglu", "rope", "moe_combine")))
+MAHIA = {k: getattr(ops, n) for k, n in _OPS.items()}
+EAGER = {k: getattr(ops, "apply_rope_eager" if n == "rope" else f"{n}_eager") for k, n in _OPS.items()}  # references
 GRAD_INPUTS = {"rmsnorm": [0, 1], "add_rmsnorm": [0, 1, 2], "swiglu": [0, 1], "rope": [0, 1], "moe_combine": [0, 2]}
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -123,20 +118,14 @@ GRID: dict[str, list[tuple[tuple[int, ...], torch.dtype]]] = {
 }
 QUICK_GRID = {"rope": [(1, 3, 3, 1, 32), (1, 8, 4, 2, 64)], "moe_combine": [(5, 2, 100), (16, 2, 256)]}
 HEADLINE = {"rmsnorm": (16384, 4096), "swiglu": (16384, 11008), "rope": (8, 2048, 32, 8, 128)}
-HOST_SHAPE = {
-    "rmsnorm": (4, 64),
-    "add_rmsnorm": (4, 64),
-    "swiglu": (4, 64),
-    "rope": (1, 4, 2, 1, 64),
-    "moe_combine": (4, 2, 64),
-}
+HOST_SHAPE = dict(zip(KERNELS, [(4, 64), (4, 64), (4, 64), (1, 4, 2, 1, 64), (4, 2, 64)]))  # the host part's
 # Budgets (ms). Eager time is host-bound at small shapes and the H100 machine's host is noisy (20-40% between
 # samples): it gets the longer budget.
 DEVICE_BUDGET = {"warmup_ms": 10.0, "rep_ms": 25.0, "max_reps": 200}
 EAGER_BUDGET = {"warmup_ms": 10.0, "rep_ms": 50.0}
 QUICK_BUDGET = {"warmup_ms": 1.0, "rep_ms": 3.0, "max_reps": 5}
-# Per case on an H100 in the b34185d sweep (its records' timestamps: 300 cases in ~46 min of six commands), compile
-# and checks included; the host part took 25 s. --part list estimates a plan with them.
+# Per case on an H100 in the b34185d sweep (the timestamps of its 300 cases), compile, checks and Liger included; the
+# host part 25 s. --part list estimates with them. On an H200 without Liger (2026-12-03) this grid took 72 s.
 SECONDS_PER_CASE_H100, HOST_SECONDS_H100 = 9.2, 25.0
 COPY_MIN_BYTES = 64 * MB
 EAGER_WORST_MIN_BYTES, DEVICE_WORST_MIN_BYTES = 16 * MB, 8 * MB
@@ -159,13 +148,6 @@ def _dtype_str(dtype) -> str:
 
 
 # ------------------------------------------------------------------------------------------- bytes
-
-
-def _kernel_of(experiment: str) -> str:
-    for k in sorted(KERNELS, key=len, reverse=True):  # add_rmsnorm before rmsnorm
-        if experiment.startswith(k + "_") or experiment == k:
-            return k
-    raise ValueError(f"no kernel of this benchmark makes experiment {experiment!r}")
 
 
 def min_bytes(experiment: str, shape, dtype: torch.dtype) -> int:
@@ -193,7 +175,7 @@ def min_bytes(experiment: str, shape, dtype: torch.dtype) -> int:
 def input_bytes(experiment_or_kernel: str, shape, dtype: torch.dtype) -> int:
     """The size of a case: bytes of x (RMSNorm, add + RMSNorm), a (SwiGLU), q and k (RoPE), out (MoE)."""
     n = math.prod(shape)
-    if _kernel_of(experiment_or_kernel) == "rope":
+    if experiment_or_kernel.startswith("rope"):
         B, T, Hq, Hkv, D = shape
         n = B * T * (Hq + Hkv) * D
     return n * torch.empty(0, dtype=dtype).element_size()

@@ -54,8 +54,6 @@ def _fwd_bwd(impl: str, inputs, do):
 def _limit(flops: int, n_bytes: int, ceilings, dtype: torch.dtype) -> str:
     """The roofline ceiling the variant is held to: compute or bandwidth, whichever the intensity hits."""
     compute = "matmul_bf16" if dtype in (torch.bfloat16, torch.float16) else "matmul_fp32"
-    if ceilings is None:
-        return compute
     ridge = ceilings.limit(compute) * 1e12 / (ceilings.limit("copy") * 1e9)  # FLOP per byte
     return compute if flops / n_bytes >= ridge else "copy"
 
