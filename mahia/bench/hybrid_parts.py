@@ -1,18 +1,16 @@
 """Before/after timings of three MAHIA-X hybrid parts (``python -m mahia.bench hybrid``).
 
-* ``graph_memory_fwd``: GraphDiffusionMemory forward, ``loop`` (per node, per step) vs ``batched``
-  (batched write, P^k built once and applied as one matmul).
-* ``fabric_fwd``: DynamicNeuroFabric over L Linear layers, ``branch`` (a Python ``if`` on every
-  per-sample gate: B*L host syncs, layers run on one sample at a time) vs ``masked`` (every layer on
-  the whole batch, gated by a tensor mask: no sync, but the skipped pairs' FLOPs are spent).
-* ``momentum_update``: Titans-style momentum update of L memory weights, ``loop`` (per layer, reading
-  tensor-valued eta/theta/alpha with ``.item()``) vs ``foreach`` (multi-tensor ops, no sync).
+* ``graph_memory_fwd``: GraphDiffusionMemory, ``loop`` (per node, per step) vs ``batched`` (batched write, P^k
+  built once and applied as one matmul).
+* ``fabric_fwd``: DynamicNeuroFabric over L Linear layers, ``branch`` (a Python ``if`` on every per-sample gate:
+  B*L host syncs, one sample at a time) vs ``masked`` (every layer on the whole batch under a tensor mask: no sync,
+  but the skipped pairs' FLOPs are spent).
+* ``momentum_update``: Titans-style update of L memory weights, ``loop`` (per layer, ``.item()`` on the tensor
+  eta/theta/alpha) vs ``foreach`` (multi-tensor ops, no sync).
 
-Each pair is checked against a float64 run of the reference path before it is timed; a wrong fast
-path raises ``CorrectnessError`` and nothing is recorded for it. Sizes: on CUDA B=8, T=1024, D=1024,
-N=64 nodes, k=4 steps, L=8 layers, 24 memory layers of 1024 x 1024 (bfloat16 for the first two, float32
-memory weights for the update); ``quick`` or the CPU use tiny sizes, and the CPU computes in float32.
-The first two are timed as inference forwards (under ``no_grad``).
+Each pair is checked against a float64 run of the reference path first. Sizes on CUDA: B=8, T=1024, D=1024, N=64
+nodes, k=4 steps, L=8 layers (bfloat16, inference forwards under ``no_grad``), 24 float32 memory layers of
+1024 x 1024; ``quick`` or the CPU: tiny sizes in float32.
 """
 
 from __future__ import annotations
@@ -38,10 +36,19 @@ def _sizes(full: bool) -> dict:
     return dict(B=2, T=33, D=48, N=8, steps=4, L=5, mem_layers=6, mem_dim=48)
 
 
-def _syncs(fn) -> int:
-    with count_syncs(keep_stack=False) as r:
-        fn()
-    return r.count
+def _time(recorder, experiment: str, fns: dict, errs: dict, notes: str, **record) -> None:
+    """Count the syncs of one call of each ``(role, fn)`` of ``fns``, time it and record it."""
+    for impl, (role, fn) in fns.items():
+        with count_syncs(keep_stack=False) as r:
+            fn()
+        t = bench(fn, device=recorder.device)
+        recorder.timing(
+            experiment, impl, role, t, rel_err=errs[impl], notes=f"{notes}; {r.count} sync(s) per call", **record
+        )
+
+
+def _matmul(dtype: torch.dtype) -> str:
+    return "matmul_bf16" if dtype in (torch.bfloat16, torch.float16) else "matmul_fp32"
 
 
 def _threshold_in_gap(g: torch.Tensor, lo: float = 0.3, hi: float = 0.7) -> float:
@@ -79,28 +86,10 @@ def _graph_memory(recorder, s, dev, dtype) -> None:
         + 2 * B * N * N * D  # apply P^k
         + 2 * 2 * B * T * N * D
     )  # read scores and weighted sum
-    limit = "matmul_bf16" if dtype in (torch.bfloat16, torch.float16) else "matmul_fp32"
-    for impl, role in (("loop", "baseline"), ("batched", "optimized")):
-        m = mods[impl]
-
-        def fn(m=m):
-            with torch.no_grad():
-                m(x)
-
-        n_sync = _syncs(fn)
-        t = bench(fn, device=dev)
-        recorder.timing(
-            "graph_memory_fwd",
-            impl,
-            role,
-            t,
-            shape=f"{B}x{T}x{D},N={N},k={k}",
-            dtype=dtype,
-            flops=flops,
-            limit=limit,
-            rel_err=errs[impl],
-            notes=f"forward under no_grad; {n_sync} sync(s) per call",
-        )
+    fns = {impl: (role, lambda m=mods[impl]: m(x)) for impl, role in (("loop", "baseline"), ("batched", "optimized"))}
+    with torch.no_grad():
+        record = dict(shape=f"{B}x{T}x{D},N={N},k={k}", dtype=dtype, flops=flops, limit=_matmul(dtype))
+        _time(recorder, "graph_memory_fwd", fns, errs, "forward under no_grad", **record)
 
 
 def _fabric(recorder, s, dev, dtype) -> None:
@@ -127,30 +116,17 @@ def _fabric(recorder, s, dev, dtype) -> None:
         errs = {impl: check_close(f"fabric {impl}", f(x, layers), want, tolerance(dtype)) for impl, f in fabs.items()}
 
     useful = 2 * B * T * D * D * active * L  # FLOPs of the (sample, layer) pairs that are on
-    limit = "matmul_bf16" if dtype in (torch.bfloat16, torch.float16) else "matmul_fp32"
-    for impl, role in (("branch", "baseline"), ("masked", "optimized")):
-        f = fabs[impl]
-
-        def fn(f=f):
-            with torch.no_grad():
-                f(x, layers)
-
-        n_sync = _syncs(fn)
-        t = bench(fn, device=dev)
-        recorder.timing(
-            "fabric_fwd",
-            impl,
-            role,
-            t,
-            shape=f"{B}x{T}x{D},L={L}",
-            dtype=dtype,
-            flops=useful,
-            limit=limit,
-            rel_err=errs[impl],
-            notes=f"threshold {threshold:.3f}: {active:.0%} of (sample, layer) pairs on, "
-            f"{int(all_off)} layer(s) off for every sample; flops count the pairs that "
-            f"are on (masked also computes the others); {n_sync} sync(s) per call",
-        )
+    fns = {
+        impl: (role, lambda f=fabs[impl]: f(x, layers))
+        for impl, role in (("branch", "baseline"), ("masked", "optimized"))
+    }
+    notes = (
+        f"threshold {threshold:.3f}: {active:.0%} of (sample, layer) pairs on, {int(all_off)} layer(s) off for every "
+        "sample; flops count the pairs that are on (masked also computes the others)"
+    )
+    with torch.no_grad():
+        record = dict(shape=f"{B}x{T}x{D},L={L}", dtype=dtype, flops=useful, limit=_matmul(dtype))
+        _time(recorder, "fabric_fwd", fns, errs, notes, **record)
 
 
 def _momentum(recorder, s, dev) -> None:
@@ -178,30 +154,15 @@ def _momentum(recorder, s, dev) -> None:
 
     # Minimum traffic: read w, m, g and write w, m once (the foreach path makes more passes).
     n_bytes = 5 * n * d * d * torch.finfo(dtype).bits // 8
-    for impl, update, role in (
-        ("loop", momentum_update_loop, "baseline"),
-        ("foreach", momentum_update_foreach, "optimized"),
-    ):
-        w, m = state[impl]
-
-        def fn(update=update, w=w, m=m):
-            update(w, m, grads, *hyper)
-
-        n_sync = _syncs(fn)
-        t = bench(fn, device=dev)
-        recorder.timing(
-            "momentum_update",
-            impl,
-            role,
-            t,
-            shape=f"{n}x{d}x{d}",
-            dtype=dtype,
-            bytes=n_bytes,
-            limit="copy",
-            rel_err=errs[impl],
-            notes=f"eta/theta/alpha as 0-dim device tensors; bytes = one read of w, m, g and one "
-            f"write of w, m; {n_sync} sync(s) per call",
+    fns = {
+        impl: (role, lambda update=update, w=state[impl][0], m=state[impl][1]: update(w, m, grads, *hyper))
+        for impl, update, role in (
+            ("loop", momentum_update_loop, "baseline"),
+            ("foreach", momentum_update_foreach, "optimized"),
         )
+    }
+    notes = "eta/theta/alpha as 0-dim device tensors; bytes = one read of w, m, g and one write of w, m"
+    _time(recorder, "momentum_update", fns, errs, notes, shape=f"{n}x{d}x{d}", dtype=dtype, bytes=n_bytes, limit="copy")
 
 
 def run(recorder, ceilings, *, quick: bool) -> None:

@@ -1,25 +1,17 @@
-"""Mixture-of-experts layer: the per-expert loop against the sync-free grouped path.
+"""Mixture-of-experts layer: the per-expert loop against the sync-free grouped path (``python -m mahia.bench moe``).
 
-``python -m mahia.bench moe``. One ``mahia.model.moe.MoE`` layer, top-2 of 64 SwiGLU experts, 16384
-tokens, d_model 1024, d_ff 2048, bfloat16 on CUDA (``quick`` or the CPU: 512 tokens, d_model 64, d_ff 96,
-8 experts, float32). Two experiments:
+One ``mahia.model.moe.MoE`` layer at :data:`FULL` sizes in bfloat16 on CUDA (:data:`QUICK` in float32 on the CPU or
+with ``--quick``), variants ``loop`` (baseline: one expert at a time, a host sync per expert) and ``grouped``
+(optimized: one sort, two grouped matmuls, no sync), same weights and input:
 
-* ``moe_fwd``: the forward under ``torch.no_grad()`` (inference), and (variant ``gemms``) the grouped
-  path's two grouped matmuls alone on the same routing (``MoE.expert_gemms``): the rest of the layer is
-  routing, sorting, the SwiGLU and the combine, measured as ``moe_layer_over_gemms``;
-* ``moe_fwdbwd``: forward, then the gradients of x and of the three weights (router, w13, w2).
+* ``moe_fwd``: the forward under ``no_grad``, and (variant ``gemms``) the grouped path's two grouped matmuls alone on
+  the same routing: the rest of the layer (routing, sort, SwiGLU, combine) is ``moe_layer_over_gemms``;
+* ``moe_fwdbwd``: forward, then the gradients of x and of the router, w13 and w2;
+* ``moe_syncs``: host-device syncs in one forward.
 
-Variants, with the same weights and input: ``loop`` (baseline: one expert at a time, a host sync per
-expert) and ``grouped`` (optimized: one sort, two grouped matmuls, no sync; the notes name the grouped
-matmul backend). FLOPs are ``moe_flops`` (expert matmuls and router), 3x for forward + backward.
-
-Correctness first: the grouped output, aux loss and (for ``moe_fwdbwd``) the four gradients are checked
-against the loop path in the same dtype before anything is timed; a wrong one raises
-``CorrectnessError``. The loop is the reference rather than a float64 run because the routing decision
-is taken on bfloat16 logits: a float64 router would send a few near-tie tokens to other experts, which
-is a different function, not a rounding error. Both paths share the router code, so they route alike.
-
-A metric ``moe_syncs`` per variant counts host-device syncs in one forward (``mahia.measure.instruments``).
+The grouped outputs, aux loss and gradients are checked against the loop's in the same dtype before timing. The loop
+is the reference rather than a float64 run: routing is decided on bfloat16 logits, and a float64 router would send a
+few near-tie tokens elsewhere, a different function rather than a rounding error. FLOPs are ``moe_flops``.
 """
 
 from __future__ import annotations
@@ -66,14 +58,6 @@ def _fwdbwd(moe: MoE, x: torch.Tensor, dy: torch.Tensor):
     return fn
 
 
-def _check(experiment: str, got, want, dtype: torch.dtype) -> float:
-    """Largest norm-wise error of the grouped outputs against the loop's; raises if over tolerance."""
-    names = ("y", "aux", "dx", "dw_router", "dw13", "dw2")
-    return max(
-        check_close(f"{experiment}: grouped {n} vs loop", g, w, tolerance(dtype)) for n, g, w in zip(names, got, want)
-    )
-
-
 def run(recorder, ceilings=None, *, quick: bool) -> None:
     """Record moe_fwd and moe_fwdbwd for both variants, and moe_syncs. ``ceilings`` is not needed
     here: the recorder holds the measured ceilings and relates each timing to ``limit``."""
@@ -112,7 +96,11 @@ def run(recorder, ceilings=None, *, quick: bool) -> None:
         ("moe_fwdbwd", lambda m: _fwdbwd(m, x, dy), 3 * flops),
     ):
         fns = {impl: make(layers[impl]) for impl, _ in VARIANTS}
-        err = _check(experiment, fns["grouped"](), fns["loop"](), dtype)
+        names = ("y", "aux", "dx", "dw_router", "dw13", "dw2")
+        err = max(  # the largest norm-wise error of the grouped outputs against the loop's; raises over tolerance
+            check_close(f"{experiment}: grouped {n} vs loop", g, w, tolerance(dtype))
+            for n, g, w in zip(names, fns["grouped"](), fns["loop"]())
+        )
         for impl, role in VARIANTS:
             t = bench(fns[impl], device=dev)
             note = "reference for rel_err" if impl == "loop" else f"backend={backend}; rel_err vs loop"
