@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher, pow2_divisor
+from mahia.ops._launch import Launcher, c_apply, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -279,6 +279,7 @@ def _backward(ctx, dq, dk):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
+_apply = c_apply(_Rope)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,6 +294,6 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
         if torch.compiler.is_compiling():
             return _op(q, k, cos, sin, False)
         if (q.requires_grad or k.requires_grad) and torch.is_grad_enabled():
-            return _Rope.apply(q, k, cos, sin)
+            return _apply(q, k, cos, sin)
         return rope_launch(q, k, cos, sin)  # no graph to record: no Function
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

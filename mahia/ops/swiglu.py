@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher, pow2_divisor
+from mahia.ops._launch import Launcher, c_apply, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -284,6 +284,7 @@ def _backward(ctx, dc):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
+_apply = c_apply(_SwiGLU)
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -297,6 +298,6 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return _fwd_op(a, b)
         if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
-            return _SwiGLU.apply(a, b)
+            return _apply(a, b)
         return swiglu_fwd_launch(a, b)  # no graph to record: no Function
     return _swiglu_eager(a, b)
