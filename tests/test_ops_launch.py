@@ -3,6 +3,7 @@ that it runs what Triton's own launch runs."""
 
 import importlib
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,27 @@ def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch
 @pytest.mark.parametrize("module", [rmsnorm, rope, swiglu, moe_combine], ids=lambda m: m.__name__)
 def test_at_most_six_exported_names_per_op(module):
     assert len(module.__all__) <= 6 and all(hasattr(module, name) for name in module.__all__), module.__all__
+
+
+EAGER = {
+    "rms_norm": rmsnorm.rms_norm_eager,
+    "add_rms_norm": rmsnorm.add_rms_norm_eager,
+    "swiglu": swiglu.swiglu_eager,
+    "rope": rope.apply_rope_eager,
+    "moe_combine": moe_combine.moe_combine_eager,
+}
+
+
+@pytest.mark.parametrize("op", list(EAGER))
+def test_disabled_triton_runs_the_eager_reference_with_one_warning(monkeypatch, op):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    ops.reset_fallback_warnings()
+    assert all("disabled by MAHIA_DISABLE_TRITON=1" in s for s in ops.status().values())
+    args = _inputs(op)
+    with pytest.warns(RuntimeWarning, match=f"ops.{op}: Triton kernel not used"):
+        out = getattr(ops, op)(*args)
+    torch.testing.assert_close(out, EAGER[op](*args), rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once already: a second call is silent
+        getattr(ops, op)(*args)
+    ops.reset_fallback_warnings()

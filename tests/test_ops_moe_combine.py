@@ -106,19 +106,6 @@ def test_bad_inputs_raise_clear_errors():
         ops.moe_combine(out, inverse.to("meta"), gates)
 
 
-def test_fallback_when_disabled(monkeypatch):
-    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    ops.reset_fallback_warnings()
-    out, inverse, gates = make_inputs(5, 2, 40, torch.float32)
-    with pytest.warns(RuntimeWarning, match="moe_combine: Triton kernel not used"):
-        y = ops.moe_combine(out, inverse, gates, torch.float32)
-    torch.testing.assert_close(y, moe_combine_eager(out, inverse, gates, torch.float32), rtol=0, atol=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ops.moe_combine(out, inverse, gates)
-    ops.reset_fallback_warnings()
-
-
 def test_float64_takes_the_eager_path():
     out, inverse, gates = make_inputs(3, 2, 16, torch.float64, gate_dtype=torch.float64)
     with warnings.catch_warnings():

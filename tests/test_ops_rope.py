@@ -140,18 +140,3 @@ def test_float64_tables_meta_and_empty(monkeypatch):
         assert qr.shape == q0.shape and kr.shape == k0.shape
         qr.sum().backward()
         assert q0.grad.shape == q0.shape
-
-
-def test_fallback_when_disabled(monkeypatch):
-    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    ops.reset_fallback_warnings()
-    q, k, cos, sin = _inputs(1, 4, 2, 1, 8, torch.float32)
-    with pytest.warns(RuntimeWarning, match="rope: Triton kernel not used"):
-        qr, kr = apply_rope(q, k, cos, sin, impl="triton")
-    qe, ke = apply_rope_eager(q, k, cos, sin)
-    torch.testing.assert_close(qr, qe, rtol=0, atol=0)
-    torch.testing.assert_close(kr, ke, rtol=0, atol=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ops.rope(q, k, cos, sin)
-    ops.reset_fallback_warnings()

@@ -97,19 +97,6 @@ def test_validates_once_float64_meta_and_empty(monkeypatch):
         assert e.grad.shape == e.shape
 
 
-def test_fallback_when_disabled(monkeypatch):
-    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    ops.reset_fallback_warnings()
-    a, b = torch.randn(3, 40, device=DEVICE), torch.randn(3, 40, device=DEVICE)
-    with pytest.warns(RuntimeWarning, match="swiglu: Triton kernel not used"):
-        c = ops.swiglu(a, b)
-    torch.testing.assert_close(c, swiglu_eager(a, b), rtol=0, atol=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ops.swiglu(a, b)
-    ops.reset_fallback_warnings()
-
-
 def test_module_impls_agree():
     torch.manual_seed(3)
     eager = SwiGLU(48, 136, device=DEVICE)

@@ -343,9 +343,8 @@ def moe_combine_bwd_launch(
     return d_out, d_gates
 
 
-# The two registrations over the same launchers: ``_MoECombine`` (autograd.Function) for eager calls
-# that need a gradient (less host time than a custom op's dispatch; see mahia.ops.rmsnorm), the custom
-# ops for torch.compile (opaque to it, with fake and autograd rules).
+# The two registrations over the same launchers: an autograd.Function for eager calls (less host time than
+# a custom op's dispatch), the custom ops for torch.compile (opaque to it, with fake and autograd rules).
 
 
 class _MoECombine(torch.autograd.Function):
