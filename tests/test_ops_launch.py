@@ -80,6 +80,43 @@ def test_a_constexpr_mismatch_keeps_the_jit_launch():
     assert _launch._entry(object(), ("BLOCK",), {"BLOCK": 1}) is None  # no compiled kernel attributes
 
 
+def test_a_direct_launch_passes_what_the_jit_launch_got(monkeypatch):
+    """With a fake compiled kernel (no GPU needed): the second rms_norm forward of a shape launches through
+    its plan, directly, with the first call's grid, integers and constexprs and the new call's tensors."""
+    launched = []
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+
+        def run(self, *args):
+            launched.append(args)
+
+    class Kernel:
+        arg_names = rmsnorm._launch_fwd.kernel.arg_names
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: (launched.append((grid, args, meta)), Compiled())[1]
+
+    for name, value in (
+        ("kernel", Kernel()),
+        ("_direct", True),
+        ("_names", tuple(Kernel.arg_names)),
+        ("_compiled", {}),
+    ):
+        monkeypatch.setattr(rmsnorm._launch_fwd, name, value)
+    monkeypatch.setattr(_launch, "_driver", [lambda: 0, lambda device: 7])
+    monkeypatch.setattr(rmsnorm, "_fwd_plans", {})
+    monkeypatch.setattr(rmsnorm, "_PLANS", True)
+    x, w = torch.randn(2, 3, 40), torch.randn(40)
+    rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6)
+    x2 = torch.randn(2, 3, 40)
+    y2, _ = rmsnorm.rms_norm_fwd_launch(x2, w, None, 0.5)
+    (grid, args, meta), direct = launched
+    assert direct[:9] == (*grid, 7, "function", "packed", None, None, None)
+    tail = tuple(meta[name] for name in Kernel.arg_names[len(args) :])
+    assert direct[9:] == (x2, None, w, y2, None, *args[5:-1], 0.5, *tail)
+
+
 needs_gpu = pytest.mark.skipif(not CUDA, reason="direct launches need compiled kernels (a CUDA GPU)")
 
 
@@ -224,6 +261,7 @@ def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch
 
     for name in launchers:
         monkeypatch.setattr(module, name, spy(getattr(module, name)))
+    monkeypatch.setattr(rmsnorm, "_fwd_plans", {})  # a planned launch (GPU) bypasses _launch_fwd
     args = list(_inputs(op))
     floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
     if path != "no_grad":

@@ -49,50 +49,35 @@ def _eager_block(x, r, w):
     return rms_norm_eager(y * 2, w) + h
 
 
-def test_bad_inputs_raise_clear_errors():
-    x = torch.randn(4, 8, device=DEVICE)
-    w = torch.ones(8, device=DEVICE)
-    with pytest.raises(TypeError, match="x must be a floating-point"):
-        ops.rms_norm(torch.ones(4, 8, dtype=torch.int32, device=DEVICE), w)
-    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
-        ops.rms_norm(x, torch.ones(7, device=DEVICE))
-    with pytest.raises(ValueError, match="weight must have shape"):
-        ops.rms_norm(x, torch.ones(1, 8, device=DEVICE))
-    with pytest.raises(ValueError, match="residual must have the shape"):
-        ops.add_rms_norm(x, torch.randn(4, 9, device=DEVICE), w)
-    with pytest.raises(TypeError, match="residual must have the dtype"):
-        ops.add_rms_norm(x, x.half(), w)
-    with pytest.raises(ValueError, match="eps must be >= 0"):
-        ops.rms_norm(x, w, eps=-1.0)
-    with pytest.raises(ValueError, match="same device"):
-        ops.rms_norm(x, torch.ones(8, device="meta"))
-    with pytest.raises(TypeError, match="must be a torch.Tensor"):
-        ops.rms_norm([1.0, 2.0], w)
+BAD_CALLS = [  # (call on x (4, 8) and w (8,), error, message)
+    (lambda x, w: ops.rms_norm(x.int(), w), TypeError, r"^rms_norm: x must be a floating-point"),
+    (lambda x, w: ops.rms_norm([1.0, 2.0], w), TypeError, r"^rms_norm: x must be a torch.Tensor, got list"),
+    (lambda x, w: ops.rms_norm(x, w[:7]), ValueError, r"^rms_norm: weight must have shape \(8,\)"),
+    (lambda x, w: ops.rms_norm(x, w[None]), ValueError, r"^rms_norm: weight must have shape"),
+    (lambda x, w: ops.rms_norm(x, w.long()), TypeError, r"^rms_norm: weight must be a floating-point"),
+    (lambda x, w: ops.rms_norm(x, w.to("meta")), ValueError, r"^rms_norm: all inputs must be on the same device"),
+    (lambda x, w: ops.rms_norm(x, w, eps=-1.0), ValueError, r"^rms_norm: eps must be >= 0"),
+    (lambda x, w: ops.rms_norm(x, w, "a"), TypeError, r"^rms_norm: eps must be a real number >= 0, got str 'a'"),
+    (lambda x, w: ops.add_rms_norm(x, x[:, :7], w), ValueError, r"^add_rms_norm: residual must have the shape"),
+    (lambda x, w: ops.add_rms_norm(x, x.half(), w), TypeError, r"^add_rms_norm: residual must have the dtype"),
+    (lambda x, w: ops.add_rms_norm(x, [1.0], w), TypeError, r"^add_rms_norm: residual must be a torch.Tensor"),
+    (lambda x, w: ops.add_rms_norm(x, x, w, eps=None), TypeError, r"^add_rms_norm: eps must be a real number"),
+    # the eager references stay public and validate under their own names
+    (lambda x, w: rms_norm_eager([1.0], w), TypeError, r"^rms_norm_eager: x must be a torch.Tensor"),
+    (lambda x, w: add_rms_norm_eager(x, x, w, "a"), TypeError, r"^add_rms_norm_eager: eps must be a real number"),
+]
 
 
 @pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
-def test_errors_name_the_public_function_and_argument(monkeypatch, disabled):
+def test_bad_inputs_raise_errors_naming_the_function_and_argument(monkeypatch, disabled):
     """Regression: a string eps gave "could not convert string to float: 'a'", a list x an error naming
     rms_norm_eager (the fallback's own check). The public function validates once, under its own name."""
     if disabled:
         monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    x = torch.randn(4, 8, device=DEVICE)
-    w = torch.ones(8, device=DEVICE)
-    with pytest.raises(TypeError, match=r"^rms_norm: eps must be a real number >= 0, got str 'a'"):
-        ops.rms_norm(x, w, "a")
-    with pytest.raises(TypeError, match=r"^add_rms_norm: eps must be a real number"):
-        ops.add_rms_norm(x, x, w, eps=None)
-    with pytest.raises(TypeError, match=r"^rms_norm: x must be a torch.Tensor, got list"):
-        ops.rms_norm([1.0, 2.0], w)
-    with pytest.raises(TypeError, match=r"^add_rms_norm: residual must be a torch.Tensor"):
-        ops.add_rms_norm(x, [1.0], w)
-    with pytest.raises(TypeError, match=r"^rms_norm: weight must be a floating-point"):
-        ops.rms_norm(x, torch.ones(8, dtype=torch.int64, device=DEVICE))
-    # the eager references stay public and validate under their own names
-    with pytest.raises(TypeError, match=r"^rms_norm_eager: x must be a torch.Tensor"):
-        rms_norm_eager([1.0], w)
-    with pytest.raises(TypeError, match=r"^add_rms_norm_eager: eps must be a real number"):
-        add_rms_norm_eager(x, x, w, "a")
+    x, w = torch.randn(4, 8, device=DEVICE), torch.ones(8, device=DEVICE)
+    for call, error, match in BAD_CALLS:
+        with pytest.raises(error, match=match):
+            call(x, w)
     ops.reset_fallback_warnings()
 
 

@@ -49,41 +49,36 @@ def test_torch_compile_fullgraph():
     assert "mahia.rope.default" in graph_ops(attn_prologue, *_inputs(1, 3, 2, 1, 8, torch.float32))
 
 
-def test_bad_inputs_raise_clear_errors():
-    q, k, cos, sin = _inputs(2, 5, 4, 2, 16, torch.float32)
-    with pytest.raises(TypeError, match="q must be a floating-point"):
-        ops.rope(q.to(torch.int32), k, cos, sin)
-    with pytest.raises(ValueError, match="q must be 4-D"):
-        ops.rope(q[0], k, cos, sin)
-    with pytest.raises(ValueError, match="k must be"):
-        ops.rope(q, k[:, :4], cos, sin)
-    with pytest.raises(TypeError, match="k must have the dtype of q"):
-        ops.rope(q, k.double(), cos, sin)
-    with pytest.raises(ValueError, match=r"cos must have shape \(T, D/2\)"):
-        ops.rope(q, k, cos[:4], sin)
-    with pytest.raises(ValueError, match="head dim D must be even"):
-        ops.rope(q[..., :15], k[..., :15], cos, sin)
-    with pytest.raises(ValueError, match="same device"):
-        ops.rope(q, k, cos.to("meta"), sin)
-    with pytest.raises(ValueError, match="impl must be one of"):
-        apply_rope(q, k, cos, sin, impl="cuda")
+BAD_CALLS = [  # (call on q (2, 5, 4, 16), k (2, 5, 2, 16), cos and sin (5, 8), error, message)
+    (lambda q, k, c, s: ops.rope(q.int(), k, c, s), TypeError, r"^rope: q must be a floating-point"),
+    (lambda q, k, c, s: ops.rope(q[0], k, c, s), ValueError, r"^rope: q must be 4-D"),
+    (lambda q, k, c, s: ops.rope(q, k[:, :4], c, s), ValueError, r"^rope: k must be"),
+    (lambda q, k, c, s: ops.rope(q, k.double(), c, s), TypeError, r"^rope: k must have the dtype of q"),
+    (lambda q, k, c, s: ops.rope(q, k, c[:4], s), ValueError, r"^rope: cos must have shape \(T, D/2\)"),
+    (lambda q, k, c, s: ops.rope(q, k, c, None), TypeError, r"^rope: sin must be a torch.Tensor"),
+    (lambda q, k, c, s: ops.rope(q, k, c.to("meta"), s), ValueError, r"^rope: .*same device"),
+    (
+        lambda q, k, c, s: ops.rope(q[..., :15], k[..., :15], c, s),
+        ValueError,
+        r"^rope: head dim D must be even, got 15",
+    ),
+    # float64: the eager path, the same check
+    (lambda q, k, c, s: ops.rope(q[..., :15].double(), k[..., :15].double(), c, s), ValueError, r"^rope: head dim"),
+    (lambda q, k, c, s: apply_rope(q, k, c, s, impl="cuda"), ValueError, "impl must be one of"),
+    (lambda q, k, c, s: apply_rope_eager(q[..., :15], k[..., :15], c, s), ValueError, r"^apply_rope_eager: head dim"),
+]
 
 
 @pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
-def test_errors_name_the_public_function(monkeypatch, disabled):
+def test_bad_inputs_raise_errors_naming_the_function(monkeypatch, disabled):
     """Regression: an odd head dim on the fallback named apply_rope_eager. rope validates once, under its
     own name, on both paths."""
     if disabled:
         monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    q, k, cos, sin = _inputs(2, 5, 4, 2, 16, torch.float32)
-    with pytest.raises(ValueError, match=r"^rope: head dim D must be even, got 15"):
-        ops.rope(q[..., :15], k[..., :15], cos, sin)
-    with pytest.raises(ValueError, match=r"^rope: head dim D must be even"):  # float64: the eager path
-        ops.rope(q[..., :15].double(), k[..., :15].double(), cos, sin)
-    with pytest.raises(TypeError, match=r"^rope: sin must be a torch.Tensor"):
-        ops.rope(q, k, cos, None)
-    with pytest.raises(ValueError, match=r"^apply_rope_eager: head dim D must be even"):
-        apply_rope_eager(q[..., :15], k[..., :15], cos, sin)
+    inputs = _inputs(2, 5, 4, 2, 16, torch.float32)
+    for call, error, match in BAD_CALLS:
+        with pytest.raises(error, match=match):
+            call(*inputs)
     ops.reset_fallback_warnings()
 
 

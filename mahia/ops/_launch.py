@@ -95,9 +95,11 @@ class Launcher:
         self._compiled: dict[tuple, tuple | None] = {}  # key -> (run, function, packed, constexpr values)
 
     def __call__(self, grid: tuple[int, ...], *args, **meta):
+        """Launch; returns the direct-launch entry of these arguments' key, (run, function handle, packed
+        metadata, constexpr values), or None where launches are JIT launches."""
         key = None
         if self._direct and not _hooks_installed():
-            device = _driver[0]() if _driver else _bind_driver()
+            device = current_device()
             key = (
                 device,
                 *meta,
@@ -109,13 +111,16 @@ class Launcher:
                 run, function, packed, tail = entry
                 g = (*grid, 1, 1)
                 run(g[0], g[1], g[2], _driver[1](device), function, packed, None, None, None, *args, *tail)
-                return
+                return entry
         compiled = self.kernel[grid](*args, **meta)
-        if key is not None and key not in self._compiled:
+        if key is None:
+            return None
+        if key not in self._compiled:
             if len(self._compiled) >= MAX_KEYS:
                 self._compiled.clear()
             constexprs = {k: v for k, v in meta.items() if k not in _OPTIONS}
             self._compiled[key] = _entry(compiled, self._names[len(args) :], constexprs)
+        return self._compiled[key]
 
     def cache_size(self) -> int:
         """How many specializations launch directly (for tests)."""
@@ -137,7 +142,14 @@ def _entry(compiled, tail: tuple[str, ...], constexprs: dict):
 _driver: list = []  # [get_current_device, get_current_stream] of Triton's active driver, bound on first use
 
 
-def _bind_driver() -> int:
-    active = triton.runtime.driver.active
-    _driver.extend([active.get_current_device, active.get_current_stream])
+def current_device() -> int:
+    """The device Triton's launches use (its driver's current device)."""
+    if not _driver:
+        active = triton.runtime.driver.active
+        _driver.extend([active.get_current_device, active.get_current_stream])
     return _driver[0]()
+
+
+def current_stream(device: int) -> int:
+    """The stream Triton's launches use on ``device`` (call :func:`current_device` first)."""
+    return _driver[1](device)

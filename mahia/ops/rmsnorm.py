@@ -35,7 +35,15 @@ import numbers
 import torch
 
 from mahia.measure.checks import check_float_tensor
-from mahia.ops._launch import Launcher, c_apply, pow2_divisor
+from mahia.ops._launch import (
+    Launcher,
+    _hooks_installed,
+    c_apply,
+    current_device,
+    current_stream,
+    direct_launch_available,
+    pow2_divisor,
+)
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -232,6 +240,8 @@ def _sum_partials_kernel(P, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_N
 
 
 _launch_fwd = Launcher(_rms_norm_fwd_kernel)
+_fwd_plans: dict = {}  # see rms_norm_fwd_launch
+_PLANS = direct_launch_available()
 _launch_bwd = Launcher(_rms_norm_bwd_kernel)
 _launch_sum = Launcher(_sum_partials_kernel)
 
@@ -312,7 +322,49 @@ def rms_norm_fwd_launch(
     num_warps: int | None = None,
 ):
     """Run the forward kernel on checked inputs. Returns (y, h or None); both have x's shape and dtype.
-    ``block_m`` and ``num_warps`` override the configuration, for probes."""
+    ``block_m`` and ``num_warps`` override the configuration, for probes.
+
+    Contiguous inputs launch through a plan per shape, dtypes, pointer alignments and device: the direct
+    launch that the first such call compiled, with its grid and integer arguments, so that later calls
+    compute nothing but y (h) before launching. The outputs need no key: PyTorch's allocators align them
+    to 64 (CPU) or 512 bytes (CUDA), more than the 16 Triton specializes on.
+    """
+    plan_key = None
+    if (
+        _PLANS
+        and block_m is None
+        and num_warps is None
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and (residual is None or residual.is_contiguous())
+        and not _hooks_installed()
+    ):
+        device = current_device()
+        align = None if residual is None else residual.data_ptr() & 15
+        plan_key = (device, x.shape, x.dtype, weight.dtype, x.data_ptr() & 15, weight.data_ptr() & 15, align)
+        plan = _fwd_plans.get(plan_key)
+        if plan is not None:
+            (run, function, packed, tail), grid, ints = plan
+            y = torch.empty_like(x)
+            h = None if residual is None else torch.empty_like(x)
+            run(
+                *grid,
+                current_stream(device),
+                function,
+                packed,
+                None,
+                None,
+                None,
+                x,
+                residual,
+                weight,
+                y,
+                h,
+                *ints,
+                eps,
+                *tail,
+            )
+            return y, h
     n_cols = x.shape[-1]
     cfg_m, block_n, cfg_warps = fwd_config(n_cols)
     x2 = _rows(x)
@@ -326,19 +378,17 @@ def rms_norm_fwd_launch(
     stride_x, stride_r = _row_stride(x2), _row_stride(r2) if r2 is not None else 0
     bits = n_cols | stride_x | stride_r  # every integer ALIGN must divide
     block_m = block_m or cfg_m
-    _launch_fwd(
-        ((n_rows + block_m - 1) // block_m,),
+    grid = ((n_rows + block_m - 1) // block_m, 1, 1)
+    ints = (n_rows, n_cols, stride_x, stride_r, n_cols, n_cols)  # y and h are contiguous
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    entry = _launch_fwd(
+        grid,
         x2,
         r2,
-        weight if weight.is_contiguous() else weight.contiguous(),
+        w,
         y,
         h,
-        n_rows,
-        n_cols,
-        stride_x,
-        stride_r,
-        n_cols,  # y and h are contiguous
-        n_cols,
+        *ints,
         eps,
         num_warps=num_warps or cfg_warps,
         HAS_RESIDUAL=residual is not None,
@@ -346,6 +396,10 @@ def rms_norm_fwd_launch(
         BLOCK_N=block_n,
         ALIGN=pow2_divisor(bits),
     )
+    if plan_key is not None and entry is not None:
+        if len(_fwd_plans) >= 4096:  # a process that sees ever new shapes
+            _fwd_plans.clear()
+        _fwd_plans[plan_key] = (entry, grid, ints)
     return y, h
 
 
