@@ -3,6 +3,7 @@ that it runs what Triton's own launch runs."""
 
 import importlib
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,43 @@ def test_a_constexpr_mismatch_keeps_the_jit_launch():
     launches directly (it would pass them in the wrong places)."""
     assert _launch._entry(object(), ("BLOCK",), {"OTHER": 1}) is None
     assert _launch._entry(object(), ("BLOCK",), {"BLOCK": 1}) is None  # no compiled kernel attributes
+
+
+def test_a_direct_launch_passes_what_the_jit_launch_got(monkeypatch):
+    """With a fake compiled kernel (no GPU needed): the second rms_norm forward of a shape launches through
+    its plan, directly, with the first call's grid, integers and constexprs and the new call's tensors."""
+    launched = []
+
+    class Compiled:
+        function, packed_metadata = "function", "packed"
+
+        def run(self, *args):
+            launched.append(args)
+
+    class Kernel:
+        arg_names = rmsnorm._launch_fwd.kernel.arg_names
+
+        def __getitem__(self, grid):
+            return lambda *args, **meta: (launched.append((grid, args, meta)), Compiled())[1]
+
+    for name, value in (
+        ("kernel", Kernel()),
+        ("_direct", True),
+        ("_names", tuple(Kernel.arg_names)),
+        ("_compiled", {}),
+    ):
+        monkeypatch.setattr(rmsnorm._launch_fwd, name, value)
+    monkeypatch.setattr(_launch, "_driver", [lambda: 0, lambda device: 7])
+    monkeypatch.setattr(rmsnorm, "_fwd_plans", {})
+    monkeypatch.setattr(rmsnorm, "_PLANS", True)
+    x, w = torch.randn(2, 3, 40), torch.randn(40)
+    rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6)
+    x2 = torch.randn(2, 3, 40)
+    y2, _ = rmsnorm.rms_norm_fwd_launch(x2, w, None, 0.5)
+    (grid, args, meta), direct = launched
+    assert direct[:9] == (*grid, 7, "function", "packed", None, None, None)
+    tail = tuple(meta[name] for name in Kernel.arg_names[len(args) :])
+    assert direct[9:] == (x2, None, w, y2, None, *args[5:-1], 0.5, *tail)
 
 
 needs_gpu = pytest.mark.skipif(not CUDA, reason="direct launches need compiled kernels (a CUDA GPU)")
@@ -169,28 +207,6 @@ def test_pow2_divisor_is_the_largest_power_of_two_dividing_every_value():
         assert n % a == 0 and (a == 16 or n % (2 * a) != 0)
 
 
-@pytest.mark.parametrize("n", [1000, 1003])
-def test_rms_norm_with_an_alignment_override(n):
-    """The launchers' ``align`` override (for probes) is checked: one that does not divide N and the
-    strides is refused, since the kernel would read with the wrong strides; a divisor gives the result
-    of the computed one."""
-    dev = "cuda" if CUDA else "cpu"  # the CPU runs the interpreter (conftest sets TRITON_INTERPRET=1)
-    x, w = torch.randn(6, n, device=dev), torch.randn(n, device=dev)
-    y, _ = rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6)
-    if n % 8:
-        with pytest.raises(ValueError, match="align=8 must be a power of two dividing"):
-            rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6, align=8)
-    else:
-        torch.testing.assert_close(rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6, align=2)[0], y)
-        dy = torch.randn_like(x)
-        dx, dw = rmsnorm.rms_norm_bwd_launch(dy, x, w, 1e-6, None)
-        dx1, dw1 = rmsnorm.rms_norm_bwd_launch(dy, x, w, 1e-6, None, align=1)
-        torch.testing.assert_close(dx1, dx)
-        torch.testing.assert_close(dw1, dw)
-    with pytest.raises(ValueError, match="align=3"):
-        rmsnorm.rms_norm_fwd_launch(x, w, None, 1e-6, align=3)
-
-
 # ---------------------------------------------------------------------------------------------------
 # One path per op: at most 3 frames of mahia.ops from the public function (or autograd's call of a
 # backward) to the launch, on the eager path with and without autograd and on the custom-op path that
@@ -227,9 +243,8 @@ def _inputs(op: str) -> tuple:
 )
 def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch, op, module, launchers, path):
     """Counts the frames of mahia/ops files on the stack at each launch (torch's own frames, e.g.
-    Function.apply or a custom op's dispatch, are not counted). "custom_op" makes
-    torch.compiler.is_compiling() true, so the public function calls the custom op as a compiled graph
-    would, and its autograd rule calls the backward op."""
+    Function.apply or a custom op's dispatch, are not counted). "custom_op" compiles the call
+    (aot_eager: no Inductor), so the graph calls the custom ops."""
     depths = []
 
     def spy(real):
@@ -246,14 +261,14 @@ def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch
 
     for name in launchers:
         monkeypatch.setattr(module, name, spy(getattr(module, name)))
-    if path == "custom_op":
-        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(rmsnorm, "_fwd_plans", {})  # a planned launch (GPU) bypasses _launch_fwd
     args = list(_inputs(op))
     floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
     if path != "no_grad":
         floats[0].requires_grad_()
     with torch.set_grad_enabled(path != "no_grad"):
-        out = getattr(ops, op)(*args)
+        fn = getattr(ops, op)
+        out = (torch.compile(fn, backend="aot_eager", fullgraph=True) if path == "custom_op" else fn)(*args)
     if path != "no_grad":
         sum(o.sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
     assert len(depths) == (1 if path == "no_grad" else 2), depths  # the forward's launch, the backward's
@@ -263,3 +278,27 @@ def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch
 @pytest.mark.parametrize("module", [rmsnorm, rope, swiglu, moe_combine], ids=lambda m: m.__name__)
 def test_at_most_six_exported_names_per_op(module):
     assert len(module.__all__) <= 6 and all(hasattr(module, name) for name in module.__all__), module.__all__
+
+
+EAGER = {
+    "rms_norm": rmsnorm.rms_norm_eager,
+    "add_rms_norm": rmsnorm.add_rms_norm_eager,
+    "swiglu": swiglu.swiglu_eager,
+    "rope": rope.apply_rope_eager,
+    "moe_combine": moe_combine.moe_combine_eager,
+}
+
+
+@pytest.mark.parametrize("op", list(EAGER))
+def test_disabled_triton_runs_the_eager_reference_with_one_warning(monkeypatch, op):
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
+    ops.reset_fallback_warnings()
+    assert all("disabled by MAHIA_DISABLE_TRITON=1" in s for s in ops.status().values())
+    args = _inputs(op)
+    with pytest.warns(RuntimeWarning, match=f"ops.{op}: Triton kernel not used"):
+        out = getattr(ops, op)(*args)
+    torch.testing.assert_close(out, EAGER[op](*args), rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once already: a second call is silent
+        getattr(ops, op)(*args)
+    ops.reset_fallback_warnings()

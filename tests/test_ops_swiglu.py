@@ -5,49 +5,16 @@ import warnings
 
 import pytest
 import torch
-from helpers import assert_close, compare, graph_ops
+from helpers import compare, graph_ops
 
 from mahia import ops
 from mahia.layers.mlp import SwiGLU
-from mahia.measure.checks import tolerance
 from mahia.ops.swiglu import swiglu_eager
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 pytestmark = pytest.mark.skipif(
     not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["swiglu"])
 )
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(3, 37, 1000), (5, 130), (4097,)], ids=str)
-def test_swiglu_matches_reference(shape, dtype):
-    torch.manual_seed(0)
-    a = torch.randn(shape, device=DEVICE, dtype=dtype) * 3  # reach the flat tails of sigmoid
-    b = torch.randn(shape, device=DEVICE, dtype=dtype)
-    compare(ops.swiglu, swiglu_eager, [a, b], tol=tolerance(dtype), name="swiglu")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_strided_gate_up_halves(dtype):
-    """The halves of a fused up projection are read in place (row stride 2H, unit stride along H)."""
-    torch.manual_seed(1)
-    u = torch.randn(2, 7, 2 * 300, device=DEVICE, dtype=dtype, requires_grad=True)
-    a, b = u.chunk(2, dim=-1)
-    assert not a.is_contiguous() and a.stride(-1) == 1
-    dc = torch.randn(2, 7, 300, device=DEVICE, dtype=dtype)
-    out = ops.swiglu(a, b)
-    out.backward(dc)
-
-    u64 = u.detach().double().requires_grad_()
-    a64, b64 = u64.chunk(2, dim=-1)
-    ref = swiglu_eager(a64, b64)
-    ref.backward(dc.double())
-    assert_close("swiglu of strided halves", out, ref, dtype)
-    assert_close("gradient of the fused projection", u.grad, u64.grad, dtype)
-    # a last dim that is not contiguous is copied first, and still right
-    at = torch.randn(40, 9, device=DEVICE, dtype=dtype).t()
-    assert_close("swiglu, transposed input", ops.swiglu(at, at), swiglu_eager(at.double(), at.double()), dtype)
 
 
 def test_opcheck():
@@ -75,30 +42,25 @@ def test_torch_compile_fullgraph():
     assert "mahia.swiglu_fwd.default" in graph_ops(mlp_act, torch.randn(6, 2 * 45, device=DEVICE))
 
 
-def test_bad_inputs_raise_clear_errors():
-    a = torch.randn(4, 8, device=DEVICE)
-    with pytest.raises(TypeError, match="a must be a floating-point"):
-        ops.swiglu(torch.ones(4, 8, dtype=torch.int64, device=DEVICE), a)
-    with pytest.raises(ValueError, match="same shape"):
-        ops.swiglu(a, torch.randn(4, 9, device=DEVICE))
-    with pytest.raises(TypeError, match="same dtype"):
-        ops.swiglu(a, a.half())
-    with pytest.raises(ValueError, match="same device"):
-        ops.swiglu(a, torch.randn(4, 8, device="meta"))
+BAD_CALLS = [  # (call on a (4, 8), error, message)
+    (lambda a: ops.swiglu(a.long(), a), TypeError, r"^swiglu: a must be a floating-point"),
+    (lambda a: ops.swiglu(a, [1.0]), TypeError, r"^swiglu: b must be a torch.Tensor, got list"),
+    (lambda a: ops.swiglu(a, a[:, :4]), ValueError, r"^swiglu: a and b must have the same shape"),
+    (lambda a: ops.swiglu(a, a.half()), TypeError, r"^swiglu: a and b must have the same dtype"),
+    (lambda a: ops.swiglu(a, a.to("meta")), ValueError, r"^swiglu: .*same device"),
+    (lambda a: swiglu_eager(None, a), TypeError, r"^swiglu_eager: a must be a torch.Tensor"),
+]
 
 
 @pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
-def test_errors_name_the_public_function(monkeypatch, disabled):
+def test_bad_inputs_raise_errors_naming_the_function(monkeypatch, disabled):
     """Regression: the fallback's errors named swiglu_eager. swiglu validates once, under its own name."""
     if disabled:
         monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
     a = torch.randn(4, 8, device=DEVICE)
-    with pytest.raises(TypeError, match=r"^swiglu: b must be a torch.Tensor, got list"):
-        ops.swiglu(a, [1.0])
-    with pytest.raises(ValueError, match=r"^swiglu: a and b must have the same shape"):
-        ops.swiglu(a, a[:, :4])
-    with pytest.raises(TypeError, match=r"^swiglu_eager: a must be a torch.Tensor"):
-        swiglu_eager(None, a)
+    for call, error, match in BAD_CALLS:
+        with pytest.raises(error, match=match):
+            call(a)
     ops.reset_fallback_warnings()
 
 
@@ -128,19 +90,6 @@ def test_validates_once_float64_meta_and_empty(monkeypatch):
         assert c.shape == e.shape
         c.sum().backward()
         assert e.grad.shape == e.shape
-
-
-def test_fallback_when_disabled(monkeypatch):
-    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    ops.reset_fallback_warnings()
-    a, b = torch.randn(3, 40, device=DEVICE), torch.randn(3, 40, device=DEVICE)
-    with pytest.warns(RuntimeWarning, match="swiglu: Triton kernel not used"):
-        c = ops.swiglu(a, b)
-    torch.testing.assert_close(c, swiglu_eager(a, b), rtol=0, atol=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ops.swiglu(a, b)
-    ops.reset_fallback_warnings()
 
 
 def test_module_impls_agree():

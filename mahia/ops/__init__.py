@@ -10,15 +10,9 @@ the public function that picks a path.
     grouped_mm(a, b, offs, backend="auto") -> c          grouped_mm.py   three backends, one product
     gated_linear_attention(q, k, v, g, impl=...) -> o    gla_scan/       references: gla_loop, gla_logspace
 
-Each public function validates its inputs once (its errors name it and the argument; the eager
-references and launchers it calls do not check again, while a user calling a reference directly gets
-that reference's own checks) and launches the Triton kernels where they can run
-(:mod:`mahia.ops.dispatch`: triton imports, ``MAHIA_DISABLE_TRITON`` is not 1, the input is on CUDA
-or ``TRITON_INTERPRET=1``); elsewhere the eager reference runs, with one warning per op. So do inputs
-a kernel cannot take (a hidden size past RMSNorm's register limit, a GLA key dim over 128: one
-warning). float64 anywhere among the inputs takes the eager path silently (the kernels compute in
-float32), and so do ``meta`` tensors (shapes only; never the interpreter). Each op file's docstring
-lists its edge cases. ``status()`` says which kernels are active.
+Each public function validates its inputs once (errors name it and the argument) and launches the
+Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else the eager reference, with one
+warning per op. Each op file's docstring lists its edge cases; ``status()`` says which kernels are active.
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
-"""Launch a compiled Triton kernel without Triton's per-call binder.
+"""Launch a compiled Triton kernel without Triton's per-call binder, and enter an autograd.Function
+without torch's Python wrapper: the host cost of a small op in an eager model.
 
 ``kernel[grid](*args, **meta)`` (Triton's JIT launch) binds every argument, works out its
 specialization (dtype, 16-byte alignment of each pointer, ``== 1`` and divisibility by 16 of each
-integer), hashes that into a cache key, looks the compiled kernel up and only then calls its launcher.
-Measured on the H100 machine's host (triton 3.6, ``tools/probes/host_cost.py`` of 2252f96, 2026-11-24): 17.3 us
-per JIT launch of the RMSNorm forward against 6.2 us for calling the compiled kernel's launcher
-directly. A 0.02 ms kernel cannot hide the difference in an eager model.
+integer), hashes that into a cache key and looks the compiled kernel up before calling its launcher.
+Measured on the H100 machine's host (triton 3.6, 2026-11-24): 17.3 us per JIT launch of the RMSNorm
+forward against 6.2 us for calling the compiled kernel's launcher directly.
 
-:class:`Launcher` keeps, per specialization key, what the JIT launch compiled and calls its launcher
-directly on later calls. The key holds every argument's value, except that a tensor is held by its
-dtype and its address modulo 16 (what Triton specializes a pointer on), so two calls with one key get
-the same specialization, and so the same compiled code, that Triton's own launch would pick.
-
-The ordinary JIT launch still runs:
-
-* the first time a key is seen (it compiles, and returns the compiled kernel this class keeps);
-* under ``TRITON_INTERPRET=1`` (no compiled kernel; the interpreter runs the Python);
-* while a Triton launch hook is installed (profilers, :class:`mahia.measure.instruments.count_ops`),
-  so hooks see every launch;
-* on Triton versions other than 3.x, whose launcher may take other arguments.
+:class:`Launcher` keeps, per key, what the JIT launch compiled and calls its launcher directly on later
+calls. The key holds every argument's value, except that a tensor is held by its dtype and its address
+modulo 16 (what Triton specializes a pointer on): two calls with one key get the same specialization,
+so the same compiled code, that Triton's own launch would pick. The JIT launch still runs the first
+time a key is seen (it compiles), under ``TRITON_INTERPRET=1``, while a Triton launch hook is installed
+(profilers, :class:`mahia.measure.instruments.count_ops`: hooks see every launch) and on Triton
+versions other than 3.x.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ import torch
 
 from mahia.ops._triton import IMPORT_ERROR, triton
 
-__all__ = ["Launcher", "direct_launch_available", "pow2_divisor"]
+__all__ = ["Launcher", "c_apply", "direct_launch_available", "pow2_divisor"]
 
 if IMPORT_ERROR is None:
     _VERSION_OK = triton.__version__.split(".")[0] == "3"
@@ -56,35 +51,39 @@ def pow2_divisor(n: int, cap: int = 16) -> int:
     """The largest power of two, at most ``cap``, that divides ``n`` (``cap`` for 0). Give it the bitwise
     OR of several integers for the largest power of two that divides them all.
 
-    Triton specializes an integer argument only on divisibility by 16 (and on ``== 1``). A hidden size
-    or row stride such as 1000 gets no hint at all, so the compiler can prove neither that a row starts
-    on a 16-byte boundary nor that a mask ``cols < n_cols`` is constant over a vector, and it loads one
-    element at a time. The kernels take this value as a constexpr ``ALIGN`` and rebuild each such
-    integer as ``n // ALIGN * ALIGN`` (the same value, now known to be a multiple of ALIGN): 8 for
-    1000, enough for 16-byte loads of a bfloat16 row. Where everything is a multiple of 16, ALIGN is
-    16 and the kernel is the one Triton's own specialization gives.
+    Triton specializes an integer only on divisibility by 16 (and ``== 1``): for a hidden size or row
+    stride such as 1000 the compiler can prove neither 16-byte row starts nor a mask constant over a
+    vector, and loads one element at a time. The kernels take this value as a constexpr ``ALIGN`` and
+    rebuild each such integer as ``n // ALIGN * ALIGN`` (the same value, now a known multiple of ALIGN):
+    8 for 1000, enough for 16-byte loads of a bfloat16 row.
     """
     low = n & -n  # the lowest set bit
     return cap if low == 0 or low > cap else low
 
 
+def c_apply(function: type[torch.autograd.Function]):
+    """``function.apply`` without torch's Python wrapper (3.4 of 10 us on the CPU, 2026-12-03), which binds
+    default arguments and unwraps functorch's tensors: the kernels cannot launch on those either way."""
+    return super(torch.autograd.Function, function).apply
+
+
 _Tensor = torch.Tensor
+_OPTIONS = ("num_warps", "num_stages")
 MAX_KEYS = 4096  # per kernel; past it the cache starts again (a process that sees ever new shapes)
 
 
 def _key(args: tuple) -> list:
     """The arguments as a cache key: a tensor by its dtype and its address modulo 16 (Triton
-    specializes a pointer on its dtype and on 16-byte alignment), anything else by its value. Calls
-    with one key get one specialization from Triton, so they can share its compiled kernel."""
+    specializes a pointer on its dtype and on 16-byte alignment), anything else by its value."""
     return [(a.dtype, a.data_ptr() & 15) if isinstance(a, _Tensor) else a for a in args]
 
 
 class Launcher:
     """A ``@triton.jit`` kernel, launched directly once compiled for a key.
 
-    ``launch(grid, *args, num_warps=..., num_stages=None, **constexprs)``: ``args`` are the kernel's
-    runtime arguments in order, ``constexprs`` its constexpr parameters (which follow them in the
-    signature, in any order here). ``grid`` is a tuple of up to three ints.
+    ``launcher(grid, *args, num_warps=..., [num_stages=...], **constexprs)``: ``args`` are the kernel's
+    runtime arguments in order, the constexprs follow them in the signature (in any order here); ``grid``
+    is a tuple of up to three ints.
     """
 
     def __init__(self, kernel):
@@ -93,25 +92,35 @@ class Launcher:
         jit_function = getattr(getattr(triton, "runtime", None), "JITFunction", None) if _VERSION_OK else None
         self._direct = jit_function is not None and isinstance(kernel, jit_function)
         self._names = tuple(kernel.arg_names) if self._direct else ()
-        self._compiled: dict[tuple, tuple | None] = {}  # key -> (run, function, packed, constexpr names)
+        self._compiled: dict[tuple, tuple | None] = {}  # key -> (run, function, packed, constexpr values)
 
-    def __call__(self, grid: tuple[int, ...], *args, num_warps: int, num_stages: int | None = None, **constexprs):
+    def __call__(self, grid: tuple[int, ...], *args, **meta):
+        """Launch; returns the direct-launch entry of these arguments' key, (run, function handle, packed
+        metadata, constexpr values), or None where launches are JIT launches."""
         key = None
         if self._direct and not _hooks_installed():
-            device = _current_device()
-            key = (device, num_warps, num_stages, *constexprs.items(), *_key(args))
+            device = current_device()
+            key = (
+                device,
+                *meta,
+                *meta.values(),
+                *[(a.dtype, a.data_ptr() & 15) if isinstance(a, _Tensor) else a for a in args],
+            )
             entry = self._compiled.get(key)
             if entry is not None:
                 run, function, packed, tail = entry
                 g = (*grid, 1, 1)
-                run(g[0], g[1], g[2], _stream(device), function, packed, None, None, None, *args, *tail)
-                return
-        options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
-        compiled = self.kernel[grid](*args, **options, **constexprs)
-        if key is not None and key not in self._compiled:
+                run(g[0], g[1], g[2], _driver[1](device), function, packed, None, None, None, *args, *tail)
+                return entry
+        compiled = self.kernel[grid](*args, **meta)
+        if key is None:
+            return None
+        if key not in self._compiled:
             if len(self._compiled) >= MAX_KEYS:
                 self._compiled.clear()
+            constexprs = {k: v for k, v in meta.items() if k not in _OPTIONS}
             self._compiled[key] = _entry(compiled, self._names[len(args) :], constexprs)
+        return self._compiled[key]
 
     def cache_size(self) -> int:
         """How many specializations launch directly (for tests)."""
@@ -121,8 +130,7 @@ class Launcher:
 def _entry(compiled, tail: tuple[str, ...], constexprs: dict):
     """(launcher, function handle, packed metadata, constexpr values in signature order) of a compiled
     kernel, or None when it cannot be launched directly (the constexprs must be exactly the parameters
-    after the runtime arguments; a Triton without these attributes keeps the JIT launch). The
-    constexpr values are part of the key, so they are fixed per entry."""
+    after the runtime arguments; a Triton without these attributes keeps the JIT launch)."""
     if set(tail) != set(constexprs):
         return None
     try:
@@ -131,19 +139,17 @@ def _entry(compiled, tail: tuple[str, ...], constexprs: dict):
         return None
 
 
-_driver_calls: list = []  # [get_current_device, get_current_stream], bound on first use
+_driver: list = []  # [get_current_device, get_current_stream] of Triton's active driver, bound on first use
 
 
-def _driver():
-    if not _driver_calls:
+def current_device() -> int:
+    """The device Triton's launches use (its driver's current device)."""
+    if not _driver:
         active = triton.runtime.driver.active
-        _driver_calls.extend([active.get_current_device, active.get_current_stream])
-    return _driver_calls
+        _driver.extend([active.get_current_device, active.get_current_stream])
+    return _driver[0]()
 
 
-def _current_device() -> int:
-    return _driver()[0]()
-
-
-def _stream(device: int) -> int:
-    return _driver()[1](device)
+def current_stream(device: int) -> int:
+    """The stream Triton's launches use on ``device`` (call :func:`current_device` first)."""
+    return _driver[1](device)

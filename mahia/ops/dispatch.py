@@ -1,27 +1,14 @@
 """Which Triton kernels run, and why not: the one decision every op in :mod:`mahia.ops` asks before it launches.
 
-A kernel runs when three things hold, all read at call time (so tests can flip them with
-``monkeypatch.setenv``):
-
-1. ``import triton`` works (checked once, when this module is imported);
-2. ``MAHIA_DISABLE_TRITON`` is not set to ``1``;
-3. the input lives on a CUDA device, or ``TRITON_INTERPRET=1`` (Triton's CPU interpreter: slow, exact,
-   used by the tests).
-
-Otherwise the public functions of :mod:`mahia.ops` run the eager PyTorch reference and say so once
-per kernel per process with ``warnings.warn``; the result is the same function, only slower.
-
-Per input, :func:`use_triton` also sends to the eager path, silently: a floating input that is not
-float32/float16/bfloat16 (float64 means reference precision, which the eager path computes exactly;
-the kernels compute in float32), a non-tensor (the eager path's check names the argument) and tensors
-on the ``meta`` device (shapes only: the eager path, or a custom op's fake implementation, computes
-them; the interpreter would try to read their data). An input the kernel cannot take although Triton
-runs (``unsupported=``: e.g. a hidden size past the kernel's register limit) takes the eager path
-too, with the same one-time warning.
-
-Under ``torch.compile`` the decision is taken while tracing and frozen into the compiled graph, and the
-warning is skipped (Dynamo cannot trace ``warnings.warn`` without a graph break); ``status()`` still
-tells which path is active.
+A kernel runs when ``import triton`` works, ``MAHIA_DISABLE_TRITON`` is not ``1`` and the input lives on
+a CUDA device or ``TRITON_INTERPRET=1`` (Triton's CPU interpreter: slow, exact, used by the tests); the
+variables are read at each call. Otherwise the public functions run the eager PyTorch reference (the
+same function, slower) and say so once per kernel with ``warnings.warn`` (a CPU input without the
+interpreter takes it silently). Also sent to the eager path, silently: a floating input that is not
+float32/float16/bfloat16 (float64 means reference precision), a non-tensor (the eager path's check names
+it) and ``meta`` tensors (shapes only); with the one-time warning: an input the kernel cannot take
+(``unsupported=``). Under ``torch.compile`` the decision is frozen into the graph and the warning skipped
+(Dynamo cannot trace ``warnings.warn`` without a graph break).
 """
 
 from __future__ import annotations
@@ -67,9 +54,8 @@ def triton_import_error() -> str | None:
     return _TRITON_IMPORT_ERROR
 
 
-# Read on every call of every op: os.environ.get encodes the key and decodes the value each time
-# (about a microsecond of host time); its encoded dict (kept current by os.environ's setters, hence by
-# monkeypatch.setenv) answers in tens of nanoseconds.
+# Read on every call of every op: os.environ's encoded dict (kept current by its setters, so by
+# monkeypatch.setenv) answers in tens of nanoseconds, os.environ.get in about a microsecond.
 _environ = getattr(os.environ, "_data", None)
 if _environ is not None and hasattr(os.environ, "encodekey"):
     _DISABLE_KEY, _INTERPRET_KEY, _ONE = (
@@ -129,28 +115,23 @@ _KERNEL_DTYPES = frozenset(KERNEL_DTYPES)  # one hash per lookup
 
 
 def use_triton(kernel: str, *tensors: torch.Tensor, unsupported: str | None = None) -> bool:
-    """True when ``kernel``'s Triton path should run on these inputs; else False, warning once if Triton
-    is unavailable for a CUDA input or under the interpreter (or, with ``unsupported``, the reason the kernel
-    cannot take these inputs). A CPU input without ``TRITON_INTERPRET=1`` takes the PyTorch path silently.
-
-    Silently False, without a warning: a non-tensor (the eager path's check reports it), a floating
-    tensor that is not float32/float16/bfloat16 (float64 means reference precision, which the eager path
-    computes exactly; the kernels compute in float32), a tensor on the ``meta`` device (shapes only:
-    never sent to the interpreter). Integer tensors (indices) are allowed.
-    """
+    """True when ``kernel``'s Triton path should run on these inputs (module docstring); else False,
+    warning once where Triton is unavailable for a CUDA input or under the interpreter, or with
+    ``unsupported`` (the reason the kernel cannot take these inputs)."""
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.is_meta:
-            return False
-        if t.is_floating_point() and t.dtype not in _KERNEL_DTYPES:
+        if not isinstance(t, torch.Tensor) or t.is_meta or (t.dtype not in _KERNEL_DTYPES and t.is_floating_point()):
             return False
     first = tensors[0]
     # the common case in few attribute reads: this runs on every call of every op
-    if unsupported is None and _TRITON_IMPORT_ERROR is None and first.is_cuda and not _disabled_by_env():
+    if (
+        unsupported is None
+        and _TRITON_IMPORT_ERROR is None
+        and (first.is_cuda or _interpreting())
+        and not _disabled_by_env()
+    ):
         return True
     if not triton_available_for(first):
-        # A CPU tensor without the interpreter takes the PyTorch path by design (no warning box in every CPU
-        # notebook); a CUDA tensor, or a switched-off interpreter run, is worth a warning.
-        if first.is_cuda or _interpreting():
+        if first.is_cuda or _interpreting():  # a CPU tensor without the interpreter: no warning box in CPU notebooks
             warn_fallback_once(kernel, first)
         return False
     if unsupported is not None:

@@ -1,40 +1,32 @@
 """Grouped matrix multiply for mixture-of-experts layers: ``c[rows of group g] = a[rows of group g] @ b[g]``.
 
-a (M, K) holds the rows of every group back to back, b (G, K, N) one matrix per group, and offs (G,)
-int32 the cumulative group ends: group g is rows [offs[g-1], offs[g]) (from row 0 for g = 0); c is (M, N).
-The group sizes stay on the device, so nothing here waits for the GPU (no host sync): every shape is
-known from M, K, N, G.
+a (M, K) holds the rows of every group back to back, b (G, K, N) one matrix per group, offs (G,) int32
+the cumulative group ends; c is (M, N). The group sizes stay on the device: nothing here waits for the
+GPU, every shape is known from M, K, N, G.
 
 **The rule for offs**, the same on every backend and device. offs is meant to be non-decreasing with
-offs[G-1] = M. Its values are never read on the host (a check would sync): each backend reads the ends
-e_g = min(max(0, offs[0], ..., offs[g]), M), so an end past M is cut at M, a negative one reads as 0 and
-one below its predecessor gives an empty group. Rows past e_{G-1} (all rows when G = 0) belong to no group:
+offs[G-1] = M; its values are never read on the host (a check would sync). Each backend reads the ends
+e_g = min(max(0, offs[0], ..., offs[g]), M): an end past M is cut at M, a negative one reads as 0, one
+below its predecessor gives an empty group. Rows past e_{G-1} (all rows when G = 0) belong to no group:
 their rows of c and of the gradient of a are 0. No index ever leaves [0, M).
 
-Backends, the same product (``grouped_mm_backend`` says which ``backend="auto"`` runs):
+Backends, one product (``grouped_mm_backend`` says which ``backend="auto"`` runs):
 
-* ``"torch._grouped_mm"``: PyTorch's grouped GEMM (CUTLASS). Used where it is sync-free: on CUDA only
-  for bfloat16 on compute capability 9.0 or 10.x (elsewhere PyTorch's CUDA fallback copies ``offs`` to the
-  host); on the CPU for float32/bfloat16/float16 when this torch build has the CPU kernel (a CPU has no
-  device queue to wait for). K and N must be positive with 16-byte rows; operands whose strides the
-  kernel rejects (a transposed bfloat16 ``a``, a broadcast gradient) are made contiguous first. Its
-  kernel does not write the rows past the last end: a small Triton kernel zeroes them (one launch that
-  returns at once where there are none); without Triton, and under torch.compile (where Inductor can fuse
-  it into the next op), a masked fill of c and da does.
-* ``"triton"``: the Triton grouped GEMM below. Rows are cut into BLOCK_M-row tiles that each belong to
-  one group (the rows past the last end form one more group, written as zeros); the tile -> (group,
-  first row) table is computed on the device from the ends. The number of tiles is data-dependent but
-  never more than ceil(M / BLOCK_M) + G, a bound known from the shapes alone: that many programs are
-  launched and the spare ones return at once. The weight gradient has its own kernel, which loops over
-  a group's rows. Used on CUDA where the PyTorch kernel is not (e.g. A100, or float16/float32).
-* ``"padded-bmm"``: pure PyTorch on the same tile table: the tiles are zero-padded into a (T, BLOCK_M, K)
-  batch and multiplied with ``torch.bmm`` by the gathered (T, K, N) group matrices. Sync-free and exact,
-  but it copies one weight matrix per tile: the fallback for float64 (reference precision), ``meta``
-  tensors (shapes only) and machines where neither of the others runs; not a fast path.
+* ``"torch._grouped_mm"`` (CUTLASS), where it is sync-free: on CUDA for bfloat16 on compute capability
+  9.0 or 10.x (elsewhere PyTorch's fallback copies ``offs`` to the host), on the CPU where this build has
+  the kernel. K and N positive with 16-byte rows; operands with strides it rejects are copied. It leaves
+  the rows past the last end unwritten: a small Triton kernel zeroes them (one launch that returns at
+  once where there are none), or a masked fill without Triton and under torch.compile.
+* ``"triton"``: rows cut into BLOCK_M-row tiles of one group each (the rows past the last end form one
+  more group, written as zeros), the tile table computed on the device. At most ceil(M / BLOCK_M) + G
+  tiles, a bound from the shapes alone: that many programs launch and spare ones return at once. The
+  weight gradient's kernel loops over a group's rows.
+* ``"padded-bmm"``: pure PyTorch on the same tile table (zero-padded tiles, one ``torch.bmm``); exact and
+  sync-free but it copies one weight matrix per tile: for float64, ``meta`` tensors and machines where
+  neither of the others runs.
 
-Both kernels run in eager mode through one ``torch.autograd.Function`` (``_GroupedMM``); under
-``torch.compile`` each Triton kernel is one custom op (``mahia::moe_grouped_mm``, its weight gradient
-``mahia::moe_grouped_mm_wgrad``), opaque to the compiler. Empty inputs (M, K or N of 0, empty groups) give
+Eager calls go through one ``torch.autograd.Function`` (``_GroupedMM``); under torch.compile each Triton
+kernel is one custom op (``mahia::moe_grouped_mm``, ``mahia::moe_grouped_mm_wgrad``). Empty inputs give
 empty or zero results; a and b share one dtype.
 """
 
@@ -79,13 +71,11 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, *, backend:
 
 def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
     fn = "grouped_mm"
-    for name, t in (("a", a), ("b", b)):
+    for name, t in (("a", a), ("b", b), ("offs", offs)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
+        if name != "offs" and not t.is_floating_point():
             raise TypeError(f"{fn}: {name} must be a floating-point tensor, got dtype {t.dtype}")
-    if not isinstance(offs, torch.Tensor):
-        raise TypeError(f"{fn}: offs must be a torch.Tensor, got {type(offs).__name__}")
     if a.dim() != 2:
         raise ValueError(f"{fn}: a must be 2-D (M, K), got shape {tuple(a.shape)}")
     if b.dim() != 3:
@@ -103,9 +93,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> None:
         raise ValueError(f"{fn}: a, b and offs must be on one device, got {a.device}, {b.device}, {offs.device}")
 
 
-# ---------------------------------------------------------------------------------------------------
 # Which backend runs
-# ---------------------------------------------------------------------------------------------------
 
 # dtype -> whether this torch build has a CPU torch._grouped_mm for it (both forms: (M, K) x (G, K, N)
 # and the weight gradient's (K, M) x (M, N)); probed once.
@@ -218,9 +206,7 @@ def _check_backend(backend: str, a: torch.Tensor, k: int, n: int) -> None:
         raise ValueError(f"grouped_mm: backend {backend!r} cannot run here: {reason}")
 
 
-# ---------------------------------------------------------------------------------------------------
 # The tile table and the padded-bmm backend
-# ---------------------------------------------------------------------------------------------------
 
 
 def _tile_table(ends: torch.Tensor, n_rows: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,9 +249,7 @@ def _grouped_mm_padded(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> 
     return c_ext[:M]
 
 
-# ---------------------------------------------------------------------------------------------------
 # The kernels: one autograd Function in eager mode, one custom op per Triton kernel under torch.compile
-# ---------------------------------------------------------------------------------------------------
 
 
 @triton.jit

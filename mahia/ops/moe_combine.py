@@ -1,51 +1,31 @@
 """The MoE layer's combine step in Triton: un-permute, gate and sum the k expert outputs of each token.
 
-The grouped MoE path computes the N*k (token, expert) assignments in expert order: row r of ``out``
-(N*k, D) belongs to assignment ``order[r]``, and ``inverse`` (N*k,) maps assignment n*k + j back to its
-row. With the gates g (N, k):
+Row r of ``out`` (N*k, D) holds assignment ``order[r]`` (expert order); ``inverse`` (N*k,) maps
+assignment n*k + j back to its row. With the gates g (N, k):
 
     y[n, :]               = sum_{j<k} g[n, j] * out[inverse[n*k + j], :]      (float32 math, y in ``dtype``)
     d_out[inverse[n*k+j]] = g[n, j] * dy[n, :]                                 (in out.dtype)
     d_g[n, j]             = sum_d dy[n, d] * out[inverse[n*k + j], d]          (float32 sum, in g.dtype)
 
 ``inverse`` is a permutation, so every row of d_out is written exactly once (no atomics, no zero fill).
-What is checked of its values, by :func:`moe_combine`'s ``check``, the same on every path:
+:func:`moe_combine`'s ``check`` says what is checked of its values, the same on every path: None
+(default) that every entry is in range on the CPU (an ``aminmax``, no sync; not while torch.compile
+traces), nothing on CUDA (a sync per call); True that it is a permutation (a sync on CUDA); False
+nothing. Unchecked, the kernels still never leave bounds: each index load is masked to 0 <= inverse <
+N*k, so an entry out of range adds 0 to y and gets no gradient (the eager gather raises a device-side
+assert). For an in-range ``inverse`` that is not a permutation y is still the formula, but d_out is
+undefined where it is broken (the eager path's scatter-add is exact there).
 
-* ``None`` (default): on the CPU, that every entry lies in 0 .. N*k-1 (an ``aminmax``: no device sync;
-  not while torch.compile traces, a branch on values being untraceable); an entry out of range raises
-  a ValueError naming ``moe_combine``, ``inverse`` and the entry. On CUDA nothing: reading the values
-  would be a sync per call;
-* ``True``: on any device, that it is a permutation (a sync on CUDA);
-* ``False``: nothing (the caller built it as a permutation, as :class:`mahia.model.moe.MoE` does).
+The eager reference takes three kernels (gather, gate multiply in out.dtype, k-sum) and two (N, k, D)
+intermediates; here one pass reads each row of ``out`` once and writes y once, rounding once. Bytes at
+bf16, N=16384, k=2, D=1024: 97 MB forward, 161 MB backward. Each program takes BLOCK_T tokens and walks
+D in BLOCK_D chunks of a (BLOCK_T, KP, BLOCK_D) tile (KP = k rounded up to a power of two, masked).
 
-Unchecked on CUDA, the kernels still never read or write out of bounds: every index load is masked to
-0 <= inverse < N*k (two compares per (token, slot) pair), so an entry out of range contributes 0 to y
-and gets no gradient there, while the eager path's gather raises a device-side assert. For an
-``inverse`` in range that is not a permutation, y is still the formula above (repeated rows are read
-twice), but the kernel's d_out is undefined where the permutation is broken: a row indexed twice gets
-one of its two terms, a row never indexed keeps uninitialised memory (the eager path, a gather whose
-backward is a scatter-add, is exact there).
-
-The eager version (``moe_combine_eager``) takes three kernels and two (N, k, D)
-intermediates: a gather, the gate multiply (in out.dtype) and the k-sum. Here one pass reads each row
-of ``out`` once and writes y once, rounding once. Byte count (s_* the element sizes):
-forward reads N*k*D*s_out + N*k*(s_g + 8) (gates, inverse) and writes N*D*s_y; backward reads dy
-(N*D*s_y) and out (N*k*D*s_out, only when the gates need a gradient) and writes d_out (N*k*D*s_out) and
-d_g. At bf16, N=16384, k=2, D=1024: 97 MB forward, 161 MB backward.
-
-Layout: each program takes BLOCK_T tokens and walks D in BLOCK_D chunks; a chunk is a
-(BLOCK_T, KP, BLOCK_D) tile of the k gathered rows (KP = k rounded up to a power of two, masked).
-The k row indices and gates of its tokens are loaded once per program. Row offsets are int64. out, dy
-need a unit stride along D (else they are copied); gates may have any strides.
-
-One path: ``moe_combine`` checks its inputs once (errors name it and the argument), then launches the
-kernels through ``_MoECombine`` (an autograd.Function, when a gradient is needed), directly (no
-gradient), or, under torch.compile, through the custom ops ``mahia::moe_combine_fwd`` / ``_bwd``.
-
-Behaviour at the edges: float64 out or gates, or ``dtype=torch.float64``, run the eager reference
-silently (reference precision; with float64 gates next to 16-bit out the eager path gates in out's
-dtype, as documented there); empty inputs (N, k or D of 0) return an empty or zero y; ``meta`` tensors
-get their shapes from the eager reference, never the interpreter.
+One path: ``moe_combine`` checks its inputs once (errors name it and the argument), then launches
+through ``_MoECombine`` (an autograd.Function) when a gradient is needed, directly otherwise, or under
+torch.compile through the custom ops ``mahia::moe_combine_fwd`` / ``_bwd``. Edges: float64 out, gates
+or ``dtype`` run the eager reference silently (reference precision); empty inputs return an empty or
+zero y; ``meta`` tensors get their shapes from the eager reference.
 """
 
 from __future__ import annotations
@@ -53,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher, pow2_divisor
+from mahia.ops._launch import Launcher, c_apply, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import KERNEL_DTYPES, use_triton
 
@@ -249,8 +229,9 @@ _launch_fwd = Launcher(_moe_combine_fwd_kernel)
 _launch_bwd = Launcher(_moe_combine_bwd_kernel)
 
 
-def _config(n_tokens: int, k: int, n_cols: int, tile: int) -> tuple[int, int, int, int]:
-    """(KP, BLOCK_T, BLOCK_D, num_warps): tiles of about ``tile`` gathered elements, 4 warps at most.
+def _config(n_tokens, k, n_cols, tile, block_t=None, block_d=None, num_warps=None) -> tuple[int, int, int, int]:
+    """(KP, BLOCK_T, BLOCK_D, num_warps): tiles of about ``tile`` gathered elements, 4 warps at most
+    (``block_t``, ``block_d``, ``num_warps`` override them, for probes).
 
     BLOCK_D covers D up to tile / KP, BLOCK_T fills the rest of the tile with tokens (up to 16 for narrow
     D). The forward takes tile = 4096, the backward (which reads dy and out and writes d_out per element)
@@ -259,18 +240,13 @@ def _config(n_tokens: int, k: int, n_cols: int, tile: int) -> tuple[int, int, in
     49.5 us; 8 warps took 32.2 and 61.5 us.
     """
     kp = triton.next_power_of_2(max(1, k))
-    block_d = max(16, min(triton.next_power_of_2(max(1, n_cols)), tile // kp))
-    block_t = max(1, min(16, tile // (kp * block_d), triton.next_power_of_2(max(1, n_tokens))))
-    return kp, block_t, block_d, max(1, min(4, block_t * kp * block_d // 512))
+    bd = max(16, min(triton.next_power_of_2(max(1, n_cols)), tile // kp))
+    bt = max(1, min(16, tile // (kp * bd), triton.next_power_of_2(max(1, n_tokens))))
+    return kp, block_t or bt, block_d or bd, num_warps or max(1, min(4, bt * kp * bd // 512))
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _cfg(n_tokens, k, n_cols, tile, block_t, block_d, num_warps):
-    kp, cfg_t, cfg_d, cfg_w = _config(n_tokens, k, n_cols, tile)
-    return kp, block_t or cfg_t, block_d or cfg_d, num_warps or cfg_w
 
 
 def moe_combine_fwd_launch(
@@ -293,7 +269,7 @@ def moe_combine_fwd_launch(
     if y.numel() == 0:
         return y
     out, inverse = _unit_stride(out), inverse.contiguous()
-    kp, bt, bd, warps = _cfg(N, k, D, 4096, block_t, block_d, num_warps)
+    kp, bt, bd, warps = _config(N, k, D, 4096, block_t, block_d, num_warps)
     _launch_fwd(
         (triton.cdiv(N, bt),),
         out,
@@ -339,7 +315,7 @@ def moe_combine_bwd_launch(
     if N * k == 0:
         return d_out, d_gates
     dy, out, inverse = _unit_stride(dy), _unit_stride(out), inverse.contiguous()
-    kp, bt, bd, warps = _cfg(N, k, D, 2048, block_t, block_d, num_warps)
+    kp, bt, bd, warps = _config(N, k, D, 2048, block_t, block_d, num_warps)
     _launch_bwd(
         (triton.cdiv(N, bt),),
         dy,
@@ -367,9 +343,8 @@ def moe_combine_bwd_launch(
     return d_out, d_gates
 
 
-# The two registrations over the same launchers: ``_MoECombine`` (autograd.Function) for eager calls
-# that need a gradient (less host time than a custom op's dispatch; see mahia.ops.rmsnorm), the custom
-# ops for torch.compile (opaque to it, with fake and autograd rules).
+# The two registrations over the same launchers: an autograd.Function for eager calls (less host time than
+# a custom op's dispatch), the custom ops for torch.compile (opaque to it, with fake and autograd rules).
 
 
 class _MoECombine(torch.autograd.Function):
@@ -421,6 +396,7 @@ def _backward(ctx, dy):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
+_apply = c_apply(_MoECombine)
 
 
 def moe_combine(
@@ -453,6 +429,6 @@ def moe_combine(
         if torch.compiler.is_compiling():
             return _fwd_op(out, inverse, gates, dtype)
         if (out.requires_grad or gates.requires_grad) and torch.is_grad_enabled():
-            return _MoECombine.apply(out, inverse, gates, dtype)
+            return _apply(out, inverse, gates, dtype)
         return moe_combine_fwd_launch(out, inverse, gates, dtype)  # no graph to record: no Function
     return _moe_combine_eager(out, inverse, gates, dtype)

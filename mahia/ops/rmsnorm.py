@@ -6,41 +6,25 @@ Forward, per row x of length N (math in float32):
     y    = x * rstd * w
 
 With a residual (``add_rms_norm``) the kernel first forms h = x + residual, writes it (rounded to the
-input dtype, as eager PyTorch does) and normalizes that rounded h.
+input dtype, as eager PyTorch does) and normalizes that rounded h. Backward, with x_hat = x * rstd and
+g = w * dy:
 
-Backward, with x_hat = x * rstd and g = w * dy:
-
-    dx = rstd * (g - x_hat * mean(x_hat * g))
+    dx = rstd * (g - x_hat * mean(x_hat * g))          (+ the incoming gradient of h, for add_rms_norm)
     dw = sum over rows of dy * x_hat
 
-``add_rms_norm`` adds the incoming gradient of h to dx; the sum is the gradient of both x and residual.
+The backward runs a persistent grid (a few programs per SM): each program walks a contiguous block of
+rows and keeps its partial dw in float32 registers; a second small kernel sums the partials (a single
+program writes dw itself). Bytes: 5 passes over an (M, N) tensor, everything else O(M + N).
 
-The backward kernel runs a persistent grid (a few programs per SM): each program walks a contiguous
-block of rows, keeps its partial dw in float32 registers and writes it once; a second small kernel
-sums the (programs, N) partials into dw in the weight's dtype (a single program writes dw itself).
-Byte count: forward reads x and writes y; backward reads x and dy and writes dx: 5 passes over an
-(M, N) tensor, everything else is O(M + N).
+One path: the public function checks its inputs once (errors name it and the argument), then launches
+through ``_RMSNorm`` (an autograd.Function) when a gradient is needed, directly otherwise, or under
+torch.compile through the custom ops ``mahia::rms_norm_fwd`` / ``_bwd`` (same launchers).
 
-One path: the public function checks its inputs once (:func:`check_rms_norm_inputs`, errors name it
-and the argument; eps becomes the float every path uses), then launches the kernels through
-``_RMSNorm`` (an autograd.Function, when a gradient is needed), directly (no gradient), or, under
-torch.compile, through the custom ops ``mahia::rms_norm_fwd`` / ``mahia::rms_norm_bwd`` (same
-launchers). In an eager model a call is host-bound below about 100 MB of data, so nothing else runs
-per call: rstd is not saved but recomputed, and the compiled kernel is launched directly
-(:class:`mahia.ops._launch.Launcher`).
-
-Layout: any leading dims; the last dim is made contiguous (a copy) if it is not. Hidden sizes up to
-``MAX_HIDDEN`` = 65536 (the whole row lives in registers).
-
-Behaviour at the edges:
-
-* past ``MAX_HIDDEN`` the eager reference runs, with the one-time fallback warning;
-* float64 anywhere (e.g. a float64 weight next to a float32 x) runs the eager reference, silently:
-  float64 means reference precision; the output keeps x's dtype either way;
-* eps is any real number >= 0 (``0``, ``Fraction(1, 10**6)``), converted once with ``float``; at eps = 0
-  a row of zeros is 0/0 (NaN) on every path, and only there;
-* empty inputs (a leading dim of 0) return empty outputs and a zero weight gradient;
-* ``meta`` tensors get their shapes from the eager reference (never the interpreter).
+Edges: any leading dims (the last dim is made contiguous if it is not); hidden sizes past ``MAX_HIDDEN``
+(the row lives in registers) run the eager reference with the one-time warning; float64 anywhere runs it
+silently (reference precision; the output keeps x's dtype); eps is any real >= 0, converted once with
+``float`` (at eps = 0 a row of zeros is 0/0, NaN, on every path, and only there); empty inputs give empty
+outputs and a zero weight gradient; ``meta`` tensors get their shapes from the eager reference.
 """
 
 from __future__ import annotations
@@ -51,7 +35,15 @@ import numbers
 import torch
 
 from mahia.measure.checks import check_float_tensor
-from mahia.ops._launch import Launcher, pow2_divisor
+from mahia.ops._launch import (
+    Launcher,
+    _hooks_installed,
+    c_apply,
+    current_device,
+    current_stream,
+    direct_launch_available,
+    pow2_divisor,
+)
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -61,9 +53,7 @@ MAX_HIDDEN = 65536
 _Tensor = torch.Tensor
 
 
-# --------------------------------------------------------------------------------------------------
 # The one input check, and the eager reference (the readable "before"; float64 inputs make it the reference)
-# --------------------------------------------------------------------------------------------------
 
 
 def check_rms_norm_inputs(
@@ -122,9 +112,7 @@ def add_rms_norm_eager(
     return _rms_norm_eager(h, weight, eps), h
 
 
-# --------------------------------------------------------------------------------------------------
 # Kernels
-# --------------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -252,13 +240,13 @@ def _sum_partials_kernel(P, OUT, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_N
 
 
 _launch_fwd = Launcher(_rms_norm_fwd_kernel)
+_fwd_plans: dict = {}  # see rms_norm_fwd_launch
+_PLANS = direct_launch_available()
 _launch_bwd = Launcher(_rms_norm_bwd_kernel)
 _launch_sum = Launcher(_sum_partials_kernel)
 
 
-# --------------------------------------------------------------------------------------------------
 # Launchers (no checks: their callers pass checked inputs)
-# --------------------------------------------------------------------------------------------------
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -276,22 +264,6 @@ def _row_stride(t: torch.Tensor) -> int:
     return t.stride(-2) if t.dim() == 2 else t.shape[-1]
 
 
-def _checked_align(override: int, bits: int) -> int:
-    """A launcher's ``align`` override (probes), for integers whose bitwise OR is ``bits``: it must be a power
-    of two dividing them all, or the kernel would rebuild them as other values."""
-    if override < 1 or override & (override - 1) or bits % override:
-        raise ValueError(f"rms_norm: align={override} must be a power of two dividing N and the row strides")
-    return override
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @functools.cache
 def fwd_config(n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel for hidden size ``n_cols``."""
@@ -300,7 +272,7 @@ def fwd_config(n_cols: int) -> tuple[int, int, int]:
             f"rms_norm: hidden size {n_cols} exceeds the kernel's limit of {MAX_HIDDEN} "
             "(the whole row is held in registers)"
         )
-    block_n = _next_pow2(n_cols)
+    block_n = triton.next_power_of_2(n_cols)
     block_m = max(1, 4096 // block_n)  # small rows: several per program, so each moves >= 4096 elements
     # 512 elements per warp (16 per thread), at most 16 warps. On an H100 (bf16, 2^26 elements) this
     # reached 0.93-0.95 of copy bandwidth for N = 512 .. 16384; too many warps for the tile (16 on 2048
@@ -334,27 +306,10 @@ def _bwd_config(n_cols: int, rows: int, element_size: int) -> tuple[int, int, in
     return block_m, block_n, num_warps, per_sm
 
 
-_sms: dict[int, int] = {}
-
-
-def sm_count(device: torch.device) -> int:
+@functools.cache
+def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (4 for the CPU interpreter: few programs keep it fast)."""
-    if device.type != "cuda":
-        return 4
-    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda": the current one
-    n = _sms.get(index)
-    if n is None:
-        n = _sms[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return n
-
-
-def backward_grid(n_rows: int, n_cols: int, device: torch.device, block_m: int, programs_per_sm: int):
-    """(programs, rows per program) of the persistent backward grid: at most ``programs_per_sm`` per SM,
-    each taking a contiguous run of whole row blocks."""
-    row_blocks = _cdiv(n_rows, block_m)
-    n_programs = min(sm_count(device) * programs_per_sm, row_blocks)
-    rows_per_program = _cdiv(row_blocks, n_programs) * block_m
-    return _cdiv(n_rows, rows_per_program), rows_per_program
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def rms_norm_fwd_launch(
@@ -365,13 +320,51 @@ def rms_norm_fwd_launch(
     *,
     block_m: int | None = None,
     num_warps: int | None = None,
-    align: int | None = None,
 ):
     """Run the forward kernel on checked inputs. Returns (y, h or None); both have x's shape and dtype.
+    ``block_m`` and ``num_warps`` override the configuration, for probes.
 
-    ``block_m``, ``num_warps`` and ``align`` (the ALIGN constexpr; it must divide N and the row strides)
-    override the configuration, for probes.
+    Contiguous inputs launch through a plan per shape, dtypes, pointer alignments and device: the direct
+    launch that the first such call compiled, with its grid and integer arguments, so that later calls
+    compute nothing but y (h) before launching. The outputs need no key: PyTorch's allocators align them
+    to 64 (CPU) or 512 bytes (CUDA), more than the 16 Triton specializes on.
     """
+    plan_key = None
+    if (
+        _PLANS
+        and block_m is None
+        and num_warps is None
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and (residual is None or residual.is_contiguous())
+        and not _hooks_installed()
+    ):
+        device = current_device()
+        align = None if residual is None else residual.data_ptr() & 15
+        plan_key = (device, x.shape, x.dtype, weight.dtype, x.data_ptr() & 15, weight.data_ptr() & 15, align)
+        plan = _fwd_plans.get(plan_key)
+        if plan is not None:
+            (run, function, packed, tail), grid, ints = plan
+            y = torch.empty_like(x)
+            h = None if residual is None else torch.empty_like(x)
+            run(
+                *grid,
+                current_stream(device),
+                function,
+                packed,
+                None,
+                None,
+                None,
+                x,
+                residual,
+                weight,
+                y,
+                h,
+                *ints,
+                eps,
+                *tail,
+            )
+            return y, h
     n_cols = x.shape[-1]
     cfg_m, block_n, cfg_warps = fwd_config(n_cols)
     x2 = _rows(x)
@@ -385,26 +378,28 @@ def rms_norm_fwd_launch(
     stride_x, stride_r = _row_stride(x2), _row_stride(r2) if r2 is not None else 0
     bits = n_cols | stride_x | stride_r  # every integer ALIGN must divide
     block_m = block_m or cfg_m
-    _launch_fwd(
-        ((n_rows + block_m - 1) // block_m,),
+    grid = ((n_rows + block_m - 1) // block_m, 1, 1)
+    ints = (n_rows, n_cols, stride_x, stride_r, n_cols, n_cols)  # y and h are contiguous
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    entry = _launch_fwd(
+        grid,
         x2,
         r2,
-        weight if weight.is_contiguous() else weight.contiguous(),
+        w,
         y,
         h,
-        n_rows,
-        n_cols,
-        stride_x,
-        stride_r,
-        n_cols,  # y and h are contiguous
-        n_cols,
+        *ints,
         eps,
         num_warps=num_warps or cfg_warps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        ALIGN=pow2_divisor(bits) if align is None else _checked_align(align, bits),
+        ALIGN=pow2_divisor(bits),
     )
+    if plan_key is not None and entry is not None:
+        if len(_fwd_plans) >= 4096:  # a process that sees ever new shapes
+            _fwd_plans.clear()
+        _fwd_plans[plan_key] = (entry, grid, ints)
     return y, h
 
 
@@ -418,12 +413,10 @@ def rms_norm_bwd_launch(
     block_m: int | None = None,
     num_warps: int | None = None,
     programs_per_sm: int | None = None,
-    align: int | None = None,
 ):
     """Run the backward kernel on the forward's input x (or h) and eps. Returns (dx, dw); dx includes dh
-    when it is given; dw has the weight's dtype. ``block_m``, ``num_warps``, ``programs_per_sm`` and
-    ``align`` override the configuration, for probes.
-    """
+    when it is given; dw has the weight's dtype. ``block_m``, ``num_warps``, ``programs_per_sm`` override
+    the configuration, for probes."""
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols if n_cols else 0
     cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols, n_rows, x.element_size())
@@ -434,7 +427,11 @@ def rms_norm_bwd_launch(
     if n_rows == 0:
         return dx, torch.zeros_like(weight)
 
-    n_programs, rows_per_program = backward_grid(n_rows, n_cols, x.device, block_m, programs_per_sm or cfg_per_sm)
+    # the persistent grid: at most per_sm programs per SM, each a contiguous run of whole row blocks
+    row_blocks = triton.cdiv(n_rows, block_m)
+    per_program = triton.cdiv(row_blocks, min(_sm_count(x.device) * (programs_per_sm or cfg_per_sm), row_blocks))
+    rows_per_program = per_program * block_m
+    n_programs = triton.cdiv(n_rows, rows_per_program)
     # A single program writes dw itself; several write float32 partials that a second kernel sums.
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     partials = dw if n_programs == 1 else torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
@@ -461,14 +458,14 @@ def rms_norm_bwd_launch(
         HAS_DH=dh is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        ALIGN=pow2_divisor(bits) if align is None else _checked_align(align, bits),
+        ALIGN=pow2_divisor(bits),
     )
     if n_programs > 1:
         # narrow column strips, all partial rows in one or two tiles: enough programs and loads in flight
         # for a reduction of a few MB (a few wide strips walking the rows one tile at a time took
         # ~40 us at 264 x 4096 on an H100)
         _launch_sum(
-            (_cdiv(n_cols, 32),),
+            (triton.cdiv(n_cols, 32),),
             partials,
             dw,
             n_programs,
@@ -481,14 +478,12 @@ def rms_norm_bwd_launch(
     return dx, dw
 
 
-# --------------------------------------------------------------------------------------------------
 # The two registrations over the same launchers:
 # * ``_RMSNorm``, an autograd.Function, for eager calls that need a gradient (a custom op with
 #   registered autograd cost more host time: on the H100 machine, tiny tensors, one forward + backward
 #   took 521 us through the custom ops and 361 us through a Function);
 # * the custom ops ``mahia::rms_norm_fwd`` / ``mahia::rms_norm_bwd`` for torch.compile (opaque to it, no
 #   graph break, with fake and autograd rules). Without a residual the forward's h is an empty tensor.
-# --------------------------------------------------------------------------------------------------
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -544,11 +539,10 @@ def _backward(ctx, dy, dh):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
+_apply = c_apply(_RMSNorm)
 
 
-# --------------------------------------------------------------------------------------------------
 # The public functions
-# --------------------------------------------------------------------------------------------------
 
 
 def _too_wide(x: torch.Tensor) -> str:
@@ -567,7 +561,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
         if torch.compiler.is_compiling():
             return _fwd_op(x, None, weight, eps)[0]
         if (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
-            return _RMSNorm.apply(x, None, weight, eps)
+            return _apply(x, None, weight, eps)
         return rms_norm_fwd_launch(x, weight, None, eps)[0]  # no graph to record: no Function
     return _rms_norm_eager(x, weight, eps)
 
@@ -583,7 +577,7 @@ def add_rms_norm(
         if torch.compiler.is_compiling():
             return _fwd_op(x, residual, weight, eps)
         if (x.requires_grad or residual.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
-            return _RMSNorm.apply(x, residual, weight, eps)
+            return _apply(x, residual, weight, eps)
         return rms_norm_fwd_launch(x, weight, residual, eps)
     h = x + residual
     return _rms_norm_eager(h, weight, eps), h

@@ -6,22 +6,16 @@ position t, with cos/sin the (T, D/2) float32 tables:
     forward:  [x1 * cos - x2 * sin,  x2 * cos + x1 * sin]
     backward: the transpose of a rotation is the rotation by -angle: the same formula with sin negated
 
-One program per token (b, t): it loads that token's cos/sin row once and rotates all Hq query heads and
-all Hkv key heads (GQA: Hkv may differ from Hq). Out of place; the outputs are contiguous (B, T, H, D).
-q and k may be strided (e.g. views into a fused qkv projection) as long as the last dim is contiguous.
-Byte count: read q and k, write q and k, per pass (cos/sin are T * D floats, small next to q).
-cos and sin are constants: no gradient flows to them, so tables that require grad (while grad mode
-is on) are refused with a ValueError, on every path.
+One program per token (b, t) loads its cos/sin row once and rotates all Hq query and Hkv key heads (GQA).
+Out of place, outputs contiguous (B, T, H, D); q and k may be strided (views of a fused qkv projection)
+with a contiguous last dim. cos and sin are constants: tables that require grad (while grad mode is on)
+are refused with a ValueError, on every path.
 
-One path: ``rope`` checks its inputs once (errors name it and the argument, e.g. an odd head dim), then
-launches the kernel through ``_Rope`` (an autograd.Function, when a gradient is needed), directly (no
-gradient), or, under torch.compile, through the custom op ``mahia::rope`` (the same launcher; its
-``backward`` flag negates sin, so the op is its own backward).
-
-Behaviour at the edges: float64 anywhere, e.g. float64 cos/sin tables next to float32 q and k, runs
-the eager reference silently (it computes in q's precision and returns q's dtype); empty inputs (B, T
-or a head count of 0) return empty outputs; ``meta`` tensors get their shapes from the eager
-reference, never the interpreter.
+One path: ``rope`` checks its inputs once (errors name it and the argument), then launches through
+``_Rope`` (an autograd.Function) when a gradient is needed, directly otherwise, or under torch.compile
+through the custom op ``mahia::rope`` (its ``backward`` flag negates sin: the op is its own backward).
+Edges: float64 anywhere runs the eager reference silently (q's dtype out); empty inputs give empty
+outputs; ``meta`` tensors get their shapes from the eager reference.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher, pow2_divisor
+from mahia.ops._launch import Launcher, c_apply, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -237,9 +231,8 @@ def rope_launch(
     return q_out, k_out
 
 
-# The two registrations over the same launcher: ``_Rope`` (autograd.Function) for eager calls that need
-# a gradient (less host time than a custom op's dispatch; see mahia.ops.rmsnorm), the custom op for
-# torch.compile (opaque to it, with fake and autograd rules).
+# The two registrations over the same launcher: an autograd.Function for eager calls (less host time than
+# a custom op's dispatch), the custom op for torch.compile (opaque to it, with fake and autograd rules).
 
 
 class _Rope(torch.autograd.Function):
@@ -279,6 +272,7 @@ def _backward(ctx, dq, dk):
 
 
 _op.register_autograd(_backward, setup_context=_setup)
+_apply = c_apply(_Rope)
 
 
 def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,6 +287,6 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
         if torch.compiler.is_compiling():
             return _op(q, k, cos, sin, False)
         if (q.requires_grad or k.requires_grad) and torch.is_grad_enabled():
-            return _Rope.apply(q, k, cos, sin)
+            return _apply(q, k, cos, sin)
         return rope_launch(q, k, cos, sin)  # no graph to record: no Function
     return _rotate(q, cos, sin), _rotate(k, cos, sin)

@@ -4,32 +4,28 @@
     da = dc * b * s * (1 + a * (1 - s))
     db = dc * a * s
 
-The backward recomputes s from a instead of saving it: one more exp per element is free in a kernel
-bound by memory. Byte count: forward reads a, b and writes c (3 passes); backward reads dc, a, b and
-writes da, db (5 passes).
+The backward recomputes s from a instead of saving it (one more exp per element is free in a kernel
+bound by memory). Bytes: the forward reads a, b and writes c; the backward reads dc, a, b, writes da, db.
+The kernel walks (rows, N) in 1-D blocks along N; when every operand is contiguous the tensor is one
+long row, otherwise each operand needs a unit stride along N only, so the gate/up halves of a fused
+projection (``u.chunk(2, -1)``) are read in place.
 
-Layout: the kernel walks (rows, N) tiles in 1-D blocks of BLOCK elements along N. When every operand
-is contiguous the tensor is treated as one long row (no tail waste at the end of each row); otherwise
-each operand needs only a unit stride along N and its own row stride, so the gate/up halves of a
-fused ``w12`` projection (``u.chunk(2, -1)``) are read in place, without a copy.
-
-One path: ``swiglu`` checks its inputs once (errors name it and the argument), then launches the
-kernels through ``_SwiGLU`` (an autograd.Function, when a gradient is needed), directly (no gradient),
-or, under torch.compile, through the custom ops ``mahia::swiglu_fwd`` / ``mahia::swiglu_bwd`` (the
-same launchers).
-
-Behaviour at the edges: empty inputs (any dim 0) return an empty output and empty gradients; float64
-inputs run the eager reference silently (reference precision); ``meta`` tensors get their shapes from
-the eager reference, never the interpreter; any hidden size runs (the kernel walks a row in blocks).
+One path: ``swiglu`` checks its inputs once (errors name it and the argument), then launches through
+``_SwiGLU`` (an autograd.Function) when a gradient is needed, directly otherwise, or under torch.compile
+through the custom ops ``mahia::swiglu_fwd`` / ``_bwd``. Edges: empty inputs give empty outputs and
+gradients; float64 runs the eager reference silently; ``meta`` tensors get their shapes from it.
 """
 
 from __future__ import annotations
+
+import functools
+import operator
 
 import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher, pow2_divisor
+from mahia.ops._launch import Launcher, c_apply, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -165,13 +161,6 @@ def _as_rows(*tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list
     return out[0].shape[0], out[0].shape[1], out, [t.stride(0) for t in out]
 
 
-def _or(values: list[int]) -> int:
-    out = 0
-    for v in values:
-        out |= v
-    return out
-
-
 def _empty(a: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor like a (empty_like keeps a's strides when a is a permuted dense view)."""
     return torch.empty_like(a) if a.is_contiguous() else torch.empty(a.shape, dtype=a.dtype, device=a.device)
@@ -198,7 +187,7 @@ def swiglu_fwd_launch(
         n_col_blocks,
         *strides,
         BLOCK=block,
-        ALIGN=pow2_divisor(n_cols | _or(strides)),
+        ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)),
         num_warps=num_warps,
     )
     return c
@@ -231,15 +220,14 @@ def swiglu_bwd_launch(
         n_col_blocks,
         *strides,
         BLOCK=block,
-        ALIGN=pow2_divisor(n_cols | _or(strides)),
+        ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)),
         num_warps=num_warps,
     )
     return da, db
 
 
-# The two registrations over the same launchers: ``_SwiGLU`` (autograd.Function) for eager calls that
-# need a gradient (less host time than a custom op's dispatch; see mahia.ops.rmsnorm), the custom ops
-# for torch.compile (opaque to it, with fake and autograd rules).
+# The two registrations over the same launchers: an autograd.Function for eager calls (less host time than
+# a custom op's dispatch), the custom ops for torch.compile (opaque to it, with fake and autograd rules).
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -284,6 +272,7 @@ def _backward(ctx, dc):
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
+_apply = c_apply(_SwiGLU)
 
 
 def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -297,6 +286,6 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
             return _fwd_op(a, b)
         if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
-            return _SwiGLU.apply(a, b)
+            return _apply(a, b)
         return swiglu_fwd_launch(a, b)  # no graph to record: no Function
     return _swiglu_eager(a, b)
