@@ -75,7 +75,6 @@ __all__ = [
     "default_results_dir",
     "default_figures_dir",
     "load_records",
-    "keep_part_commits",
     "latest",
     "profiles",
     "headline",
@@ -89,19 +88,17 @@ ROLES = ("baseline", "optimized", "peer", "reference", "metric")
 
 
 def _shape_str(shape) -> str:
-    if shape is None:
-        return ""
-    if isinstance(shape, str):
-        return shape
-    if isinstance(shape, torch.Size) or isinstance(shape, (tuple, list)):
-        return "x".join(str(int(s)) for s in shape)
-    return str(shape)
+    """``(4, 1024)`` -> ``4x1024``; a string as it is."""
+    return "x".join(str(int(s)) for s in shape) if isinstance(shape, (tuple, list)) else str(shape or "")
 
 
 def _dtype_str(dtype) -> str:
-    if dtype is None:
-        return ""
-    return str(dtype).replace("torch.", "")
+    return str(dtype or "").replace("torch.", "")
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
 
 def _identity(rep: dict) -> dict:
@@ -212,8 +209,7 @@ class Recorder:
         """Record a timed variant. GB/s, TFLOP/s and the fraction of the measured ceiling
         (``limit``: 'copy', 'matmul_bf16' or 'matmul_fp32'; default 'copy' when ``bytes`` is given
         and ``flops`` is not, else by dtype) are computed here, never typed in."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        _check_role(role)
         if not isinstance(timing, Timing):
             raise TypeError(f"timing must be a mahia.measure.timing.Timing, got {type(timing).__name__}")
         sec = timing.median_ms * 1e-3
@@ -266,8 +262,7 @@ class Recorder:
         notes: str = "",
     ) -> dict:
         """Record a single value (a count, a loss difference, a memory figure)."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        _check_role(role)
         row = {
             **self._stamp(),
             "experiment": experiment,
@@ -289,63 +284,3 @@ class Recorder:
         """Re-derive the summary of this recorder's profile (``summary.json`` for the full profile,
         ``summary-<profile>.json`` otherwise) from all its records; returns the metrics."""
         return write_summary(self.folder, self.profile)
-
-
-def keep_part_commits(folder: str | Path) -> dict[str, int]:
-    """Drop, from each ``<part>.csv`` of a reference folder, the rows that its ``parts/<part>.json`` does not
-    vouch for: rows of another commit (older runs of the part) or another profile. Afterwards every summary
-    of the folder is made by the commits its parts name, one per part. Returns ``{csv name: rows dropped}``.
-
-    Refuses, changing nothing, when a CSV has no part file (a reference made before parts were recorded):
-    there is no commit to keep, and dropping everything would lose the only measurements."""
-    folder = Path(folder)
-    csvs = sorted(folder.glob("*.csv"))
-    keep: dict[Path, str] = {}
-    missing = []
-    for path in csvs:
-        part = folder / "parts" / f"{path.stem}.json"
-        try:
-            commit = json.loads(part.read_text()).get("commit") if part.exists() else None
-        except ValueError:
-            commit = None
-        if not commit:
-            missing.append(path.name)
-        else:
-            keep[path] = str(commit)
-    if missing:
-        raise ValueError(
-            f"{folder}: no parts/<part>.json with a commit for {', '.join(missing)}; nothing was dropped "
-            "(only a folder written by `python -m mahia reference` can be pruned)"
-        )
-    kept = {}  # every CSV is checked before any is written: a refusal changes nothing
-    for path, commit in keep.items():
-        df = pd.read_csv(path, dtype={"commit": str})
-        mine = (df["commit"].astype(str) == commit) & (df["profile"].astype(str) == "full")
-        if not mine.any():
-            raise ValueError(f"{path}: no full-profile row of commit {commit}, which parts/ names; nothing dropped")
-        kept[path] = (df, mine)
-    for path, (df, mine) in kept.items():
-        if not mine.all():
-            atomic_write_text(path, df[mine].to_csv(index=False))
-    return {path.name: int((~mine).sum()) for path, (_, mine) in kept.items()}
-
-
-def set_aside_run(path: str | Path, run_id: str, to: str | Path) -> int:
-    """Move the rows of run ``run_id`` from the records file ``path`` to ``to`` (appended; same columns);
-    returns how many moved. For a reference part that did not finish: its first cells' rows would
-    otherwise sit beside the finished parts' and survive a prune (same commit). Nothing is lost: they
-    go to the run's own folder."""
-    path, to = Path(path), Path(to)
-    if not path.exists():
-        return 0
-    df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
-    mine = df["run_id"] == run_id
-    if not mine.any():
-        return 0
-    to.parent.mkdir(parents=True, exist_ok=True)
-    moved = df[mine]
-    if to.exists():
-        moved = pd.concat([pd.read_csv(to, dtype={"commit": str, "run_id": str}), moved], ignore_index=True)
-    atomic_write_text(to, moved.to_csv(index=False))  # first the copy, then the removal
-    atomic_write_text(path, df[~mine].to_csv(index=False))
-    return int(mine.sum())

@@ -90,21 +90,8 @@ def _rows(df, experiment, shape=None, dtype=None):
     return sel
 
 
-# The rows a headline rule read, collected while ``headline`` evaluates it (which commit made them).
-_USED: list | None = None
-
-
-def _use(rows: pd.DataFrame) -> None:
-    if _USED is not None:
-        _USED.extend(rows.index)
-
-
 def _newest(sel: pd.DataFrame, column: str) -> float | None:
-    if not len(sel):
-        return None
-    row = sel.sort_values("date").iloc[[-1]]
-    _use(row)
-    return float(row[column].iloc[0])
+    return float(sel.sort_values("date")[column].iloc[-1]) if len(sel) else None
 
 
 def _time(df, experiment, variant, shape=None, dtype=None):
@@ -144,10 +131,7 @@ def best(experiment, name, shape=None, dtype=None) -> Callable:
     def rule(df):
         sel = _rows(df, experiment, shape, dtype)
         sel = sel[sel[name].notna()]
-        if not len(sel):
-            return None
-        _use(sel.loc[[sel[name].idxmax()]])
-        return float(sel[name].max())
+        return float(sel[name].max()) if len(sel) else None
 
     return rule
 
@@ -279,75 +263,44 @@ def goal_status(key: str, value: float | None) -> str:
     return "met" if (value >= bound if op == ">=" else value <= bound) else "missed"
 
 
-def _ceilings_doc(folder: Path, profile: str) -> dict | None:
-    path = files.profile_file(folder, "ceilings", profile)
-    if not path.exists():
-        return None
-    c = json.loads(path.read_text())
-    return c if c.get("profile", "full") == profile else None  # files without a profile are full runs'
-
-
-def _suite_summary(folder: Path, stem: str, profile: str) -> dict | None:
+def _profile_doc(folder: Path, stem: str, profile: str) -> dict | None:
+    """``<stem>.json`` (``<stem>-<profile>.json``) of one profile; a file without a profile is a full run's."""
     path = files.profile_file(folder, stem, profile)
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
-    return doc if doc.get("profile", "full") == profile else None
+    doc = json.loads(path.read_text()) if path.exists() else None
+    return doc if doc is not None and doc.get("profile", "full") == profile else None
 
 
 def headline(folder: str | Path, profile: str = "full") -> dict:
-    """Headline metrics of one profile of a device folder, with where each comes from.
-
-    Returns ``{"metrics": {key: value or None}, "sources": {key: [commits]}, "commits": [...],
-    "newest_record": date, "newest_commit": commit, "stale": [keys]}``: ``sources`` names the commit(s)
-    of the records (or ceilings) a measured metric was derived from; ``stale`` lists the metrics made
-    by another commit than the newest record's.
-    """
-    global _USED
+    """Headline metrics of one profile of a device folder: ``{"profile", "newest_record", "newest_commit",
+    "commits", "metrics": {key: value or None}}``; ``commits`` are those of the newest records (and ceilings and
+    suite summaries) the metrics are derived from."""
     folder = Path(folder)
     records = load_records(folder)
     records = records[records["profile"] == profile] if not records.empty else records
     df = latest(records)
-    metrics: dict[str, float | None] = {k: None for k in HEADLINE_KEYS}
-    sources: dict[str, list[str]] = {}
-    ceil = _ceilings_doc(folder, profile)
+    metrics: dict[str, float | None] = dict.fromkeys(HEADLINE_KEYS)
+    commits = set(df["commit"]) if not df.empty else set()
+    ceil = _profile_doc(folder, "ceilings", profile)
     if ceil is not None:
-        for k in ("copy_gbps", "matmul_bf16_tflops"):
-            metrics[k] = ceil.get(k)
-            if metrics[k] is not None:
-                sources[k] = [ceil.get("commit") or UNKNOWN]
-    if not df.empty:
-        for k, rule in HEADLINES.items():
-            _USED = []
-            try:
-                v = rule(df)
-                used = list(_USED)
-            finally:
-                _USED = None
-            metrics[k] = None if v is None or v != v else round(float(v), 6)
-            if metrics[k] is not None:
-                sources[k] = sorted(set(df.loc[used, "commit"].astype(str))) or [UNKNOWN]
+        metrics.update({k: ceil.get(k) for k in ("copy_gbps", "matmul_bf16_tflops")})
+        commits.add(ceil.get("commit") or UNKNOWN)
+    for k, rule in HEADLINES.items() if not df.empty else ():
+        v = rule(df)
+        metrics[k] = None if v is None or v != v else round(float(v), 6)
     for stem, keys in SUITE_SUMMARIES.items():
-        suite = _suite_summary(folder, stem, profile)
-        if suite is None:
-            continue
-        for k in keys:
-            v = suite.get("metrics", {}).get(k)
-            metrics[k] = None if v is None else round(float(v), 6)
-            if metrics[k] is not None:
-                sources[k] = list(suite.get("commits") or [UNKNOWN])
+        suite = _profile_doc(folder, stem, profile)
+        if suite is not None:
+            metrics.update(
+                {k: None if suite["metrics"].get(k) is None else round(suite["metrics"][k], 6) for k in keys}
+            )
+            commits.update(suite.get("commits") or [UNKNOWN])
     newest = records.sort_values("date").iloc[-1] if not records.empty else None
-    newest_commit = (
-        str(newest["commit"]) if newest is not None else ((ceil.get("commit") or UNKNOWN) if ceil is not None else None)
-    )
     return {
         "profile": profile,
         "newest_record": None if newest is None else str(newest["date"]),
-        "newest_commit": newest_commit,
-        "commits": sorted({c for cs in sources.values() for c in cs}),
-        "stale": [k for k, cs in sources.items() if any(c != newest_commit for c in cs)],
+        "newest_commit": None if newest is None else str(newest["commit"]),
+        "commits": sorted(map(str, commits)),
         "metrics": metrics,
-        "sources": sources,
     }
 
 
@@ -372,7 +325,7 @@ def write_summaries(folder: str | Path) -> dict[str, dict]:
     found = profiles(load_records(folder))
     for path in folder.glob("ceilings*.json"):
         p = path.stem.partition("-")[2] or "full"
-        if p not in found and _ceilings_doc(folder, p) is not None:
+        if p not in found and _profile_doc(folder, "ceilings", p) is not None:
             found.append(p)
     return {p: write_summary(folder, p) for p in found}
 

@@ -236,13 +236,13 @@ def slowest_cells(out_nb: Path, n: int = 3) -> list[dict]:
 
 
 def _running_cell(out_nb: Path) -> int | None:
-    """The code cell (source numbering) papermill had started and not finished when it was stopped."""
+    """The code cell (source numbering) papermill was running when it was stopped: the last one it started."""
     try:
         nb = _load(out_nb)
     except (OSError, ValueError):
         return None
-    running = [n for n, c in _source_cells(nb) if c.get("metadata", {}).get("papermill", {}).get("status") == "running"]
-    return running[-1] if running else None
+    started = [n for n, c in _source_cells(nb) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
 
 
 def _check_params(chosen: list[Path], extra: dict) -> dict[Path, dict[str, str | None]]:
