@@ -46,9 +46,14 @@ def _png() -> bytes:
 def _executed(title: str, printed: str, png: bytes, math: bool = False) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     md = f"# {title}\n\nWhat this notebook measures." + (" The ratio is $t_b / t_a$." if math else "")
-    code = nbformat.v4.new_code_cell("print('hello')\nplot()", execution_count=1)
+    wide = "x = " + " + ".join(["1"] * 200)  # wider than the page: its box scrolls, the page does not
+    code = nbformat.v4.new_code_cell(f"print('hello')\nplot()\n{wide}", execution_count=1)
+    table = "<table>" + "".join(f"<td>column_{i}</td>" for i in range(60)) + "</table>"
+    listing = f"<table style='width:100%;table-layout:fixed'><tr><td><pre style='white-space:pre'>{wide}</pre></td></tr></table>"
     code.outputs = [
-        nbformat.v4.new_output("stream", name="stdout", text=printed),
+        nbformat.v4.new_output("stream", name="stdout", text=printed + "saved /home/someone/repo/data/results/x.csv\n"),
+        nbformat.v4.new_output("display_data", data={"text/html": table, "text/plain": "a table"}),
+        nbformat.v4.new_output("display_data", data={"text/html": listing, "text/plain": "a listing"}),
         nbformat.v4.new_output(
             "display_data",
             data={
@@ -82,9 +87,7 @@ def results(tmp_path_factory) -> tuple[Path, Path]:
         "newest_record": "2026-11-24T10:00:00+00:00",
         "newest_commit": "abc123",
         "commits": ["abc123"],
-        "stale": [],
         "metrics": {"copy_gbps": 12.5, "amp_speedup": 2.0, "moe_vs_loop": None},
-        "sources": {"copy_gbps": ["abc123"], "amp_speedup": ["abc123"]},
     }
     (folder / "summary.json").write_text(json.dumps(summary))
     (figures / "00_first_plot.png").write_bytes(png)
@@ -113,10 +116,12 @@ def test_the_site_has_an_index_a_page_per_notebook_and_the_pngs(site):
         assert text in index, text
     assert "not measured" in index  # moe_vs_loop: None
     page = (site / "notebooks" / "00_first.html").read_text()
-    assert "... 201 lines trimmed ..." in page  # 301 lines printed: the policy keeps the first 60 and the last 40
+    assert "... 202 lines trimmed ..." in page  # 302 lines printed: the policy keeps the first 60 and the last 40
     assert 'class="jp-RenderedSVG' not in page and page.count('class="jp-RenderedImage') == 1  # PNG, no SVG copy
     assert "require.min.js" not in page and "mathjax" not in page.lower()  # nothing from outside without math
     assert "mathjax" in (site / "notebooks" / "01_second.html").read_text().lower()  # a page with math gets it
+    assert "saved data/results/x.csv" in page and "/home/someone" not in page  # no absolute path
+    assert str(site.parent) not in (site / "index.html").read_text()
 
 
 def _local_file(url: str) -> Path:
@@ -160,6 +165,10 @@ def test_every_page_renders_in_chromium_with_its_images_and_links(site, tmp_path
             body = page.inner_text("body")
             for bad in ("Traceback", "No renderer could be found", "Error"):
                 assert bad not in body, f"{name}: {bad!r} on the page"
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{name}: the page is {overflow} px wider than the window: wide code or tables"
+            fonts = page.eval_on_selector_all("pre", "els => els.map(e => getComputedStyle(e).fontFamily)")
+            assert all("mono" in f.lower() for f in fonts), f"{name}: a listing is not monospace: {set(fonts)}"
             images = page.eval_on_selector_all(
                 "img", "els => els.map(e => [e.getAttribute('src').slice(0, 40), e.complete, e.naturalWidth])"
             )
