@@ -63,8 +63,8 @@ def trim_notebook(nb: dict) -> list[str]:
     notes = []
     if (state := nb.get("metadata", {}).pop("widgets", None)) is not None:
         notes.append(f"widget state dropped ({len(json.dumps(state)) / 1024:,.1f} KiB)")
-    node = CoalesceStreamsPreprocessor().preprocess(nbformat.from_dict(nb), {})[0]
-    nb["cells"] = json.loads(json.dumps(node["cells"]))  # plain dicts again
+    node = nbformat.reads(json.dumps(nb), as_version=4)  # a stream's lines joined: the preprocessor reads one string
+    nb["cells"] = json.loads(json.dumps(CoalesceStreamsPreprocessor().preprocess(node, {})[0]["cells"]))
     views = cut_lines = dupes = 0
     for cell in nb["cells"]:
         for o in cell.get("outputs", []):
