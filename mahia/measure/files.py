@@ -162,20 +162,6 @@ def git_commit() -> str:
     return describe_commit(REPO_ROOT)
 
 
-def same_commit(a: str, b: str) -> bool:
-    """Whether two commit names are one commit: equal, or one an abbreviation of the other (git's short
-    sha of at least 7 hex digits against a longer one, as ``MAHIA_COMMIT=0dea75a`` against git's 12). A
-    ``-dirty`` tree is never the same as a clean one."""
-    a, b = str(a), str(b)
-    if a == b:
-        return True
-    if a.endswith("-dirty") != b.endswith("-dirty") or UNKNOWN in (a, b):
-        return False
-    a, b = a.removesuffix("-dirty"), b.removesuffix("-dirty")
-    short, long_ = sorted((a, b), key=len)
-    return len(short) >= 7 and long_.startswith(short)
-
-
 def run_commit() -> str:
     """The commit stamped on records: ``MAHIA_COMMIT`` (set by the runner for a whole run), else git's."""
     return os.environ.get("MAHIA_COMMIT") or git_commit()

@@ -245,8 +245,8 @@ def _value(v: float) -> str:
 
 def readme_tables(folders: Sequence[Path]) -> str:
     """The headline metrics of the reference folders (each one's full-profile ``summary.json``) as one table, a
-    column per GPU, each value with its grade; above it a line per GPU (the days of its records, its commits and
-    parts)."""
+    column per GPU, each value with its grade and † when an older commit than the folder's newest record made it;
+    above it a line per GPU (the days of its records, its commits and parts), below it the † notes."""
     lines, cols = [], []
     for folder in map(Path, folders):
         summary, df = read_summary(folder, "full"), load_records(folder)
@@ -266,9 +266,16 @@ def readme_tables(folders: Sequence[Path]) -> str:
         for summary, cpu in cols:
             v = summary["metrics"].get(k)
             g = grade(k, v, cpu=cpu) if v is not None else ""
-            cells.append("not measured" if v is None else _value(v) + (f" ({g})" if g else ""))
+            stale = " †" if k in summary.get("stale", []) else ""
+            cells.append("not measured" if v is None else _value(v) + stale + (f" ({g})" if g else ""))
         rows.append((f"`{k}`", " ".join(map(str, GOALS.get(k, ()))), *cells))
-    lines += [f"_{_GENERATED}_", "", *_table(("metric", "goal", *(str(s.get("device")) for s, _ in cols)), rows)]
+    head = ("metric", "goal", *(str(s.get("device")) for s, _ in cols))
+    lines += [f"_{_GENERATED}; † made by an older commit than that GPU's newest record_", "", *_table(head, rows)]
+    for s, _ in cols:
+        if s.get("stale"):
+            older = sorted({c for k in s["stale"] for c in s["sources"][k]} - {s["newest_commit"]})
+            note = f"† {s.get('device')}: made by an older commit ({', '.join(older)}) than its newest record "
+            lines += ["", _wrap(note + f"({s['newest_commit']}): run that part of the reference again")]
     return "\n".join(lines) + "\n"
 
 

@@ -90,8 +90,18 @@ def _rows(df, experiment, shape=None, dtype=None):
     return sel
 
 
+# The rows a headline rule read, collected while ``headline`` evaluates it (which commit made them).
+_USED: list | None = None
+
+
+def _use(rows: pd.DataFrame) -> pd.DataFrame:
+    if _USED is not None:
+        _USED.extend(rows.index)
+    return rows
+
+
 def _newest(sel: pd.DataFrame, column: str) -> float | None:
-    return float(sel.sort_values("date")[column].iloc[-1]) if len(sel) else None
+    return float(_use(sel.sort_values("date").iloc[[-1]])[column].iloc[0]) if len(sel) else None
 
 
 def _time(df, experiment, variant, shape=None, dtype=None):
@@ -131,7 +141,7 @@ def best(experiment, name, shape=None, dtype=None) -> Callable:
     def rule(df):
         sel = _rows(df, experiment, shape, dtype)
         sel = sel[sel[name].notna()]
-        return float(sel[name].max()) if len(sel) else None
+        return float(_use(sel.loc[[sel[name].idxmax()]])[name].iloc[0]) if len(sel) else None
 
     return rule
 
@@ -271,36 +281,44 @@ def _profile_doc(folder: Path, stem: str, profile: str) -> dict | None:
 
 
 def headline(folder: str | Path, profile: str = "full") -> dict:
-    """Headline metrics of one profile of a device folder: ``{"profile", "newest_record", "newest_commit",
-    "commits", "metrics": {key: value or None}}``; ``commits`` are those of the newest records (and ceilings and
-    suite summaries) the metrics are derived from."""
+    """Headline metrics of one profile of a device folder, with where each comes from: ``{"metrics": {key: value
+    or None}, "sources": {key: [commits]}, "commits", "newest_record", "newest_commit", "stale": [keys]}``;
+    ``sources`` names the commits of the records (or ceilings, or suite summary) a metric was derived from,
+    ``stale`` the metrics made by another commit than the newest record's."""
+    global _USED
     folder = Path(folder)
     records = load_records(folder)
     records = records[records["profile"] == profile] if not records.empty else records
     df = latest(records)
-    metrics: dict[str, float | None] = dict.fromkeys(HEADLINE_KEYS)
-    commits = set(df["commit"]) if not df.empty else set()
+    found: dict[str, tuple] = {}  # key: (value, the commits it was made from)
     ceil = _profile_doc(folder, "ceilings", profile)
     if ceil is not None:
-        metrics.update({k: ceil.get(k) for k in ("copy_gbps", "matmul_bf16_tflops")})
-        commits.add(ceil.get("commit") or UNKNOWN)
+        found |= {k: (ceil.get(k), [ceil.get("commit") or UNKNOWN]) for k in ("copy_gbps", "matmul_bf16_tflops")}
     for k, rule in HEADLINES.items() if not df.empty else ():
-        v = rule(df)
-        metrics[k] = None if v is None or v != v else round(float(v), 6)
+        _USED = []
+        try:
+            v, used = rule(df), list(_USED)
+        finally:
+            _USED = None
+        commits = sorted(set(df.loc[used, "commit"].astype(str))) or [UNKNOWN]
+        found[k] = (None if v is None or v != v else round(float(v), 6), commits)
     for stem, keys in SUITE_SUMMARIES.items():
         suite = _profile_doc(folder, stem, profile)
-        if suite is not None:
-            metrics.update(
-                {k: None if suite["metrics"].get(k) is None else round(suite["metrics"][k], 6) for k in keys}
-            )
-            commits.update(suite.get("commits") or [UNKNOWN])
+        for k in keys if suite is not None else ():
+            v = suite.get("metrics", {}).get(k)
+            found[k] = (None if v is None else round(float(v), 6), list(suite.get("commits") or [UNKNOWN]))
+    metrics = {k: found.get(k, (None,))[0] for k in HEADLINE_KEYS}
+    sources = {k: cs for k, (v, cs) in found.items() if v is not None}
     newest = records.sort_values("date").iloc[-1] if not records.empty else None
+    newest_commit = str(newest["commit"]) if newest is not None else ceil and (ceil.get("commit") or UNKNOWN)
     return {
         "profile": profile,
         "newest_record": None if newest is None else str(newest["date"]),
-        "newest_commit": None if newest is None else str(newest["commit"]),
-        "commits": sorted(map(str, commits)),
+        "newest_commit": newest_commit,
+        "commits": sorted({c for cs in sources.values() for c in cs}),
+        "stale": [k for k, cs in sources.items() if any(c != newest_commit for c in cs)],
         "metrics": metrics,
+        "sources": sources,
     }
 
 

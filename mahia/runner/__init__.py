@@ -303,6 +303,12 @@ def run(
         return _finish(sess, _run_parts(sess, _notebook_parts(sess, chosen, mine), progress))
 
 
+def _check_gpu(dev) -> None:
+    if dev is None or dev.type != "cuda":
+        where = "no CUDA GPU is available here" if dev is None else f"this run is on {dev}"
+        raise UsageError(f"the reference is a GPU run and {where}; `python -m mahia run` makes a run of your own")
+
+
 def reference(
     *,
     notebooks: str | Sequence[str] | None = None,
@@ -330,9 +336,7 @@ def reference(
         raise UsageError(str(e)) from None
     except RuntimeError:  # cuda asked for, none here
         dev = None
-    if dev is None or dev.type != "cuda":
-        where = "no CUDA GPU is available here" if dev is None else f"this run is on {dev}"
-        raise UsageError(f"the reference is a GPU run and {where}; `python -m mahia run` makes a run of your own")
+    _check_gpu(dev)
     if notebooks is None and bench is None:
         notebooks, bench = "all", "all"
     chosen = [] if notebooks in (None, "none", ["none"]) else select_notebooks(notebooks)
