@@ -253,6 +253,7 @@ def readme_tables(folders: Sequence[Path]) -> str:
         df = latest(df[df["profile"] == "full"]) if not df.empty else df
         cols.append((summary, _is_cpu(df, folder)))
         days = sorted({str(d)[:10] for d in df["date"].dropna()}) if not df.empty else []
+        days = days or [str(summary["newest_record"])[:10]] if summary.get("newest_record") else days
         parts = reference_parts(folder)
         line = (
             f"_{summary.get('device') or folder.name} (`{folder.name}`): records of {', '.join(days) or 'no date'}; "
