@@ -6,7 +6,6 @@
 * only ``python -m mahia reference`` writes those: on a GPU, from a clean tree, in parts that resume.
 """
 
-import io
 import json
 import os
 import shutil
@@ -116,35 +115,6 @@ def test_the_committed_h200_reference_is_the_full_profile_of_one_commit_and_its_
         k: v for k, v in results.headline(H200, "full").items() if k in ("metrics", "sources", "stale")
     }
     assert f"full profile, commit {commits.pop()}" in " ".join(readme_tables([H200]).split())
-
-
-def test_old_records_keep_their_rows_when_new_ones_are_appended(tmp_path):
-    folder = tmp_path / hardware.device_slug("cpu")
-    folder.mkdir()
-    old_cols = [c for c in results.COLUMNS if c not in ("profile", "commit")]
-    rows = [("sync_count", "baseline", 5.0, ""), ("sync_count", "optimized", 1.0, "a quick profile smoke run")]
-    old = pd.DataFrame(
-        [
-            {
-                "notebook": "99_test",
-                "experiment": e,
-                "variant": v,
-                "role": "metric",
-                "value": x,
-                "notes": n,
-                "date": "2026-01-01T00:00:00+00:00",
-            }
-            for e, v, x, n in rows
-        ],
-        columns=old_cols,
-    )
-    (folder / "99_test.csv").write_text(old.to_csv(index=False))
-    assert set(results.load_records(folder)["commit"]) == {"unknown"}
-    results.Recorder("99_test", "cpu", results_dir=tmp_path, profile="quick", commit="abc").metric("sync_count", "x", 3)
-    on_disk = pd.read_csv(folder / "99_test.csv")
-    expected = pd.read_csv(io.StringIO(old.to_csv(index=False)))
-    pd.testing.assert_frame_equal(on_disk.iloc[:2][old_cols], expected, check_dtype=False)
-    assert list(results.load_records(folder)["profile"]) == ["unknown", "unknown", "quick"]
 
 
 # -- summaries per profile, and stale metrics ----------------------------------------------------------------

@@ -1,24 +1,15 @@
 """Result records: one row per measurement, appended to CSV files, summarized into headline metrics.
 
-Layout, per device (``<slug>`` from ``mahia.measure.hardware.device_slug``), under a results root:
-``runs/results`` by default (git-ignored), ``data/results`` for the committed reference (written only by
-``python -m mahia reference``; see ``mahia.measure.files``)::
+Per device (``<slug>``, ``mahia.measure.hardware.device_slug``) under a results root (``runs/results``, or the
+committed ``data/results``: ``mahia.measure.files``)::
 
-    <root>/<slug>/device.json           which machine this folder belongs to (checked on every write)
-    <root>/<slug>/ceilings.json         measured copy bandwidth and matmul rates (mahia.measure.hardware);
-                                        ceilings-<profile>.json for a profile other than full
-    <root>/<slug>/<notebook>.csv        records, appended run after run (history is kept)
-    <root>/<slug>/summary.json          headline metrics of the full profile, from its newest records;
-                                        summary-<profile>.json for each other profile
-    <root>/<slug>/parts/<part>.json     (reference only) which commit each notebook or suite last ran at
+    <slug>/device.json          which machine the folder belongs to (checked on every write)
+    <slug>/ceilings.json        measured copy bandwidth and matmul rates; ceilings-<profile>.json for another profile
+    <slug>/<notebook>.csv       records, appended run after run
+    <slug>/summary.json         headline metrics of the full profile from its newest records; summary-<profile>.json
+    <slug>/parts/<part>.json    (reference only) the commit each notebook or suite last ran at
 
-Every record carries the ``profile`` that made it ("quick", "full") and the ``commit`` of the code
-(``mahia.measure.files.run_commit``). Summaries are kept per profile, so a quick run never changes the full profile's headline, and each
-metric says which commit(s) its records come from.
-
-Every write goes to a temporary file first and is then renamed over the target, so an interrupted
-run never leaves a half-written file. A folder that belongs to another device is never written.
-
+Every record carries its ``profile`` and ``commit``; every write goes through a temporary file and a rename.
 A ratio key ``x_vs_y`` is time(y) / time(x): above 1 means x is faster.
 """
 
