@@ -82,12 +82,11 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _rows(df, experiment, shape=None, dtype=None):
-    sel = df[df["experiment"] == experiment]
-    if shape is not None:
-        sel = sel[sel["shape"] == shape]
-    if dtype is not None:
-        sel = sel[sel["dtype"] == dtype]
-    return sel
+    return df[
+        (df["experiment"] == experiment)
+        & (shape is None or df["shape"] == shape)
+        & (dtype is None or df["dtype"] == dtype)
+    ]
 
 
 # The rows a headline rule read, collected while ``headline`` evaluates it (which commit made them).
@@ -104,12 +103,7 @@ def _newest(sel: pd.DataFrame, column: str) -> float | None:
     return float(_use(sel.sort_values("date").iloc[[-1]])[column].iloc[0]) if len(sel) else None
 
 
-def _time(df, experiment, variant, shape=None, dtype=None):
-    sel = _rows(df, experiment, shape, dtype)
-    return _newest(sel[(sel["variant"] == variant) & sel["median_ms"].notna()], "median_ms")
-
-
-def _field(df, experiment, variant, field, shape=None, dtype=None):
+def _field(df, experiment, variant, field="median_ms", shape=None, dtype=None):
     sel = _rows(df, experiment, shape, dtype)
     return _newest(sel[(sel["variant"] == variant) & sel[field].notna()], field)
 
@@ -126,8 +120,8 @@ def ratio(experiment, num: str | Sequence[str], den: str, shape=None, dtype=None
             if sel.empty:
                 return None
             sh = sel.sort_values("date")["shape"].iloc[-1]
-        t_den = _time(df, experiment, den, sh, dtype)
-        t_num = [t for t in (_time(df, experiment, v, sh, dtype) for v in nums) if t is not None]
+        t_den = _field(df, experiment, den, "median_ms", sh, dtype)
+        t_num = [t for t in (_field(df, experiment, v, "median_ms", sh, dtype) for v in nums) if t is not None]
         return min(t_num) / t_den if t_den and t_num else None
 
     return rule
