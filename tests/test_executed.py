@@ -40,6 +40,8 @@ def test_a_notebook_is_trimmed_once_and_a_second_trim_changes_nothing():
         ),
         widgets={"state": {}},
     )
+    nb["cells"][0]["metadata"]["tags"] = ["injected-parameters"]
+    nb["cells"][0]["source"] = 'results_dir = "/home/me/repo/data/results"\n'
     notes = trim_notebook(nb)
     assert notes[0].startswith("widget state dropped") and "widget" not in json.dumps(nb["metadata"])
     assert notes[1:] == [
@@ -55,6 +57,7 @@ def test_a_notebook_is_trimmed_once_and_a_second_trim_changes_nothing():
     assert "ipywidgets control" in out[1][1]["data"]["text/plain"]
     assert out[2][0]["text"] == "saved data/results/x.csv, see https://x.org/a/data/b\n"
     assert out[3][0]["traceback"] == ["\x1b[0;32msite-packages/t.py"]
+    assert nb["cells"][0]["source"] == 'results_dir = "data/results"\n'  # papermill's injected parameters
     once = json.dumps(nb)
     assert trim_notebook(nb) == [] and json.dumps(nb) == once
 

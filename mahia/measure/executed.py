@@ -7,8 +7,8 @@ heavy or ties it to one machine:
 * widget state (``metadata.widgets``) and widget views: no static page can use them;
 * long streams: consecutive streams merged and progress bars resolved (nbconvert's
   ``CoalesceStreamsPreprocessor``); one over ``MAX_LINES`` keeps its first ``HEAD`` and last ``TAIL`` lines;
-* absolute paths: ``/any/where/site-packages/torch/...`` becomes ``site-packages/torch/...`` and the checkout's
-  ``/any/where/data/results/...`` becomes ``data/results/...``;
+* absolute paths, in outputs and papermill's injected parameters: ``/any/where/site-packages/torch/...`` becomes
+  ``site-packages/torch/...`` and the checkout's ``/any/where/data/results/...`` becomes ``data/results/...``;
 * figures as PNG only: an output with a PNG loses its SVG and PDF copies;
 * the folder within ``MAX_TOTAL_BYTES``: the largest images are replaced by a line that says so until it fits.
 
@@ -67,6 +67,8 @@ def trim_notebook(nb: dict) -> list[str]:
     nb["cells"] = json.loads(json.dumps(CoalesceStreamsPreprocessor().preprocess(node, {})[0]["cells"]))
     views = cut_lines = dupes = 0
     for cell in nb["cells"]:
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):  # papermill's: results_dir = "/..."
+            cell["source"] = ABSOLUTE.sub("", _text(cell["source"]))
         for o in cell.get("outputs", []):
             if o["output_type"] == "stream":
                 o["text"], cut = _trim(_text(o["text"]))
