@@ -97,16 +97,9 @@ def _identity(rep: dict) -> dict:
 
 
 class Recorder:
-    """Collects the records of one notebook (or benchmark) on one device and writes them.
-
-    ``rec.timing(...)`` records a timed variant, ``rec.metric(...)`` a single value (a sync count,
-    a loss difference). Rows are written to disk at once (atomically), so a notebook that fails
-    later keeps what it measured.
-
-    ``profile``: given, else the ceilings' (``setup()`` measures them for its profile), else
-    ``MAHIA_PROFILE`` (set by the runner), else "unknown". ``commit``: given, else
-    ``mahia.measure.files.run_commit()`` (``MAHIA_COMMIT``, set by the runner, else git's).
-    """
+    """The records of one notebook (or benchmark) on one device: ``timing`` a timed variant, ``metric`` a single
+    value; each row is written at once, so a notebook that fails later keeps what it measured. ``profile``: given,
+    else the ceilings', else ``MAHIA_PROFILE``, else "unknown"; ``commit``: given, else ``files.run_commit()``."""
 
     def __init__(
         self,

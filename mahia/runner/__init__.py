@@ -1,20 +1,12 @@
 """Execute the notebooks headlessly with papermill and write the run report.
 
-Each notebook runs in a papermill process of its own (``python -m papermill``), so that a per-notebook time
-limit can stop it and a crash cannot take the runner down; stopped with SIGTERM, papermill shuts its kernel
-down itself (nbclient), and one GPU notebook's memory is gone before the next starts. A failing or timed-out
-notebook is reported with its cell (numbered as in the source notebook) and the run goes on; the exit code
-is 1 at the end if any failed. Ctrl-C or SIGTERM stops the running part, writes the report of what ran and
-returns 130 or 143. Bad input (``--out``, ``--notebooks``, a ``-p`` that no notebook declares or of the wrong
-type) is refused before anything runs.
-
-``run`` writes records and figures to ``runs/results`` and ``runs/figures`` (git-ignored), the executed
-notebooks, logs, ``outcomes.json``, ``run.json`` and the report to a folder of its own,
-``runs/<date>-<time>-<device>-<profile>/``. ``reference`` is the only writer of the committed reference,
-``data/results/<gpu>/`` and ``figures/<gpu>/``: full profile, on a GPU, from a clean tree, in parts (a
-notebook, a benchmark suite) that resume: a part recorded for this commit (``parts/<part>.json``) is skipped.
-Every part of one run gets the run's commit (``MAHIA_COMMIT``) and profile (``MAHIA_PROFILE``), which the
-records carry.
+Each notebook runs in a papermill process of its own: a per-notebook limit can stop it, a crash cannot take the
+runner down, and on SIGTERM papermill (nbclient) shuts its kernel down, so one GPU notebook's memory is gone
+before the next starts. A failure is reported with its cell (numbered as in the source notebook) and the run
+goes on. ``run`` writes records and figures to ``runs/results`` and ``runs/figures``, the executed notebooks,
+logs, ``outcomes.json``, ``run.json`` and the report to a folder of its own; ``reference`` is the only writer of
+the committed ``data/results/<gpu>/`` and ``figures/<gpu>/``, in parts that resume. Every part of a run gets its
+commit (``MAHIA_COMMIT``) and profile (``MAHIA_PROFILE``), which the records carry.
 """
 
 from __future__ import annotations
