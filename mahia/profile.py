@@ -1,26 +1,17 @@
 """Where a training step's time goes: ``python -m mahia.profile``.
 
-A step is *device-bound* when the GPU runs kernels all the time and *host-bound* when it waits for the
-host to launch them (Python, dispatch, launch latency, syncs). One number tells them apart::
+A step is *device-bound* when the GPU runs kernels all the time and *host-bound* when it waits for the host
+to launch them (Python, dispatch, launch latency, syncs)::
 
     device busy = (sum of kernel times of a step) / (wall time of a step)
 
-Near 1: faster kernels (fusion, bf16, better tiles) pay. Well below 1: the device idles, and only fewer
-launches or less Python pay (compile, CUDA graphs, vectorized paths); a faster kernel changes nothing.
-On a CPU the same table lists operators by host time.
+Near 1, faster kernels pay; well below 1, only fewer launches or less Python pay (compile, CUDA graphs). On a
+CPU the same table lists operators by host time. :func:`profile_step` runs ``torch.profiler`` over a few steps
+after warm-up: wall time, kernel time and launches, the busiest operators and, with ``modules``, the forward
+time of each named module (a name may stand for several modules; their times add up)::
 
-:func:`profile_step` runs ``torch.profiler`` over a few steps (after warm-up) and returns the wall time,
-the kernel time, the busiest operators and, with ``modules``, the forward time of each named module
-(forward hooks open a profiler range around it; the model's code is untouched). A name may stand for
-several modules, e.g. the same part of every block; its time is their sum::
-
-    report = profile_step(step, batch, modules={"attn": [b.attn for b in model.blocks], "mlp": blk.mlp})
-    print(report)
-
-The command line builds a :class:`~mahia.model.HybridModel` training step (preset, batch, sequence
-length, the same options as :func:`~mahia.model.make_train_step`) and prints the report, e.g.::
-
-    python -m mahia.profile --preset small --batch 16 --seq-len 1024 --amp bf16 --checkpoint full
+    print(profile_step(step, batch, modules={"attn": [b.attn for b in model.blocks]}))
+    python -m mahia.profile --preset small --batch 16 --seq-len 1024 --amp bf16 --compile default
 """
 
 from __future__ import annotations
@@ -105,23 +96,9 @@ def module_ranges(modules: Mapping[str, nn.Module | Sequence[nn.Module]]):
             h.remove()
 
 
-def _device_attr(evt, name: str, old_name: str) -> float:
-    """``evt.<name>``; the older ``evt.<old_name>`` only where ``name`` does not exist. Not ``a or b``: a
-    time of 0 would fall through to the old name, which newer torch still has but warns about."""
-    return getattr(evt, name) if hasattr(evt, name) else getattr(evt, old_name, 0.0)
-
-
 def _self_time(evt, on_device: bool) -> float:
-    """Self time in µs of a profiler event (device or host); the attribute names moved across versions."""
-    if not on_device:
-        return evt.self_cpu_time_total
-    return _device_attr(evt, "self_device_time_total", "self_cuda_time_total")
-
-
-def _total_time(evt, on_device: bool) -> float:
-    if not on_device:
-        return evt.cpu_time_total
-    return _device_attr(evt, "device_time_total", "cuda_time_total")
+    """Self time in µs of a profiler event, on the device or the host."""
+    return evt.self_device_time_total if on_device else evt.self_cpu_time_total
 
 
 def quiet_profiler_notices(fn: Callable) -> Callable:
@@ -198,7 +175,7 @@ def profile_step(
     for e in prof.events():
         if e.device_type == CPU and e.name.startswith("module:"):
             key = e.name[len("module:") :]
-            mods[key] = mods.get(key, 0.0) + _total_time(e, cuda) / 1e3 / steps
+            mods[key] = mods.get(key, 0.0) + (e.device_time_total if cuda else e.cpu_time_total) / 1e3 / steps
     mods = {k: mods[k] for k in (modules or {}) if k in mods}
     return StepReport(str(dev), wall_ms, kernel_ms, kernels, top, mods)
 

@@ -13,8 +13,6 @@ its kernel idle and every code cell has run. Then:
 * the explorer's widgets render (no ``IntSlider(`` text, no "Error displaying widget"), it says which
   settings made its output, and moving its first slider with the keyboard shows "running: <settings>",
   then heads the new output with the new settings.
-
-A full-page screenshot of each notebook is kept in runs/lab-screenshots/ (git-ignored).
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ from browser import chromium, needs_chromium
 from mahia.runner import notebook_parameters
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = ROOT / "runs" / "lab-screenshots"
 NOTEBOOKS = ["00_environment_and_roofline", "09_hybrid_components"]
 SIDE_BY_SIDE = {"00_environment_and_roofline"}  # the notebooks with a before/after listing
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen (others are hidden tabs)
@@ -223,26 +220,6 @@ def _explorer_output(page) -> str:
     return page.locator(f"{PANEL} .widget-output").first.inner_text()
 
 
-def _screenshot(page, name: str) -> Path:
-    outer = f"document.querySelector('{PANEL} .jp-WindowedPanel-outer')"
-    # The cells' height: the outer panel's scrollHeight adds JupyterLab's scroll-past-end space (a viewport).
-    cells = f"{outer}.querySelector('.jp-WindowedPanel-viewport').scrollHeight"
-    height = 0
-    for _ in range(5):  # cells off screen have estimated heights: grow until the whole notebook is laid out
-        now = int(page.evaluate(cells))
-        if now <= height:
-            break
-        height = now
-        page.set_viewport_size({"width": 1400, "height": min(height + 200, 30000)})
-        page.evaluate(f"{outer}.scrollTop = 0")  # the panel was scrolled to the last cell run
-        page.wait_for_timeout(1500)  # JupyterLab lays the panel out again at the new size
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    page.set_viewport_size({"width": 1400, "height": 1000})
-    return path
-
-
 def _git(repo: Path, *args: str) -> str:
     ident = ["-c", "user.name=test", "-c", "user.email=test@localhost", "-c", "commit.gpgsign=false"]
     return subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True, text=True).stdout
@@ -316,11 +293,10 @@ def test_notebook_runs_in_jupyterlab_with_working_widgets(lab, page, name, capsy
     _wait(f"{name}'s autosave", lambda: path.stat().st_mtime > started, 10 * AUTOSAVE_S)
     status = _git(lab.root.parent, "status", "--porcelain")
     assert status == "", f"{name}: JupyterLab's save shows in git status:\n{_git(lab.root.parent, 'diff')[:3000]}"
-    shot = _screenshot(page, name)
     kernel = lab.kernel(name)
     lab.api(f"sessions/{kernel['session']}", method="DELETE")  # the next notebook gets the CPU to itself
     with capsys.disabled():
         print(
             f"\n  {name}: ran in JupyterLab in {seconds:.0f} s ({time.monotonic() - t0:.0f} s with checks); "
-            f"explorer {before_line!r} -> {after_line!r}; screenshot {shot}"
+            f"explorer {before_line!r} -> {after_line!r}"
         )

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from mahia.profile import StepReport, _self_time, _total_time, block_parts, main, module_ranges, profile_step
+from mahia.profile import StepReport, block_parts, main, module_ranges, profile_step
 
 
 def _net():
@@ -52,59 +52,15 @@ def test_profile_step_rejects_bad_counts(kw, match):
         profile_step(3)
 
 
-def test_device_times_read_the_new_attribute_even_when_it_is_zero():
-    class NewEvent:  # torch >= 2.4: both names; the old one warns (a kernel-less operator's device time is 0)
-        self_device_time_total = 0.0
-        device_time_total = 5.0
-
-        @property
-        def self_cuda_time_total(self):
-            warnings.warn("self_cuda_time_total is deprecated", FutureWarning, stacklevel=2)
-            return 0.0
-
-        @property
-        def cuda_time_total(self):
-            warnings.warn("cuda_time_total is deprecated", FutureWarning, stacklevel=2)
-            return 0.0
-
-    class OldEvent:  # older torch: only the old names
-        self_cuda_time_total = 2.0
-        cuda_time_total = 3.0
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert _self_time(NewEvent(), on_device=True) == 0.0 and _total_time(NewEvent(), on_device=True) == 5.0
-    assert _self_time(OldEvent(), on_device=True) == 2.0 and _total_time(OldEvent(), on_device=True) == 3.0
-
-
 def test_command_line(capsys):
-    assert (
-        main(
-            [
-                "--preset",
-                "tiny",
-                "--batch",
-                "1",
-                "--seq-len",
-                "16",
-                "--steps",
-                "1",
-                "--rows",
-                "3",
-                "--device",
-                "cpu",
-                "--by-module",
-            ]
-        )
-        == 0
-    )
+    argv = "--preset tiny --batch 1 --seq-len 16 --steps 1 --rows 3 --device cpu --by-module".split()
+    assert main(argv) == 0
     out = capsys.readouterr().out
     assert "preset tiny (optimized)" in out and "ms per step" in out and "attn" in out
+    assert main("--preset tiny --impl baseline --batch 1 --steps 1 --rows 1 --device cpu".split()) == 0
+    assert "batch 1 x 128" in capsys.readouterr().out  # tiny's max_seq_len, not the 512 it cannot take
     assert main(["--preset", "tiny", "--seq-len", "4096", "--device", "cpu"]) == 2
     assert "max_seq_len" in capsys.readouterr().err
-
-
-def test_command_line_refuses_module_times_under_checkpointing(capsys):
     assert main(["--preset", "tiny", "--device", "cpu", "--by-module", "--checkpoint", "full"]) == 2
     assert "--checkpoint" in capsys.readouterr().err
 
@@ -119,8 +75,6 @@ def test_block_parts_name_each_part_of_every_block():
 
 
 def test_quiet_profiler_notices_drops_only_the_profilers_cycle_notice():
-    import warnings
-
     from mahia.profile import quiet_profiler_notices
 
     @quiet_profiler_notices

@@ -46,9 +46,14 @@ def _png() -> bytes:
 def _executed(title: str, printed: str, png: bytes, math: bool = False) -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     md = f"# {title}\n\nWhat this notebook measures." + (" The ratio is $t_b / t_a$." if math else "")
-    code = nbformat.v4.new_code_cell("print('hello')\nplot()", execution_count=1)
+    wide = "x = " + " + ".join(["1"] * 200)  # wider than the page: its box scrolls, the page does not
+    code = nbformat.v4.new_code_cell(f"print('hello')\nplot()\n{wide}", execution_count=1)
+    table = "<table>" + "".join(f"<td>column_{i}</td>" for i in range(60)) + "</table>"
+    listing = f"<table style='width:100%;table-layout:fixed'><tr><td><pre style='white-space:pre'>{wide}</pre></td></tr></table>"
     code.outputs = [
-        nbformat.v4.new_output("stream", name="stdout", text=printed),
+        nbformat.v4.new_output("stream", name="stdout", text=printed + "saved /home/someone/repo/data/results/x.csv\n"),
+        nbformat.v4.new_output("display_data", data={"text/html": table, "text/plain": "a table"}),
+        nbformat.v4.new_output("display_data", data={"text/html": listing, "text/plain": "a listing"}),
         nbformat.v4.new_output(
             "display_data",
             data={
@@ -82,9 +87,7 @@ def results(tmp_path_factory) -> tuple[Path, Path]:
         "newest_record": "2026-11-24T10:00:00+00:00",
         "newest_commit": "abc123",
         "commits": ["abc123"],
-        "stale": [],
         "metrics": {"copy_gbps": 12.5, "amp_speedup": 2.0, "moe_vs_loop": None},
-        "sources": {"copy_gbps": ["abc123"], "amp_speedup": ["abc123"]},
     }
     (folder / "summary.json").write_text(json.dumps(summary))
     (figures / "00_first_plot.png").write_bytes(png)
@@ -113,10 +116,12 @@ def test_the_site_has_an_index_a_page_per_notebook_and_the_pngs(site):
         assert text in index, text
     assert "not measured" in index  # moe_vs_loop: None
     page = (site / "notebooks" / "00_first.html").read_text()
-    assert "... 201 lines trimmed ..." in page  # 301 lines printed: the policy keeps the first 60 and the last 40
+    assert "... 202 lines trimmed ..." in page  # 302 lines printed: the policy keeps the first 60 and the last 40
     assert 'class="jp-RenderedSVG' not in page and page.count('class="jp-RenderedImage') == 1  # PNG, no SVG copy
     assert "require.min.js" not in page and "mathjax" not in page.lower()  # nothing from outside without math
     assert "mathjax" in (site / "notebooks" / "01_second.html").read_text().lower()  # a page with math gets it
+    assert "saved data/results/x.csv" in page and "/home/someone" not in page  # no absolute path
+    assert str(site.parent) not in (site / "index.html").read_text()
 
 
 def _local_file(url: str) -> Path:
@@ -160,6 +165,10 @@ def test_every_page_renders_in_chromium_with_its_images_and_links(site, tmp_path
             body = page.inner_text("body")
             for bad in ("Traceback", "No renderer could be found", "Error"):
                 assert bad not in body, f"{name}: {bad!r} on the page"
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{name}: the page is {overflow} px wider than the window: wide code or tables"
+            fonts = page.eval_on_selector_all("pre", "els => els.map(e => getComputedStyle(e).fontFamily)")
+            assert all("mono" in f.lower() for f in fonts), f"{name}: a listing is not monospace: {set(fonts)}"
             images = page.eval_on_selector_all(
                 "img", "els => els.map(e => [e.getAttribute('src').slice(0, 40), e.complete, e.naturalWidth])"
             )
@@ -186,48 +195,40 @@ def _hrefs(path: Path) -> set[str]:
 
 
 def test_the_index_links_every_notebook_page_and_the_pages_link_back(site):
-    assert {"notebooks/00_first.html", "notebooks/01_second.html", "figures/00_first_plot.png"} <= _hrefs(
-        site / "index.html"
-    )
-    assert {"../index.html", "01_second.html"} <= _hrefs(site / "notebooks" / "00_first.html")
-    assert {"../index.html", "00_first.html"} <= _hrefs(site / "notebooks" / "01_second.html")
+    hrefs = {
+        p: set(re.findall(r"""href=["']([^"']+)["']""", (site / p).read_text()))
+        for p in ("index.html", "notebooks/00_first.html")
+    }
+    assert {"notebooks/00_first.html", "notebooks/01_second.html", "figures/00_first_plot.png"} <= hrefs["index.html"]
+    assert {"../index.html", "01_second.html"} <= hrefs["notebooks/00_first.html"]
 
 
-def test_a_rebuild_replaces_the_site_and_other_folders_are_refused(results, tmp_path, capsys):
+def test_bad_input_is_one_line_and_exit_2_and_leaves_other_folders_alone(results, tmp_path, capsys):
     folder, figures = results
     out = tmp_path / "site"
     build_site(folder, out, figures)
     (out / "notebooks" / "stale.html").write_text("from an earlier build")
-    build_site(folder, out, figures)
+    build_site(folder, out, figures)  # a rebuild replaces the site
     assert not (out / "notebooks" / "stale.html").exists()
-    mine = tmp_path / "mine"
-    mine.mkdir()
+    mine, empty, broken = tmp_path / "mine", tmp_path / "empty", tmp_path / "broken"
+    for d in (mine, empty, broken):
+        d.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    assert cli(["site", "--results", str(folder), "--out", str(mine)]) == 2
-    assert "holds other files" in capsys.readouterr().err
-    assert (mine / "notes.txt").read_text() == "keep me"
-
-
-def test_bad_results_are_one_line_and_exit_2(results, tmp_path, capsys):
-    folder, _ = results
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    broken = tmp_path / "broken"
-    broken.mkdir()
     (broken / "00_x.ipynb").write_text("{not json")
-    cases = [
+    for args, message in (
+        (["--results", str(folder), "--out", str(mine)], "holds other files"),
         (["--results", str(tmp_path / "nope")], "no such folder"),
         (["--results", str(empty)], "has no executed notebooks"),
         (["--results", str(broken)], "00_x.ipynb: not a readable notebook"),
         (["--results", str(folder), "--figures", str(tmp_path / "nofigs")], "--figures"),
-    ]
-    for args, message in cases:
-        assert cli(["site", *args, "--out", str(tmp_path / "out")]) == 2, args
+    ):
+        assert cli(["site", *args] + ([] if "--out" in args else ["--out", str(tmp_path / "out")])) == 2, args
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert (mine / "notes.txt").read_text() == "keep me"
 
 
-def test_the_default_is_the_one_reference_folder_with_notebooks(results, tmp_path, monkeypatch, capsys):
+def test_the_default_is_the_newest_reference_folder_with_notebooks(results, tmp_path, monkeypatch, capsys):
     from mahia.measure import files
 
     folder, _ = results
@@ -235,30 +236,11 @@ def test_the_default_is_the_one_reference_folder_with_notebooks(results, tmp_pat
     root.mkdir(parents=True)
     monkeypatch.setattr(files, "reference_results_dir", lambda: root)
     monkeypatch.setattr(files, "runs_dir", lambda: tmp_path / "runs")
-    assert cli(["site"]) == 2
-    assert "no executed notebooks in" in capsys.readouterr().err
-    (root / SLUG).symlink_to(folder, target_is_directory=True)
-    assert cli(["site"]) == 0
-    assert (tmp_path / "runs" / "site" / "notebooks" / "01_second.html").is_file()
-    assert "site: " in capsys.readouterr().out
-
-
-def test_of_several_reference_folders_the_newest_is_built_and_named(results, tmp_path, monkeypatch, capsys):
-    # Two GPUs' references, each with executed notebooks: `site` builds the one whose last part finished last
-    # and says which, and which others --results could name (it refused before, though the README shows it bare).
-    from mahia.measure import files
-    from mahia.site import default_results
-
-    folder, _ = results
-    root = tmp_path / "data" / "results"
+    assert cli(["site"]) == 2 and "no executed notebooks in" in capsys.readouterr().err
     for name, finished in (("gpu-old", "2026-11-27T10:00:00+00:00"), ("gpu-new", "2026-11-29T09:00:00+00:00")):
-        dest = root / name
-        shutil.copytree(folder, dest)
-        (dest / "parts").mkdir(exist_ok=True)
-        (dest / "parts" / "01_second.json").write_text(json.dumps({"part": "01_second", "finished": finished}))
-    monkeypatch.setattr(files, "reference_results_dir", lambda: root)
-    monkeypatch.setattr(files, "runs_dir", lambda: tmp_path / "runs")
-    assert default_results() == root / "gpu-new"
+        shutil.copytree(folder, root / name)
+        (root / name / "parts").mkdir(exist_ok=True)
+        (root / name / "parts" / "01_second.json").write_text(json.dumps({"finished": finished}))
+    assert cli(["site"]) == 0 and (tmp_path / "runs" / "site" / "notebooks" / "01_second.html").is_file()
     err = capsys.readouterr().err
     assert "gpu-new, the newest" in err and "2026-11-29T09:00:00" in err and "(gpu-old)" in err
-    assert cli(["site"]) == 0

@@ -1,19 +1,10 @@
-"""Where results and figures are written, how they are written, and which code made them.
+"""Where results and figures are written, how, and which code made them.
 
-Two places, on purpose apart (both relative to the checkout; an installed package uses the cwd)::
-
-    runs/results/<slug>/, runs/figures/<slug>/   every run by default: notebooks in JupyterLab, the runner,
-                                                 the benchmarks (runs/ is git-ignored: nothing to commit by
-                                                 accident)
-    data/results/<slug>/, figures/<slug>/        the committed reference: written only by
-                                                 ``python -m mahia reference`` (on a GPU, from a clean tree)
-
-A record carries the commit of the code that made it: ``run_commit()`` is ``MAHIA_COMMIT`` when set (the
-runner passes the commit it started from to every notebook, so a whole run carries one commit), else
-``git_commit()``: the checkout's HEAD, with ``-dirty`` when tracked files under mahia/ or notebooks/
-have uncommitted changes, or ``unknown`` without git (an installed copy, a copied tree).
-
-This module imports nothing else of mahia: ``hardware`` and ``results`` both build on it.
+``runs/results/<slug>/`` and ``runs/figures/<slug>/`` (git-ignored) take every run by default; ``data/results/
+<slug>/`` and ``figures/<slug>/``, the committed reference, are written only by ``python -m mahia reference``.
+Both are relative to the checkout (an installed package uses the cwd). A record carries ``run_commit()``:
+``MAHIA_COMMIT`` (the runner's, one for a whole run), else the checkout's HEAD, ``-dirty`` when tracked files
+under mahia/ or notebooks/ changed, ``unknown`` without git. This module imports nothing else of mahia.
 """
 
 from __future__ import annotations
@@ -23,25 +14,6 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
-
-__all__ = [
-    "REPO_ROOT",
-    "UNKNOWN",
-    "REFERENCE_ENV",
-    "atomic_write_text",
-    "in_checkout",
-    "runs_dir",
-    "default_results_dir",
-    "default_figures_dir",
-    "reference_results_dir",
-    "reference_figures_dir",
-    "is_reference",
-    "check_writable",
-    "git_commit",
-    "describe_commit",
-    "run_commit",
-    "profile_file",
-]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UNKNOWN = "unknown"
@@ -86,17 +58,10 @@ def reference_figures_dir() -> Path:
     return _base() / "figures"
 
 
-def _within(path: Path, root: Path) -> bool:
-    try:
-        Path(path).resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
-
-
 def is_reference(path: str | Path) -> bool:
     """True when ``path`` is inside the committed reference folders (data/results or figures)."""
-    return _within(Path(path), reference_results_dir()) or _within(Path(path), reference_figures_dir())
+    roots = (reference_results_dir(), reference_figures_dir())
+    return any(Path(path).resolve().is_relative_to(r.resolve()) for r in roots)
 
 
 def check_writable(path: str | Path) -> None:
@@ -160,20 +125,6 @@ def describe_commit(root: str | Path = REPO_ROOT) -> str:
 def git_commit() -> str:
     """:func:`describe_commit` of this checkout, asked once per process."""
     return describe_commit(REPO_ROOT)
-
-
-def same_commit(a: str, b: str) -> bool:
-    """Whether two commit names are one commit: equal, or one an abbreviation of the other (git's short
-    sha of at least 7 hex digits against a longer one, as ``MAHIA_COMMIT=0dea75a`` against git's 12). A
-    ``-dirty`` tree is never the same as a clean one."""
-    a, b = str(a), str(b)
-    if a == b:
-        return True
-    if a.endswith("-dirty") != b.endswith("-dirty") or UNKNOWN in (a, b):
-        return False
-    a, b = a.removesuffix("-dirty"), b.removesuffix("-dirty")
-    short, long_ = sorted((a, b), key=len)
-    return len(short) >= 7 and long_.startswith(short)
 
 
 def run_commit() -> str:

@@ -1,24 +1,15 @@
 """Result records: one row per measurement, appended to CSV files, summarized into headline metrics.
 
-Layout, per device (``<slug>`` from ``mahia.measure.hardware.device_slug``), under a results root:
-``runs/results`` by default (git-ignored), ``data/results`` for the committed reference (written only by
-``python -m mahia reference``; see ``mahia.measure.files``)::
+Per device (``<slug>``, ``mahia.measure.hardware.device_slug``) under a results root (``runs/results``, or the
+committed ``data/results``: ``mahia.measure.files``)::
 
-    <root>/<slug>/device.json           which machine this folder belongs to (checked on every write)
-    <root>/<slug>/ceilings.json         measured copy bandwidth and matmul rates (mahia.measure.hardware);
-                                        ceilings-<profile>.json for a profile other than full
-    <root>/<slug>/<notebook>.csv        records, appended run after run (history is kept)
-    <root>/<slug>/summary.json          headline metrics of the full profile, from its newest records;
-                                        summary-<profile>.json for each other profile
-    <root>/<slug>/parts/<part>.json     (reference only) which commit each notebook or suite last ran at
+    <slug>/device.json          which machine the folder belongs to (checked on every write)
+    <slug>/ceilings.json        measured copy bandwidth and matmul rates; ceilings-<profile>.json for another profile
+    <slug>/<notebook>.csv       records, appended run after run
+    <slug>/summary.json         headline metrics of the full profile from its newest records; summary-<profile>.json
+    <slug>/parts/<part>.json    (reference only) the commit each notebook or suite last ran at
 
-Every record carries the ``profile`` that made it ("quick", "full") and the ``commit`` of the code
-(``mahia.measure.files.run_commit``). Summaries are kept per profile, so a quick run never changes the full profile's headline, and each
-metric says which commit(s) its records come from.
-
-Every write goes to a temporary file first and is then renamed over the target, so an interrupted
-run never leaves a half-written file. A folder that belongs to another device is never written.
-
+Every record carries its ``profile`` and ``commit``; every write goes through a temporary file and a rename.
 A ratio key ``x_vs_y`` is time(y) / time(x): above 1 means x is faster.
 """
 
@@ -75,7 +66,6 @@ __all__ = [
     "default_results_dir",
     "default_figures_dir",
     "load_records",
-    "keep_part_commits",
     "latest",
     "profiles",
     "headline",
@@ -89,19 +79,17 @@ ROLES = ("baseline", "optimized", "peer", "reference", "metric")
 
 
 def _shape_str(shape) -> str:
-    if shape is None:
-        return ""
-    if isinstance(shape, str):
-        return shape
-    if isinstance(shape, torch.Size) or isinstance(shape, (tuple, list)):
-        return "x".join(str(int(s)) for s in shape)
-    return str(shape)
+    """``(4, 1024)`` -> ``4x1024``; a string as it is."""
+    return "x".join(str(int(s)) for s in shape) if isinstance(shape, (tuple, list)) else str(shape or "")
 
 
 def _dtype_str(dtype) -> str:
-    if dtype is None:
-        return ""
-    return str(dtype).replace("torch.", "")
+    return str(dtype or "").replace("torch.", "")
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
 
 def _identity(rep: dict) -> dict:
@@ -109,16 +97,9 @@ def _identity(rep: dict) -> dict:
 
 
 class Recorder:
-    """Collects the records of one notebook (or benchmark) on one device and writes them.
-
-    ``rec.timing(...)`` records a timed variant, ``rec.metric(...)`` a single value (a sync count,
-    a loss difference). Rows are written to disk at once (atomically), so a notebook that fails
-    later keeps what it measured.
-
-    ``profile``: given, else the ceilings' (``setup()`` measures them for its profile), else
-    ``MAHIA_PROFILE`` (set by the runner), else "unknown". ``commit``: given, else
-    ``mahia.measure.files.run_commit()`` (``MAHIA_COMMIT``, set by the runner, else git's).
-    """
+    """The records of one notebook (or benchmark) on one device: ``timing`` a timed variant, ``metric`` a single
+    value; each row is written at once, so a notebook that fails later keeps what it measured. ``profile``: given,
+    else the ceilings', else ``MAHIA_PROFILE``, else "unknown"; ``commit``: given, else ``files.run_commit()``."""
 
     def __init__(
         self,
@@ -212,8 +193,7 @@ class Recorder:
         """Record a timed variant. GB/s, TFLOP/s and the fraction of the measured ceiling
         (``limit``: 'copy', 'matmul_bf16' or 'matmul_fp32'; default 'copy' when ``bytes`` is given
         and ``flops`` is not, else by dtype) are computed here, never typed in."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        _check_role(role)
         if not isinstance(timing, Timing):
             raise TypeError(f"timing must be a mahia.measure.timing.Timing, got {type(timing).__name__}")
         sec = timing.median_ms * 1e-3
@@ -266,8 +246,7 @@ class Recorder:
         notes: str = "",
     ) -> dict:
         """Record a single value (a count, a loss difference, a memory figure)."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        _check_role(role)
         row = {
             **self._stamp(),
             "experiment": experiment,
@@ -289,63 +268,3 @@ class Recorder:
         """Re-derive the summary of this recorder's profile (``summary.json`` for the full profile,
         ``summary-<profile>.json`` otherwise) from all its records; returns the metrics."""
         return write_summary(self.folder, self.profile)
-
-
-def keep_part_commits(folder: str | Path) -> dict[str, int]:
-    """Drop, from each ``<part>.csv`` of a reference folder, the rows that its ``parts/<part>.json`` does not
-    vouch for: rows of another commit (older runs of the part) or another profile. Afterwards every summary
-    of the folder is made by the commits its parts name, one per part. Returns ``{csv name: rows dropped}``.
-
-    Refuses, changing nothing, when a CSV has no part file (a reference made before parts were recorded):
-    there is no commit to keep, and dropping everything would lose the only measurements."""
-    folder = Path(folder)
-    csvs = sorted(folder.glob("*.csv"))
-    keep: dict[Path, str] = {}
-    missing = []
-    for path in csvs:
-        part = folder / "parts" / f"{path.stem}.json"
-        try:
-            commit = json.loads(part.read_text()).get("commit") if part.exists() else None
-        except ValueError:
-            commit = None
-        if not commit:
-            missing.append(path.name)
-        else:
-            keep[path] = str(commit)
-    if missing:
-        raise ValueError(
-            f"{folder}: no parts/<part>.json with a commit for {', '.join(missing)}; nothing was dropped "
-            "(only a folder written by `python -m mahia reference` can be pruned)"
-        )
-    kept = {}  # every CSV is checked before any is written: a refusal changes nothing
-    for path, commit in keep.items():
-        df = pd.read_csv(path, dtype={"commit": str})
-        mine = (df["commit"].astype(str) == commit) & (df["profile"].astype(str) == "full")
-        if not mine.any():
-            raise ValueError(f"{path}: no full-profile row of commit {commit}, which parts/ names; nothing dropped")
-        kept[path] = (df, mine)
-    for path, (df, mine) in kept.items():
-        if not mine.all():
-            atomic_write_text(path, df[mine].to_csv(index=False))
-    return {path.name: int((~mine).sum()) for path, (_, mine) in kept.items()}
-
-
-def set_aside_run(path: str | Path, run_id: str, to: str | Path) -> int:
-    """Move the rows of run ``run_id`` from the records file ``path`` to ``to`` (appended; same columns);
-    returns how many moved. For a reference part that did not finish: its first cells' rows would
-    otherwise sit beside the finished parts' and survive a prune (same commit). Nothing is lost: they
-    go to the run's own folder."""
-    path, to = Path(path), Path(to)
-    if not path.exists():
-        return 0
-    df = pd.read_csv(path, dtype={"commit": str, "run_id": str})
-    mine = df["run_id"] == run_id
-    if not mine.any():
-        return 0
-    to.parent.mkdir(parents=True, exist_ok=True)
-    moved = df[mine]
-    if to.exists():
-        moved = pd.concat([pd.read_csv(to, dtype={"commit": str, "run_id": str}), moved], ignore_index=True)
-    atomic_write_text(to, moved.to_csv(index=False))  # first the copy, then the removal
-    atomic_write_text(path, df[~mine].to_csv(index=False))
-    return int(mine.sum())

@@ -82,37 +82,28 @@ def latest(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _rows(df, experiment, shape=None, dtype=None):
-    sel = df[df["experiment"] == experiment]
-    if shape is not None:
-        sel = sel[sel["shape"] == shape]
-    if dtype is not None:
-        sel = sel[sel["dtype"] == dtype]
-    return sel
+    return df[
+        (df["experiment"] == experiment)
+        & (shape is None or df["shape"] == shape)
+        & (dtype is None or df["dtype"] == dtype)
+    ]
 
 
 # The rows a headline rule read, collected while ``headline`` evaluates it (which commit made them).
 _USED: list | None = None
 
 
-def _use(rows: pd.DataFrame) -> None:
+def _use(rows: pd.DataFrame) -> pd.DataFrame:
     if _USED is not None:
         _USED.extend(rows.index)
+    return rows
 
 
 def _newest(sel: pd.DataFrame, column: str) -> float | None:
-    if not len(sel):
-        return None
-    row = sel.sort_values("date").iloc[[-1]]
-    _use(row)
-    return float(row[column].iloc[0])
+    return float(_use(sel.sort_values("date").iloc[[-1]])[column].iloc[0]) if len(sel) else None
 
 
-def _time(df, experiment, variant, shape=None, dtype=None):
-    sel = _rows(df, experiment, shape, dtype)
-    return _newest(sel[(sel["variant"] == variant) & sel["median_ms"].notna()], "median_ms")
-
-
-def _field(df, experiment, variant, field, shape=None, dtype=None):
+def _field(df, experiment, variant, field="median_ms", shape=None, dtype=None):
     sel = _rows(df, experiment, shape, dtype)
     return _newest(sel[(sel["variant"] == variant) & sel[field].notna()], field)
 
@@ -129,8 +120,8 @@ def ratio(experiment, num: str | Sequence[str], den: str, shape=None, dtype=None
             if sel.empty:
                 return None
             sh = sel.sort_values("date")["shape"].iloc[-1]
-        t_den = _time(df, experiment, den, sh, dtype)
-        t_num = [t for t in (_time(df, experiment, v, sh, dtype) for v in nums) if t is not None]
+        t_den = _field(df, experiment, den, "median_ms", sh, dtype)
+        t_num = [t for t in (_field(df, experiment, v, "median_ms", sh, dtype) for v in nums) if t is not None]
         return min(t_num) / t_den if t_den and t_num else None
 
     return rule
@@ -144,10 +135,7 @@ def best(experiment, name, shape=None, dtype=None) -> Callable:
     def rule(df):
         sel = _rows(df, experiment, shape, dtype)
         sel = sel[sel[name].notna()]
-        if not len(sel):
-            return None
-        _use(sel.loc[[sel[name].idxmax()]])
-        return float(sel[name].max())
+        return float(_use(sel.loc[[sel[name].idxmax()]])[name].iloc[0]) if len(sel) else None
 
     return rule
 
@@ -279,67 +267,44 @@ def goal_status(key: str, value: float | None) -> str:
     return "met" if (value >= bound if op == ">=" else value <= bound) else "missed"
 
 
-def _ceilings_doc(folder: Path, profile: str) -> dict | None:
-    path = files.profile_file(folder, "ceilings", profile)
-    if not path.exists():
-        return None
-    c = json.loads(path.read_text())
-    return c if c.get("profile", "full") == profile else None  # files without a profile are full runs'
-
-
-def _suite_summary(folder: Path, stem: str, profile: str) -> dict | None:
+def _profile_doc(folder: Path, stem: str, profile: str) -> dict | None:
+    """``<stem>.json`` (``<stem>-<profile>.json``) of one profile; a file without a profile is a full run's."""
     path = files.profile_file(folder, stem, profile)
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
-    return doc if doc.get("profile", "full") == profile else None
+    doc = json.loads(path.read_text()) if path.exists() else None
+    return doc if doc is not None and doc.get("profile", "full") == profile else None
 
 
 def headline(folder: str | Path, profile: str = "full") -> dict:
-    """Headline metrics of one profile of a device folder, with where each comes from.
-
-    Returns ``{"metrics": {key: value or None}, "sources": {key: [commits]}, "commits": [...],
-    "newest_record": date, "newest_commit": commit, "stale": [keys]}``: ``sources`` names the commit(s)
-    of the records (or ceilings) a measured metric was derived from; ``stale`` lists the metrics made
-    by another commit than the newest record's.
-    """
+    """Headline metrics of one profile of a device folder, with where each comes from: ``{"metrics": {key: value
+    or None}, "sources": {key: [commits]}, "commits", "newest_record", "newest_commit", "stale": [keys]}``;
+    ``sources`` names the commits of the records (or ceilings, or suite summary) a metric was derived from,
+    ``stale`` the metrics made by another commit than the newest record's."""
     global _USED
     folder = Path(folder)
     records = load_records(folder)
     records = records[records["profile"] == profile] if not records.empty else records
     df = latest(records)
-    metrics: dict[str, float | None] = {k: None for k in HEADLINE_KEYS}
-    sources: dict[str, list[str]] = {}
-    ceil = _ceilings_doc(folder, profile)
+    found: dict[str, tuple] = {}  # key: (value, the commits it was made from)
+    ceil = _profile_doc(folder, "ceilings", profile)
     if ceil is not None:
-        for k in ("copy_gbps", "matmul_bf16_tflops"):
-            metrics[k] = ceil.get(k)
-            if metrics[k] is not None:
-                sources[k] = [ceil.get("commit") or UNKNOWN]
-    if not df.empty:
-        for k, rule in HEADLINES.items():
-            _USED = []
-            try:
-                v = rule(df)
-                used = list(_USED)
-            finally:
-                _USED = None
-            metrics[k] = None if v is None or v != v else round(float(v), 6)
-            if metrics[k] is not None:
-                sources[k] = sorted(set(df.loc[used, "commit"].astype(str))) or [UNKNOWN]
+        found |= {k: (ceil.get(k), [ceil.get("commit") or UNKNOWN]) for k in ("copy_gbps", "matmul_bf16_tflops")}
+    for k, rule in HEADLINES.items() if not df.empty else ():
+        _USED = []
+        try:
+            v, used = rule(df), list(_USED)
+        finally:
+            _USED = None
+        commits = sorted(set(df.loc[used, "commit"].astype(str))) or [UNKNOWN]
+        found[k] = (None if v is None or v != v else round(float(v), 6), commits)
     for stem, keys in SUITE_SUMMARIES.items():
-        suite = _suite_summary(folder, stem, profile)
-        if suite is None:
-            continue
-        for k in keys:
+        suite = _profile_doc(folder, stem, profile)
+        for k in keys if suite is not None else ():
             v = suite.get("metrics", {}).get(k)
-            metrics[k] = None if v is None else round(float(v), 6)
-            if metrics[k] is not None:
-                sources[k] = list(suite.get("commits") or [UNKNOWN])
+            found[k] = (None if v is None else round(float(v), 6), list(suite.get("commits") or [UNKNOWN]))
+    metrics = {k: found.get(k, (None,))[0] for k in HEADLINE_KEYS}
+    sources = {k: cs for k, (v, cs) in found.items() if v is not None}
     newest = records.sort_values("date").iloc[-1] if not records.empty else None
-    newest_commit = (
-        str(newest["commit"]) if newest is not None else ((ceil.get("commit") or UNKNOWN) if ceil is not None else None)
-    )
+    newest_commit = str(newest["commit"]) if newest is not None else ceil and (ceil.get("commit") or UNKNOWN)
     return {
         "profile": profile,
         "newest_record": None if newest is None else str(newest["date"]),
@@ -372,7 +337,7 @@ def write_summaries(folder: str | Path) -> dict[str, dict]:
     found = profiles(load_records(folder))
     for path in folder.glob("ceilings*.json"):
         p = path.stem.partition("-")[2] or "full"
-        if p not in found and _ceilings_doc(folder, p) is not None:
+        if p not in found and _profile_doc(folder, "ceilings", p) is not None:
             found.append(p)
     return {p: write_summary(folder, p) for p in found}
 

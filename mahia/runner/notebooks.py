@@ -41,41 +41,26 @@ def _load(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-# What nbstripout removes beside outputs and execution counts: the metadata each Python writes differently (its
-# version). clean-notebooks and JupyterLab's save under make lab (strip_on_save) use the same keys.
-STRIP_KEYS = "metadata.language_info"
-
-
 def strip(nb):
-    """A notebook (nbformat's node) as it is committed: nbstripout without outputs, counts or ``STRIP_KEYS``; what
-    clean-notebooks writes and what JupyterLab saves under make lab (``strip_on_save``)."""
+    """A notebook (nbformat's node) as it is committed: nbstripout's, without outputs, execution counts or the
+    metadata each Python writes differently (``language_info``); what clean-notebooks writes and what JupyterLab
+    saves under make lab (``strip_on_save``)."""
     from nbstripout import strip_output
 
-    return strip_output(nb, keep_output=False, keep_count=False, keep_id=False, extra_keys=STRIP_KEYS.split())
+    return strip_output(nb, keep_output=False, keep_count=False, keep_id=False, extra_keys=["metadata.language_info"])
 
 
 def _stripped(text: str) -> str:
-    """``text`` (a notebook's JSON) as it is committed (:func:`strip`)."""
-    import io
-
     import nbformat
 
     nb = strip(nbformat.reads(text, as_version=nbformat.NO_CONVERT))
-    out = io.StringIO()
-    nbformat.write(nb, out, version=nbformat.NO_CONVERT)
-    return out.getvalue()
-
-
-def _git_view(path: Path) -> str:
-    """The notebook as git sees it (the index), else the file."""
-    r = subprocess.run(["git", "show", f":./{Path(path).name}"], cwd=Path(path).parent, capture_output=True, text=True)
-    return r.stdout if r.returncode == 0 else Path(path).read_text()
+    return nbformat.writes(nb, version=nbformat.NO_CONVERT) + "\n"
 
 
 def notebook_is_clean(path: Path) -> bool:
-    """True when the notebook, as git sees it, is as nbstripout leaves it: no outputs, no execution counts, no
-    per-machine metadata."""
-    text = _git_view(path)
+    """True when the notebook, as git sees it (the index, else the file), is as :func:`strip` leaves it."""
+    r = subprocess.run(["git", "show", f":./{Path(path).name}"], cwd=Path(path).parent, capture_output=True, text=True)
+    text = r.stdout if r.returncode == 0 else Path(path).read_text()
     return _stripped(text) == text
 
 
@@ -236,13 +221,13 @@ def slowest_cells(out_nb: Path, n: int = 3) -> list[dict]:
 
 
 def _running_cell(out_nb: Path) -> int | None:
-    """The code cell (source numbering) papermill had started and not finished when it was stopped."""
+    """The code cell (source numbering) papermill was running when it was stopped: the last one it started."""
     try:
         nb = _load(out_nb)
     except (OSError, ValueError):
         return None
-    running = [n for n, c in _source_cells(nb) if c.get("metadata", {}).get("papermill", {}).get("status") == "running"]
-    return running[-1] if running else None
+    started = [n for n, c in _source_cells(nb) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
 
 
 def _check_params(chosen: list[Path], extra: dict) -> dict[Path, dict[str, str | None]]:

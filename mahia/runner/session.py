@@ -1,4 +1,4 @@
-"""A run's session: its processes (a part stopped with everything it started), its folder, its commit."""
+"""A run's session: its folder, its commit, its environment, and each part's process (papermill, or a suite)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -22,62 +21,8 @@ from mahia.measure import files
 from mahia.measure.files import REPO_ROOT
 from mahia.runner.notebooks import UsageError, _running_cell
 
-# Seconds a stopped part's processes get to exit after SIGTERM before SIGKILL.
-KILL_GRACE_S = 10.0
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, read from /proc (Linux; elsewhere none are found and only the part's
-    own process group is stopped)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])  # 'pid (comm) state ppid ...'
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _signal_groups(groups: set[int], sig: int) -> None:
-    for g in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(g, sig)
-
-
-def _alive(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue  # gone (or not Linux: the part's own wait covers it)
-        if state not in ("Z", "X"):  # a zombie waits for its parent, it runs nothing
-            return True
-    return False
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Stop ``proc`` and everything it started: its process group and the groups of its descendants (a
-    Jupyter kernel runs in a session of its own): SIGTERM, then SIGKILL after ``KILL_GRACE_S``."""
-    pids = [proc.pid] + _descendants(proc.pid)  # before any dies: an orphan loses its link to the part
-    groups = {proc.pid}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            groups.add(os.getpgid(pid))
-    groups.discard(os.getpgid(0))  # never the runner's own group
-    _signal_groups(groups, signal.SIGTERM)
-    deadline = time.monotonic() + KILL_GRACE_S
-    while time.monotonic() < deadline and (proc.poll() is None or _alive(pids[1:])):
-        time.sleep(0.1)
-    if proc.poll() is None or _alive(pids[1:]):
-        _signal_groups(groups, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
+# Seconds a stopped part gets after SIGTERM (papermill then shuts its kernel down) before SIGKILL.
+KILL_GRACE_S = 20.0
 
 
 def new_run_dir(stem: str, base: Path | None = None) -> Path:
@@ -85,38 +30,31 @@ def new_run_dir(stem: str, base: Path | None = None) -> Path:
     base = Path(base) if base is not None else files.runs_dir()
     base.mkdir(parents=True, exist_ok=True)
     for i in itertools.count(1):
-        folder = base / (stem if i == 1 else f"{stem}-{i}")
-        try:
-            folder.mkdir()
+        with contextlib.suppress(FileExistsError):
+            (folder := base / (stem if i == 1 else f"{stem}-{i}")).mkdir()
             return folder
-        except FileExistsError:
-            continue
     raise AssertionError("unreachable")
 
 
 def _writable_dir(flag: str, path: str | Path) -> Path:
-    """``path`` as a folder this process can write into, created if need be; else a UsageError naming
-    ``flag`` (a file, a read-only place, a parent that is a file), before anything runs."""
+    """``path`` as a folder this process can write into, created if need be; else a UsageError naming ``flag``."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".mahia-write-check-")
-        os.close(fd)
-        os.unlink(probe)
+        (probe := path / f".mahia-write-check-{uuid.uuid4().hex}").touch()
+        probe.unlink()
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
     return path
 
 
 def _out_dir(out: str | None, stem: str) -> Path:
+    """``out``, or a new folder beside it when it holds an earlier run (a command repeated as it was still runs)."""
     if not out:
         return new_run_dir(stem)
     out_path = _writable_dir("--out", out)
-    # Never over an earlier run: its report and executed notebooks would be mixed with this run's. A
-    # folder beside it instead (<out>-2, ...), so that a command repeated as it was (a reference part
-    # resumed on the same machine) still runs.
     earlier = [n for n in ("outcomes.json", "report.md") if (out_path / n).exists()]
     if not earlier:
         return out_path
@@ -126,8 +64,8 @@ def _out_dir(out: str | None, stem: str) -> Path:
 
 
 class StopFlag:
-    """Set by SIGINT or SIGTERM while a run's parts run (the signal handler): the running part is stopped
-    and no later part starts. A second signal while the run stops and writes its report changes nothing."""
+    """Set by SIGINT or SIGTERM while a run's parts run: the running part is stopped and no later part starts.
+    A second signal changes nothing."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -142,8 +80,7 @@ class StopFlag:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopFlag]:
-        """Catch SIGINT and SIGTERM for the life of the block (only the main thread can; elsewhere they
-        keep their handlers), restoring the previous handlers after it."""
+        """Catch SIGINT and SIGTERM for the block (main thread only), then restore the previous handlers."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
@@ -156,16 +93,10 @@ class StopFlag:
 
 
 def bytecode_cache(env: dict, folder: Path, package_file: str | None = None) -> str | None:
-    """Give the notebooks' processes a bytecode cache where Python would keep none; say why, or None.
-
-    Python caches compiled bytecode beside the source (``__pycache__``) unless ``PYTHONDONTWRITEBYTECODE``
-    is set or that folder is read-only. Then every process compiles every module it imports again:
-    on the lent H100 (torch 2.11, Python 3.12) that was 11 s of each notebook's import cell, about a
-    fifth of a quick run. Setting ``PYTHONPYCACHEPREFIX`` (Python >= 3.8) keeps the cache in ``folder``
-    instead, outside the source tree, which is what ``PYTHONDONTWRITEBYTECODE`` protects. Only the runner's
-    child processes get it, and a prefix the user set is kept. ``package_file`` (default torch's
-    ``__init__.py``) stands for the installed packages: a cache beside it, or a writable folder for
-    one, means Python caches by itself."""
+    """Give the notebooks' processes a bytecode cache (``PYTHONPYCACHEPREFIX=folder``) where Python keeps none
+    (``PYTHONDONTWRITEBYTECODE`` set, or a read-only install without one: ``package_file``, default torch's,
+    stands for the installed packages); returns why, or None. On the lent H100 (torch 2.11, Python 3.12)
+    compiling torch's source again took 11 s of every notebook's import cell. A prefix the user set is kept."""
     if env.get("PYTHONPYCACHEPREFIX"):
         return None
     if env.get("PYTHONDONTWRITEBYTECODE"):
@@ -182,10 +113,7 @@ def bytecode_cache(env: dict, folder: Path, package_file: str | None = None) -> 
         why = f"{Path(package_file).parent} has no bytecode cache and is read-only"
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(folder)
-    return (
-        f"{why}: the notebooks keep their compiled bytecode in {folder} (PYTHONPYCACHEPREFIX), so that "
-        "each one does not compile the Python source of torch and the rest again"
-    )
+    return f"{why}: the notebooks keep their compiled bytecode in {folder} (PYTHONPYCACHEPREFIX)"
 
 
 @dataclass
@@ -203,23 +131,11 @@ class _Session:
     env: dict
     timeout: float
     seed: int
-    stop: StopFlag
+    stop: StopFlag = field(default_factory=StopFlag)
     started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
 
-def _session(
-    dev,
-    prof: str,
-    *,
-    out: str | None,
-    res_root: Path,
-    fig_root: Path,
-    timeout: float,
-    seed: int,
-    label: str,
-    commit: str | None = None,
-    reference: bool = False,
-) -> _Session:
+def _session(dev, prof: str, *, out, res_root, fig_root, timeout, seed, label, commit=None, reference=False):
     from mahia.measure import hardware
 
     slug = hardware.device_slug(dev)
@@ -237,32 +153,29 @@ def _session(
         MPLBACKEND="module://matplotlib_inline.backend_inline",
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     )
-    # A notebook runs what a user's session would: the test suite's Triton interpreter (set by
-    # tests/conftest.py on CPU machines) must not leak into the kernels the runner starts.
-    env.pop("TRITON_INTERPRET", None)
-    cache = bytecode_cache(env, REPO_ROOT / "runs" / ".pycache")
-    if cache:
-        print(f"note: {cache}", flush=True)
+    env.pop("TRITON_INTERPRET", None)  # the test suite's interpreter must not leak into the notebooks' kernels
     if reference:
         env[files.REFERENCE_ENV] = "1"
-    return _Session(dev, slug, prof, run_id, commit, out_dir, res_root, fig_root, env, timeout, seed, StopFlag())
+    if cache := bytecode_cache(env, REPO_ROOT / "runs" / ".pycache"):
+        print(f"note: {cache}", flush=True)
+    return _Session(dev, slug, prof, run_id, commit, out_dir, res_root, fig_root, env, timeout, seed)
 
 
 def _spawn(cmd: list[str], log: Path, sess: _Session, cwd: Path | None = None) -> int | None:
-    """Run ``cmd`` in its own process group, output to ``log``; its exit code, or None when it was stopped:
-    after the ``--timeout`` limit, or because a signal set ``sess.stop``."""
+    """Run ``cmd``, output to ``log``; its exit code, or None when it was stopped (the ``--timeout`` limit, or a
+    signal set ``sess.stop``): SIGTERM, on which papermill (nbclient) shuts its kernel down, then SIGKILL."""
     deadline = time.monotonic() + sess.timeout
     with open(log, "w") as logf:
-        proc = subprocess.Popen(
-            cmd, stdout=logf, stderr=subprocess.STDOUT, env=sess.env, cwd=cwd, start_new_session=True
-        )
-        # Short waits, not one: a signal handler only sets the flag, and a blocking wait would not look at it.
-        while sess.stop.signum is None and time.monotonic() < deadline:
-            try:
-                return proc.wait(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
-            except subprocess.TimeoutExpired:
-                continue
-        _kill_group(proc)
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=sess.env, cwd=cwd)
+        while sess.stop.signum is None and time.monotonic() < deadline:  # short waits: a handler only sets the flag
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                return proc.wait(timeout=0.5)
+        proc.terminate()
+        try:
+            proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         return None
 
 
@@ -274,35 +187,24 @@ def _stopped(sess: _Session, out_nb: Path | None = None) -> dict:
     return {"status": "timeout", "cell": cell, "error": f"stopped after the {sess.timeout:.0f} s limit (--timeout)"}
 
 
-# -- the committed reference ---------------------------------------------------------------------------
 def reference_commit(allow_dirty: bool = False) -> str:
-    """The commit a reference run records: ``MAHIA_COMMIT`` when set (a lent machine gets a copy of the
-    working tree whose ``.git`` can be another commit's: whoever starts the run says which code it is,
-    ``python -m mahia commit`` in the checkout prints it), else git's. Refuses a tree with uncommitted
-    changes under mahia/ or notebooks/ (a commit ending in ``-dirty``) unless ``allow_dirty``."""
-    given = os.environ.get("MAHIA_COMMIT")
-    git = files.git_commit()
-    if given:
-        commit = given
-        if git not in (files.UNKNOWN, given):
-            print(f"commit {given} from MAHIA_COMMIT (git here says {git})", file=sys.stderr)
-    elif git == files.UNKNOWN:
+    """The commit a reference run records: ``MAHIA_COMMIT`` when set (a lent machine's copy of the tree may
+    carry another commit's ``.git``), else git's. Refuses a ``-dirty`` tree unless ``allow_dirty``."""
+    given, git = os.environ.get("MAHIA_COMMIT"), files.git_commit()
+    if given and git not in (files.UNKNOWN, given):
+        print(f"commit {given} from MAHIA_COMMIT (git here says {git})", file=sys.stderr)
+    commit = given or git
+    if commit == files.UNKNOWN:
         raise UsageError(
             "cannot tell which commit this code is (no git checkout here): set MAHIA_COMMIT to "
             "the commit this tree is a copy of (`python -m mahia commit` prints it where git is)"
         )
-    else:
-        commit = git
     if commit.endswith("-dirty") and not allow_dirty:
         raise UsageError(
             f"the working tree has uncommitted changes under mahia/ or notebooks/ ({commit}): the "
             "reference must say which code made it; commit first (or pass --allow-dirty)"
         )
     return commit
-
-
-def _part_file(folder: Path, name: str) -> Path:
-    return folder / "parts" / f"{name}.json"
 
 
 def recorded_parts(folder: Path, commit: str) -> dict[str, dict]:
@@ -318,27 +220,7 @@ def _bench_suites(spec: str | None) -> list[str]:
     if spec in (None, "none"):
         return []
     names = sorted(SUITES) if spec == "all" else [n.strip() for n in spec.split(",")]
-    if not all(names):
-        raise UsageError(f"--bench {spec!r} has an empty name; choose from {', '.join(sorted(SUITES))}, all or none")
     bad = [n for n in names if n not in SUITES]
     if bad:
-        raise UsageError(f"--bench {', '.join(bad)}: no such suite; choose from {', '.join(sorted(SUITES))} or all")
+        raise UsageError(f"--bench {spec!r}: no suite {bad[0]!r}; choose from {', '.join(sorted(SUITES))}, all or none")
     return list(dict.fromkeys(names))
-
-
-def _set_aside_unfinished(sess: _Session, folder: Path, outcomes: list[dict]) -> None:
-    """A notebook part that did not finish leaves the reference only what finished parts wrote: the rows its
-    cells recorded before it stopped go to the run's folder (``<part>.unfinished.csv``). The kernel suite is
-    left alone: it records each of its parts whole and resumes from them."""
-    from mahia.measure.results import set_aside_run
-
-    for o in outcomes:
-        if o["status"] in ("ok", "skipped", "not run"):
-            continue
-        to = sess.out_dir / f"{o['name']}.unfinished.csv"
-        n = set_aside_run(folder / f"{o['name']}.csv", sess.run_id, to)
-        if n:
-            print(
-                f"  {o['name']}: {n} record(s) of this unfinished part moved out of the reference to {to}; "
-                f"figures it drew before it stopped stay in {sess.fig_root / sess.slug} until it runs again"
-            )
