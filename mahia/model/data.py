@@ -27,8 +27,6 @@ target device; sampling is inverse-CDF (``searchsorted``), so nothing waits for 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from mahia.measure.checks import check_int
@@ -147,15 +145,6 @@ class SyntheticTokens:
                 break
             m = m_next
         return acc / self.seq_len
-
-    def unigram_entropy(self) -> float:
-        """H(z) in nats: the loss of a model that learned the token frequencies but no context."""
-        z = self.unigram
-        return float(-(z[z > 0] * z[z > 0].log()).sum())
-
-    def uniform_entropy(self) -> float:
-        """ln V: the loss of a model that predicts uniformly (about where training starts)."""
-        return math.log(self.vocab_size)
 
     def __repr__(self) -> str:
         return (
