@@ -137,11 +137,6 @@ def _float_mask(mask: torch.Tensor, keep: torch.Tensor | None, dtype: torch.dtyp
     return mask.to(dtype)
 
 
-# ---------------------------------------------------------------------------------------------------
-# The paths
-# ---------------------------------------------------------------------------------------------------
-
-
 def manual_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -312,10 +307,6 @@ def _check_impl_args(fn: str, impl: str, backend: str | None, chunk_size: int | 
         check_int(fn, "chunk_size", chunk_size)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Which SDPA backend runs
-# ---------------------------------------------------------------------------------------------------
-
 _warned: set[tuple] = set()  # (requested, chosen, device type, dtype) that already warned about a fallback
 
 
@@ -447,12 +438,11 @@ class Attention(nn.Module):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         for name, val in (("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
             check_int("Attention", name, val)
-        if dim % n_heads != 0:
-            raise ValueError(f"Attention: dim={dim} must be divisible by n_heads={n_heads}")
-        if n_heads % n_kv_heads != 0:
-            raise ValueError(f"Attention: n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
-        if (dim // n_heads) % 2 != 0:
-            raise ValueError(f"Attention: head_dim = dim / n_heads = {dim // n_heads} must be even for RoPE")
+        if dim % n_heads or n_heads % n_kv_heads or (dim // n_heads) % 2:
+            raise ValueError(
+                f"Attention: dim={dim} must be divisible by n_heads={n_heads} into an even head_dim (RoPE), "
+                f"and n_heads a multiple of n_kv_heads={n_kv_heads}"
+            )
         _check_impl_args("Attention", impl, backend, chunk_size)
         if rope_impl not in ROPE_IMPLS:
             raise ValueError(f"Attention: rope_impl must be one of {ROPE_IMPLS}, got {rope_impl!r}")

@@ -92,7 +92,6 @@ class SyntheticTokens:
         self._tables: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._generators: dict[torch.device, torch.Generator] = {}
 
-    # ------------------------------------------------------------------------------------------------
     def _on(self, device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Generator]:
         if device not in self._tables:
             self._tables[device] = {k: v.to(device) for k, v in self._tables_cpu.items()}
@@ -121,7 +120,6 @@ class SyntheticTokens:
         x = tab["cycles"][pos]  # (B, n): succ^k(root)
         return x[:, :-1], x[:, 1:]
 
-    # ------------------------------------------------------------------------------------------------
     def entropy(self) -> float:
         """The loss floor in nats per token: the Bayes-optimal cross entropy averaged over the T targets."""
         p, z, succ = self.copy_prob, self.unigram, self.succ

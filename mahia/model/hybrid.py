@@ -175,7 +175,6 @@ class HybridModel(nn.Module):
         self.gate_state: torch.Tensor | None = None  # (B, L) decode: the gates of the current sequences
         self._init_weights()
 
-    # ------------------------------------------------------------------------------------------------
     def _init_weights(self) -> None:
         """GPT-2 style: N(0, init_std) for the embedding and the attention / SwiGLU matrices, the two
         residual output projections per block scaled by 1/sqrt(2 n_layers). The hybrid parts (MoE,
@@ -197,7 +196,6 @@ class HybridModel(nn.Module):
         memories_causal = all(b.memory.causal for b in self.blocks if b.memory is not None)
         return memories_causal and (self.fabric is None or self.fabric.gate_source == "first")
 
-    # ------------------------------------------------------------------------------------------------
     def _check_idx(self, fn: str, idx: torch.Tensor) -> None:
         if not isinstance(idx, torch.Tensor):
             raise TypeError(f"{fn}: idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
@@ -252,13 +250,9 @@ class HybridModel(nn.Module):
 
     @staticmethod
     def _gated(block: Block, cos, sin, stats: list, active: torch.Tensor | None):
-        """Block as the fabric wants it: a residual delta ``x -> x' - x``; its MoE statistics go to ``stats``.
-
-        The fabric's branch path calls it once per sample that runs the block (a one-sample slice,
-        ``active`` None: every token counts), the masked path once on the whole batch, with ``active``
-        (B,) = 1 for the samples that run the block and 0 for the others. Either way the pooled
-        :class:`RouterStats` cover exactly the tokens of the samples that run the block: the aux loss
-        (a batch statistic, not a sum over samples) is the same in both paths."""
+        """Block as the fabric calls it, ``x -> x' - x``, its MoE statistics appended to ``stats``: once per
+        running sample (branch, ``active`` None) or once on the batch with ``active`` (B,) = 1 for the
+        running samples (masked). Either way the pooled stats cover the tokens of the running samples."""
 
         def f(x: torch.Tensor) -> torch.Tensor:
             weight = None if active is None else active[:, None].expand(x.shape[0], x.shape[1])  # (B, T)
@@ -269,39 +263,25 @@ class HybridModel(nn.Module):
 
         return f
 
-    # ------------------------------------------------------------------------------------------------
-    # Decoding with a static KV cache
-    # ------------------------------------------------------------------------------------------------
     def setup_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> None:
-        """Allocate one :class:`StaticKVCache` (batch, n_kv_heads, max_len, head_dim) per block, in
-        ``dtype`` (default: the parameters' dtype) on the model's device."""
-        for name, v in (("batch", batch), ("max_len", max_len)):
-            check_int("HybridModel.setup_cache", name, v)
-        if max_len > self.cfg.max_seq_len:
-            raise ValueError(f"HybridModel.setup_cache: max_len={max_len} exceeds max_seq_len={self.cfg.max_seq_len}")
-        weight = self.tok_emb.weight
-        dtype = weight.dtype if dtype is None else dtype
-        self.kv_caches = [
-            StaticKVCache(batch, max_len, self.cfg.n_kv_heads, self.cfg.head_dim, device=weight.device, dtype=dtype)
-            for _ in self.blocks
-        ]
-        self.meta_states = [
-            None
-            if b.meta is None
-            else torch.zeros(
-                batch, b.meta.n_heads, b.meta.key_dim, b.meta.value_dim, device=weight.device, dtype=torch.float32
+        """Allocate the decoding state in ``dtype`` (default: the parameters') on the model's device: per block
+        a :class:`StaticKVCache`, the meta-attention's float32 state, the memory's cache; the fabric's gates."""
+        check_int("HybridModel.setup_cache", "batch", batch)
+        if max_len not in range(1, self.cfg.max_seq_len + 1):
+            raise ValueError(f"HybridModel.setup_cache: max_len must be in 1..max_seq_len={self.cfg.max_seq_len}")
+        dev, w_dtype = self.tok_emb.weight.device, self.tok_emb.weight.dtype
+        dtype = w_dtype if dtype is None else dtype
+        cfg = self.cfg
+        self.kv_caches, self.meta_states, self.memory_caches = [], [], []
+        for b in self.blocks:
+            self.kv_caches.append(StaticKVCache(batch, max_len, cfg.n_kv_heads, cfg.head_dim, device=dev, dtype=dtype))
+            m = b.meta
+            self.meta_states.append(
+                None if m is None else torch.zeros(batch, m.n_heads, m.key_dim, m.value_dim, device=dev)
             )
-            for b in self.blocks
-        ]
-        self.memory_caches = [
-            None if b.memory is None else b.memory.new_cache(batch, max_len, dtype=dtype) for b in self.blocks
-        ]
-        self.gate_state = (
-            None
-            if self.fabric is None
-            else torch.zeros(
-                batch, self.cfg.n_layers, device=weight.device, dtype=torch.promote_types(weight.dtype, torch.float32)
-            )
+            self.memory_caches.append(None if b.memory is None else b.memory.new_cache(batch, max_len, dtype=dtype))
+        self.gate_state = torch.zeros(
+            batch, cfg.n_layers, device=dev, dtype=torch.promote_types(w_dtype, torch.float32)
         )
 
     def reset_cache(self) -> None:
@@ -316,22 +296,14 @@ class HybridModel(nn.Module):
         for block, cache in zip(self.blocks, self.memory_caches):
             if cache is not None:
                 block.memory.reset_cache(cache)  # the learned nodes, as they are now
-        if self.gate_state is not None:
-            self.gate_state.zero_()
+        self.gate_state.zero_()
 
     def decode_step(self, idx: torch.Tensor, start_pos: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, V) for tokens ``idx`` (B, T) at positions start_pos .. start_pos+T-1.
-
-        Writes their keys and values into the caches and advances the meta-attention states and the
-        graph memories (see the module docstring: a memory state changes at segment boundaries only).
-        A sequence starts at position 0: that call computes the fabric's gates from its first token,
-        later calls reuse them. With ``gating`` every block runs on the whole batch and skipped
-        (sample, block) pairs are masked out, whatever ``gating_impl`` says: the same function as the
-        forward, without the branch path's per-sample host syncs and cache slicing.
-        ``start_pos`` is a 0-dim int64 tensor on the model's device, so the step has static shapes and
-        no host sync and can be captured in a CUDA graph (with the sync-free implementations: every
-        attention impl, the grouped MoE). Only a causal model decodes (see ``is_causal``); call under
-        ``torch.no_grad()``.
+        """Logits (B, T, V) for tokens ``idx`` (B, T) at positions start_pos .. start_pos+T-1, advancing the
+        caches. The call holding position 0 sets the fabric's gates; gated blocks always run masked (the
+        same function, no per-sample syncs). ``start_pos``: a 0-dim int64 device tensor, so the step has
+        static shapes and (with the sync-free impls) no host sync: a CUDA graph can capture it. Call under
+        ``torch.no_grad()``; only a causal model decodes (``is_causal``).
         """
         fn = "HybridModel.decode_step"
         if not self.is_causal:
@@ -374,9 +346,6 @@ class HybridModel(nn.Module):
         """``x' - x`` of one block while decoding, as the fabric calls it: ``f(x)``."""
         return block.delta(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache)[0]
 
-    # ------------------------------------------------------------------------------------------------
-    # Counting
-    # ------------------------------------------------------------------------------------------------
     def param_count(self, *, exclude_embedding: bool = False) -> int:
         """Number of parameters (the tied embedding / LM head matrix counted once)."""
         n = sum(p.numel() for p in self.parameters())
@@ -461,6 +430,13 @@ class HybridModel(nn.Module):
         def row(i, part, full, selective):
             rows.append({"block": i, "part": part, "full": full, "selective": selective})
 
+        # Notation of flops_breakdown. Attention: norm input (the block input, D r) and output, q, k, v, its
+        # output; sdpa: the float32 log-sum-exp; manual/chunked: the float32 probabilities (and their cast),
+        # the O(T^2) term. Meta: q, k, g, v, output, the gain's input. Memory: write k, v, read q, output,
+        # write and read weights; per segment its state, diffused state, read keys and values. MoE: norm; per
+        # assignment input, up projection, activation, output; router probabilities. SwiGLU: norm, up (2F),
+        # activation. Head: final norm; nll_loss's float32 log-probabilities, under autocast also the
+        # log-softmax output in the activation dtype.
         for i, block in enumerate(self.blocks):
             core = 4 * Hq if cfg.attention_impl == "sdpa" else Hq * T * probs_bytes
             row(i, "attention", D * r + (3 * D + 2 * Dkv) * s + core, D * r + (2 * D + 2 * Dkv) * s + core)
@@ -498,27 +474,14 @@ class HybridModel(nn.Module):
         ``activations`` (what autograd keeps for backward), ``recompute`` (one checkpointed block's
         activations, alive while it is recomputed) and their ``total`` (the peak falls early in backward).
 
-        Per token, with s = bytes per element of ``dtype``, r = of the parameters (the residual stream
-        keeps their dtype under autocast) and the notation of :meth:`flops_breakdown`, the fused paths keep
-
-            attention   D r + (3 D + 2 Dkv) s        norm input and output, q, k, v, attention output
-                        + 4 Hq                       sdpa: the float32 log-sum-exp
-                        + Hq T (4 [+ s])             manual/chunked: the float32 probabilities (and their
-                                                     cast): the O(T^2) term
-            SwiGLU      D r + (D + 3 F) s            norm input and output, up projection (2F), activation
-            MoE         D (r + s) + k (2 D + 3 Fe) s + 4 E     norm; per assignment input, up, activation,
-                                                     output; router probabilities
-            meta        (3 Hm K + 2 Hm V + D) s      q, k, g, v, output, the gain's input
-            memory      (4 D + 2 N) s + 4 N D s / S  write k, v, read q, output, both weights; per segment
-                                                     its state, diffused state, read keys and values
-            head        D (r + s) + 4 V [+ s V]      final norm; nll_loss's float32 log-probabilities, and
-                                                     under autocast the log-softmax output in s as well
-
-        The eager paths keep more (eager RMSNorm its normalized input, eager RoPE both q and k versions,
-        the scans their chunk decays or states): a lower bound for them. ``checkpoint="full"`` keeps each
-        block's input (D r); ``"selective"`` also the outputs of matmuls and attention; ``"keep_attention"``
-        the input and the fused attention's output and log-sum-exp (D r + D s + 4 Hq). Allocator slack,
-        workspaces and temporaries are not included: ``torch.cuda.max_memory_allocated`` is the real peak.
+        Per token, with s = bytes per element of ``dtype`` and r = of the parameters (the residual stream
+        keeps their dtype under autocast), the fused paths keep what :meth:`activation_bytes_per_token`
+        lists part by part; the eager paths keep more (eager RMSNorm its normalized input, eager RoPE both
+        versions of q and k, the scans their decays or states), so for them this is a lower bound.
+        ``checkpoint="full"`` keeps each block's input (D r); ``"selective"`` also the outputs of matmuls
+        and attention; ``"keep_attention"`` the input and the fused attention's output and log-sum-exp
+        (D r + D s + 4 Hq). Allocator slack, workspaces and temporaries are not included:
+        ``torch.cuda.max_memory_allocated`` is the real peak.
         """
         for name, v in (("batch", batch), ("seq_len", seq_len)):
             check_int("memory_estimate", name, v)

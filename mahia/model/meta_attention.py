@@ -63,9 +63,7 @@ class MetaAttention(nn.Module):
             check_int("MetaAttention", name, n)
         if impl not in IMPLS:
             raise ValueError(f"MetaAttention: impl must be one of {IMPLS}, got {impl!r}")
-        if not (
-            isinstance(gate_temperature, (int, float)) and math.isfinite(gate_temperature) and gate_temperature > 0
-        ):
+        if not (isinstance(gate_temperature, (int, float)) and 0 < gate_temperature < math.inf):
             raise ValueError(
                 f"MetaAttention: gate_temperature must be a positive finite number, got {gate_temperature!r}"
             )
@@ -85,12 +83,10 @@ class MetaAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"MetaAttention: x must be (B, T, dim={self.dim}), got shape {tuple(x.shape)}")
         w = self.q_proj.weight
-        if x.device != w.device:
-            raise ValueError(f"MetaAttention: x is on {x.device} but the parameters are on {w.device}")
-        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+        if x.device != w.device or (x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type)):
             raise TypeError(
-                f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype}; "
-                "convert one of them (e.g. module.to(x.dtype)) or run under torch.autocast"
+                f"MetaAttention: x is {x.dtype} on {x.device} but the parameters are {w.dtype} on {w.device}; "
+                "convert one of them (module.to(x)) or run under torch.autocast"
             )
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim

@@ -61,12 +61,9 @@ def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int, 
 
 
 class RouterStats(NamedTuple):
-    """What the load-balancing loss needs from a (weighted) set of tokens; sets pool by adding.
-
-    counts (E,): sum over the tokens of w_n * [expert e in the token's top-k] (no gradient);
-    prob_sum (E,): sum over the tokens of w_n * p_ne (carries the router's gradient);
-    n_tokens (): sum of the weights w_n. Float32 (float64 for float64 inputs).
-    """
+    """What the load-balancing loss needs from a (weighted) set of tokens, in float32 (float64 for float64
+    x): counts (E,) = sum_n w_n [e in top-k(n)] (no gradient), prob_sum (E,) = sum_n w_n p_ne, n_tokens ()
+    = sum_n w_n. Disjoint sets pool by adding."""
 
     counts: torch.Tensor
     prob_sum: torch.Tensor
@@ -79,18 +76,12 @@ class RouterStats(NamedTuple):
 
 
 class MoE(nn.Module):
-    """Top-k routed mixture of SwiGLU experts (see the module docstring for the math).
-
-    ``forward(x) -> (y, aux_loss)`` for x of shape (..., dim); y has x's shape and dtype, aux_loss is
-    a scalar in float32 (float64 for float64 x), already multiplied by ``aux_loss_coef``.
-    ``forward(x, token_weight=w)`` computes aux_loss over tokens weighted by w (shape x.shape[:-1]);
-    ``return_stats=True`` returns ``(y, aux_loss, RouterStats)`` (pool the stats of several calls and
-    turn them into the loss with ``aux_loss_from``). ``impl`` picks the loop or grouped path;
-    ``backend`` picks the grouped matmul of the grouped path ("auto" or one of ``BACKENDS``);
-    ``backend_for(x)`` says which one runs.
-
-    Parameters: ``w_router`` (dim, n_experts), ``w13`` (n_experts, dim, 2*hidden) = [W1 | W3],
-    ``w2`` (n_experts, hidden, dim).
+    """Top-k routed mixture of SwiGLU experts (module docstring): ``forward(x) -> (y, aux_loss)`` for x
+    (..., dim); y has x's shape and dtype, aux_loss (float32, already times ``aux_loss_coef``) is over the
+    tokens weighted by ``token_weight`` (x.shape[:-1]) if given; ``return_stats=True`` appends the
+    :class:`RouterStats`. ``impl``: "loop" or "grouped"; ``backend``: the grouped matmul ("auto" or one
+    of ``BACKENDS``; ``backend_for(x)`` says which runs). Parameters: ``w_router`` (dim, E), ``w13``
+    (E, dim, 2 hidden) = [W1 | W3], ``w2`` (E, hidden, dim).
     """
 
     def __init__(
@@ -109,14 +100,14 @@ class MoE(nn.Module):
         super().__init__()
         for name, v in dict(dim=dim, hidden=hidden, n_experts=n_experts, top_k=top_k).items():
             check_int("MoE", name, v)
-        if top_k > n_experts:
-            raise ValueError(f"MoE: top_k must be between 1 and n_experts = {n_experts}, got {top_k}")
-        if impl not in IMPLS:
-            raise ValueError(f"MoE: impl must be one of {IMPLS}, got {impl!r}")
-        if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"MoE: backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
-        if not (isinstance(aux_loss_coef, (int, float)) and aux_loss_coef >= 0):
-            raise ValueError(f"MoE: aux_loss_coef must be a number >= 0, got {aux_loss_coef!r}")
+        for name, value, ok, want in (
+            ("top_k", top_k, top_k <= n_experts, f"at most n_experts = {n_experts}"),
+            ("impl", impl, impl in IMPLS, f"one of {IMPLS}"),
+            ("backend", backend, backend == "auto" or backend in BACKENDS, f"'auto' or one of {BACKENDS}"),
+            ("aux_loss_coef", aux_loss_coef, isinstance(aux_loss_coef, (int, float)) and aux_loss_coef >= 0, ">= 0"),
+        ):
+            if not ok:
+                raise ValueError(f"MoE: {name} must be {want}, got {value!r}")
         self.dim, self.hidden, self.n_experts, self.top_k = dim, hidden, n_experts, top_k
         self.impl, self.backend, self.aux_loss_coef = impl, backend, float(aux_loss_coef)
         kw = dict(device=device, dtype=dtype)

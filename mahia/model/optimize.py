@@ -77,11 +77,6 @@ def apply(cfg: HybridConfig, *names: str) -> HybridConfig:
     return cfg.replace(**changes)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Activation checkpointing
-# ---------------------------------------------------------------------------------------------------
-
-
 def _save_ops() -> set:
     """aten ops whose outputs selective checkpointing keeps: matrix products and fused attention."""
     names = "mm addmm bmm baddbmm _grouped_mm _scaled_dot_product_flash_attention_for_cpu".split()
@@ -159,14 +154,8 @@ def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
     if policy not in CHECKPOINT_POLICIES:
         raise ValueError(f"apply_checkpointing: policy must be one of {CHECKPOINT_POLICIES}, got {policy!r}")
     blocks = getattr(model, "blocks", None)
-    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
-        raise TypeError(
-            f"apply_checkpointing: model must be an nn.Module with blocks (an nn.ModuleList of "
-            f"Block), as HybridModel has; {type(model).__name__} has none"
-        )
-    wrong = [type(b).__name__ for b in blocks if type(b) not in (Block, CheckpointedBlock)]
-    if wrong:
-        raise TypeError(f"apply_checkpointing: the blocks must be Block modules, got {sorted(set(wrong))}")
+    if not isinstance(blocks, nn.ModuleList) or any(type(b) not in (Block, CheckpointedBlock) for b in blocks):
+        raise TypeError("apply_checkpointing: model must have blocks, an nn.ModuleList of Block as HybridModel has")
     for block in blocks:
         if policy is None:
             block.__class__ = Block
@@ -174,11 +163,6 @@ def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
         else:
             block.__class__ = CheckpointedBlock
             block.checkpoint_policy = policy
-
-
-# ---------------------------------------------------------------------------------------------------
-# torch.compile, with a clean fallback
-# ---------------------------------------------------------------------------------------------------
 
 
 def compile_problem(device: torch.device | str) -> str | None:
@@ -244,11 +228,6 @@ def apply_compile(model: nn.Module, mode: str | None) -> Callable:
             return model(*args, **kwargs)
 
     return forward
-
-
-# ---------------------------------------------------------------------------------------------------
-# The training step
-# ---------------------------------------------------------------------------------------------------
 
 
 def make_train_step(
@@ -322,11 +301,6 @@ def make_train_step(
     return step
 
 
-# ---------------------------------------------------------------------------------------------------
-# Decoding
-# ---------------------------------------------------------------------------------------------------
-
-
 class Decoder:
     """Token-by-token generation with the model's static KV cache, optionally through a CUDA graph.
 
@@ -337,11 +311,8 @@ class Decoder:
     """
 
     def __init__(self, model: nn.Module, *, cuda_graphs: bool = False):
-        for attr in ("setup_cache", "reset_cache", "decode_step"):
-            if not hasattr(model, attr):
-                raise TypeError(f"make_decoder: model must have {attr}(); {type(model).__name__} has none")
-        if not isinstance(cuda_graphs, bool):
-            raise TypeError(f"make_decoder: cuda_graphs must be a bool, got {cuda_graphs!r}")
+        if not all(hasattr(model, attr) for attr in ("setup_cache", "reset_cache", "decode_step")):
+            raise TypeError("make_decoder: model must have setup_cache, reset_cache and decode_step, as HybridModel")
         self.model = model
         self.cuda_graphs = cuda_graphs
         self._shape: tuple[int, int] | None = None  # (batch, max_len) the cache and graph were built for
@@ -393,13 +364,11 @@ class Decoder:
         ``temperature=0`` is greedy (argmax); otherwise tokens are sampled from softmax(logits / temperature)
         by the Gumbel-max trick (argmax of logits / temperature + Gumbel noise), which needs no host sync.
         """
-        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.dtype != torch.long:
-            raise ValueError(
-                f"Decoder.generate: prompt must be a (B, T) int64 tensor, got "
-                f"{getattr(prompt, 'dtype', type(prompt))} {tuple(getattr(prompt, 'shape', ()))}"
-            )
-        if prompt.shape[1] < 1:
-            raise ValueError("Decoder.generate: prompt must hold at least one token")
+        if (
+            not (isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.dtype == torch.long)
+            or not prompt.numel()
+        ):
+            raise ValueError(f"Decoder.generate: prompt must be a (B, T >= 1) int64 tensor, got {prompt!r:.80}")
         check_int("Decoder.generate", "max_new_tokens", max_new_tokens, minimum=0)
         if not temperature >= 0.0:
             raise ValueError(f"Decoder.generate: temperature must be >= 0, got {temperature!r}")
