@@ -483,10 +483,3 @@ class Attention(nn.Module):
         out = attention(q, k, v, causal=mask is None, attn_mask=mask, **kw)
         out = out.transpose(1, 2).reshape(B, T, Hq * D)  # (B, T, Hq*D)
         return self.out_proj(out)
-
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-            f"head_dim={self.head_dim}, impl={self.impl!r}, backend={self.backend!r}, "
-            f"chunk_size={self.chunk_size}, rope_impl={self.rope_impl!r}"
-        )

@@ -46,6 +46,3 @@ class SwiGLU(nn.Module):
         gate, up = self.w12(x).chunk(2, dim=-1)  # (..., hidden) each
         act = swiglu if self.impl == "triton" else swiglu_eager
         return self.w3(act(gate, up))  # (..., dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, hidden={self.hidden}, impl={self.impl!r}"

@@ -47,6 +47,3 @@ class RMSNorm(nn.Module):
             return norm(x, self.weight, self.eps)
         add_norm = add_rms_norm if self.impl == "triton" else add_rms_norm_eager
         return add_norm(x, residual, self.weight, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, impl={self.impl!r}"

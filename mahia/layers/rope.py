@@ -52,9 +52,6 @@ class RotaryCache(nn.Module):
             )
         return self.cos[offset : offset + seq_len], self.sin[offset : offset + seq_len]
 
-    def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, base={self.base}"
-
 
 def apply_rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, impl: str = "eager"

@@ -179,9 +179,3 @@ class DynamicNeuroFabric(nn.Module):
             gate_source=self.gate_source,
             gates=gates,
         )
-
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, n_layers={self.n_layers}, threshold={self.threshold}, impl={self.impl!r}, "
-            f"gate_source={self.gate_source!r}"
-        )

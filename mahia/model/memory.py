@@ -369,9 +369,3 @@ class GraphDiffusionMemory(nn.Module):
         vt = values.index_select(1, token_window)
         r = torch.softmax(torch.einsum("btd,btnd->btn", q, kt) * scale, dim=-1)  # (B, T, N)
         return F.linear(torch.einsum("btn,btnd->btd", r, vt), p["out"].weight)
-
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, n_nodes={self.n_nodes}, steps={self.steps}, alpha={self.alpha}, "
-            f"impl={self.impl!r}, causal={self.causal}, segment={self.segment}"
-        )

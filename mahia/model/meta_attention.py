@@ -119,9 +119,3 @@ class MetaAttention(nn.Module):
         state.copy_(S)
         o = torch.stack(outs, dim=1).to(x.dtype)  # (B, T, H, V)
         return self.o_proj(o.reshape(B, T, H * V))
-
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, n_heads={self.n_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}, "
-            f"impl={self.impl!r}, gate_temperature={self.gate_temperature}"
-        )

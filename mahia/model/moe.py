@@ -122,12 +122,6 @@ class MoE(nn.Module):
         nn.init.normal_(self.w13, std=self.dim**-0.5)
         nn.init.normal_(self.w2, std=self.hidden**-0.5)
 
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, hidden={self.hidden}, n_experts={self.n_experts}, top_k={self.top_k}, "
-            f"impl={self.impl!r}, backend={self.backend!r}, aux_loss_coef={self.aux_loss_coef}"
-        )
-
     # -- shared pieces ---------------------------------------------------------------------------
     def _flatten_input(self, x: torch.Tensor) -> torch.Tensor:
         w = self.w13
