@@ -453,14 +453,7 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(dim, qkv_out, bias=False)
         self.out_proj = nn.Linear(n_heads * self.head_dim, dim, bias=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: StaticKVCache | None = None,
-        start_pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv_cache: StaticKVCache | None = None, start_pos=None) -> torch.Tensor:
         check_float_tensor("Attention.forward", "x", x, min_dim=3)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"Attention.forward: x must be (B, T, dim={self.dim}), got {tuple(x.shape)}")

@@ -249,21 +249,6 @@ PRESETS: dict[str, HybridConfig] = {
         hidden=2816,
         max_seq_len=2048,
     ),
-    # Mixture of experts in every block, 16 experts, top-2 routing; nothing else hybrid.
-    "moe": HybridConfig(
-        vocab_size=32000,
-        dim=768,
-        n_layers=12,
-        n_heads=12,
-        n_kv_heads=4,
-        hidden=2048,
-        max_seq_len=1024,
-        moe=True,
-        n_experts=16,
-        top_k=2,
-        moe_every=1,
-        moe_hidden=1024,
-    ),
     # The full MAHIA-X hybrid at a size where the GPU, not the launch overhead, is the bottleneck.
     "hybrid": HybridConfig(
         vocab_size=32000,

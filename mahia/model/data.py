@@ -27,6 +27,8 @@ target device; sampling is inverse-CDF (``searchsorted``), so nothing waits for 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from mahia.measure.checks import check_int
@@ -44,16 +46,12 @@ class SyntheticTokens:
     def __init__(
         self, vocab_size: int, seq_len: int, seed: int = 0, *, copy_prob: float = 0.5, zipf_exponent: float = 1.0
     ):
-        for name, v in (("vocab_size", vocab_size), ("seq_len", seq_len)):
-            check_int("SyntheticTokens", name, v)
-        if vocab_size < 2:
-            raise ValueError(f"SyntheticTokens: vocab_size must be >= 2, got {vocab_size}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"SyntheticTokens: seed must be an int, got {seed!r}")
-        if not (isinstance(copy_prob, (int, float)) and 0.0 <= copy_prob < 1.0):
-            raise ValueError(f"SyntheticTokens: copy_prob must be in [0, 1), got {copy_prob!r}")
-        if not (isinstance(zipf_exponent, (int, float)) and zipf_exponent >= 0.0):
-            raise ValueError(f"SyntheticTokens: zipf_exponent must be >= 0, got {zipf_exponent!r}")
+        check_int("SyntheticTokens", "vocab_size", vocab_size, minimum=2)
+        check_int("SyntheticTokens", "seq_len", seq_len)
+        check_int("SyntheticTokens", "seed", seed, minimum=-(2**63))
+        for name, v, ok in (("copy_prob", copy_prob, "in [0, 1)"), ("zipf_exponent", zipf_exponent, ">= 0")):
+            if not (isinstance(v, (int, float)) and 0.0 <= v < (1.0 if name == "copy_prob" else math.inf)):
+                raise ValueError(f"SyntheticTokens: {name} must be {ok}, got {v!r}")
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
         self.copy_prob, self.zipf_exponent = float(copy_prob), float(zipf_exponent)
 
@@ -143,9 +141,3 @@ class SyntheticTokens:
                 break
             m = m_next
         return acc / self.seq_len
-
-    def __repr__(self) -> str:
-        return (
-            f"SyntheticTokens(vocab_size={self.vocab_size}, seq_len={self.seq_len}, seed={self.seed}, "
-            f"copy_prob={self.copy_prob}, zipf_exponent={self.zipf_exponent})"
-        )

@@ -168,14 +168,5 @@ class DynamicNeuroFabric(nn.Module):
         plan: FabricPlan | None = None,
         gates: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return fabric_forward(
-            x,
-            self.gate.weight,
-            self.gate.bias,
-            layers,
-            threshold=self.threshold,
-            impl=self.impl,
-            plan=plan,
-            gate_source=self.gate_source,
-            gates=gates,
-        )
+        kw = dict(threshold=self.threshold, impl=self.impl, gate_source=self.gate_source)
+        return fabric_forward(x, self.gate.weight, self.gate.bias, layers, plan=plan, gates=gates, **kw)

@@ -70,16 +70,9 @@ class Block(nn.Module):
         )
         self.meta = MetaAttention(cfg.dim, cfg.meta_heads, impl=cfg.meta_impl) if cfg.meta_attention else None
         self.meta_gain = nn.Parameter(torch.ones(())) if cfg.meta_attention else None
+        memory_kw = dict(impl=cfg.memory_impl, causal=True, segment=cfg.memory_segment)
         self.memory = (
-            GraphDiffusionMemory(
-                cfg.dim,
-                cfg.memory_nodes,
-                cfg.memory_steps,
-                cfg.memory_alpha,
-                impl=cfg.memory_impl,
-                causal=True,
-                segment=cfg.memory_segment,
-            )
+            GraphDiffusionMemory(cfg.dim, cfg.memory_nodes, cfg.memory_steps, cfg.memory_alpha, **memory_kw)
             if cfg.is_memory_block(layer)
             else None
         )
@@ -108,16 +101,7 @@ class Block(nn.Module):
             return self.mlp(m, token_weight=token_weight, return_stats=return_stats)
         return (self.mlp(m), None, None) if return_stats else (self.mlp(m), None)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: StaticKVCache | None = None,
-        start_pos: torch.Tensor | None = None,
-        meta_state: torch.Tensor | None = None,
-        memory_cache: MemoryCache | None = None,
-    ):
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=None, meta_state=None, memory_cache=None):
         """``(x', aux)``. The caches are for decoding (class docstring)."""
         mix = self._mix(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache)
         # Under autocast the mixers return the autocast dtype while the residual stream keeps the
@@ -126,27 +110,15 @@ class Block(nn.Module):
         y, aux = self._ffn(m)
         return h + y, aux
 
-    def delta(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: StaticKVCache | None = None,
-        start_pos: torch.Tensor | None = None,
-        meta_state: torch.Tensor | None = None,
-        memory_cache: MemoryCache | None = None,
-        *,
-        token_weight: torch.Tensor | None = None,
-        return_stats: bool = False,
-    ):
+    def delta(self, x, cos, sin, kv_cache=None, start_pos=None, meta_state=None, memory_cache=None, **moe_kw):
         """``(x' - x, aux)`` computed without the subtraction: ``mix + FFN(m)`` (for the gated fabric).
 
-        ``token_weight`` (B, T) weights the tokens in an MoE block's aux loss; ``return_stats`` appends
-        the MoE's :class:`RouterStats` (None without MoE): ``(x' - x, aux, stats)``.
+        ``moe_kw``: ``token_weight`` (B, T) weights the tokens in an MoE block's aux loss; ``return_stats``
+        appends the MoE's :class:`RouterStats` (None without MoE): ``(x' - x, aux, stats)``.
         """
         mix = self._mix(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache).to(x.dtype)
         m, _ = self.mlp_norm(mix, residual=x)
-        y, *rest = self._ffn(m, token_weight, return_stats)
+        y, *rest = self._ffn(m, **moe_kw)
         return (mix + y, *rest)
 
 
@@ -161,13 +133,8 @@ class HybridModel(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.rope = RotaryCache(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)  # one table for all layers
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.fabric = (
-            DynamicNeuroFabric(
-                cfg.dim, cfg.n_layers, threshold=cfg.gate_threshold, impl=cfg.gating_impl, gate_source="first"
-            )
-            if cfg.gating
-            else None
-        )
+        gate_kw = dict(threshold=cfg.gate_threshold, impl=cfg.gating_impl, gate_source="first")  # causal gates
+        self.fabric = DynamicNeuroFabric(cfg.dim, cfg.n_layers, **gate_kw) if cfg.gating else None
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
         self.kv_caches: list[StaticKVCache] | None = None
         self.meta_states: list[torch.Tensor | None] | None = None
@@ -330,14 +297,9 @@ class HybridModel(nn.Module):
                 functools.partial(self._decode_delta, block, cos, sin, cache, start_pos, state, memory)
                 for block, cache, state, memory in caches
             ]
+            fab = self.fabric
             x = fabric_forward(
-                x,
-                self.fabric.gate.weight,
-                self.fabric.gate.bias,
-                layers,
-                threshold=self.fabric.threshold,
-                impl="masked",
-                gates=self.gate_state,
+                x, fab.gate.weight, fab.gate.bias, layers, threshold=fab.threshold, gates=self.gate_state
             )
         return F.linear(self.norm(x), self.tok_emb.weight)  # (B, T, V)
 

@@ -219,25 +219,18 @@ def graph_diffusion_memory(
     return run(x, base, memory, adj_logits, w, steps, alpha, causal, seg)
 
 
-class MemoryCache(nn.Module):
-    """What :meth:`GraphDiffusionMemory.decode` keeps between calls (buffers of fixed shapes, so a decode
+class MemoryCache:
+    """What :meth:`GraphDiffusionMemory.decode` keeps between calls (tensors of fixed shapes, so a decode
     step can be captured in a CUDA graph): ``keys``, ``values`` (B, N, D), the read keys and values of the
     diffused state before the next position's segment; with a ``segment``, per position p ``scores``
     (B, N, max_len), node n's write score, and ``u``, ``z`` (B, max_len, D), the written value x_p Wv
-    projected by Wk' and Wv'."""
+    projected by Wk' and Wv' (without segments nothing is written while decoding: length 0)."""
 
-    def __init__(self, batch: int, max_len: int, n_nodes: int, dim: int, *, positions: bool, device, dtype):
-        super().__init__()
+    def __init__(self, batch: int, max_len: int, n_nodes: int, dim: int, length: int, **device_dtype):
         self.batch, self.max_len = batch, max_len
-        length = max_len if positions else 0  # without segments nothing is written while decoding
-        for name, shape in (
-            ("keys", (batch, n_nodes, dim)),
-            ("values", (batch, n_nodes, dim)),
-            ("scores", (batch, n_nodes, length)),
-            ("u", (batch, length, dim)),
-            ("z", (batch, length, dim)),
-        ):
-            self.register_buffer(name, torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.keys, self.values = (torch.zeros(batch, n_nodes, dim, **device_dtype) for _ in range(2))
+        self.scores = torch.zeros(batch, n_nodes, length, **device_dtype)
+        self.u, self.z = (torch.zeros(batch, length, dim, **device_dtype) for _ in range(2))
 
 
 class GraphDiffusionMemory(nn.Module):
@@ -270,33 +263,15 @@ class GraphDiffusionMemory(nn.Module):
         self.proj = nn.ModuleDict({k: nn.Linear(dim, dim, bias=False) for k in names})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights = (self.proj[k].weight for k in self.proj)
-        return graph_diffusion_memory(
-            x,
-            self.memory,
-            self.adj_logits,
-            *weights,
-            steps=self.steps,
-            alpha=self.alpha,
-            impl=self.impl,
-            causal=self.causal,
-            segment=self.segment,
-        )
+        kw = dict(steps=self.steps, alpha=self.alpha, impl=self.impl, causal=self.causal, segment=self.segment)
+        return graph_diffusion_memory(x, self.memory, self.adj_logits, *(p.weight for p in self.proj.values()), **kw)
 
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> MemoryCache:
         """A reset :class:`MemoryCache` on the module's device, in ``dtype`` (default: the parameters')."""
         if not self.causal:
             raise ValueError("GraphDiffusionMemory.new_cache: decoding needs causal=True")
-        dtype = self.memory.dtype if dtype is None else dtype
-        cache = MemoryCache(
-            batch,
-            max_len,
-            self.n_nodes,
-            self.dim,
-            positions=self.segment is not None,
-            device=self.memory.device,
-            dtype=dtype,
-        )
+        kw = dict(device=self.memory.device, dtype=self.memory.dtype if dtype is None else dtype)
+        cache = MemoryCache(batch, max_len, self.n_nodes, self.dim, max_len if self.segment else 0, **kw)
         self.reset_cache(cache)
         return cache
 

@@ -178,8 +178,7 @@ def compile_problem(device: torch.device | str) -> str | None:
     if device.type == "cpu":
         from torch._inductor import config as inductor_config
 
-        configured = getattr(getattr(inductor_config, "cpp", None), "cxx", ()) or ()
-        candidates = [c for c in configured if isinstance(c, str)] + ["g++", "c++", "clang++"]
+        candidates = [c for c in inductor_config.cpp.cxx if isinstance(c, str)] + ["g++", "c++", "clang++"]
         if not any(shutil.which(c) for c in candidates):
             return "no C++ compiler found (inductor needs one for CPU code)"
     elif device.type == "cuda":
