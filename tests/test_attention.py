@@ -15,6 +15,7 @@ from mahia.layers import kv_cache as KV
 from mahia.layers.rope import RotaryCache
 from mahia.measure.checks import check_close, compare_fn, tolerance
 from mahia.measure.instruments import count_syncs
+from mahia.measure.timing import capture_graph
 from mahia.ops.rope import apply_rope_eager
 
 
@@ -299,8 +300,6 @@ def test_cache_update_reset_and_bad_inputs_name_the_argument():
         KV.StaticKVCache(0, 20, HKV, HD)
 
 
-# --- CUDA only (skipped on a CPU) ------------------------------------------------------------------
-
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -334,19 +333,11 @@ def test_cuda_graph_decode_step_matches_prefill_without_syncs():
             cos, sin = KV.rope_rows(rope, start + torch.arange(1, device=dev))
             return layer(x_step, cos, sin, kv_cache=cache, start_pos=start)
 
-        side = torch.cuda.Stream()  # warm up on a side stream before capture, as torch.cuda.graph asks
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
+        graph, out = capture_graph(step, warmup=2)  # warm-up on a side stream, then the capture
         with count_syncs() as r:
             step()
         assert r.count == 0, str(r)
         cache.reset()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = step()
         outs = []
         for t in range(T):
             x_step.copy_(x[:, t : t + 1])

@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from mahia.measure.checks import compare_fn, rel_error, tolerance
-from mahia.measure.instruments import count_syncs
+from mahia.measure.instruments import count_ops, count_syncs
 from mahia.model.fabric import DynamicNeuroFabric, fabric_forward, fabric_gates
 from mahia.model.memory import GraphDiffusionMemory, diffusion_operator, graph_diffusion_memory
 from mahia.model.momentum import momentum_update_foreach, momentum_update_loop
@@ -47,27 +46,21 @@ def _memory_fn(impl, steps=4, alpha=0.5, causal=False, segment=None):
 
 
 @pytest.mark.parametrize(
-    "dtype,impl,causal,segment",
-    [(dt, impl, False, None) for dt in DTYPES for impl in ("loop", "batched")]
-    + [(torch.float32, "batched", causal, SEG) for causal in (True, False)],
+    "dtype,impl,causal,segment,steps,alpha",
+    [(dt, impl, False, None, 4, 0.5) for dt in DTYPES for impl in ("loop", "batched")]
+    + [(torch.float32, "batched", causal, SEG, 4, 0.5) for causal in (True, False)]
+    + [(torch.float32, "batched", False, None, k, a) for k, a in ((0, 0.3), (1, 0.3), (5, 1.0), (8, 0.0))],
 )
-def test_memory_matches_float64_reference(dtype, impl, causal, segment):
-    """Output and every input's gradient against the float64 loop. Sharp graph (adj_std=3), k=4: the
-    nodes stay distinguishable (heavy smoothing is the next test). Segments in float32: there the loop
-    reference's own bfloat16 error (~2e-2, summed over 8 segments) sits at the tolerance."""
-    inputs = _memory_inputs(dtype=dtype)
-    ref = _memory_fn("loop", causal=causal, segment=segment)
-    cmp = compare_fn(_memory_fn(impl, causal=causal, segment=segment), ref, inputs, name=f"memory {impl}")
-    assert len(cmp.errors) == 1 + len(inputs)
-
-
-@pytest.mark.parametrize("steps,alpha", [(0, 0.3), (1, 0.3), (5, 1.0), (8, 0.0)])
-def test_memory_batched_equals_loop_across_steps(steps, alpha):
-    inputs = _memory_inputs(seed=steps, dtype=torch.float32)
-    # With k=0 or alpha=0 the graph is not used, so the adjacency gets no gradient in either path.
+def test_memory_matches_float64_reference(dtype, impl, causal, segment, steps, alpha):
+    """Output and every input's gradient against the float64 loop. Sharp graph (adj_std=3): the nodes
+    stay distinguishable (heavy smoothing is the next test). Segments in float32: there the loop
+    reference's own bfloat16 error (~2e-2, summed over 8 segments) sits at the tolerance. With k=0 or
+    alpha=0 the graph is unused, so the adjacency gets no gradient."""
+    inputs = _memory_inputs(seed=steps, dtype=dtype)
     grad_inputs = [i for i in range(len(inputs)) if i != 2 or (steps and alpha)]
-    fast, ref = _memory_fn("batched", steps, alpha), _memory_fn("loop", steps, alpha)
-    compare_fn(fast, ref, inputs, grad_inputs=grad_inputs, name=f"memory k={steps} alpha={alpha}")
+    ref = _memory_fn("loop", steps, alpha, causal, segment)
+    cmp = compare_fn(_memory_fn(impl, steps, alpha, causal, segment), ref, inputs, grad_inputs=grad_inputs)
+    assert len(cmp.errors) == 1 + len(grad_inputs)
 
 
 def test_memory_batched_as_accurate_as_loop_when_oversmoothed():
@@ -125,16 +118,6 @@ def test_diffusion_operator_compiles_in_one_graph_in_float32_under_autocast():
     assert not chosen, f"a context manager chosen inside `with` (Dynamo may break the graph there): {chosen}"
 
 
-class _OpCounter(TorchDispatchMode):
-    """Counts ATen ops (a proxy for kernel launches)."""
-
-    n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
 def test_memory_no_syncs_and_batched_launches_do_not_grow_with_nodes():
     inputs = _memory_inputs(dtype=torch.float32)
     for impl in ("loop", "batched"):  # neither path reads device values on the host
@@ -147,9 +130,9 @@ def test_memory_no_syncs_and_batched_launches_do_not_grow_with_nodes():
         x = torch.randn(2, 5, 8, generator=g)
         params = [torch.randn(n_nodes, 8, generator=g), torch.randn(n_nodes, n_nodes, generator=g)]
         params += [torch.randn(8, 8, generator=g) for _ in range(7)]
-        with _OpCounter() as c:
+        with count_ops() as c:
             graph_diffusion_memory(x, *params, steps=4, alpha=0.5, impl=impl)
-        return c.n
+        return c.total
 
     # The loop's launches grow with N (per-node write and per-node, per-step diffusion); batched's don't.
     assert n_ops("batched", 4) == n_ops("batched", 16)
@@ -210,29 +193,26 @@ def test_memory_rejects_bad_config_and_inputs():
     ]:
         with pytest.raises(ValueError, match=f"GraphDiffusionMemory: {match}"):
             GraphDiffusionMemory(D, **kwargs)
-    mod = GraphDiffusionMemory(D, N)
-    with pytest.raises(ValueError, match="x must be a \\(B, T, D\\)"):
-        mod(torch.randn(T, D))
-    with pytest.raises(ValueError, match="graph_diffusion_memory: memory must be"):
-        mod(torch.randn(B, T, D + 1))
-    with pytest.raises(TypeError, match="floating"):
-        mod(torch.ones(B, T, D, dtype=torch.long))
-    with pytest.raises(ValueError, match="convert the module"):
-        mod(torch.randn(B, T, D, dtype=torch.float64))
-    inputs = _memory_inputs()
-    inputs[2] = inputs[2][:, :-1]
-    with pytest.raises(ValueError, match="adj_logits must be"):
-        graph_diffusion_memory(*inputs)
-    with pytest.raises(ValueError, match="square"):
-        diffusion_operator(torch.zeros(3, 4), 2, 0.5)
-    with pytest.raises(ValueError, match="causal=True"):
-        mod.new_cache(B, 8)  # bidirectional: cannot decode
-    causal = GraphDiffusionMemory(D, N, causal=True, segment=4)
-    cache = causal.new_cache(B, 8)
-    with pytest.raises(ValueError, match="batch=3"):
-        causal.decode(torch.randn(B + 1, 1, D), cache, torch.zeros((), dtype=torch.long))
-    with pytest.raises(TypeError, match="start_pos"):
-        causal.decode(torch.randn(B, 1, D), cache, 0)
+    mod, causal = GraphDiffusionMemory(D, N), GraphDiffusionMemory(D, N, causal=True, segment=4)
+    bad_adj = _memory_inputs()
+    bad_adj[2] = bad_adj[2][:, :-1]
+    for call, err, match in [
+        (lambda: mod(torch.randn(T, D)), ValueError, "x must be a \\(B, T, D\\)"),
+        (lambda: mod(torch.ones(B, T, D, dtype=torch.long)), TypeError, "floating"),
+        (lambda: mod(torch.randn(B, T, D + 1)), ValueError, "graph_diffusion_memory: memory must be"),
+        (lambda: mod(torch.randn(B, T, D, dtype=torch.float64)), ValueError, "convert the module"),
+        (lambda: graph_diffusion_memory(*bad_adj), ValueError, "adj_logits must be"),
+        (lambda: diffusion_operator(torch.zeros(3, 4), 2, 0.5), ValueError, "square"),
+        (lambda: mod.new_cache(B, 8), ValueError, "causal=True"),  # bidirectional: cannot decode
+        (
+            lambda: causal.decode(torch.randn(B + 1, 1, D), causal.new_cache(B, 8), torch.tensor(0)),
+            ValueError,
+            "batch=3",
+        ),
+        (lambda: causal.decode(torch.randn(B, 1, D), causal.new_cache(B, 8), 0), TypeError, "start_pos"),
+    ]:
+        with pytest.raises(err, match=match):
+            call()
 
 
 # -- DynamicNeuroFabric -----------------------------------------------------------------------------

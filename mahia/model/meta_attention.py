@@ -85,8 +85,8 @@ class MetaAttention(nn.Module):
         w = self.q_proj.weight
         if x.device != w.device or (x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type)):
             raise TypeError(
-                f"MetaAttention: x is {x.dtype} on {x.device} but the parameters are {w.dtype} on {w.device}; "
-                "convert one of them (module.to(x)) or run under torch.autocast"
+                f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype} (x on {x.device}, they on "
+                f"{w.device}); convert one of them (module.to(x)) or run under torch.autocast"
             )
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim
