@@ -219,35 +219,23 @@ def test_layer_matches_reference_built_from_its_weights():
     ids=["sdpa", "sdpa-math", "manual", "chunked"],
 )
 @pytest.mark.parametrize("prefill", [0, 5], ids=["token-by-token", "prefill5"])
-def test_prefill_equals_decode_through_static_cache(impl, kw, prefill):
+def test_prefill_equals_decode_through_static_cache_without_host_syncs(impl, kw, prefill):
     layer, (x, rope) = make_layer(impl, **kw), layer_inputs()
     with torch.no_grad():
         full = layer(x, *rope.get(T))
         cache = KV.StaticKVCache(B, 20, HKV, HD, device="cpu", dtype=torch.float32)
         outs, pos = [], 0
         for n in ([prefill] if prefill else []) + [1] * (T - prefill):
-            start = torch.tensor(pos)
-            cos, sin = KV.rope_rows(rope, start + torch.arange(n))
-            outs.append(layer(x[:, pos : pos + n], cos, sin, kv_cache=cache, start_pos=start))
+            xs, start = x[:, pos : pos + n], torch.tensor(pos)
+            with count_syncs() as r:
+                cos, sin = KV.rope_rows(rope, start + torch.arange(n))
+                outs.append(layer(xs, cos, sin, kv_cache=cache, start_pos=start))
+            assert r.syncing_ops == 0, str(r)
             pos += n
-    check_close(f"{impl} decode vs prefill", torch.cat(outs, dim=1), full, 1e-5)
-
-
-@pytest.mark.parametrize("impl", ["sdpa", "manual", "chunked"])
-def test_decode_step_has_no_host_sync(impl):
-    layer, (x, rope) = make_layer(impl), layer_inputs()
-    cache = KV.StaticKVCache(B, 20, HKV, HD, device="cpu", dtype=torch.float32)
-    start = torch.tensor(4)
-    with torch.no_grad():
-        layer(x[:, :4], *rope.get(4), kv_cache=cache, start_pos=torch.tensor(0))  # prefill / warm-up
-        with count_syncs() as r:
-            cos, sin = KV.rope_rows(rope, start + torch.arange(1))
-            layer(x[:, 4:5], cos, sin, kv_cache=cache, start_pos=start)
-            start += 1  # the next step's position, still on the device
-    assert r.syncing_ops == 0, str(r)
     with count_syncs() as control:  # the recorder does see a data-dependent read
         int(start)
     assert control.syncing_ops == 1
+    check_close(f"{impl} decode vs prefill", torch.cat(outs, dim=1), full, 1e-5)
 
 
 def test_cache_update_reset_and_bad_inputs_name_the_argument():
