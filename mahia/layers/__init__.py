@@ -1,11 +1,6 @@
-"""Transformer layers, each with a readable reference path and an optimized one (``impl=``).
-
-RMSNorm(dim, impl="eager"|"triton")             norm.py   (+ fused residual add)
-SwiGLU(dim, hidden, impl="eager"|"triton")      mlp.py
-RotaryCache, apply_rope(..., impl=...)           rope.py   (one cos/sin cache for all layers)
-Attention(dim, n_heads, n_kv_heads, impl="manual"|"sdpa"|"chunked", backend=...)  attention.py
-StaticKVCache(batch, max_len, n_kv_heads, head_dim), decode_mask, rope_rows  kv_cache.py
-"""
+"""Transformer layers, each with a readable reference path and an optimized one (``impl=``): RMSNorm
+(norm.py, with a fused residual add), SwiGLU (mlp.py), RoPE (rope.py: one cos/sin cache for all layers),
+Attention (attention.py: manual, sdpa, chunked) and the static KV cache (kv_cache.py)."""
 
 # The functional ``attention`` dispatcher stays in ``mahia.layers.attention`` (importing it here
 # would shadow the submodule of the same name).

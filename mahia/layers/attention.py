@@ -1,33 +1,16 @@
 """Attention: the textbook path, PyTorch's fused SDPA kernels with an explicit backend, a chunked path,
 and the attention layer (decoding through :class:`mahia.layers.kv_cache.StaticKVCache`).
 
-For one head, queries q (T, D), keys k (S, D), values v (S, Dv):
+    out = softmax(q @ k^T * scale + mask) @ v,        q (T, D), k (S, D), v (S, Dv) per head, scale = D^-0.5
 
-    out = softmax(q @ k^T * scale + mask) @ v,        scale = 1 / sqrt(D)
+GQA: q has Hq heads, k and v Hkv with Hq % Hkv == 0; query head h reads kv head h // (Hq / Hkv) (the
+layout of ``repeat_interleave`` and SDPA's ``enable_gqa``). Causal masking aligns the queries to the END
+of the keys: query i sees keys j <= i + S - T (for S > T: the T new tokens of a decode step). SDPA's
+``is_causal`` aligns top-left, so for S != T the SDPA path passes an explicit mask.
 
-Grouped-query attention (GQA): q has Hq heads, k and v have Hkv heads with Hq % Hkv == 0; query head
-h reads kv head h // (Hq / Hkv) (the layout of ``repeat_interleave``, the same as SDPA's
-``enable_gqa``).
-
-Causal masking aligns the query block to the *end* of the keys (bottom-right): query i of T sees keys
-j <= i + S - T. For S == T that is the usual lower triangle; for S > T it is what decoding needs (the T
-new tokens are the last T positions of the sequence). ``F.scaled_dot_product_attention(is_causal=True)``
-aligns top-left instead, so for S != T the SDPA path passes an explicit mask.
-
-Paths, all computing the same function:
-
-* :func:`manual_attention` ("before"): materializes the (T, S) score matrix, softmax in float32.
-* :func:`sdpa_attention` ("after"): ``F.scaled_dot_product_attention`` with a chosen kernel, "flash",
-  "cudnn", "efficient" or "math", or None to let PyTorch pick; a chosen one that cannot run on these
-  inputs is replaced by the first of ``BACKENDS`` that can (warning once; :func:`available_backends`).
-* :func:`chunked_attention`: queries in chunks, so the manual path needs O(chunk_size * S) memory.
-
-Edge cases, the same on every path: a query row that can see no key (its bool mask row all False, or
-its float mask row all -inf, alone or together with the causal triangle) gives an output row of 0 and
-zero gradients, as PyTorch's SDPA kernels do (a plain softmax over nothing would be 0/0 = NaN); an
-empty query block (T = 0) gives an empty (B, Hq, 0, Dv) output; a float mask has each row shifted to a
-maximum of 0 before it meets the scores (softmax ignores the shift), so its offset costs no precision in
-any dtype (SDPA takes it in q's dtype, the manual path in float32).
+Edge cases, the same on every path: a query row that sees no key gives 0 and zero gradients, as SDPA's
+kernels do (a plain softmax would give 0/0 = NaN); T = 0 gives an empty (B, Hq, 0, Dv); a float mask has
+each row shifted to a maximum of 0 first (softmax ignores the shift), so its offset costs no precision.
 """
 
 from __future__ import annotations
@@ -47,8 +30,6 @@ from mahia.measure.checks import check_float_tensor, check_int, check_same_devic
 __all__ = [
     "IMPLS",
     "BACKENDS",
-    "repeat_kv",
-    "causal_mask",
     "manual_attention",
     "sdpa_attention",
     "chunked_attention",
@@ -73,52 +54,36 @@ _SDP_BACKEND = {
 DEFAULT_CHUNK_SIZE = 1024
 
 
-# ---------------------------------------------------------------------------------------------------
-# Input checks and masks
-# ---------------------------------------------------------------------------------------------------
-
-
 def _check(fn: str, q, k, v, attn_mask=None, causal: bool = False, backend: str | None = None) -> None:
-    """Raise TypeError/ValueError naming the argument unless q (B, Hq, T, D), k (B, Hkv, S, D) and
-    v (B, Hkv, S, Dv) fit together (Hq a multiple of Hkv; S >= T if causal), ``attn_mask`` is None or a
-    bool or float tensor broadcastable to (B, Hq, T, S), and ``backend`` is None or one of ``BACKENDS``."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float_tensor(fn, name, t, min_dim=4)
-        if t.dim() != 4:
-            raise ValueError(f"{fn}: {name} must be 4-d (B, H, seq, head_dim), got shape {tuple(t.shape)}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"{fn}: q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     check_same_device(fn, q=q, k=k, v=v)
-    B, Hq, T, D = q.shape
-    if k.shape[0] != B or v.shape[0] != B or k.shape[-1] != D or v.shape[:3] != k.shape[:3]:
+    if not (q.dim() == k.dim() == v.dim() == 4 and k.shape[::3] == q.shape[::3] and v.shape[:3] == k.shape[:3]):
         raise ValueError(
-            f"{fn}: k and v must be (B, Hkv, S, D) and (B, Hkv, S, Dv) with the batch size and head dim of q "
-            f"(B={B}, D={D}), got k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"{fn}: q, k, v must be (B, Hq, T, D), (B, Hkv, S, D), (B, Hkv, S, Dv) with one batch size and head "
+            f"dim, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
+    B, Hq, T, _ = q.shape
     if k.shape[1] == 0 or Hq % k.shape[1] != 0:
-        raise ValueError(
-            f"{fn}: the number of query heads Hq={Hq} must be a multiple of the number of "
-            f"kv heads Hkv={k.shape[1]} (dim 1 of k and v)"
-        )
+        raise ValueError(f"{fn}: Hq={Hq} query heads must be a multiple of the number of kv heads Hkv={k.shape[1]}")
     _check_causal_lengths(fn, T, k.shape[2], causal)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
-    if attn_mask is None:
-        return
-    if not isinstance(attn_mask, torch.Tensor) or not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
-        what = attn_mask.dtype if isinstance(attn_mask, torch.Tensor) else type(attn_mask).__name__
-        raise TypeError(f"{fn}: attn_mask must be None or a bool (True = attend) or floating tensor, got {what}")
-    full = (B, Hq, T, k.shape[2])
-    try:
-        ok = attn_mask.dim() >= 2 and torch.broadcast_shapes(attn_mask.shape, full) == full
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"{fn}: attn_mask must have >= 2 dims and broadcast to (B, Hq, T, S) = {full}, "
-            f"got shape {tuple(attn_mask.shape)}"
-        )
-    check_same_device(fn, q=q, attn_mask=attn_mask)
+    if attn_mask is not None:
+        full = (B, Hq, T, k.shape[2])
+        try:
+            kind_ok = attn_mask.dtype == torch.bool or attn_mask.is_floating_point()
+            ok = kind_ok and attn_mask.dim() >= 2 and torch.broadcast_shapes(attn_mask.shape, full) == full
+        except (AttributeError, RuntimeError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{fn}: attn_mask must be None or a bool (True = attend) or float tensor of >= 2 dims "
+                f"broadcastable to (B, Hq, T, S) = {full}, got {getattr(attn_mask, 'shape', type(attn_mask))}"
+            )
+        check_same_device(fn, q=q, attn_mask=attn_mask)
 
 
 def _check_causal_lengths(fn: str, T: int, S: int, causal: bool) -> None:
@@ -145,13 +110,9 @@ def causal_mask(T: int, S: int, device: torch.device | str | None = None) -> tor
 def _combined_mask(
     q: torch.Tensor, k: torch.Tensor, causal: bool, attn_mask: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, bool]:
-    """The (mask, is_causal) pair to hand to SDPA so that it computes bottom-right causal attention.
-
-    SDPA's own ``is_causal`` is used only for S == T without a user mask (where top-left and
-    bottom-right agree); it lets flash attention run. Otherwise the causal triangle goes into the mask.
-    A float mask goes to the kernels in the dtype of q (cuDNN's and the memory-efficient one's rule),
-    shifted by :func:`_float_mask`.
-    """
+    """The (mask, is_causal) for SDPA to compute bottom-right causal attention: its own ``is_causal`` (which
+    lets flash run) only for S == T without a user mask, else the triangle goes into the mask. A float
+    mask goes in q's dtype (cuDNN's and the memory-efficient kernel's rule), shifted by :func:`_float_mask`."""
     T, S = q.shape[2], k.shape[2]
     if causal and attn_mask is None and S == T:
         return None, True
@@ -176,11 +137,6 @@ def _float_mask(mask: torch.Tensor, keep: torch.Tensor | None, dtype: torch.dtyp
     return mask.to(dtype)
 
 
-# ---------------------------------------------------------------------------------------------------
-# The paths
-# ---------------------------------------------------------------------------------------------------
-
-
 def manual_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -190,16 +146,12 @@ def manual_attention(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """softmax(q @ k^T * scale + mask) @ v, the textbook way: the full score matrix is materialized.
+    """softmax(q @ k^T * scale + mask) @ v, the textbook way: the (B, Hq, T, S) scores are materialized.
 
-    q (B, Hq, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> (B, Hq, T, Dv), in the dtype of q.
-    The scores come out of the matmul in the input dtype; scaling, masking and softmax run in float32
-    (float64 for float64 inputs). ``causal=True`` needs S >= T and aligns the queries to the end of the
-    keys: query i sees keys j <= i + S - T (decoding: the T new tokens are the last T positions).
-    ``attn_mask`` is bool (True = attend) or floating (added to the scores), broadcastable to
-    (B, Hq, T, S); with ``causal`` both apply. A query row that can see no key gives 0 (and zero
-    gradients), like SDPA: such rows are softmaxed unmasked and their output zeroed, found from the
-    mask alone (no pass over the scores). Memory: O(B * Hq * T * S) for the scores and the probabilities.
+    q (B, Hq, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv) -> (B, Hq, T, Dv) in q's dtype. Scaling, masking
+    and softmax run in float32 (float64 for float64 inputs). ``attn_mask``: bool (True = attend) or float
+    (added), broadcastable to (B, Hq, T, S); with ``causal`` both apply. Rows that see no key (found from
+    the mask alone) are softmaxed unmasked and their output zeroed.
     """
     _check("manual_attention", q, k, v, attn_mask, causal)
     T, S, D = q.shape[2], k.shape[2], q.shape[3]
@@ -244,14 +196,11 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """The same function as :func:`manual_attention`, through ``F.scaled_dot_product_attention``.
 
-    ``backend`` picks the kernel: "flash" (FlashAttention-2 on CUDA sm80+ in fp16/bf16, no arbitrary
-    mask; on a CPU, PyTorch's own tiled CPU kernel of that name), "cudnn" (cuDNN fused attention, CUDA
-    sm80+), "efficient" (xFormers memory-efficient kernel, CUDA only), "math" (the composite reference,
-    runs everywhere), or None to let PyTorch choose. A named backend that cannot run on these inputs is
-    replaced by the first runnable one in ``BACKENDS`` order, with a warning the first time
-    (:func:`available_backends` lists them). GQA uses SDPA's ``enable_gqa`` where the kernel supports it, otherwise
-    the kv heads are repeated first. Causal with S != T passes an explicit bottom-right mask. A query row
-    that sees no key gives 0 on every backend (cuDNN's kernel does not, so masked outputs are fixed up).
+    ``backend``: "flash" (FlashAttention-2, CUDA sm80+ fp16/bf16, no arbitrary mask; on a CPU PyTorch's
+    tiled kernel of that name), "cudnn" (CUDA sm80+), "efficient" (memory-efficient, CUDA), "math" (runs
+    everywhere), or None (PyTorch chooses). One that cannot run on these inputs is replaced by the first
+    of ``BACKENDS`` that can, with a warning once. GQA uses ``enable_gqa`` where the kernel takes it, else
+    the kv heads are repeated first. Rows that see no key give 0 (cuDNN's kernel does not: fixed up).
     """
     _check("sdpa_attention", q, k, v, attn_mask, causal, backend)
     mask, is_causal = _combined_mask(q, k, causal, attn_mask)
@@ -273,9 +222,7 @@ def sdpa_attention(
 
 
 def _zero_dead_rows(out: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Zero the output rows whose (SDPA-ready) mask sees no key. The math and memory-efficient kernels
-    give 0 there already; cuDNN's (torch 2.11, H100) does not, so every masked call goes through this:
-    a reduction over the mask and a fill of the output, no sync."""
+    """Zero the output rows whose mask sees no key: cuDNN's kernel (torch 2.11, H100) does not; no sync."""
     if mask is None:
         return out
     seen = mask if mask.dtype == torch.bool else mask > float("-inf")
@@ -304,13 +251,11 @@ def chunked_attention(
 ) -> torch.Tensor:
     """The same function as :func:`manual_attention`, ``chunk_size`` queries at a time.
 
-    Rows of softmax(q k^T) are independent, so splitting the queries changes nothing but the peak
-    memory: O(B * Hq * chunk_size * S) instead of O(B * Hq * T * S). With ``causal``, the chunk of
-    queries t0 .. t1-1 sees no key past t1 - 1 + S - T, so keys are cut there (this also skips the
-    masked upper-right blocks); causal attention on the cut keys, aligned to their end, is exactly the
-    causal pattern of the full problem. Each chunk runs :func:`manual_attention` when ``backend`` is
-    None, else :func:`sdpa_attention` with that backend. An empty query block (T = 0) runs one empty
-    chunk and returns (B, Hq, 0, Dv); fully masked query rows give 0, as on the other paths.
+    Rows of softmax(q k^T) are independent, so splitting the queries changes only the peak memory:
+    O(B Hq chunk_size S). With ``causal`` the chunk of queries t0 .. t1-1 sees no key past t1 - 1 + S - T,
+    so keys are cut there (skipping the masked blocks); causal attention on the cut keys, aligned to
+    their end, is the full problem's pattern. Chunks run :func:`manual_attention`, or with a
+    ``backend`` :func:`sdpa_attention`.
     """
     _check("chunked_attention", q, k, v, attn_mask, causal, backend)
     check_int("chunked_attention", "chunk_size", chunk_size)
@@ -340,11 +285,8 @@ def attention(
     attn_mask: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Dispatch to :func:`sdpa_attention`, :func:`manual_attention` or :func:`chunked_attention`.
-
-    ``backend`` applies to "sdpa" and "chunked" (the per-chunk kernel), ``chunk_size`` to "chunked"
-    only (default 1024); passing one to an impl that does not use it is an error, not a silent no-op.
-    """
+    """:func:`sdpa_attention`, :func:`manual_attention` or :func:`chunked_attention` (``backend``: "sdpa"
+    and "chunked"; ``chunk_size``: "chunked" only, default 1024)."""
     _check_impl_args("attention", impl, backend, chunk_size)
     kw = dict(causal=causal, attn_mask=attn_mask, scale=scale)
     if impl == "manual":
@@ -357,26 +299,20 @@ def attention(
 def _check_impl_args(fn: str, impl: str, backend: str | None, chunk_size: int | None) -> None:
     if impl not in IMPLS:
         raise ValueError(f"{fn}: impl must be one of {IMPLS}, got {impl!r}")
-    if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"{fn}: backend must be None or one of {BACKENDS}, got {backend!r}")
-    if backend is not None and impl == "manual":
-        raise ValueError(f"{fn}: backend={backend!r} applies to impl='sdpa' or 'chunked', not 'manual'")
+    if backend is not None and (impl == "manual" or backend not in BACKENDS):
+        raise ValueError(f"{fn}: backend must be None or, with impl 'sdpa' or 'chunked', one of {BACKENDS}")
     if chunk_size is not None:
         if impl != "chunked":
             raise ValueError(f"{fn}: chunk_size applies to impl='chunked' only, got impl={impl!r}")
         check_int(fn, "chunk_size", chunk_size)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Which SDPA backend runs
-# ---------------------------------------------------------------------------------------------------
-
 _warned: set[tuple] = set()  # (requested, chosen, device type, dtype) that already warned about a fallback
 
 
 def _takes(name: str, q, k, v, mask, is_causal: bool) -> bool:
-    """Whether SDPA backend ``name`` takes these inputs as they are: PyTorch's own choice with only that
-    backend enabled (``torch._fused_sdp_choice``, what ``F.scaled_dot_product_attention`` asks; no launch)."""
+    """Whether SDPA backend ``name`` takes these inputs as they are: PyTorch's own choice with only it
+    enabled (``torch._fused_sdp_choice``; no launch)."""
     with warnings.catch_warnings(), sdpa_kernel(_SDP_BACKEND[name]):
         warnings.simplefilter("ignore")  # PyTorch warns why it rejects a kernel
         try:
@@ -397,9 +333,8 @@ def _runs(name: str, q, k, v, mask, is_causal: bool) -> tuple[bool, bool]:
 
 
 def _plan(q, k, v, requested: str, mask, is_causal: bool) -> tuple[str, bool]:
-    """(backend to use, use enable_gqa) for SDPA inputs already combined into (mask, is_causal):
-    ``requested`` if it runs, else the first of ``BACKENDS`` that does, with a warning once per kind of
-    input. Under torch.compile, which cannot trace the check, ``requested`` as it is."""
+    """(backend, use enable_gqa): ``requested`` if it runs, else the first of ``BACKENDS`` that does (a
+    warning once per kind of input). Under torch.compile, which cannot trace the check, ``requested``."""
     if torch.compiler.is_compiling():
         return requested, True
     for name in (requested, *BACKENDS):  # "math" always runs
@@ -432,26 +367,17 @@ def available_backends(
 def fused_backends(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True, attn_mask: torch.Tensor | None = None
 ) -> list[str]:
-    """The fused SDPA backends (``BACKENDS`` less "math") that take these inputs as they are, grouped-query heads
-    included (``enable_gqa``): those PyTorch's own choice, :func:`sdpa_attention` with ``backend=None``, can run.
-    None of them: it runs the math path, which writes the T x T scores like :func:`manual_attention` (on the
-    H200 with torch 2.11, float32 with 8 query heads on 4 KV heads: notebook 10's SDPA rung)."""
+    """The fused backends (``BACKENDS`` less "math") that take these inputs as they are, GQA heads included:
+    those ``backend=None`` can pick. None: it runs math, which writes the T x T scores (H200, torch 2.11,
+    float32 with 8 query heads on 4 KV heads: notebook 10's SDPA rung)."""
     _check("fused_backends", q, k, v, attn_mask, causal)
     mask, is_causal = _combined_mask(q, k, causal, attn_mask)
     return [name for name in BACKENDS if name != "math" and _runs(name, q, k, v, mask, is_causal)[1]]
 
 
-# ---------------------------------------------------------------------------------------------------
-# Roofline helpers
-# ---------------------------------------------------------------------------------------------------
-
-
 def attention_flops(B: int, Hq: int, T: int, S: int, D: int, causal: bool) -> int:
-    """Forward FLOPs: two matmuls (q k^T and p v) of 2*T*S*D each per head, 4*B*Hq*T*S*D in all.
-
-    Causal counts only the visible part by removing the masked T x T triangle at the end of the keys
-    (the FlashAttention convention): 4*B*Hq*D*(T*S - T*T/2), i.e. exactly half for S == T.
-    """
+    """Forward FLOPs: two matmuls (q k^T and p v) of 2 T S D per head, 4 B Hq T S D; causal counts only the
+    visible part (FlashAttention's convention): 4 B Hq D (T S - T^2 / 2), half for S == T."""
     for name, val in (("B", B), ("Hq", Hq), ("T", T), ("S", S), ("D", D)):
         check_int("attention_flops", name, val)
     _check_causal_lengths("attention_flops", T, S, causal)
@@ -461,11 +387,8 @@ def attention_flops(B: int, Hq: int, T: int, S: int, D: int, causal: bool) -> in
 
 
 def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Minimum HBM traffic of a fused kernel: q and k, v read once, the output written once.
-
-    (B*Hq*T*D [q] + 2*B*Hkv*S*D [k, v] + B*Hq*T*D [out]) * bytes per element. The manual path moves
-    far more: it writes and reads the (T, S) score and probability matrices.
-    """
+    """Minimum HBM bytes of a fused kernel: q, k, v read once, the output written once,
+    (2 B Hq T D + 2 B Hkv S D) * bytes per element (the manual path also moves the (T, S) matrices)."""
     for name, val in (("B", B), ("Hq", Hq), ("Hkv", Hkv), ("T", T), ("S", S), ("D", D)):
         check_int("attention_bytes", name, val)
     if not isinstance(dtype, torch.dtype):
@@ -475,14 +398,9 @@ def attention_bytes(B: int, Hq: int, Hkv: int, T: int, S: int, D: int, *, dtype:
 
 
 def chunk_blocks(T: int, S: int, chunk_size: int, causal: bool = True) -> list[tuple[int, int]]:
-    """(queries, keys) of each block :func:`chunked_attention` hands to its per-chunk kernel, in order.
-
-    Chunk c holds queries t0 .. t1-1 (t0 = c * chunk_size, t1 = min(t0 + chunk_size, T)) and, with
-    ``causal``, only keys 0 .. t1-1+S-T: no query of the chunk sees a later one. So for S == T the
-    blocks hold sum_c (t1 - t0) * t1 scores, T * (T + chunk_size) / 2 when chunk_size divides T: about
-    half of the T * S a single manual call materializes, and more of it as the chunk grows. T = 0 gives
-    the one empty chunk the function runs. Byte and FLOP models sum their per-block costs over these.
-    """
+    """(queries, keys) of each block :func:`chunked_attention` runs, in order: chunk c holds queries
+    t0 .. t1-1 and, with ``causal``, keys 0 .. t1-1+S-T. For S == T that is T (T + chunk_size) / 2 scores
+    when chunk_size divides T: about half of the manual path's T S, more as the chunk grows."""
     for name, val in (("T", T), ("S", S), ("chunk_size", chunk_size)):
         check_int("chunk_blocks", name, val, minimum=1 if name == "chunk_size" else 0)
     _check_causal_lengths("chunk_blocks", T, S, causal)
@@ -493,23 +411,16 @@ def chunk_blocks(T: int, S: int, chunk_size: int, causal: bool = True) -> list[t
     return blocks
 
 
-# ---------------------------------------------------------------------------------------------------
-# The layer
-# ---------------------------------------------------------------------------------------------------
-
-
 class Attention(nn.Module):
     """Multi-head self-attention with GQA and RoPE: fused qkv projection, attention, output projection.
 
         q, k, v = split(x @ Wqkv^T);  q, k = rope(q), rope(k);  y = attention(q, k, v) @ Wo^T
 
-    ``impl`` / ``backend`` / ``chunk_size`` choose the attention path (see :func:`attention`),
-    ``rope_impl`` the RoPE path ("eager" or "triton"). Without a cache, ``forward`` is causal
-    self-attention over the T tokens of x. With ``kv_cache`` and ``start_pos`` (a 0-dim int64 tensor on
-    the device of x), the new k, v are written at positions start_pos .. start_pos+T-1 and the queries
-    attend over the whole static cache, key j visible to query i iff j <= start_pos + i: no host sync,
-    no shape change, so a decode step can be captured in a CUDA graph. ``cos`` and ``sin`` are the
-    (T, head_dim/2) RoPE rows of those positions (``rope_rows`` gathers them from a position tensor).
+    ``impl`` / ``backend`` / ``chunk_size``: the path (:func:`attention`); ``rope_impl``: "eager" or
+    "triton". With ``kv_cache`` and ``start_pos`` (a 0-dim int64 device tensor) the new k, v are written
+    at start_pos.. and the queries attend over the whole static cache through a mask: no host sync, no
+    shape change, so a decode step can be captured in a CUDA graph. ``cos``, ``sin``: the (T, head_dim/2)
+    RoPE rows of those positions (``rope_rows`` gathers them from a position tensor).
     """
 
     def __init__(
@@ -522,20 +433,16 @@ class Attention(nn.Module):
         backend: str | None = None,
         chunk_size: int | None = None,
         rope_impl: str = "eager",
-        bias: bool = False,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         for name, val in (("dim", dim), ("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
             check_int("Attention", name, val)
-        if dim % n_heads != 0:
-            raise ValueError(f"Attention: dim={dim} must be divisible by n_heads={n_heads}")
-        if n_heads % n_kv_heads != 0:
-            raise ValueError(f"Attention: n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
-        if (dim // n_heads) % 2 != 0:
-            raise ValueError(f"Attention: head_dim = dim / n_heads = {dim // n_heads} must be even for RoPE")
+        if dim % n_heads or n_heads % n_kv_heads or (dim // n_heads) % 2:
+            raise ValueError(
+                f"Attention: dim={dim} must be divisible by n_heads={n_heads} into an even head_dim (RoPE), "
+                f"and n_heads a multiple of n_kv_heads={n_kv_heads}"
+            )
         _check_impl_args("Attention", impl, backend, chunk_size)
         if rope_impl not in ROPE_IMPLS:
             raise ValueError(f"Attention: rope_impl must be one of {ROPE_IMPLS}, got {rope_impl!r}")
@@ -543,17 +450,10 @@ class Attention(nn.Module):
         self.head_dim = dim // n_heads
         self.impl, self.backend, self.chunk_size, self.rope_impl = impl, backend, chunk_size, rope_impl
         qkv_out = (n_heads + 2 * n_kv_heads) * self.head_dim
-        self.qkv_proj = nn.Linear(dim, qkv_out, bias=bias, device=device, dtype=dtype)
-        self.out_proj = nn.Linear(n_heads * self.head_dim, dim, bias=bias, device=device, dtype=dtype)
+        self.qkv_proj = nn.Linear(dim, qkv_out, bias=False)
+        self.out_proj = nn.Linear(n_heads * self.head_dim, dim, bias=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: StaticKVCache | None = None,
-        start_pos: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x, cos, sin, kv_cache: StaticKVCache | None = None, start_pos=None) -> torch.Tensor:
         check_float_tensor("Attention.forward", "x", x, min_dim=3)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"Attention.forward: x must be (B, T, dim={self.dim}), got {tuple(x.shape)}")
@@ -566,10 +466,6 @@ class Attention(nn.Module):
 
         mask = None  # without a cache: causal self-attention over the T tokens
         if kv_cache is not None:
-            if not isinstance(kv_cache, StaticKVCache):
-                raise TypeError(
-                    f"Attention.forward: kv_cache must be a StaticKVCache or None, got {type(kv_cache).__name__}"
-                )
             if start_pos is None:
                 raise ValueError("Attention.forward: kv_cache needs start_pos (a 0-dim int64 tensor)")
             k, v = kv_cache.update(start_pos, k, v)  # (B, Hkv, max_len, D)
@@ -580,10 +476,3 @@ class Attention(nn.Module):
         out = attention(q, k, v, causal=mask is None, attn_mask=mask, **kw)
         out = out.transpose(1, 2).reshape(B, T, Hq * D)  # (B, T, Hq*D)
         return self.out_proj(out)
-
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-            f"head_dim={self.head_dim}, impl={self.impl!r}, backend={self.backend!r}, "
-            f"chunk_size={self.chunk_size}, rope_impl={self.rope_impl!r}"
-        )

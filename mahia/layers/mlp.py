@@ -21,11 +21,8 @@ IMPLS = ("eager", "triton")
 
 class SwiGLU(nn.Module):
     """The Llama feed-forward block: one fused up projection ``w12`` (gate and up halves), SwiGLU, ``w3``.
-
-    ``impl="triton"`` runs the activation through :func:`mahia.ops.swiglu`; the two matrix
-    products are cuBLAS either way. The gate/up halves are strided views of the ``w12`` output (last dim
-    contiguous), which the kernel reads in place, without a copy.
-    """
+    ``impl="triton"`` runs the activation through :func:`mahia.ops.swiglu`, which reads the strided halves
+    in place; the matrix products are cuBLAS either way."""
 
     def __init__(
         self,
@@ -33,7 +30,6 @@ class SwiGLU(nn.Module):
         hidden: int,
         *,
         impl: str = "eager",
-        bias: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
@@ -43,13 +39,10 @@ class SwiGLU(nn.Module):
         for name, v in (("dim", dim), ("hidden", hidden)):
             check_int("SwiGLU", name, v)
         self.dim, self.hidden, self.impl = dim, hidden, impl
-        self.w12 = nn.Linear(dim, 2 * hidden, bias=bias, device=device, dtype=dtype)
-        self.w3 = nn.Linear(hidden, dim, bias=bias, device=device, dtype=dtype)
+        self.w12 = nn.Linear(dim, 2 * hidden, bias=False, device=device, dtype=dtype)
+        self.w3 = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w12(x).chunk(2, dim=-1)  # (..., hidden) each
         act = swiglu if self.impl == "triton" else swiglu_eager
         return self.w3(act(gate, up))  # (..., dim)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, hidden={self.hidden}, impl={self.impl!r}"

@@ -20,13 +20,10 @@ IMPLS = ("eager", "triton")
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim with a learned scale (initialised to ones).
-
-    ``forward(x)`` returns ``y``; ``forward(x, residual)`` adds first and returns ``(y, h)`` with
-    ``h = x + residual``, so a pre-norm block reads its residual stream once instead of twice.
-    ``impl="triton"`` runs :func:`mahia.ops.rms_norm` / :func:`mahia.ops.add_rms_norm`
-    (which fall back to the eager reference, with a warning, where Triton cannot run).
-    """
+    """RMSNorm over the last dim with a learned scale (ones at init). ``forward(x, residual)`` adds first and
+    returns ``(y, h)`` with ``h = x + residual``: a pre-norm block reads its residual stream once, not twice.
+    ``impl="triton"``: :func:`mahia.ops.rms_norm` / :func:`mahia.ops.add_rms_norm` (eager fallback, with a
+    warning, where Triton cannot run)."""
 
     def __init__(
         self,
@@ -50,6 +47,3 @@ class RMSNorm(nn.Module):
             return norm(x, self.weight, self.eps)
         add_norm = add_rms_norm if self.impl == "triton" else add_rms_norm_eager
         return add_norm(x, residual, self.weight, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, impl={self.impl!r}"

@@ -23,12 +23,8 @@ IMPLS = ("eager", "triton")
 
 
 class RotaryCache(nn.Module):
-    """cos/sin tables of shape (max_seq_len, head_dim // 2) in float32, as non-persistent buffers.
-
-    Build one per model and pass ``cache.get(T, offset)`` to every attention layer: the tables are the
-    same for all layers, so one copy is enough. The angles are computed in float64 before rounding to
-    float32, which keeps cos/sin accurate at large positions.
-    """
+    """cos/sin tables (max_seq_len, head_dim // 2) in float32, one per model for all layers (``get(T, offset)``).
+    The angles are computed in float64 before rounding, which keeps cos/sin accurate at large positions."""
 
     def __init__(
         self, head_dim: int, max_seq_len: int, base: float = 10000.0, device: torch.device | str | None = None
@@ -55,9 +51,6 @@ class RotaryCache(nn.Module):
                 f"exceed max_seq_len = {self.max_seq_len}; build the cache longer"
             )
         return self.cos[offset : offset + seq_len], self.sin[offset : offset + seq_len]
-
-    def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_seq_len={self.max_seq_len}, base={self.base}"
 
 
 def apply_rope(

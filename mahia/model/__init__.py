@@ -19,7 +19,6 @@ _EXPORTS = {
     "MetaAttention": "meta_attention",
     "GraphDiffusionMemory": "memory",
     "DynamicNeuroFabric": "fabric",
-    "MomentumMemory": "momentum",
     "SyntheticTokens": "data",
     "OPTIMIZATIONS": "optimize",
     "apply": "optimize",

@@ -46,16 +46,12 @@ class SyntheticTokens:
     def __init__(
         self, vocab_size: int, seq_len: int, seed: int = 0, *, copy_prob: float = 0.5, zipf_exponent: float = 1.0
     ):
-        for name, v in (("vocab_size", vocab_size), ("seq_len", seq_len)):
-            check_int("SyntheticTokens", name, v)
-        if vocab_size < 2:
-            raise ValueError(f"SyntheticTokens: vocab_size must be >= 2, got {vocab_size}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"SyntheticTokens: seed must be an int, got {seed!r}")
-        if not (isinstance(copy_prob, (int, float)) and 0.0 <= copy_prob < 1.0):
-            raise ValueError(f"SyntheticTokens: copy_prob must be in [0, 1), got {copy_prob!r}")
-        if not (isinstance(zipf_exponent, (int, float)) and zipf_exponent >= 0.0):
-            raise ValueError(f"SyntheticTokens: zipf_exponent must be >= 0, got {zipf_exponent!r}")
+        check_int("SyntheticTokens", "vocab_size", vocab_size, minimum=2)
+        check_int("SyntheticTokens", "seq_len", seq_len)
+        check_int("SyntheticTokens", "seed", seed, minimum=-(2**63))
+        for name, v, ok in (("copy_prob", copy_prob, "in [0, 1)"), ("zipf_exponent", zipf_exponent, ">= 0")):
+            if not (isinstance(v, (int, float)) and 0.0 <= v < (1.0 if name == "copy_prob" else math.inf)):
+                raise ValueError(f"SyntheticTokens: {name} must be {ok}, got {v!r}")
         self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
         self.copy_prob, self.zipf_exponent = float(copy_prob), float(zipf_exponent)
 
@@ -94,7 +90,6 @@ class SyntheticTokens:
         self._tables: dict[torch.device, dict[str, torch.Tensor]] = {}
         self._generators: dict[torch.device, torch.Generator] = {}
 
-    # ------------------------------------------------------------------------------------------------
     def _on(self, device: torch.device) -> tuple[dict[str, torch.Tensor], torch.Generator]:
         if device not in self._tables:
             self._tables[device] = {k: v.to(device) for k, v in self._tables_cpu.items()}
@@ -123,7 +118,6 @@ class SyntheticTokens:
         x = tab["cycles"][pos]  # (B, n): succ^k(root)
         return x[:, :-1], x[:, 1:]
 
-    # ------------------------------------------------------------------------------------------------
     def entropy(self) -> float:
         """The loss floor in nats per token: the Bayes-optimal cross entropy averaged over the T targets."""
         p, z, succ = self.copy_prob, self.unigram, self.succ
@@ -147,18 +141,3 @@ class SyntheticTokens:
                 break
             m = m_next
         return acc / self.seq_len
-
-    def unigram_entropy(self) -> float:
-        """H(z) in nats: the loss of a model that learned the token frequencies but no context."""
-        z = self.unigram
-        return float(-(z[z > 0] * z[z > 0].log()).sum())
-
-    def uniform_entropy(self) -> float:
-        """ln V: the loss of a model that predicts uniformly (about where training starts)."""
-        return math.log(self.vocab_size)
-
-    def __repr__(self) -> str:
-        return (
-            f"SyntheticTokens(vocab_size={self.vocab_size}, seq_len={self.seq_len}, seed={self.seed}, "
-            f"copy_prob={self.copy_prob}, zipf_exponent={self.zipf_exponent})"
-        )

@@ -9,30 +9,17 @@
     logits = RMSNorm_f(x_L) @ E^T                                     LM head tied to the embedding
     loss   = cross_entropy(logits, targets) + sum over MoE blocks of the (already scaled) aux loss
 
-``a_l`` is a learned scalar per block (initialised to 1). With ``gating`` the blocks run inside a
+``a_l`` is a learned scalar per block (1 at init). With ``gating`` the blocks run inside a
 :class:`~mahia.model.fabric.DynamicNeuroFabric` as residual deltas, ``x <- x + g_{b,l} (x' - x)`` for
-the samples b whose gate g_{b,l} (computed once from x_0) passes the threshold.
+the samples b whose gate g_{b,l} (from x_0) passes the threshold.
 
-Causality: position t uses tokens 0..t only, for every preset. Attention, meta-attention (a gated
-linear attention, a causal scan), SwiGLU and MoE are causal per position. The two sequence-level parts
-run in their causal modes:
-
-* the graph memory (``causal=True``, ``segment=memory_segment``): the sequence is cut into segments of
-  ``memory_segment`` tokens; a token reads the memory written by the EARLIER segments (segment 0 reads
-  the learned nodes), and a segment's write (a softmax over its own tokens) takes effect at the next
-  segment boundary. While decoding, a token's memory state is therefore fixed for its whole segment;
-  the segment's write is added when its last token arrives (:meth:`GraphDiffusionMemory.decode`).
-* the fabric's gates (``gate_source="first"``): computed from the first token's embedding x_0[:, 0],
-  which every position may see. While decoding they are computed in the call that holds position 0
-  and kept for the rest of the sequence.
-
-MoE aux loss with gating: the load-balancing loss of an MoE block is one batch statistic over the
-tokens of the samples that run the block. The branch fabric runs a block one sample at a time, the
-masked fabric on the whole batch with the skipped samples weighted 0; both pool the same
-:class:`~mahia.model.moe.RouterStats`, so both give the same loss.
-
-The implementation fields of :class:`~mahia.model.config.HybridConfig` pick the path of every part; all
-paths compute the same function, so weights load across them (``load_state_dict``) unchanged.
+Causal for every preset: the graph memory reads only what EARLIER segments of ``memory_segment`` tokens
+wrote (while decoding, a segment's write is added when its last token arrives), and the fabric's gates
+come from the first token (computed in the decode call that holds position 0, then kept). An MoE
+block's aux loss is one statistic over the tokens of the samples that run the block: the branch fabric
+(one sample at a time) and the masked one (skipped samples weighted 0) pool the same
+:class:`~mahia.model.moe.RouterStats`, so both give the same loss. Every implementation field of
+:class:`~mahia.model.config.HybridConfig` computes the same function: weights load across them.
 """
 
 from __future__ import annotations
@@ -60,31 +47,6 @@ from mahia.ops.gla_scan import gla_flops
 __all__ = ["Block", "HybridModel"]
 
 
-def meta_decode(meta: MetaAttention, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """``meta(x)`` for T new tokens continuing from ``state``, by the recurrence; ``state`` is updated in place.
-
-        S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T q_t        (per batch and head)
-
-    x (B, T, dim); state (B, H, K, V) in float32 (zeros before the first token). The projections are
-    those of :meth:`MetaAttention.forward`, so T steps from a zero state give ``meta(x)``; with T = 1
-    the shapes are static and the step can be captured in a CUDA graph.
-    """
-    B, T, _ = x.shape
-    H, K, V = meta.n_heads, meta.key_dim, meta.value_dim
-    dt = state.dtype
-    q = (meta.q_proj(x).view(B, T, H, K) * K**-0.5).to(dt)
-    k = meta.k_proj(x).view(B, T, H, K).to(dt)
-    v = meta.v_proj(x).view(B, T, H, V).to(dt)
-    g = (F.logsigmoid(meta.gate_proj(x)) / meta.gate_temperature).view(B, T, H, K).to(dt)  # <= 0
-    S, outs = state, []
-    for t in range(T):
-        S = g[:, t].exp().unsqueeze(-1) * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)  # (B, H, K, V)
-        outs.append((q[:, t].unsqueeze(-2) @ S).squeeze(-2))  # (B, H, V)
-    state.copy_(S)
-    o = torch.stack(outs, dim=1).to(x.dtype)  # (B, T, H, V)
-    return meta.o_proj(o.reshape(B, T, H * V))
-
-
 class Block(nn.Module):
     """One pre-norm block (module docstring). ``forward`` returns ``(x', aux)``; ``aux`` is None unless MoE.
 
@@ -108,16 +70,9 @@ class Block(nn.Module):
         )
         self.meta = MetaAttention(cfg.dim, cfg.meta_heads, impl=cfg.meta_impl) if cfg.meta_attention else None
         self.meta_gain = nn.Parameter(torch.ones(())) if cfg.meta_attention else None
+        memory_kw = dict(impl=cfg.memory_impl, causal=True, segment=cfg.memory_segment)
         self.memory = (
-            GraphDiffusionMemory(
-                cfg.dim,
-                cfg.memory_nodes,
-                cfg.memory_steps,
-                cfg.memory_alpha,
-                impl=cfg.memory_impl,
-                causal=True,
-                segment=cfg.memory_segment,
-            )
+            GraphDiffusionMemory(cfg.dim, cfg.memory_nodes, cfg.memory_steps, cfg.memory_alpha, **memory_kw)
             if cfg.is_memory_block(layer)
             else None
         )
@@ -134,7 +89,7 @@ class Block(nn.Module):
         n = self.attn_norm(x)  # (B, T, D)
         mix = self.attn(n, cos, sin, kv_cache, start_pos)
         if self.meta is not None:
-            meta = self.meta(n) if meta_state is None else meta_decode(self.meta, n, meta_state)
+            meta = self.meta(n) if meta_state is None else self.meta.decode(n, meta_state)
             mix = mix + self.meta_gain * meta
         if self.memory is not None:
             mix = mix + (self.memory(n) if memory_cache is None else self.memory.decode(n, memory_cache, start_pos))
@@ -146,16 +101,7 @@ class Block(nn.Module):
             return self.mlp(m, token_weight=token_weight, return_stats=return_stats)
         return (self.mlp(m), None, None) if return_stats else (self.mlp(m), None)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: StaticKVCache | None = None,
-        start_pos: torch.Tensor | None = None,
-        meta_state: torch.Tensor | None = None,
-        memory_cache: MemoryCache | None = None,
-    ):
+    def forward(self, x, cos, sin, kv_cache=None, start_pos=None, meta_state=None, memory_cache=None):
         """``(x', aux)``. The caches are for decoding (class docstring)."""
         mix = self._mix(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache)
         # Under autocast the mixers return the autocast dtype while the residual stream keeps the
@@ -164,27 +110,15 @@ class Block(nn.Module):
         y, aux = self._ffn(m)
         return h + y, aux
 
-    def delta(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: StaticKVCache | None = None,
-        start_pos: torch.Tensor | None = None,
-        meta_state: torch.Tensor | None = None,
-        memory_cache: MemoryCache | None = None,
-        *,
-        token_weight: torch.Tensor | None = None,
-        return_stats: bool = False,
-    ):
+    def delta(self, x, cos, sin, kv_cache=None, start_pos=None, meta_state=None, memory_cache=None, **moe_kw):
         """``(x' - x, aux)`` computed without the subtraction: ``mix + FFN(m)`` (for the gated fabric).
 
-        ``token_weight`` (B, T) weights the tokens in an MoE block's aux loss; ``return_stats`` appends
-        the MoE's :class:`RouterStats` (None without MoE): ``(x' - x, aux, stats)``.
+        ``moe_kw``: ``token_weight`` (B, T) weights the tokens in an MoE block's aux loss; ``return_stats``
+        appends the MoE's :class:`RouterStats` (None without MoE): ``(x' - x, aux, stats)``.
         """
         mix = self._mix(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache).to(x.dtype)
         m, _ = self.mlp_norm(mix, residual=x)
-        y, *rest = self._ffn(m, token_weight, return_stats)
+        y, *rest = self._ffn(m, **moe_kw)
         return (mix + y, *rest)
 
 
@@ -199,13 +133,8 @@ class HybridModel(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.rope = RotaryCache(cfg.head_dim, cfg.max_seq_len, cfg.rope_base)  # one table for all layers
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.fabric = (
-            DynamicNeuroFabric(
-                cfg.dim, cfg.n_layers, threshold=cfg.gate_threshold, impl=cfg.gating_impl, gate_source="first"
-            )
-            if cfg.gating
-            else None
-        )
+        gate_kw = dict(threshold=cfg.gate_threshold, impl=cfg.gating_impl, gate_source="first")  # causal gates
+        self.fabric = DynamicNeuroFabric(cfg.dim, cfg.n_layers, **gate_kw) if cfg.gating else None
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
         self.kv_caches: list[StaticKVCache] | None = None
         self.meta_states: list[torch.Tensor | None] | None = None
@@ -213,7 +142,6 @@ class HybridModel(nn.Module):
         self.gate_state: torch.Tensor | None = None  # (B, L) decode: the gates of the current sequences
         self._init_weights()
 
-    # ------------------------------------------------------------------------------------------------
     def _init_weights(self) -> None:
         """GPT-2 style: N(0, init_std) for the embedding and the attention / SwiGLU matrices, the two
         residual output projections per block scaled by 1/sqrt(2 n_layers). The hybrid parts (MoE,
@@ -228,23 +156,13 @@ class HybridModel(nn.Module):
                 nn.init.normal_(block.mlp.w12.weight, 0.0, std)
                 nn.init.normal_(block.mlp.w3.weight, 0.0, out_std)
 
-    def _non_causal_parts(self) -> list[str]:
-        parts = [
-            f"blocks[{i}].memory (causal=False)"
-            for i, b in enumerate(self.blocks)
-            if b.memory is not None and not b.memory.causal
-        ]
-        if self.fabric is not None and self.fabric.gate_source != "first":
-            parts.append(f"fabric (gate_source={self.fabric.gate_source!r})")
-        return parts
-
     @property
     def is_causal(self) -> bool:
         """Whether position t sees only tokens 0..t: True as built from any config (module docstring);
-        False only if a sequence-level part was switched to its bidirectional mode afterwards."""
-        return not self._non_causal_parts()
+        False only if the memory or the fabric was switched to its bidirectional mode afterwards."""
+        memories_causal = all(b.memory.causal for b in self.blocks if b.memory is not None)
+        return memories_causal and (self.fabric is None or self.fabric.gate_source == "first")
 
-    # ------------------------------------------------------------------------------------------------
     def _check_idx(self, fn: str, idx: torch.Tensor) -> None:
         if not isinstance(idx, torch.Tensor):
             raise TypeError(f"{fn}: idx must be a torch.Tensor of token ids, got {type(idx).__name__}")
@@ -299,13 +217,9 @@ class HybridModel(nn.Module):
 
     @staticmethod
     def _gated(block: Block, cos, sin, stats: list, active: torch.Tensor | None):
-        """Block as the fabric wants it: a residual delta ``x -> x' - x``; its MoE statistics go to ``stats``.
-
-        The fabric's branch path calls it once per sample that runs the block (a one-sample slice,
-        ``active`` None: every token counts), the masked path once on the whole batch, with ``active``
-        (B,) = 1 for the samples that run the block and 0 for the others. Either way the pooled
-        :class:`RouterStats` cover exactly the tokens of the samples that run the block: the aux loss
-        (a batch statistic, not a sum over samples) is the same in both paths."""
+        """Block as the fabric calls it, ``x -> x' - x``, its MoE statistics appended to ``stats``: once per
+        running sample (branch, ``active`` None) or once on the batch with ``active`` (B,) = 1 for the
+        running samples (masked). Either way the pooled stats cover the tokens of the running samples."""
 
         def f(x: torch.Tensor) -> torch.Tensor:
             weight = None if active is None else active[:, None].expand(x.shape[0], x.shape[1])  # (B, T)
@@ -316,39 +230,25 @@ class HybridModel(nn.Module):
 
         return f
 
-    # ------------------------------------------------------------------------------------------------
-    # Decoding with a static KV cache
-    # ------------------------------------------------------------------------------------------------
     def setup_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> None:
-        """Allocate one :class:`StaticKVCache` (batch, n_kv_heads, max_len, head_dim) per block, in
-        ``dtype`` (default: the parameters' dtype) on the model's device."""
-        for name, v in (("batch", batch), ("max_len", max_len)):
-            check_int("HybridModel.setup_cache", name, v)
-        if max_len > self.cfg.max_seq_len:
-            raise ValueError(f"HybridModel.setup_cache: max_len={max_len} exceeds max_seq_len={self.cfg.max_seq_len}")
-        weight = self.tok_emb.weight
-        dtype = weight.dtype if dtype is None else dtype
-        self.kv_caches = [
-            StaticKVCache(batch, max_len, self.cfg.n_kv_heads, self.cfg.head_dim, device=weight.device, dtype=dtype)
-            for _ in self.blocks
-        ]
-        self.meta_states = [
-            None
-            if b.meta is None
-            else torch.zeros(
-                batch, b.meta.n_heads, b.meta.key_dim, b.meta.value_dim, device=weight.device, dtype=torch.float32
+        """Allocate the decoding state in ``dtype`` (default: the parameters') on the model's device: per block
+        a :class:`StaticKVCache`, the meta-attention's float32 state, the memory's cache; the fabric's gates."""
+        check_int("HybridModel.setup_cache", "batch", batch)
+        if max_len not in range(1, self.cfg.max_seq_len + 1):
+            raise ValueError(f"HybridModel.setup_cache: max_len must be in 1..max_seq_len={self.cfg.max_seq_len}")
+        dev, w_dtype = self.tok_emb.weight.device, self.tok_emb.weight.dtype
+        dtype = w_dtype if dtype is None else dtype
+        cfg = self.cfg
+        self.kv_caches, self.meta_states, self.memory_caches = [], [], []
+        for b in self.blocks:
+            self.kv_caches.append(StaticKVCache(batch, max_len, cfg.n_kv_heads, cfg.head_dim, device=dev, dtype=dtype))
+            m = b.meta
+            self.meta_states.append(
+                None if m is None else torch.zeros(batch, m.n_heads, m.key_dim, m.value_dim, device=dev)
             )
-            for b in self.blocks
-        ]
-        self.memory_caches = [
-            None if b.memory is None else b.memory.new_cache(batch, max_len, dtype=dtype) for b in self.blocks
-        ]
-        self.gate_state = (
-            None
-            if self.fabric is None
-            else torch.zeros(
-                batch, self.cfg.n_layers, device=weight.device, dtype=torch.promote_types(weight.dtype, torch.float32)
-            )
+            self.memory_caches.append(None if b.memory is None else b.memory.new_cache(batch, max_len, dtype=dtype))
+        self.gate_state = torch.zeros(
+            batch, cfg.n_layers, device=dev, dtype=torch.promote_types(w_dtype, torch.float32)
         )
 
     def reset_cache(self) -> None:
@@ -363,29 +263,18 @@ class HybridModel(nn.Module):
         for block, cache in zip(self.blocks, self.memory_caches):
             if cache is not None:
                 block.memory.reset_cache(cache)  # the learned nodes, as they are now
-        if self.gate_state is not None:
-            self.gate_state.zero_()
+        self.gate_state.zero_()
 
     def decode_step(self, idx: torch.Tensor, start_pos: torch.Tensor) -> torch.Tensor:
-        """Logits (B, T, V) for tokens ``idx`` (B, T) at positions start_pos .. start_pos+T-1.
-
-        Writes their keys and values into the caches and advances the meta-attention states and the
-        graph memories (see the module docstring: a memory state changes at segment boundaries only).
-        A sequence starts at position 0: that call computes the fabric's gates from its first token,
-        later calls reuse them. With ``gating`` every block runs on the whole batch and skipped
-        (sample, block) pairs are masked out, whatever ``gating_impl`` says: the same function as the
-        forward, without the branch path's per-sample host syncs and cache slicing.
-        ``start_pos`` is a 0-dim int64 tensor on the model's device, so the step has static shapes and
-        no host sync and can be captured in a CUDA graph (with the sync-free implementations: every
-        attention impl, the grouped MoE). Only a causal model decodes (see ``is_causal``); call under
-        ``torch.no_grad()``.
+        """Logits (B, T, V) for tokens ``idx`` (B, T) at positions start_pos .. start_pos+T-1, advancing the
+        caches. The call holding position 0 sets the fabric's gates; gated blocks always run masked (the
+        same function, no per-sample syncs). ``start_pos``: a 0-dim int64 device tensor, so the step has
+        static shapes and (with the sync-free impls) no host sync: a CUDA graph can capture it. Call under
+        ``torch.no_grad()``; only a causal model decodes (``is_causal``).
         """
         fn = "HybridModel.decode_step"
         if not self.is_causal:
-            raise ValueError(
-                f"{fn}: the model has parts that read later positions "
-                f"({', '.join(self._non_causal_parts())}), so it cannot decode one token at a time"
-            )
+            raise ValueError(f"{fn}: a part of the model reads later positions (is_causal is False)")
         if self.kv_caches is None:
             raise RuntimeError(f"{fn}: call setup_cache(batch, max_len) first")
         self._check_idx(fn, idx)
@@ -408,14 +297,9 @@ class HybridModel(nn.Module):
                 functools.partial(self._decode_delta, block, cos, sin, cache, start_pos, state, memory)
                 for block, cache, state, memory in caches
             ]
+            fab = self.fabric
             x = fabric_forward(
-                x,
-                self.fabric.gate.weight,
-                self.fabric.gate.bias,
-                layers,
-                threshold=self.fabric.threshold,
-                impl="masked",
-                gates=self.gate_state,
+                x, fab.gate.weight, fab.gate.bias, layers, threshold=fab.threshold, gates=self.gate_state
             )
         return F.linear(self.norm(x), self.tok_emb.weight)  # (B, T, V)
 
@@ -424,38 +308,27 @@ class HybridModel(nn.Module):
         """``x' - x`` of one block while decoding, as the fabric calls it: ``f(x)``."""
         return block.delta(x, cos, sin, kv_cache, start_pos, meta_state, memory_cache)[0]
 
-    # ------------------------------------------------------------------------------------------------
-    # Counting
-    # ------------------------------------------------------------------------------------------------
     def param_count(self, *, exclude_embedding: bool = False) -> int:
         """Number of parameters (the tied embedding / LM head matrix counted once)."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.tok_emb.weight.numel() if exclude_embedding else n
 
     def flops_breakdown(self, seq_len: int, *, causal: bool = False) -> dict[str, float]:
-        """Forward FLOPs per token by part, for sequences of ``seq_len`` tokens (a multiply-add is 2).
+        """Forward FLOPs per token by part, for sequences of T = ``seq_len`` tokens (a multiply-add is 2).
 
-        With D = dim, Hq / Hkv query / kv heads of size hd, F = hidden, E experts of width Fe, top-k,
-        V = vocab, N memory nodes, T = seq_len, per block:
+        With D = dim, Hq / Hkv heads of size hd, F = hidden, E experts of width Fe, top-k, V = vocab,
+        meta heads Hm of sizes K, V and gate rank r, N memory nodes, per block:
 
-            attention projections   2 D (Hq + 2 Hkv) hd + 2 D^2
-            attention scores        4 T D                  (q k^T and p v over all T keys; causal=True
-                                                            counts the visible half, 2 T D)
-            SwiGLU                  6 D F
-            MoE                     2 D E + 6 k D Fe       (router + k experts: moe_flops / tokens)
-            meta-attention          2 D (2 Hm K + Hm V + r) + 2 r Hm K + 2 Hm V D   (projections, gate of
-                                    rank r) + gla_flops(1, Hm, T, K, V, backward=False) / T (chunked scan)
-            graph memory            4 D^2 + 4 N D          (per token: read q, out; the two (N x D) read
-                                    products) + (4 D^2 + 4 N D) Tw / T (write k, v and the two write
-                                    products of the Tw = (J - 1) S tokens that write: a causal memory
-                                    skips the last of its J = ceil(T / S) segments of S = min(memory_segment,
-                                    T) tokens) + (2 N D^2 [Tw > 0] + J (4 N D^2 + 2 N^2 D)) / T (per
-                                    sequence: the nodes' write queries; per segment: the read keys and
-                                    values of its state and one application of the N x N diffusion operator)
-        and once per token: the LM head 2 D V and the fabric gates 2 D L / T. Norms, activations, softmax,
-        RoPE and the residual adds are not counted (they move bytes, not FLOPs). MoE and gated blocks are
-        counted as the model defines them (k experts per token; every block runs), not as an
-        implementation executes them (the masked fabric also computes blocks it then discards).
+            attention      2 D (Hq + 2 Hkv) hd + 2 D^2  +  4 T D scores (causal=True: the visible 2 T D)
+            SwiGLU / MoE   6 D F  /  2 D E + 6 k D Fe
+            meta           2 D (2 Hm K + Hm V + r) + 2 r Hm K + 2 Hm V D + gla_flops(1, Hm, T, K, V) / T
+            memory         4 D^2 + 4 N D per token read; the same per token written (Tw = (J - 1) S of
+                           the J = ceil(T / S) segments, S = min(memory_segment, T): the last is never
+                           read); 2 N D^2 per sequence (write queries) and 4 N D^2 + 2 N^2 D per segment
+
+        and the LM head 2 D V and the gates 2 D L / T. Norms, activations, softmax, RoPE and residual adds
+        move bytes, not FLOPs. Counted as the model defines them (k experts, every gated block runs), not
+        as an implementation executes them (the masked fabric also computes blocks it discards).
         """
         check_int("flops_per_token", "seq_len", seq_len)
         cfg, T = self.cfg, seq_len
@@ -494,80 +367,55 @@ class HybridModel(nn.Module):
         return parts
 
     def flops_per_token(self, seq_len: int, *, training: bool = True, causal: bool = False) -> float:
-        """FLOPs per token for MFU: the sum of :meth:`flops_breakdown`, times 3 when ``training``
-        (forward + backward: each matmul has two gradient matmuls of its size).
-
-        For a dense model this is PaLM's ``6 N + 12 L T D`` (N: matmul parameters, the tied LM head
-        included once, embedding lookup excluded), with attention over all T keys unless ``causal``.
-        """
+        """The sum of :meth:`flops_breakdown`, times 3 when ``training`` (each matmul has two gradient
+        matmuls of its size). Dense: PaLM's ``6 N + 12 L T D`` (attention over all T keys unless causal)."""
         total = sum(self.flops_breakdown(seq_len, causal=causal).values())
         return 3 * total if training else total
 
     def activation_bytes_per_token(
         self, seq_len: int, dtype: torch.dtype = torch.float32, *, checkpoint: str | None = None, itemized: bool = False
     ) -> tuple[float, float] | list[dict]:
-        """(bytes kept for backward at the end of the forward pass, bytes alive again while one block is
-        recomputed during backward), per token; the model is in :meth:`memory_estimate`, the checkpointing
-        arithmetic in :func:`mahia.measure.cost.activation_bytes`. ``itemized=True`` returns the table
-        instead: one row per part of every block, and one for the head, ``{"block": index or None, "part",
-        "full": bytes per token kept without checkpointing, "selective": kept with selective checkpointing}``."""
+        """(bytes kept for backward at the end of the forward, bytes alive again while one block is
+        recomputed), per token (the model: :meth:`memory_estimate`; the checkpointing arithmetic:
+        :func:`mahia.measure.cost.activation_bytes`). ``itemized=True``: the table instead, one row per
+        part of every block and one for the head, ``{"block": index or None, "part", "full": bytes per
+        token kept without checkpointing, "selective": kept with selective checkpointing}``."""
         if checkpoint not in CHECKPOINT_POLICIES:
             raise ValueError(f"memory_estimate: checkpoint must be one of {CHECKPOINT_POLICIES}, got {checkpoint!r}")
         cfg, T = self.cfg, seq_len
         D, Dkv, Hq = cfg.dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_heads
         s = torch.empty((), dtype=dtype).element_size()
-        # the residual stream (block inputs, the norms' inputs) keeps the parameters' dtype, also under autocast
-        r = self.tok_emb.weight.element_size()
+        r = self.tok_emb.weight.element_size()  # the residual stream keeps the parameters' dtype
         probs_bytes = 4 + (s if s < 4 else 0)  # float32 softmax, plus its cast to the input dtype
-        rows = []  # (full: saved without checkpointing, selective: saved with selective checkpointing)
+        rows = []
+
+        def row(i, part, full, selective):
+            rows.append({"block": i, "part": part, "full": full, "selective": selective})
+
+        # Notation of flops_breakdown. Attention: norm input (the block input, D r) and output, q, k, v, its
+        # output; sdpa: the float32 log-sum-exp; manual/chunked: the float32 probabilities (and their cast),
+        # the O(T^2) term. Meta: q, k, g, v, output, the gain's input. Memory: write k, v, read q, output,
+        # write and read weights; per segment its state, diffused state, read keys and values. MoE: norm; per
+        # assignment input, up projection, activation, output; router probabilities. SwiGLU: norm, up (2F),
+        # activation. Head: final norm; nll_loss's float32 log-probabilities, under autocast also the
+        # log-softmax output in the activation dtype.
         for i, block in enumerate(self.blocks):
             core = 4 * Hq if cfg.attention_impl == "sdpa" else Hq * T * probs_bytes
-            rows.append(
-                {
-                    "block": i,
-                    "part": "attention",
-                    "full": D * r + (3 * D + 2 * Dkv) * s + core,  # norm in (the block input)/out, q k v, attn out
-                    # block input, q k v, attention out, out-proj out
-                    "selective": D * r + (2 * D + 2 * Dkv) * s + core,
-                }
-            )
+            row(i, "attention", D * r + (3 * D + 2 * Dkv) * s + core, D * r + (2 * D + 2 * Dkv) * s + core)
             if block.meta is not None:
-                m = block.meta
-                rows.append(
-                    {
-                        "block": i,
-                        "part": "meta-attention",
-                        "full": (3 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s,
-                        "selective": (2 * m.n_heads * m.key_dim + 2 * m.n_heads * m.value_dim + D) * s,
-                    }
-                )
+                H, K, V = block.meta.n_heads, block.meta.key_dim, block.meta.value_dim
+                row(i, "meta-attention", (3 * H * K + 2 * H * V + D) * s, (2 * H * K + 2 * H * V + D) * s)
             if block.memory is not None:
                 N, S = block.memory.n_nodes, min(cfg.memory_segment or T, T)
                 mem = (4 * D + 2 * N) * s + 4 * N * D * s / S
-                rows.append({"block": i, "part": "graph memory", "full": mem, "selective": mem})
+                row(i, "graph memory", mem, mem)
             if block.is_moe:
                 k, Fe, E = cfg.top_k, cfg.moe_hidden, cfg.n_experts
-                rows.append(
-                    {
-                        "block": i,
-                        "part": "MoE",
-                        "full": D * (r + s) + k * (2 * D + 3 * Fe) * s + 4 * E,
-                        "selective": k * (2 * D + 2 * Fe) * s + 4 * E,
-                    }
-                )
+                row(i, "MoE", D * (r + s) + k * (2 * D + 3 * Fe) * s + 4 * E, k * (2 * D + 2 * Fe) * s + 4 * E)
             else:
-                rows.append(
-                    {
-                        "block": i,
-                        "part": "SwiGLU",
-                        "full": D * r + (D + 3 * cfg.hidden) * s,
-                        "selective": (2 * cfg.hidden + D) * s,
-                    }
-                )
-        # final norm input and output; the float32 log-probabilities nll_loss keeps (4 per vocabulary entry)
-        # and, under autocast, the log-softmax's own output in the activation dtype (s more)
+                row(i, "SwiGLU", D * r + (D + 3 * cfg.hidden) * s, (2 * cfg.hidden + D) * s)
         head = D * (r + s) + (4 + (s if s < 4 else 0)) * cfg.vocab_size
-        rows.append({"block": None, "part": "head", "full": head, "selective": head})
+        row(None, "head", head, head)
         if itemized:
             return rows
         from mahia.measure.cost import activation_bytes
@@ -584,46 +432,18 @@ class HybridModel(nn.Module):
     def memory_estimate(
         self, batch: int, seq_len: int, dtype: torch.dtype = torch.float32, *, checkpoint: str | None = None
     ) -> dict[str, int]:
-        """Training memory in bytes: parameters, gradients, AdamW states, activations, and their total.
+        """Training memory in bytes: parameters, gradients, AdamW states (8 bytes per parameter),
+        ``activations`` (what autograd keeps for backward), ``recompute`` (one checkpointed block's
+        activations, alive while it is recomputed) and their ``total`` (the peak falls early in backward).
 
-        Parameters and gradients are counted in the parameters' dtype, AdamW's two states in float32
-        (8 bytes per parameter), activations in ``dtype``, except the residual stream: under autocast it keeps
-        the parameters' dtype (r bytes per element), so each block's input, which its first norm keeps, is D r. ``activations`` is what autograd keeps from
-        the forward pass for the backward pass; ``recompute`` is one block's activations, alive while a
-        checkpointed block is recomputed (0 without checkpointing); ``total`` adds all of them (the peak
-        falls early in the backward pass, when gradients start to exist and little has been freed).
-
-        The activation model counts what the fused paths keep, per token, with s = bytes per element of
-        ``dtype``, r = bytes per element of the parameters (the residual stream) and the notation of
-        :meth:`flops_breakdown`:
-
-            attention    D r + (3 D + 2 Dkv) s      norm input (the block input) and output, q, k, v,
-                                                    attention output
-                         + 4 Hq                     sdpa: the float32 log-sum-exp per head
-                         + Hq T (4 [+ s])           manual/chunked: the float32 probabilities (and their
-                                                    cast to ``dtype``): the O(T^2) term
-            SwiGLU       D r + (D + 3 F) s          norm input and output, up projection (2F), activation
-            MoE          D (r + s) + k (2 D + 3 Fe) s + 4 E   norm; per assignment the gathered input, up
-                                                    projection, activation, expert output; router probs
-            meta         (3 Hm K + 2 Hm V + D) s    q, k, g, v, output, and the gain's input
-            memory       (4 D + 2 N) s              write k, v, read q, read output, write and read
-                         + 4 N D s / S              weights; per segment of S tokens: its state, diffused
-                                                    state, read keys and values
-            head         D (r + s) + 4 V [+ s V]    final norm input and output; the log-probabilities
-                                                    nll_loss keeps: in float32 (4 V), and under autocast also
-                                                    the log-softmax's own output, which F.cross_entropy runs in
-                                                    the logits' dtype (s V), beside the float32 copy autocast
-                                                    makes of it for nll_loss (a float32-list op)
-
-        The eager paths keep more (the eager RMSNorm also keeps its normalized input, eager RoPE both
-        the rotated and unrotated q and k, the log-space scan its (C, C, K) pairwise decays per chunk,
-        the loop scan every (K, V) state), so for them this is a lower bound. ``checkpoint="full"``
-        keeps each block's input (D r); ``"selective"`` keeps the block input and the outputs of the
-        matrix products and attention, and recomputes norms and activations; ``"keep_attention"``
-        keeps the block input and the fused attention kernel's output and log-sum-exp (D r + D s + 4 Hq).
-        Allocator slack,
-        workspaces and forward temporaries are not included: measure ``torch.cuda.max_memory_allocated``
-        for the real peak.
+        Per token, with s = bytes per element of ``dtype`` and r = of the parameters (the residual stream
+        keeps their dtype under autocast), the fused paths keep what :meth:`activation_bytes_per_token`
+        lists part by part; the eager paths keep more (eager RMSNorm its normalized input, eager RoPE both
+        versions of q and k, the scans their decays or states), so for them this is a lower bound.
+        ``checkpoint="full"`` keeps each block's input (D r); ``"selective"`` also the outputs of matmuls
+        and attention; ``"keep_attention"`` the input and the fused attention's output and log-sum-exp
+        (D r + D s + 4 Hq). Allocator slack, workspaces and temporaries are not included:
+        ``torch.cuda.max_memory_allocated`` is the real peak.
         """
         for name, v in (("batch", batch), ("seq_len", seq_len)):
             check_int("memory_estimate", name, v)

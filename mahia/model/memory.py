@@ -1,81 +1,30 @@
-"""Graph diffusion memory: a bank of memory nodes written by the tokens, smoothed over a learned graph,
-then read back by the tokens; causal (language-model) or bidirectional.
+"""Graph diffusion memory: N memory nodes written by the tokens, smoothed over a learned graph, read back.
 
-Math, for one sample x in R^{T x D} (the batch dimension B is carried along everywhere):
+For one sample x (T, D) (the batch dimension rides along):
 
-    M in R^{N x D}                      memory nodes (a parameter: the initial state)
-    Â = softmax_row(A_logits)           learned adjacency, A_logits in R^{N x N}; every row sums to 1
-    P = (1 - alpha) I + alpha Â         one diffusion step; P is row-stochastic as well
+    M (N, D)                 memory nodes (a parameter: the initial state)
+    P = (1 - alpha) I + alpha softmax_row(A_logits)        one diffusion step, row-stochastic
+    write  W(x) = softmax over tokens of ((M Wq)(x Wk)^T / sqrt(D)) (x Wv)        (N, D)
+    read   read(x, S) = softmax over nodes of ((x Wq')(P^k S Wk')^T / sqrt(D)) (P^k S Wv') Wo   (T, D)
 
-    write:   S = (M Wq)(x Wk)^T / sqrt(D)               (N, T)  queries: the nodes' learned addresses M
-             W(x) = softmax over tokens (rows) of S  (x Wv)      (N, D)  what the tokens x add
-    diffuse: P^k state                                  k = steps; one step is M <- M + alpha (Â M - M)
-    read:    R = softmax over nodes of (x Wq')(P^k state Wk')^T / sqrt(D)    (T, N)
-             read(x, state) = (R (P^k state Wv')) Wo    (T, D)
+The sequence is cut into segments x_0, x_1, ... of ``segment`` tokens (None: one segment). The state
+before segment j is M_j = M + W(x_0) + ... + W(x_{j-1}). ``causal=False`` (the standalone component):
+segment j reads M_{j+1}, a summary of its own tokens, later ones included. ``causal=True`` (the language
+model): segment j reads M_j, written by EARLIER segments only, so a segment's write takes effect at the
+next boundary. The write queries are the learned nodes, not the state, so writes add up: one cumulative
+sum gives every segment's state. Projections are ``F.linear`` weights (out, in), no bias.
 
-Segments and the state. The sequence is cut into segments x_0, x_1, ... of ``segment`` tokens (the last
-one may be shorter; ``segment=None``: the whole sequence is one segment). The memory state before
-segment j is
+Why row-softmax: a row-stochastic P is a convex combination of nodes, so ||P^k M||_inf <= ||M||_inf for
+any learned logits. Diffusion shrinks each node's deviation from the mean by about (1 - alpha)^k on the
+uniform starting graph; collapsed nodes make the read gradients lose relative precision in low precision
+(measured on 7 nodes, alpha=1, k=5: ~1e-3 relative error in float32), in both paths alike.
 
-    M_0 = state (default: the learned nodes M, the same for every sample)
-    M_{j+1} = M_j + W(x_j)                               every segment adds its write
-
-and ``causal`` is the one switch that decides what a segment reads:
-
-* ``causal=False`` (bidirectional): out_j = read(x_j, M_{j+1}): a segment reads a memory that its own
-  tokens wrote, through a softmax over ALL of them, so position t sees a summary of later positions.
-  With ``segment=None`` and no state this is out = read(x, P^k (M + W(x))): the component as first
-  written (the standalone demo). Not usable in a language model.
-* ``causal=True``: out_j = read(x_j, M_j): a segment reads only what EARLIER segments wrote, so
-  position t never sees a token > t (in segment 0 it reads the initial state). A segment's write takes
-  effect at the next segment boundary, which is what makes the write softmax over the segment legal.
-  With ``segment=None`` nothing is written during the forward: out = read(x, P^k state), and a caller
-  that streams segments carries the state itself::
-
-      out_1 = mem(x_1);   state = mem.write(x_1)
-      out_2 = mem(x_2, state);   state = mem.write(x_2, state)   # ... == mem(cat(x_1, x_2)) when
-                                                                 # len(x_1) is a multiple of segment
-
-``write(x, state) -> M_0 + sum_j W(x_j)`` returns the state after all of x (B, N, D) in either mode.
-The write queries are the learned nodes M, not the current state, so writes add up (a segment's write
-does not depend on what earlier segments wrote); that is what lets the batched path compute every
-segment's state at once with one cumulative sum, and lets decoding keep a running state.
-
-Projections follow ``torch.nn.functional.linear``: ``x Wk`` means ``F.linear(x, write_k)``, with weights
-stored (out_features, in_features) as in ``nn.Linear``; none has a bias. The module returns the read
-only; the caller adds the residual.
-
-Why row-softmax rather than a symmetric normalization D^{-1/2} A D^{-1/2}: a row-stochastic P is a
-convex combination of nodes, so ||P^k M||_inf <= ||M||_inf for every k and every learned A (no blow-up,
-no sign constraint on A), and any real logits are valid. The price is that Â is not symmetric, so P^k
-has no cheap eigendecomposition; with N << B*T that does not matter (see below).
-
-Over-smoothing: diffusion shrinks each node's deviation from the (stationary-weighted) node mean by
-about (1 - alpha (1 - |lambda_2(Â)|))^k, i.e. exactly (1 - alpha)^k on the uniform graph the module
-starts from.
-When the nodes have nearly collapsed, the read attention is nearly uniform and the gradients of the
-read projections (which depend on the small differences between nodes) lose relative precision
-in low precision, in both implementations alike (measured on 7 dense nodes, alpha=1, k=5: ~1e-3
-relative error in float32).
-
-Two implementations of the same function (``impl=``), in both modes:
-
-* ``"loop"`` (before): segment by segment; in each, computes each node's write attention row by row,
-  then each diffusion step node by node (row n of the next state is M[n] + alpha (Â M - M)).
-  O(J N (1 + k)) small kernel launches for J segments (about 6 per node for the write, 5 per node and
-  step); the readable definition.
-* ``"batched"`` (after): the writes of all segments are two batched matmuls (a segment-wise softmax
-  over a (B, N, J, S) view of the scores), the states M_j one cumulative sum over segments; the k-step
-  operator P^k (N x N) is built ONCE per forward by repeated squaring (at most 2 log2(k) N x N
-  matmuls, in float32 at least, independent of B and T) and applied to every state as one matmul
-  (N, N) @ (B, J, N, D); the reads are one batched attention over the (B*J) segments. A last segment
-  shorter than ``segment`` is padded (masked in the write; padded reads are dropped).
-
-Neither path makes a host sync; the loop path is slow because of launch count, not syncs.
-
-Decoding (causal only): :meth:`GraphDiffusionMemory.decode` continues a sequence T tokens at a time
-from a :class:`MemoryCache`; it computes the same function as the forward over the whole sequence
-(see its docstring for how it stays O(T + segment) per call).
+``impl="loop"`` (before): segment by segment, node by node, diffusion step by step: O(J N (1 + k)) small
+launches. ``impl="batched"`` (after): every segment's write in two batched matmuls (a segment-wise softmax
+over a (B, N, J, S) view), the states one cumsum, P^k built once by repeated squaring (N x N, float32)
+and applied as one matmul, the reads one batched attention over B*J segments (a short last segment is
+padded). Neither path syncs. :meth:`GraphDiffusionMemory.decode` continues a causal sequence from a
+:class:`MemoryCache`.
 """
 
 from __future__ import annotations
@@ -86,87 +35,56 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mahia.measure.checks import check_float_dtype, check_int
+from mahia.measure.checks import check_int
 from mahia.model._inputs import check_btd
 
-__all__ = [
-    "GraphDiffusionMemory",
-    "MemoryCache",
-    "graph_diffusion_memory",
-    "graph_diffusion_write",
-    "diffusion_operator",
-    "IMPLS",
-]
+__all__ = ["GraphDiffusionMemory", "MemoryCache", "graph_diffusion_memory", "diffusion_operator", "IMPLS"]
 
 IMPLS = ("loop", "batched")
 
 
-def _check_diffusion(steps: int, alpha: float) -> None:
-    check_int("GraphDiffusionMemory", "steps", steps, minimum=0)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= float(alpha) <= 1.0:
-        raise ValueError(f"alpha must be a float in [0, 1], got {alpha!r}")
-
-
-def _check_segment(segment: int | None) -> None:
-    if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int) or segment < 1):
-        raise ValueError(f"segment must be None (one segment) or a positive int, got {segment!r}")
-
-
-def _check_config(steps: int, alpha: float, impl: str, causal: bool = False, segment: int | None = None) -> None:
-    _check_diffusion(steps, alpha)
+def _check(fn: str, steps: int, alpha: float, impl: str = "batched", segment: int | None = None) -> None:
+    check_int(fn, "steps", steps, minimum=0)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"{fn}: alpha must be a float in [0, 1], got {alpha!r}")
     if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    _check_segment(segment)
+        raise ValueError(f"{fn}: impl must be one of {IMPLS}, got {impl!r}")
+    if segment is not None:
+        check_int(fn, "segment", segment)
 
 
 def diffusion_operator(adj_logits: torch.Tensor, steps: int, alpha: float) -> torch.Tensor:
     """P^k with P = (1 - alpha) I + alpha softmax_row(adj_logits), by repeated squaring. (N, N).
 
-    Built in at least float32 and returned in ``adj_logits.dtype``: rounding P to bfloat16 before the
-    squarings makes its rows drift away from summing to 1 (a row sum off by d ends about k d off), which shifts every diffused node by a
-    fraction of the mean node (measured: ~2-3x the error of the step-by-step loop in bfloat16). The
-    operator is N x N, so the float32 work is negligible.
+    Built in at least float32, autocast off, and returned in ``adj_logits.dtype``: P rounded to bfloat16
+    has rows that drift from summing to 1 (k d off after k steps), which shifts every diffused node
+    (measured: 2-3x the error of the step-by-step loop in bfloat16).
     """
-    _check_diffusion(steps, alpha)
+    _check("diffusion_operator", steps, alpha)
     if adj_logits.dim() != 2 or adj_logits.shape[0] != adj_logits.shape[1]:
-        raise ValueError(f"adj_logits must be a square (N, N) matrix, got {tuple(adj_logits.shape)}")
-    n = adj_logits.shape[0]
-    compute_dtype = torch.promote_types(adj_logits.dtype, torch.float32)
-    eye = torch.eye(n, device=adj_logits.device, dtype=compute_dtype)
-    p = (1.0 - alpha) * eye + alpha * torch.softmax(adj_logits.to(compute_dtype), dim=-1)
-    # Autocast off: under it these products would run in its 16-bit dtype, the rounding this avoids. A plain
-    # `with torch.autocast(...)`: Dynamo (torch 2.11) broke the graph at `with off or nullcontext()`, five
-    # breaks per two-layer model in notebook 04 on the H200.
-    if adj_logits.device.type in ("cuda", "cpu"):
-        with torch.autocast(adj_logits.device.type, enabled=False):
-            result = _power(p, steps)
-    else:  # no autocast on other devices
-        result = _power(p, steps)
-    return (eye if result is None else result).to(adj_logits.dtype)
+        raise ValueError(
+            f"diffusion_operator: adj_logits must be a square (N, N) matrix, got {tuple(adj_logits.shape)}"
+        )
+    dt = torch.promote_types(adj_logits.dtype, torch.float32)
+    eye = torch.eye(adj_logits.shape[0], device=adj_logits.device, dtype=dt)
+    p = (1.0 - alpha) * eye + alpha * torch.softmax(adj_logits.to(dt), dim=-1)
+    # A plain `with`: Dynamo (torch 2.11) broke the graph at `with off or nullcontext()` (notebook 04, H200).
+    with torch.autocast(adj_logits.device.type, enabled=False):
+        result = eye
+        while steps:  # binary exponentiation: powers of one matrix commute
+            if steps & 1:
+                result = p if result is eye else result @ p
+            steps >>= 1
+            if steps:
+                p = p @ p
+    return result.to(adj_logits.dtype)
 
 
-def _power(p: torch.Tensor, steps: int) -> torch.Tensor | None:
-    """P^steps by binary exponentiation (None for steps = 0): the product over the set bits b of steps of
-    P^(2^b); powers of one matrix commute, so the order of the products does not matter."""
-    result = None
-    while steps:
-        if steps & 1:
-            result = p if result is None else result @ p
-        steps >>= 1
-        if steps:
-            p = p @ p
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------
-# Before: segment by segment, node by node, step by step
-# ---------------------------------------------------------------------------------------------------
+# -- before: segment by segment, node by node, step by step -------------------------------------------
 
 
 def _write_loop(x, memory, write_q, write_k, write_v):
-    """W(x) row by row: node n attends over the tokens of each sample. (B, N, D)."""
+    """W(x), node n's attention over the tokens one row at a time. (B, N, D)."""
     scale = 1.0 / math.sqrt(x.shape[-1])
     k = F.linear(x, write_k)  # (B, T, D)
     v = F.linear(x, write_v)  # (B, T, D)
@@ -193,7 +111,6 @@ def _diffuse_loop(m, adj_logits, steps, alpha):
 
 
 def _memory_loop(x, base, memory, adj_logits, w, steps, alpha, causal, segment):
-    """The module's forward, one segment at a time (module docstring). (B, T, D)."""
     m, outs = base, []  # m: the state before the current segment, (B, N, D)
     segments = x.split(segment, dim=1)
     for j, xs in enumerate(segments):  # xs: (B, S, D)
@@ -210,9 +127,7 @@ def _memory_loop(x, base, memory, adj_logits, w, steps, alpha, causal, segment):
     return torch.cat(outs, dim=1)
 
 
-# ---------------------------------------------------------------------------------------------------
-# After: every segment at once
-# ---------------------------------------------------------------------------------------------------
+# -- after: every segment at once ---------------------------------------------------------------------
 
 
 def _writes_batched(x, memory, write_q, write_k, write_v, segment):
@@ -221,11 +136,10 @@ def _writes_batched(x, memory, write_q, write_k, write_v, segment):
     N = memory.shape[0]
     J = -(-T // segment)
     pad = J * segment - T
-    scale = 1.0 / math.sqrt(D)
     q = F.linear(memory, write_q)  # (N, D), shared by all samples and segments
     k = F.linear(x, write_k)  # (B, T, D)
     v = F.linear(x, write_v)  # (B, T, D)
-    s = torch.matmul(q, k.transpose(1, 2)) * scale  # (B, N, T)
+    s = torch.matmul(q, k.transpose(1, 2)) * (1.0 / math.sqrt(D))  # (B, N, T)
     if pad:  # the short last segment: padding gets weight exp(-inf) = 0
         s = F.pad(s, (0, pad), value=float("-inf"))
         v = F.pad(v, (0, 0, 0, pad))
@@ -234,12 +148,11 @@ def _writes_batched(x, memory, write_q, write_k, write_v, segment):
 
 
 def _memory_batched(x, base, memory, adj_logits, w, steps, alpha, causal, segment):
-    """The module's forward, every segment at once (module docstring). (B, T, D)."""
     B, T, D = x.shape
     J = -(-T // segment)
     if causal:
-        # Segment j reads M_j = base + W_0 + ... + W_{j-1}: the writes of the first J-1 segments
-        # (whole segments: no padding) and an exclusive cumulative sum.
+        # Segment j reads M_j = base + W_0 + ... + W_{j-1}: the writes of the first J-1 (whole) segments
+        # and an exclusive cumulative sum.
         if J > 1:
             writes = _writes_batched(
                 x[:, : (J - 1) * segment], memory, w["write_q"], w["write_k"], w["write_v"], segment
@@ -260,52 +173,12 @@ def _memory_batched(x, base, memory, adj_logits, w, steps, alpha, causal, segmen
 
 
 def _read(x, m, read_q, read_k, read_v, out):
-    """out = softmax_N((x Wq')(M_k Wk')^T / sqrt(D)) (M_k Wv') Wo. (B, T, D) for x (B, T, D), m (B, N, D)."""
-    scale = 1.0 / math.sqrt(x.shape[-1])
+    """softmax_N((x Wq')(m Wk')^T / sqrt(D)) (m Wv') Wo: (B, T, D) for x (B, T, D), m (B, N, D)."""
     q = F.linear(x, read_q)  # (B, T, D)
     k = F.linear(m, read_k)  # (B, N, D)
     v = F.linear(m, read_v)  # (B, N, D)
-    r = torch.softmax(q @ k.transpose(1, 2) * scale, dim=-1)  # (B, T, N): softmax over nodes
+    r = torch.softmax(q @ k.transpose(1, 2) * (1.0 / math.sqrt(x.shape[-1])), dim=-1)  # (B, T, N)
     return F.linear(r @ v, out)  # (B, T, D)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Functional forms
-# ---------------------------------------------------------------------------------------------------
-
-
-def _check_params(x: torch.Tensor, memory: torch.Tensor, **params: torch.Tensor) -> None:
-    """memory (N, D); adj_logits (N, N) if given; every other entry a (D, D) weight; all like x."""
-    d = x.shape[-1]
-    if memory.dim() != 2 or memory.shape[1] != d or memory.shape[0] == 0:
-        raise ValueError(f"memory must be (N, D={d}) with N >= 1, got {tuple(memory.shape)}")
-    n = memory.shape[0]
-    for name, p in params.items():
-        expected = (n, n) if name == "adj_logits" else (d, d)
-        if p.shape != expected:
-            label = "(N, N)" if name == "adj_logits" else "(D, D)"
-            raise ValueError(f"{name} must be {label} = {expected}, got {tuple(p.shape)}")
-    for name, p in dict(memory=memory, **params).items():
-        if p.dtype != x.dtype or p.device != x.device:
-            raise TypeError(
-                f"{name} is {p.dtype} on {p.device} but x is {x.dtype} on {x.device}; convert the module with .to(x)"
-            )
-
-
-def _initial_state(x: torch.Tensor, memory: torch.Tensor, state: torch.Tensor | None) -> torch.Tensor:
-    """The state before the first segment: ``state``, or the learned nodes for every sample. (B, N, D)."""
-    B = x.shape[0]
-    if state is None:
-        return memory.expand(B, *memory.shape)
-    expected = (B, *memory.shape)
-    if not isinstance(state, torch.Tensor) or tuple(state.shape) != expected:
-        raise ValueError(
-            f"state must be None or a (B, N, D) = {expected} tensor (from write()), "
-            f"got {getattr(state, 'shape', type(state))}"
-        )
-    if state.dtype != x.dtype or state.device != x.device:
-        raise TypeError(f"state is {state.dtype} on {state.device} but x is {x.dtype} on {x.device}")
-    return state
 
 
 def graph_diffusion_memory(
@@ -325,118 +198,46 @@ def graph_diffusion_memory(
     impl: str = "batched",
     causal: bool = False,
     segment: int | None = None,
-    state: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Functional form of :class:`GraphDiffusionMemory` (module docstring has the math).
-
-    Shapes: x (B, T, D), memory (N, D), adj_logits (N, N), the seven projection weights (D, D) in
-    ``nn.Linear`` layout, state None or (B, N, D) (the state before x; default: ``memory`` for every
-    sample). Returns (B, T, D). ``causal=False, segment=None, state=None`` is the bidirectional
-    component; a language model needs ``causal=True``.
-    """
-    _check_config(steps, alpha, impl, causal, segment)
+    """Functional :class:`GraphDiffusionMemory`: x (B, T, D), memory (N, D), adj_logits (N, N), seven (D, D)
+    weights -> (B, T, D)."""
+    fn = "graph_diffusion_memory"
+    _check(fn, steps, alpha, impl, segment)
     check_btd(x)
-    weights = dict(
-        write_q=write_q, write_k=write_k, write_v=write_v, read_q=read_q, read_k=read_k, read_v=read_v, out=out
-    )
-    _check_params(x, memory, adj_logits=adj_logits, **weights)
-    base = _initial_state(x, memory, state)  # (B, N, D)
+    w = dict(write_q=write_q, write_k=write_k, write_v=write_v, read_q=read_q, read_k=read_k, read_v=read_v, out=out)
+    D, N = x.shape[-1], memory.shape[0]
+    for name, p in dict(memory=memory, adj_logits=adj_logits, **w).items():
+        shape = (N, D) if name == "memory" else (N, N) if name == "adj_logits" else (D, D)
+        if p.shape != shape or p.dtype != x.dtype or p.device != x.device:
+            raise ValueError(
+                f"{fn}: {name} must be {shape} in {x.dtype} on {x.device} (like x; convert the module with .to(x)), "
+                f"got {tuple(p.shape)} {p.dtype} on {p.device}"
+            )
+    base = memory.expand(x.shape[0], N, D)  # (B, N, D): the learned nodes for every sample
     seg = x.shape[1] if segment is None else min(segment, x.shape[1])
     run = _memory_loop if impl == "loop" else _memory_batched
-    return run(x, base, memory, adj_logits, weights, steps, alpha, causal, seg)
+    return run(x, base, memory, adj_logits, w, steps, alpha, causal, seg)
 
 
-def graph_diffusion_write(
-    x: torch.Tensor,
-    memory: torch.Tensor,
-    write_q: torch.Tensor,
-    write_k: torch.Tensor,
-    write_v: torch.Tensor,
-    *,
-    impl: str = "batched",
-    segment: int | None = None,
-    state: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The memory state after x: ``state + sum_j W(x_j)`` over the segments x_j of x. (B, N, D).
+class MemoryCache:
+    """What :meth:`GraphDiffusionMemory.decode` keeps between calls (tensors of fixed shapes, so a decode
+    step can be captured in a CUDA graph): ``keys``, ``values`` (B, N, D), the read keys and values of the
+    diffused state before the next position's segment; with a ``segment``, per position p ``scores``
+    (B, N, max_len), node n's write score, and ``u``, ``z`` (B, max_len, D), the written value x_p Wv
+    projected by Wk' and Wv' (without segments nothing is written while decoding: length 0)."""
 
-    ``state`` defaults to ``memory`` for every sample; the same in causal and bidirectional mode.
-    """
-    if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    _check_segment(segment)
-    check_btd(x)
-    _check_params(x, memory, write_q=write_q, write_k=write_k, write_v=write_v)
-    base = _initial_state(x, memory, state)
-    seg = x.shape[1] if segment is None else min(segment, x.shape[1])
-    if impl == "loop":
-        m = base
-        for xs in x.split(seg, dim=1):
-            m = m + _write_loop(xs, memory, write_q, write_k, write_v)
-        return m
-    writes = _writes_batched(x, memory, write_q, write_k, write_v, seg)  # (B, J, N, D)
-    # cumsum, not sum: the same order of additions as the loop (and as the forward's states).
-    return torch.cat([base.unsqueeze(1), writes], dim=1).cumsum(dim=1)[:, -1]
-
-
-# ---------------------------------------------------------------------------------------------------
-# The module, and its decoding cache
-# ---------------------------------------------------------------------------------------------------
-
-
-class MemoryCache(nn.Module):
-    """What :meth:`GraphDiffusionMemory.decode` keeps between calls, for ``batch`` sequences of at most
-    ``max_len`` tokens (buffers; shapes never change, so a decode step can be captured in a CUDA graph).
-
-    * ``keys``, ``values`` (B, N, D): the read keys and values of the diffused state before the segment
-      of the next position, (P^k M_j) Wk' and (P^k M_j) Wv';
-    * per position p (only with a ``segment``): ``scores`` (B, N, max_len), node n's write score
-      (M Wq)_n . (x_p Wk) / sqrt(D); ``u``, ``z`` (B, max_len, D), the written value x_p Wv projected
-      by the read key and value weights, (x_p Wv) Wk' and (x_p Wv) Wv'.
-
-    Create it with :meth:`GraphDiffusionMemory.new_cache`; :meth:`GraphDiffusionMemory.reset_cache`
-    starts a new sequence (in place).
-    """
-
-    def __init__(
-        self,
-        batch: int,
-        max_len: int,
-        n_nodes: int,
-        dim: int,
-        *,
-        positions: bool,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype = torch.float32,
-    ):
-        super().__init__()
-        for name, v in (("batch", batch), ("max_len", max_len)):
-            check_int("MemoryCache", name, v)
-        check_float_dtype("MemoryCache", dtype)
+    def __init__(self, batch: int, max_len: int, n_nodes: int, dim: int, length: int, **device_dtype):
         self.batch, self.max_len = batch, max_len
-        kw = dict(device=device, dtype=dtype)
-        length = max_len if positions else 0  # without segments nothing is written while decoding
-        for name, shape in (
-            ("keys", (batch, n_nodes, dim)),
-            ("values", (batch, n_nodes, dim)),
-            ("scores", (batch, n_nodes, length)),
-            ("u", (batch, length, dim)),
-            ("z", (batch, length, dim)),
-        ):
-            self.register_buffer(name, torch.zeros(shape, **kw), persistent=False)
+        self.keys, self.values = (torch.zeros(batch, n_nodes, dim, **device_dtype) for _ in range(2))
+        self.scores = torch.zeros(batch, n_nodes, length, **device_dtype)
+        self.u, self.z = (torch.zeros(batch, length, dim, **device_dtype) for _ in range(2))
 
 
 class GraphDiffusionMemory(nn.Module):
-    """N memory nodes written by the tokens, diffused k steps over a learned graph, read by the tokens.
+    """(B, T, D) -> (B, T, D): the module docstring's memory with learned nodes, graph and projections.
 
-    ``forward(x, state=None)`` maps (B, T, D) -> (B, T, D); ``write(x, state=None)`` returns the state
-    after x, (B, N, D), to pass to the next call. See the module docstring for the math, the segments,
-    the two modes (``causal``) and the two ``impl`` choices ("loop" = readable reference, "batched" =
-    the fast path; same function). Without a ``state`` every call starts from the learned nodes.
-
-    ``causal=False`` (default: the standalone, bidirectional component) lets every position see a
-    summary of its whole segment, later tokens included; ``causal=True`` makes each segment read only
-    the memory written by earlier segments (what a language model needs). ``segment`` is the number of
-    tokens per segment (None: the whole input is one segment).
+    ``causal=False`` (default) is the standalone, bidirectional component; ``causal=True`` what a language
+    model needs. ``segment``: tokens per segment (None: one). ``impl``: "loop" or "batched", same function.
     """
 
     def __init__(
@@ -453,78 +254,30 @@ class GraphDiffusionMemory(nn.Module):
         super().__init__()
         check_int("GraphDiffusionMemory", "dim", dim)
         check_int("GraphDiffusionMemory", "n_nodes", n_nodes)
-        _check_config(steps, alpha, impl, causal, segment)
+        _check("GraphDiffusionMemory", steps, alpha, impl, segment)
         self.dim, self.n_nodes, self.steps, self.alpha, self.impl = dim, n_nodes, steps, float(alpha), impl
-        self.causal, self.segment = causal, segment
-        # Unit-variance nodes, like normalized token activations, so write scores start O(1).
-        self.memory = nn.Parameter(torch.randn(n_nodes, dim))
-        # Zero logits: uniform graph at init (Â = 1/N), learned from there.
-        self.adj_logits = nn.Parameter(torch.zeros(n_nodes, n_nodes))
+        self.causal, self.segment = bool(causal), segment
+        self.memory = nn.Parameter(torch.randn(n_nodes, dim))  # unit variance, so write scores start O(1)
+        self.adj_logits = nn.Parameter(torch.zeros(n_nodes, n_nodes))  # the uniform graph at init
         names = ("write_q", "write_k", "write_v", "read_q", "read_k", "read_v", "out")
         self.proj = nn.ModuleDict({k: nn.Linear(dim, dim, bias=False) for k in names})
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
-        p = self.proj
-        return graph_diffusion_memory(
-            x,
-            self.memory,
-            self.adj_logits,
-            p["write_q"].weight,
-            p["write_k"].weight,
-            p["write_v"].weight,
-            p["read_q"].weight,
-            p["read_k"].weight,
-            p["read_v"].weight,
-            p["out"].weight,
-            steps=self.steps,
-            alpha=self.alpha,
-            impl=self.impl,
-            causal=self.causal,
-            segment=self.segment,
-            state=state,
-        )
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kw = dict(steps=self.steps, alpha=self.alpha, impl=self.impl, causal=self.causal, segment=self.segment)
+        return graph_diffusion_memory(x, self.memory, self.adj_logits, *(p.weight for p in self.proj.values()), **kw)
 
-    def write(self, x: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
-        """The state after x (B, N, D): ``state`` (default: the learned nodes) plus every segment's write."""
-        p = self.proj
-        return graph_diffusion_write(
-            x,
-            self.memory,
-            p["write_q"].weight,
-            p["write_k"].weight,
-            p["write_v"].weight,
-            impl=self.impl,
-            segment=self.segment,
-            state=state,
-        )
-
-    # -- decoding ------------------------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int, *, dtype: torch.dtype | None = None) -> MemoryCache:
-        """A :class:`MemoryCache` on the module's device, in ``dtype`` (default: the parameters'), reset."""
+        """A reset :class:`MemoryCache` on the module's device, in ``dtype`` (default: the parameters')."""
         if not self.causal:
-            raise ValueError(
-                "GraphDiffusionMemory.new_cache: decoding needs causal=True (a bidirectional "
-                "memory reads tokens that have not been generated yet)"
-            )
-        cache = MemoryCache(
-            batch,
-            max_len,
-            self.n_nodes,
-            self.dim,
-            positions=self.segment is not None,
-            device=self.memory.device,
-            dtype=self.memory.dtype if dtype is None else dtype,
-        )
+            raise ValueError("GraphDiffusionMemory.new_cache: decoding needs causal=True")
+        kw = dict(device=self.memory.device, dtype=self.memory.dtype if dtype is None else dtype)
+        cache = MemoryCache(batch, max_len, self.n_nodes, self.dim, max_len if self.segment else 0, **kw)
         self.reset_cache(cache)
         return cache
 
     @torch.no_grad()
     def reset_cache(self, cache: MemoryCache) -> None:
         """Start a new sequence: the state is the learned nodes again (in place)."""
-        if not isinstance(cache, MemoryCache):
-            raise TypeError(
-                f"GraphDiffusionMemory.reset_cache: cache must be a MemoryCache, got {type(cache).__name__}"
-            )
         m = self.memory
         if self.steps > 0:
             m = diffusion_operator(self.adj_logits, self.steps, self.alpha) @ m  # (N, D)
@@ -534,28 +287,18 @@ class GraphDiffusionMemory(nn.Module):
             buf.zero_()
 
     def decode(self, x: torch.Tensor, cache: MemoryCache, start_pos: torch.Tensor) -> torch.Tensor:
-        """``forward`` for T new tokens x (B, T, D) at positions start_pos .. start_pos+T-1, continuing
-        the sequence held in ``cache`` (updated in place). (B, T, D). Causal mode only.
+        """The forward for T new tokens x (B, T, D) at positions start_pos.., continuing ``cache`` (in place).
 
-        The same function as the forward over the whole sequence, computed differently: every map after
-        the write softmax is linear, so the cache holds each position's write score and its written
-        value already projected by the read key and value weights (``MemoryCache``), and the diffused,
-        projected state itself. A call then costs O(T D^2) for the new tokens' projections plus
-        O(N (T + segment) D) for the segments it touches, never O(N D^2) or O(sequence length):
+        Every map after the write softmax is linear, so the cache holds each position's write score and its
+        value already projected by Wk' and Wv', and the projected diffused state; a call costs O(T D^2 +
+        N (T + segment) D), never O(sequence length):
 
-            keys of M_{j+1} = keys of M_j + P^k softmax(scores of segment j) u_j   (values: z_j)
+            keys of M_{j+1} = keys of M_j + P^k softmax(scores of segment j) u_j      (values: z_j)
 
-        A segment's write is added when its last token arrives. The state read by a token is fixed
-        while its segment is decoded; with ``segment=None`` it is fixed for the whole sequence.
-        ``start_pos`` is a 0-dim int64 tensor on the module's device (no host sync: every shape
-        depends on T and ``segment`` only). That start_pos + T <= max_len is the caller's to ensure.
-        For inference: call it under ``torch.no_grad()``.
+        A segment's write is added when its last token arrives. ``start_pos``: a 0-dim int64 device tensor
+        (no host sync); start_pos + T <= max_len is the caller's to ensure. Call under ``torch.no_grad()``.
         """
         fn = "GraphDiffusionMemory.decode"
-        if not self.causal:
-            raise ValueError(f"{fn}: decoding needs causal=True")
-        if not isinstance(cache, MemoryCache):
-            raise TypeError(f"{fn}: cache must be a MemoryCache (from new_cache), got {type(cache).__name__}")
         check_btd(x)
         B, T, D = x.shape
         if D != self.dim or B != cache.batch:
@@ -576,9 +319,8 @@ class GraphDiffusionMemory(nn.Module):
             cache.scores.index_copy_(2, positions, scores.transpose(1, 2).to(cache.scores.dtype))
             cache.u.index_copy_(1, positions, F.linear(v, p["read_k"].weight).to(cache.u.dtype))
             cache.z.index_copy_(1, positions, F.linear(v, p["read_v"].weight).to(cache.z.dtype))
-            # The K segments that T consecutive tokens can touch (a bound from T and S alone), from the
-            # segment of start_pos on. Rows past max_len are clamped: they belong to segments that
-            # cannot be complete yet, whose writes are masked out below.
+            # The K segments T consecutive tokens can touch, from start_pos's on. Rows past max_len are
+            # clamped: they belong to segments that cannot be complete yet, masked out below.
             K = (T + S - 2) // S + 1
             first = (start_pos // S) * S
             rows = (first + torch.arange(K * S, device=x.device)).clamp(max=cache.max_len - 1)  # (K*S,)
@@ -602,9 +344,3 @@ class GraphDiffusionMemory(nn.Module):
         vt = values.index_select(1, token_window)
         r = torch.softmax(torch.einsum("btd,btnd->btn", q, kt) * scale, dim=-1)  # (B, T, N)
         return F.linear(torch.einsum("btn,btnd->btd", r, vt), p["out"].weight)
-
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, n_nodes={self.n_nodes}, steps={self.steps}, alpha={self.alpha}, "
-            f"impl={self.impl!r}, causal={self.causal}, segment={self.segment}"
-        )

@@ -1,40 +1,15 @@
 """MetaAttention: gated linear attention (GLA), a linear recurrence with a per-channel forget gate.
 
-Per batch b and head h, with key dim K and value dim V, a state S_t in R^{K x V} with S_0 = 0 and
+Per batch and head, with key dim K and value dim V, a state S_t (K, V), S_0 = 0:
 
-    S_t = diag(a_t) S_{t-1} + k_t v_t^T,        o_t = S_t^T q_t        (o_t in R^V)
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,        o_t = S_t^T q_t
 
-where a_t = exp(g_t) in (0, 1]^K decays each key channel of the state. The log-decays g_t = log a_t <= 0
-come from the input: g = logsigmoid(x W_g) / temperature, as in Gated Linear Attention (Yang et al.,
-2023; the temperature, 16 there, keeps most decays close to 1 so the state remembers). Unrolled, with
-G_t = g_1 + ... + g_t (a cumulative sum, per channel):
-
-    o_t = sum_{s <= t} ((q_t * exp(G_t - G_s)) . k_s) v_s
-
-Three paths compute this same function (``impl=``):
-
-1. ``"loop"``: the recurrence itself, a Python loop over t carrying S. Readable, and the float64
-   reference; a few small kernel launches per step, so slow.
-2. ``"logspace"``: vectorized PyTorch, chunked in log space. The tempting vectorization,
-   :func:`naive_cumprod_form`, writes exp(G_t - G_s) = exp(G_t) exp(-G_s) and turns the sum into one
-   masked (T x T) matmul; but exp(-G_s) grows like exp(s |g|) and overflows float32 (exp(88.7)) once
-   |G| passes ~88: about 1800 steps at the typical |g| ~ 0.05 of temperature 16. The stable form
-   splits T into chunks of C rows, with b_i = G_i - G_{chunk start - 1} (the decay since the chunk
-   start, <= 0):
-
-       o_i = (q_i * exp(b_i)) S_prev                              state from earlier chunks
-           + sum_{j <= i in chunk} (sum_c q_ic k_jc exp(b_ic - b_jc)) v_j       pairwise, per chunk
-       S_next = exp(b_last) * S_prev + sum_j (k_j * exp(b_last - b_j)) v_j^T
-
-   Every exponent is <= 0, so every factor is in [0, 1]: exact at any length. The pairwise decays
-   cost a (C, C, K) tensor per chunk (hence C = 16); the state passes between chunks in a short loop
-   of T / C steps of batched matmuls.
-3. ``"triton"``: the same chunked form in the Triton kernels of :mod:`mahia.ops.gla_scan` (forward
-   and backward, fused, the state in registers). Where Triton cannot run on the input (a CPU tensor
-   without ``TRITON_INTERPRET=1``, ``MAHIA_DISABLE_TRITON=1``, no triton) it falls back to
-   ``"logspace"`` with one warning.
-
-All paths compute in float32 (float64 for float64 inputs) and return v's dtype.
+with log-decays g = logsigmoid(x W_g) / temperature <= 0 from the input (Gated Linear Attention, Yang
+et al., 2023; the temperature, 16 there, keeps most decays near 1 so the state remembers). The three
+paths of :func:`mahia.ops.gla_scan.gated_linear_attention` (``impl=``) compute this same function: "loop"
+(the recurrence, the float64 reference), "logspace" (chunked in log space, every exponent <= 0: exact
+at any length) and "triton" (the same chunked form fused; falls back to "logspace" with one warning
+where Triton cannot run). All compute in float32 (float64 for float64 inputs) and return v's dtype.
 """
 
 from __future__ import annotations
@@ -49,11 +24,6 @@ from mahia.measure.checks import check_float_tensor, check_int
 from mahia.ops.gla_scan import IMPLS, gated_linear_attention
 
 __all__ = ["IMPLS", "MetaAttention"]
-
-
-# --------------------------------------------------------------------------------------------------
-# The module
-# --------------------------------------------------------------------------------------------------
 
 
 class MetaAttention(nn.Module):
@@ -93,9 +63,7 @@ class MetaAttention(nn.Module):
             check_int("MetaAttention", name, n)
         if impl not in IMPLS:
             raise ValueError(f"MetaAttention: impl must be one of {IMPLS}, got {impl!r}")
-        if not (
-            isinstance(gate_temperature, (int, float)) and math.isfinite(gate_temperature) and gate_temperature > 0
-        ):
+        if not (isinstance(gate_temperature, (int, float)) and 0 < gate_temperature < math.inf):
             raise ValueError(
                 f"MetaAttention: gate_temperature must be a positive finite number, got {gate_temperature!r}"
             )
@@ -115,12 +83,10 @@ class MetaAttention(nn.Module):
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"MetaAttention: x must be (B, T, dim={self.dim}), got shape {tuple(x.shape)}")
         w = self.q_proj.weight
-        if x.device != w.device:
-            raise ValueError(f"MetaAttention: x is on {x.device} but the parameters are on {w.device}")
-        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
+        if x.device != w.device or (x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type)):
             raise TypeError(
-                f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype}; "
-                "convert one of them (e.g. module.to(x.dtype)) or run under torch.autocast"
+                f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype} (x on {x.device}, they on "
+                f"{w.device}); convert one of them (module.to(x)) or run under torch.autocast"
             )
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim
@@ -135,8 +101,21 @@ class MetaAttention(nn.Module):
         o = gated_linear_attention(q, k, v, g, impl=self.impl)  # (B, H, T, V)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * V))
 
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, n_heads={self.n_heads}, key_dim={self.key_dim}, value_dim={self.value_dim}, "
-            f"impl={self.impl!r}, gate_temperature={self.gate_temperature}"
-        )
+    def decode(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """``self(x)`` for T new tokens x (B, T, dim) continuing from ``state`` (B, H, K, V) float32 (zeros
+        before the first token), by the recurrence; ``state`` is updated in place. With T = 1 the shapes
+        are static, so a decode step can be captured in a CUDA graph."""
+        B, T, _ = x.shape
+        H, K, V = self.n_heads, self.key_dim, self.value_dim
+        dt = state.dtype
+        q = (self.q_proj(x).view(B, T, H, K) * K**-0.5).to(dt)
+        k = self.k_proj(x).view(B, T, H, K).to(dt)
+        v = self.v_proj(x).view(B, T, H, V).to(dt)
+        g = (F.logsigmoid(self.gate_proj(x)) / self.gate_temperature).view(B, T, H, K).to(dt)  # <= 0
+        S, outs = state, []
+        for t in range(T):
+            S = g[:, t].exp().unsqueeze(-1) * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)  # (B, H, K, V)
+            outs.append((q[:, t].unsqueeze(-2) @ S).squeeze(-2))  # (B, H, V)
+        state.copy_(S)
+        o = torch.stack(outs, dim=1).to(x.dtype)  # (B, T, H, V)
+        return self.o_proj(o.reshape(B, T, H * V))

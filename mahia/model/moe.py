@@ -1,52 +1,33 @@
 """Mixture-of-experts feed-forward layer: a per-expert loop ("before") and a sync-free grouped path ("after").
 
-Math, for N tokens x (N, D), E experts, top-k routing:
+For N tokens x (N, D), E experts, top-k routing:
 
-    router     logits = x W_r                        W_r: (D, E), computed in x.dtype, also under autocast
-               p      = softmax(logits)              in float32 (float64 for float64 inputs)
-               (v, i) = topk(p, k)                   per token: the k largest probabilities and their experts
-               g      = v / sum(v)                   gate weights, renormalized to sum to 1 over the k experts
-    expert e   y_e(x) = (silu(x W1_e) * (x W3_e)) W2_e     SwiGLU; W1_e, W3_e: (D, H) stored fused as
-                                                           w13[e] = [W1_e | W3_e]: (D, 2H); W2_e = w2[e]: (H, D)
-    output     y_n    = sum_{j<k} g_nj * y_{i_nj}(x_n)
-    aux loss   aux    = coef * E * sum_e f_e * P_e   (Switch Transformer / GShard load balancing)
-                        f_e = (number of the N*k assignments routed to e) / (N*k)   (no gradient)
-                        P_e = mean over tokens of p_ne                              (carries the gradient)
+    router     p = softmax(x W_r) in float32          W_r (D, E): the logits in x.dtype, also under autocast
+               (v, i) = topk(p, k),  g = v / sum(v)   per token: k experts and gates summing to 1
+    expert e   y_e(x) = (silu(x W1_e) * (x W3_e)) W2_e    SwiGLU; w13[e] = [W1_e | W3_e] (D, 2H), w2[e] (H, D)
+    output     y_n = sum_{j<k} g_nj y_{i_nj}(x_n)
+    aux loss   coef * E * sum_e f_e P_e               Switch / GShard load balancing: f_e = share of the N k
+                                                      assignments routed to e (no gradient), P_e = mean p_e
 
-aux is 1 * coef when routing is uniform (f_e = P_e = 1/E) and grows as the load concentrates.
+aux is coef when routing is uniform and grows as the load concentrates. Over weighted tokens
+(``token_weight=w``, e.g. 0 for the samples a gated model skips) both averages are weighted; their
+numerators and sum w are a :class:`RouterStats`, and the stats of disjoint token sets add up, so a batch
+processed one sample at a time gets the loss of the whole batch (``RouterStats.pool``, ``aux_loss_from``).
+Under autocast the experts run in the autocast dtype; y keeps x's dtype (the loop accumulates in it, the
+grouped path's combine in float32).
 
-Over a weighted set of tokens (``forward(x, token_weight=w)``, e.g. w = 0 for the samples that a gated
-model skips) both averages are weighted: f_e = sum_n w_n [e in top-k(n)] / (k sum_n w_n) and
-P_e = sum_n w_n p_ne / sum_n w_n (aux = 0 when sum_n w_n = 0). Their numerators and sum_n w_n are a
-:class:`RouterStats` (``return_stats=True``): statistics of disjoint token sets add up, so the loss of
-a batch processed in pieces (one sample at a time) equals that of the whole batch (``RouterStats.pool``,
-``MoE.aux_loss_from``).
-
-Under autocast the experts' matmuls run in the autocast dtype; the gated sum over the k experts of
-each token is accumulated in x's dtype by the loop and in float32 by the grouped path's fused combine
-(rounded once to x's dtype), so y keeps x's dtype.
-
-Two paths compute this same function from the same parameters (``impl=``):
-
-* ``"loop"``: for each expert, find its tokens with ``nonzero``, run its two small matmuls (x w13,
-  then w2), ``index_add_`` the gated result back. Readable, and what most first MoE implementations
-  look like, but each ``nonzero`` returns a data-dependent number of rows, so the CPU waits for the
-  GPU E times per forward (a host-device sync), and 2E small matmuls leave much of the GPU idle.
-* ``"grouped"``: no host sync. The N*k (token, expert) assignments are sorted once by expert
-  (a stable ``argsort``), the tokens gathered in that order, and the rows of each expert made one
-  contiguous group. Per-expert counts come from ``scatter_add_`` (``bincount`` would sync) and
-  ``offs = cumsum(counts)`` (int32) marks where each group ends. Then
+* ``impl="loop"``: per expert, ``nonzero`` finds its tokens (a data-dependent size, so the CPU waits for
+  the GPU E times per forward), two small matmuls, ``index_add_`` of the gated result.
+* ``impl="grouped"``: no host sync. The N k assignments are sorted by expert once (a stable ``argsort``),
+  the tokens gathered in that order; ``scatter_add_`` counts (``bincount`` would sync) and
+  ``offs = cumsum(counts)`` mark each expert's group. Then
 
       h   = grouped_mm(x_sorted, w13, offs)            (N*k, 2H)   row r of group e times w13[e]
-      a   = silu(h[:, :H]) * h[:, H:]                  (N*k, H)    mahia.ops.swiglu (Triton on CUDA)
-      out = grouped_mm(a, w2, offs)                    (N*k, D)
-      y   = sum_k g * out[inverse permutation]         (N, D)      mahia.ops.moe_combine: one fused
-                                                                   kernel (gather, gate, k-sum in one
-                                                                   pass over out; Triton on CUDA)
+      a   = silu(h[:, :H]) * h[:, H:]                  (N*k, H)    mahia.ops.swiglu
+      out = grouped_mm(a, w2, offs)                    (N*k, D)    (mahia.ops.grouped_mm: three backends)
+      y   = sum_k g * out[inverse permutation]         (N, D)      mahia.ops.moe_combine, one fused pass
 
-  The group sizes stay on the device: every shape above is known from N, k, D, H alone.
-
-``grouped_mm`` (:mod:`mahia.ops.grouped_mm`) picks one of three backends computing the same product.
+  Every shape is known from N, k, D, H alone.
 """
 
 from __future__ import annotations
@@ -58,61 +39,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mahia.ops.grouped_mm import BACKENDS, choose_backend, grouped_mm, grouped_mm_backend
+from mahia.measure.checks import check_int
+from mahia.ops.grouped_mm import BACKENDS, choose_backend, grouped_mm
 from mahia.ops.moe_combine import moe_combine
 from mahia.ops.swiglu import swiglu
 
-__all__ = [
-    "MoE",
-    "RouterStats",
-    "IMPLS",
-    "BACKENDS",
-    "moe_flops",
-    "grouped_mm",
-    "grouped_mm_backend",
-]
+__all__ = ["MoE", "RouterStats", "IMPLS", "BACKENDS", "moe_flops"]
 
 IMPLS = ("grouped", "loop")
 
 
 def moe_flops(n_tokens: int, dim: int, hidden: int, top_k: int, n_experts: int, *, router: bool = True) -> int:
-    """Forward FLOPs of one MoE layer: expert matmuls 2*N*k*D*2H + 2*N*k*H*D, plus the router 2*N*D*E
-    (``router=False``: the expert matmuls alone, what ``MoE.expert_gemms`` runs).
-
-    Counts multiply-adds as 2 FLOPs; the SwiGLU, softmax, top-k and the permutation are not counted
-    (they move bytes, not FLOPs). A forward plus backward is 3x this (each matmul has two gradient
-    matmuls of the same size).
-    """
-    for name, v in (
-        ("n_tokens", n_tokens),
-        ("dim", dim),
-        ("hidden", hidden),
-        ("top_k", top_k),
-        ("n_experts", n_experts),
-    ):
-        if not (isinstance(v, int) and v >= 0):
-            raise ValueError(f"moe_flops: {name} must be a non-negative int, got {v!r}")
+    """Forward FLOPs of one MoE layer: expert matmuls 2 N k D 2H + 2 N k H D, plus the router 2 N D E
+    (``router=False``: the expert matmuls alone, what ``MoE.expert_gemms`` runs). SwiGLU, softmax, top-k
+    and the permutation move bytes, not FLOPs. Forward plus backward is 3x this."""
+    for name, v in dict(n_tokens=n_tokens, dim=dim, hidden=hidden, top_k=top_k, n_experts=n_experts).items():
+        check_int("moe_flops", name, v, minimum=0)
     assignments = n_tokens * top_k
     experts = 2 * assignments * dim * 2 * hidden + 2 * assignments * hidden * dim
     return experts + (2 * n_tokens * dim * n_experts if router else 0)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Combine: back to token order, gated sum over the k experts
-# ---------------------------------------------------------------------------------------------------
-
-# ---------------------------------------------------------------------------------------------------
-# The layer
-# ---------------------------------------------------------------------------------------------------
-
-
 class RouterStats(NamedTuple):
-    """What the load-balancing loss needs from a (weighted) set of tokens; sets pool by adding.
-
-    counts (E,): sum over the tokens of w_n * [expert e in the token's top-k] (no gradient);
-    prob_sum (E,): sum over the tokens of w_n * p_ne (carries the router's gradient);
-    n_tokens (): sum of the weights w_n. Float32 (float64 for float64 inputs).
-    """
+    """What the load-balancing loss needs from a (weighted) set of tokens, in float32 (float64 for float64
+    x): counts (E,) = sum_n w_n [e in top-k(n)] (no gradient), prob_sum (E,) = sum_n w_n p_ne, n_tokens ()
+    = sum_n w_n. Disjoint sets pool by adding."""
 
     counts: torch.Tensor
     prob_sum: torch.Tensor
@@ -121,25 +72,16 @@ class RouterStats(NamedTuple):
     @staticmethod
     def pool(stats: Sequence[RouterStats]) -> RouterStats:
         """The statistics of the union of disjoint token sets: the element-wise sum."""
-        stats = list(stats)
-        if not stats:
-            raise ValueError("RouterStats.pool: needs at least one RouterStats")
         return RouterStats(*(sum(parts[1:], parts[0]) for parts in zip(*stats)))
 
 
 class MoE(nn.Module):
-    """Top-k routed mixture of SwiGLU experts (see the module docstring for the math).
-
-    ``forward(x) -> (y, aux_loss)`` for x of shape (..., dim); y has x's shape and dtype, aux_loss is
-    a scalar in float32 (float64 for float64 x), already multiplied by ``aux_loss_coef``.
-    ``forward(x, token_weight=w)`` computes aux_loss over tokens weighted by w (shape x.shape[:-1]);
-    ``return_stats=True`` returns ``(y, aux_loss, RouterStats)`` (pool the stats of several calls and
-    turn them into the loss with ``aux_loss_from``). ``impl`` picks the loop or grouped path;
-    ``backend`` picks the grouped matmul of the grouped path ("auto" or one of ``BACKENDS``);
-    ``backend_for(x)`` says which one runs.
-
-    Parameters: ``w_router`` (dim, n_experts), ``w13`` (n_experts, dim, 2*hidden) = [W1 | W3],
-    ``w2`` (n_experts, hidden, dim).
+    """Top-k routed mixture of SwiGLU experts (module docstring): ``forward(x) -> (y, aux_loss)`` for x
+    (..., dim); y has x's shape and dtype, aux_loss (float32, already times ``aux_loss_coef``) is over the
+    tokens weighted by ``token_weight`` (x.shape[:-1]) if given; ``return_stats=True`` appends the
+    :class:`RouterStats`. ``impl``: "loop" or "grouped"; ``backend``: the grouped matmul ("auto" or one
+    of ``BACKENDS``; ``backend_for(x)`` says which runs). Parameters: ``w_router`` (dim, E), ``w13``
+    (E, dim, 2 hidden) = [W1 | W3], ``w2`` (E, hidden, dim).
     """
 
     def __init__(
@@ -156,20 +98,16 @@ class MoE(nn.Module):
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
-        for name, v in (("dim", dim), ("hidden", hidden), ("n_experts", n_experts), ("top_k", top_k)):
-            if not (isinstance(v, int) and not isinstance(v, bool)):
-                raise TypeError(f"MoE: {name} must be an int, got {type(v).__name__}")
-        for name, v in (("dim", dim), ("hidden", hidden), ("n_experts", n_experts)):
-            if v < 1:
-                raise ValueError(f"MoE: {name} must be >= 1, got {v}")
-        if not 1 <= top_k <= n_experts:
-            raise ValueError(f"MoE: top_k must be between 1 and n_experts = {n_experts}, got {top_k}")
-        if impl not in IMPLS:
-            raise ValueError(f"MoE: impl must be one of {IMPLS}, got {impl!r}")
-        if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"MoE: backend must be 'auto' or one of {BACKENDS}, got {backend!r}")
-        if not (isinstance(aux_loss_coef, (int, float)) and aux_loss_coef >= 0):
-            raise ValueError(f"MoE: aux_loss_coef must be a number >= 0, got {aux_loss_coef!r}")
+        for name, v in dict(dim=dim, hidden=hidden, n_experts=n_experts, top_k=top_k).items():
+            check_int("MoE", name, v)
+        for name, value, ok, want in (
+            ("top_k", top_k, top_k <= n_experts, f"at most n_experts = {n_experts}"),
+            ("impl", impl, impl in IMPLS, f"one of {IMPLS}"),
+            ("backend", backend, backend == "auto" or backend in BACKENDS, f"'auto' or one of {BACKENDS}"),
+            ("aux_loss_coef", aux_loss_coef, isinstance(aux_loss_coef, (int, float)) and aux_loss_coef >= 0, ">= 0"),
+        ):
+            if not ok:
+                raise ValueError(f"MoE: {name} must be {want}, got {value!r}")
         self.dim, self.hidden, self.n_experts, self.top_k = dim, hidden, n_experts, top_k
         self.impl, self.backend, self.aux_loss_coef = impl, backend, float(aux_loss_coef)
         kw = dict(device=device, dtype=dtype)
@@ -184,29 +122,16 @@ class MoE(nn.Module):
         nn.init.normal_(self.w13, std=self.dim**-0.5)
         nn.init.normal_(self.w2, std=self.hidden**-0.5)
 
-    def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, hidden={self.hidden}, n_experts={self.n_experts}, top_k={self.top_k}, "
-            f"impl={self.impl!r}, backend={self.backend!r}, aux_loss_coef={self.aux_loss_coef}"
-        )
-
     # -- shared pieces ---------------------------------------------------------------------------
     def _flatten_input(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"MoE: x must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise TypeError(f"MoE: x must be a floating-point tensor, got dtype {x.dtype}")
-        if x.dim() < 1 or x.shape[-1] != self.dim:
-            raise ValueError(f"MoE: x must have shape (..., dim={self.dim}), got {tuple(x.shape)}")
-        if x.dtype != self.w13.dtype:
+        w = self.w13
+        if not (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.dim and x.numel() > 0):
+            raise ValueError(f"MoE: x must be a (..., dim={self.dim}) tensor with tokens, got {getattr(x, 'shape', x)}")
+        if x.dtype != w.dtype or x.device != w.device:
             raise TypeError(
-                f"MoE: x has dtype {x.dtype} but the parameters are {self.w13.dtype}; "
-                "convert one of them (e.g. moe.to(x.dtype))"
+                f"MoE: x is {x.dtype} on {x.device} but the parameters are {w.dtype} on {w.device}; "
+                "convert one of them (e.g. moe.to(x))"
             )
-        if x.device != self.w13.device:
-            raise ValueError(f"MoE: x is on {x.device} but the parameters are on {self.w13.device}")
-        if x.numel() == 0:
-            raise ValueError(f"MoE: x has no tokens, shape {tuple(x.shape)}")
         return x.reshape(-1, self.dim)  # (N, D)
 
     def _route(self, x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -248,14 +173,10 @@ class MoE(nn.Module):
     def _check_weight(self, token_weight: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
         if token_weight is None:
             return None
-        if not isinstance(token_weight, torch.Tensor):
-            raise TypeError(f"MoE: token_weight must be None or a tensor, got {type(token_weight).__name__}")
-        if tuple(token_weight.shape) != tuple(x.shape[:-1]):
+        if getattr(token_weight, "shape", None) != x.shape[:-1] or token_weight.device != x.device:
             raise ValueError(
-                f"MoE: token_weight must have x's leading shape {tuple(x.shape[:-1])}, got {tuple(token_weight.shape)}"
+                f"MoE: token_weight must be a tensor of x's leading shape {tuple(x.shape[:-1])} on x's device"
             )
-        if token_weight.device != x.device:
-            raise ValueError(f"MoE: token_weight is on {token_weight.device} but x is on {x.device}")
         return token_weight.reshape(-1)  # (N,)
 
     def backend_for(self, x: torch.Tensor) -> str:

@@ -1,22 +1,12 @@
 """Named optimizations of the hybrid model, each usable alone.
 
-Two kinds:
-
-* **model optimizations** change which implementation a layer uses; they live in the config, and
-  :func:`apply` switches them on by name::
-
-      cfg = apply(HybridConfig.preset("small"), "sdpa", "grouped_moe")
-
-* **runtime optimizations** change how the model is run, not what it computes. They are applied to a
-  built model from outside, as torchtitan's ``apply_*`` functions do, so the model itself stays a plain
-  PyTorch module that knows none of them::
-
-      apply_checkpointing(model, "selective")    # in place: the blocks recompute activations in backward
-      forward = apply_compile(model, "default")  # a compiled callable, used instead of the model
-      decoder = make_decoder(model, cuda_graphs=True)  # static KV cache, a decode step as a CUDA graph
-
-  :func:`make_train_step` (mixed precision, activation checkpointing, ``torch.compile``, sync-free loss
-  logging) applies the first two through :func:`apply_checkpointing` and :func:`apply_compile`.
+* **Model optimizations** pick a layer's implementation; they live in the config, and :func:`apply`
+  switches them on by name: ``cfg = apply(HybridConfig.preset("small"), "sdpa", "grouped_moe")``.
+* **Runtime optimizations** change how a built model runs, not what it computes. As torchtitan's
+  ``apply_*`` functions, they act from outside, so the model stays a plain PyTorch module:
+  :func:`apply_checkpointing` (in place), :func:`apply_compile` (a compiled callable to use instead),
+  :func:`make_decoder` (static KV cache, a decode step as a CUDA graph), and :func:`make_train_step`
+  (mixed precision, checkpointing, ``torch.compile``, sync-free loss logging).
 """
 
 from __future__ import annotations
@@ -87,25 +77,15 @@ def apply(cfg: HybridConfig, *names: str) -> HybridConfig:
     return cfg.replace(**changes)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Activation checkpointing
-# ---------------------------------------------------------------------------------------------------
-
-
 def _save_ops() -> set:
     """aten ops whose outputs selective checkpointing keeps: matrix products and fused attention."""
-    names = [
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "_grouped_mm",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-        "_scaled_dot_product_flash_attention_for_cpu",
-    ]
+    names = "mm addmm bmm baddbmm _grouped_mm _scaled_dot_product_flash_attention_for_cpu".split()
+    names += [f"_scaled_dot_product_{kind}_attention" for kind in ("flash", "efficient", "cudnn")]
     return {getattr(torch.ops.aten, n).default for n in names if hasattr(torch.ops.aten, n)}
+
+
+_SAVE_OPS = _save_ops()
+_ATTENTION_OPS = {op for op in _SAVE_OPS if "attention" in str(op)}
 
 
 def selective_checkpoint_policy(ctx, op, *args, **kwargs):
@@ -116,57 +96,40 @@ def selective_checkpoint_policy(ctx, op, *args, **kwargs):
 
 
 def keep_attention_policy(ctx, op, *args, **kwargs):
-    """Save only the fused attention kernel's outputs (its output and log-sum-exp); recompute the rest.
-
-    Per byte kept, attention is the costliest op to rerun (its FLOPs grow with T, its output is D per
-    token), so this keeps nearly all of full checkpointing's saving for less of its recompute.
-    """
+    """Save only the fused attention's outputs (output and log-sum-exp): per byte kept, attention is the
+    costliest op to rerun (FLOPs grow with T, output D per token), so this keeps nearly all of full
+    checkpointing's saving for less of its recompute."""
     from torch.utils.checkpoint import CheckpointPolicy
 
     return CheckpointPolicy.MUST_SAVE if op in _ATTENTION_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-_SAVE_OPS = _save_ops()
-_ATTENTION_OPS = {op for op in _SAVE_OPS if "attention" in str(op)}
-# policy name -> the selective-checkpoint policy function that decides, op by op, what to keep
 _OP_POLICIES = {"selective": selective_checkpoint_policy, "keep_attention": keep_attention_policy}
 
 
 def run_checkpointed(fn: Callable, *args: Any, mode: str | None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, with its activations recomputed in backward per ``mode`` (None, "full",
-    "selective", "keep_attention").
-
-    "full" keeps only the inputs and reruns ``fn`` in backward; "selective" keeps the outputs of matrix
-    products and attention and reruns only the cheap pointwise ops (norms, activations, rotary) between
-    them; "keep_attention" keeps only the fused attention kernel's outputs and reruns everything else.
-    Without ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` (torch < 2.4), the last two
-    fall back to "full" with a warning.
-    """
+    """``fn(*args, **kwargs)`` with its activations recomputed in backward per ``mode``: None; "full" keeps
+    only the inputs and reruns ``fn``; "selective" keeps the outputs of matrix products and attention and
+    reruns the pointwise ops between them; "keep_attention" keeps only the fused attention's outputs."""
     if mode is None:
         return fn(*args, **kwargs)
     from torch.utils import checkpoint as ckpt
 
     if mode in _OP_POLICIES:
-        if hasattr(ckpt, "create_selective_checkpoint_contexts"):
-            context_fn = functools.partial(ckpt.create_selective_checkpoint_contexts, _OP_POLICIES[mode])
-            return ckpt.checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
-        warnings.warn(
-            f"{mode} checkpointing needs torch >= 2.4; using full checkpointing", RuntimeWarning, stacklevel=2
-        )
-    elif mode != "full":
+        context_fn = functools.partial(ckpt.create_selective_checkpoint_contexts, _OP_POLICIES[mode])
+        return ckpt.checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+    if mode != "full":
         raise ValueError(f"run_checkpointed: mode must be one of {CHECKPOINT_POLICIES}, got {mode!r}")
     return ckpt.checkpoint(fn, *args, use_reentrant=False, **kwargs)
 
 
 class CheckpointedBlock(Block):
-    """A :class:`~mahia.model.hybrid.Block` whose ``forward`` and ``delta`` (the gated fabric's call)
-    run through :func:`run_checkpointed` with ``checkpoint_policy``, while the block trains with grad
-    enabled; in eval mode or under ``torch.no_grad()`` (decoding) they run as the Block's.
+    """A :class:`~mahia.model.hybrid.Block` whose ``forward`` and ``delta`` (the gated fabric's call) run
+    through :func:`run_checkpointed` while it trains with grad enabled (not in eval or under no_grad).
 
-    :func:`apply_checkpointing` makes a model's blocks this class in place, as
-    ``torch.nn.utils.parametrize`` does with the modules it parametrizes: each block stays the same
-    object, with the same parameters, ``state_dict`` keys and module names, so optimizers, saved weights
-    and per-module tools work unchanged. Only the two methods below differ.
+    :func:`apply_checkpointing` switches a model's blocks to this class in place, as
+    ``torch.nn.utils.parametrize`` does: each block stays the same object, with the same parameters,
+    ``state_dict`` keys and module names, so optimizers, saved weights and per-module tools work unchanged.
     """
 
     checkpoint_policy: str = "full"
@@ -185,23 +148,14 @@ class CheckpointedBlock(Block):
 
 def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
     """Activation checkpointing of every block of ``model`` (``model.blocks``, as in
-    :class:`~mahia.model.HybridModel`), in place: ``policy`` None or one of ``CHECKPOINT_POLICIES``.
-
-    Each block becomes a :class:`CheckpointedBlock` (``policy`` None turns it back into a plain Block), so
-    calling it again replaces the policy and ``apply_checkpointing(model, None)`` removes it. Blocks are
-    checkpointed only in training with grad enabled; the head and the embedding never are.
-    """
+    :class:`~mahia.model.HybridModel`), in place: each becomes a :class:`CheckpointedBlock` with ``policy``
+    (one of ``CHECKPOINT_POLICIES``); ``None`` turns them back into plain Blocks. The head and the
+    embedding are never checkpointed."""
     if policy not in CHECKPOINT_POLICIES:
         raise ValueError(f"apply_checkpointing: policy must be one of {CHECKPOINT_POLICIES}, got {policy!r}")
     blocks = getattr(model, "blocks", None)
-    if not isinstance(model, nn.Module) or not isinstance(blocks, nn.ModuleList):
-        raise TypeError(
-            f"apply_checkpointing: model must be an nn.Module with blocks (an nn.ModuleList of "
-            f"Block), as HybridModel has; {type(model).__name__} has none"
-        )
-    wrong = [type(b).__name__ for b in blocks if type(b) not in (Block, CheckpointedBlock)]
-    if wrong:
-        raise TypeError(f"apply_checkpointing: the blocks must be Block modules, got {sorted(set(wrong))}")
+    if not isinstance(blocks, nn.ModuleList) or any(type(b) not in (Block, CheckpointedBlock) for b in blocks):
+        raise TypeError("apply_checkpointing: model must have blocks, an nn.ModuleList of Block as HybridModel has")
     for block in blocks:
         if policy is None:
             block.__class__ = Block
@@ -211,17 +165,12 @@ def apply_checkpointing(model: nn.Module, policy: str | None) -> None:
             block.checkpoint_policy = policy
 
 
-# ---------------------------------------------------------------------------------------------------
-# torch.compile, with a clean fallback
-# ---------------------------------------------------------------------------------------------------
-
-
 def compile_problem(device: torch.device | str) -> str | None:
     """None if ``torch.compile`` (inductor) can run on ``device`` here; else why not."""
     from torch import _dynamo
 
     device = torch.device(device)
-    if hasattr(_dynamo, "is_dynamo_supported") and not _dynamo.is_dynamo_supported():
+    if not _dynamo.is_dynamo_supported():
         return (
             f"torch.compile is not supported on Python {sys.version_info.major}.{sys.version_info.minor} "
             f"with torch {torch.__version__}"
@@ -229,8 +178,7 @@ def compile_problem(device: torch.device | str) -> str | None:
     if device.type == "cpu":
         from torch._inductor import config as inductor_config
 
-        configured = getattr(getattr(inductor_config, "cpp", None), "cxx", ()) or ()
-        candidates = [c for c in configured if isinstance(c, str)] + ["g++", "c++", "clang++"]
+        candidates = [c for c in inductor_config.cpp.cxx if isinstance(c, str)] + ["g++", "c++", "clang++"]
         if not any(shutil.which(c) for c in candidates):
             return "no C++ compiler found (inductor needs one for CPU code)"
     elif device.type == "cuda":
@@ -242,14 +190,10 @@ def compile_problem(device: torch.device | str) -> str | None:
 
 
 def apply_compile(model: nn.Module, mode: str | None) -> Callable:
-    """``torch.compile(model, mode=mode)`` as a callable to use instead of ``model``; ``model`` itself
-    for ``mode`` None, or (with a warning) where compile cannot run here (see :func:`compile_problem`),
-    or from the first call on that fails to compile.
-
-    Unlike :func:`apply_checkpointing` it leaves ``model`` as it is: the eager module stays usable (for
-    evaluation, decoding, ``state_dict``) next to the compiled forward, which shares its parameters.
-    Apply checkpointing first, so that the compiled graph includes it.
-    """
+    """``torch.compile(model, mode=mode)`` as a callable to use instead of ``model``; ``model`` itself for
+    ``mode`` None, or (with a warning) where compile cannot run here (:func:`compile_problem`) or from the
+    first call that fails to compile. ``model`` stays usable eagerly (evaluation, decoding, ``state_dict``)
+    next to the compiled forward, which shares its parameters. Apply checkpointing first."""
     from torch import _dynamo
 
     if mode not in COMPILE:
@@ -285,11 +229,6 @@ def apply_compile(model: nn.Module, mode: str | None) -> Callable:
     return forward
 
 
-# ---------------------------------------------------------------------------------------------------
-# The training step
-# ---------------------------------------------------------------------------------------------------
-
-
 def make_train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -303,21 +242,16 @@ def make_train_step(
 
     ``model(idx, targets)`` must return ``(logits, loss)``. Options, each usable alone:
 
-    * ``amp``: None (the parameters' dtype), ``"bf16"`` or ``"fp16"`` autocast. fp16 scales the loss with
-      a ``torch.amp.GradScaler``; note that ``GradScaler.step`` reads ``found_inf`` on the host (one sync
-      per step) unless the optimizer handles scaling itself (e.g. ``AdamW(fused=True)``).
-    * ``checkpoint``: None, ``"full"``, ``"selective"`` or ``"keep_attention"`` activation checkpointing of every block, applied
-      to the model in place by :func:`apply_checkpointing` (the model must have ``blocks``, as
-      :class:`~mahia.model.HybridModel` does; None removes an earlier policy from such a model).
-    * ``compile``: None or a ``torch.compile`` mode for the model's forward (its backward is compiled too),
-      by :func:`apply_compile`. Where compile cannot run (no C++ compiler on CPU, a Python that Dynamo
-      does not support), it warns and runs eager.
-    * ``sync_free_logging``: the loss of every step is appended to ``step.history``; True stores the
-      detached device tensor (turn them into numbers once, at the end: ``torch.stack(step.history)``),
-      False calls ``loss.item()`` every step, which waits for the GPU to finish (the common slow habit).
+    * ``amp``: None, ``"bf16"`` or ``"fp16"`` autocast; fp16 scales the loss with a ``GradScaler``, whose
+      ``step`` reads ``found_inf`` on the host (one sync) unless the optimizer scales itself (fused AdamW).
+    * ``checkpoint``: one of ``CHECKPOINT_POLICIES``, by :func:`apply_checkpointing` (None removes an
+      earlier policy).
+    * ``compile``: None or a ``torch.compile`` mode, by :func:`apply_compile` (warns and runs eager where
+      compile cannot run).
+    * ``sync_free_logging``: each loss goes to ``step.history``; True keeps the detached device tensor
+      (``torch.stack(step.history)`` once at the end), False calls ``loss.item()``, which waits for the GPU.
 
-    The step returns the detached loss tensor and, with ``sync_free_logging=True``, never reads a device
-    value on the host (as long as the model does not: see the model's impl choices).
+    With ``sync_free_logging=True`` the step reads no device value on the host (if the model does not).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"make_train_step: model must be an nn.Module, got {type(model).__name__}")
@@ -340,11 +274,7 @@ def make_train_step(
     scaler = torch.amp.GradScaler(device.type) if amp == "fp16" else None
 
     # CUDA-graph modes reuse their output buffers on every replay: mark each step as a new one.
-    mark_step = (
-        compile in ("reduce-overhead", "max-autotune")
-        and forward is not model
-        and hasattr(torch.compiler, "cudagraph_mark_step_begin")
-    )
+    mark_step = compile in ("reduce-overhead", "max-autotune") and forward is not model
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         idx, targets = batch
@@ -367,32 +297,21 @@ def make_train_step(
         return loss
 
     step.history = []
-    step.options = dict(amp=amp, checkpoint=checkpoint, compile=compile, sync_free_logging=sync_free_logging)
     return step
-
-
-# ---------------------------------------------------------------------------------------------------
-# Decoding
-# ---------------------------------------------------------------------------------------------------
 
 
 class Decoder:
     """Token-by-token generation with the model's static KV cache, optionally through a CUDA graph.
 
-    The model must provide ``setup_cache(batch, max_len)``, ``reset_cache()`` and
-    ``decode_step(idx, start_pos) -> logits`` (``start_pos`` a 0-dim int64 device tensor), as
-    :class:`~mahia.model.HybridModel` does. The prompt is prefilled by one eager ``decode_step`` over all
-    its tokens; every further token is one ``decode_step`` on a (B, 1) input. With ``cuda_graphs`` that
-    step is captured once per cache shape (static input, position and output buffers; warm-up on a side
-    stream) and replayed: one launch per token instead of one per kernel.
+    The model provides ``setup_cache(batch, max_len)``, ``reset_cache()`` and ``decode_step(idx,
+    start_pos) -> logits``, as :class:`~mahia.model.HybridModel` does. One eager ``decode_step`` prefills
+    the prompt; every further token is one ``decode_step`` on a (B, 1) input, which with ``cuda_graphs``
+    is captured once per cache shape (static buffers, warm-up on a side stream) and replayed.
     """
 
     def __init__(self, model: nn.Module, *, cuda_graphs: bool = False):
-        for attr in ("setup_cache", "reset_cache", "decode_step"):
-            if not hasattr(model, attr):
-                raise TypeError(f"make_decoder: model must have {attr}(); {type(model).__name__} has none")
-        if not isinstance(cuda_graphs, bool):
-            raise TypeError(f"make_decoder: cuda_graphs must be a bool, got {cuda_graphs!r}")
+        if not all(hasattr(model, attr) for attr in ("setup_cache", "reset_cache", "decode_step")):
+            raise TypeError("make_decoder: model must have setup_cache, reset_cache and decode_step, as HybridModel")
         self.model = model
         self.cuda_graphs = cuda_graphs
         self._shape: tuple[int, int] | None = None  # (batch, max_len) the cache and graph were built for
@@ -444,13 +363,11 @@ class Decoder:
         ``temperature=0`` is greedy (argmax); otherwise tokens are sampled from softmax(logits / temperature)
         by the Gumbel-max trick (argmax of logits / temperature + Gumbel noise), which needs no host sync.
         """
-        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.dtype != torch.long:
-            raise ValueError(
-                f"Decoder.generate: prompt must be a (B, T) int64 tensor, got "
-                f"{getattr(prompt, 'dtype', type(prompt))} {tuple(getattr(prompt, 'shape', ()))}"
-            )
-        if prompt.shape[1] < 1:
-            raise ValueError("Decoder.generate: prompt must hold at least one token")
+        if (
+            not (isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.dtype == torch.long)
+            or not prompt.numel()
+        ):
+            raise ValueError(f"Decoder.generate: prompt must be a (B, T >= 1) int64 tensor, got {prompt!r:.80}")
         check_int("Decoder.generate", "max_new_tokens", max_new_tokens, minimum=0)
         if not temperature >= 0.0:
             raise ValueError(f"Decoder.generate: temperature must be >= 0, got {temperature!r}")

@@ -1,6 +1,6 @@
 """A plain GPT: the peer that notebook 10's dense model has to beat.
 
-nanoGPT-style and deliberately ordinary: ``nn.Linear``, ``nn.RMSNorm`` (or ``F.rms_norm``), rotary
+nanoGPT-style and deliberately ordinary: ``nn.Linear``, ``nn.RMSNorm``, rotary
 embeddings in four lines of PyTorch, ``F.scaled_dot_product_attention`` with ``is_causal=True`` and
 PyTorch's own backend choice, a SwiGLU MLP, and an LM head tied to the embedding. Nothing from
 :mod:`mahia.layers` or :mod:`mahia.ops`: what it runs is what a researcher gets from PyTorch alone, so
@@ -30,21 +30,6 @@ from mahia.model.config import HybridConfig
 __all__ = ["PlainGPT", "from_hybrid_state_dict"]
 
 
-def _rms_norm(dim: int, eps: float) -> nn.Module:
-    if hasattr(nn, "RMSNorm"):  # torch >= 2.4
-        return nn.RMSNorm(dim, eps=eps)
-    return _RMSNorm(dim, eps)
-
-
-class _RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate pairs (x_i, x_{i+d/2}) by the position's angles. x (B, H, T, d); cos, sin (T, d/2)."""
     x1, x2 = x.float().chunk(2, dim=-1)
@@ -55,10 +40,10 @@ class _Block(nn.Module):
     def __init__(self, cfg: HybridConfig):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.attn_norm = _rms_norm(cfg.dim, cfg.norm_eps)
+        self.attn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.qkv = nn.Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=False)
         self.out = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
-        self.mlp_norm = _rms_norm(cfg.dim, cfg.norm_eps)
+        self.mlp_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.w12 = nn.Linear(cfg.dim, 2 * cfg.hidden, bias=False)
         self.w3 = nn.Linear(cfg.hidden, cfg.dim, bias=False)
 
@@ -98,7 +83,7 @@ class PlainGPT(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = _rms_norm(cfg.dim, cfg.norm_eps)
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         inv_freq = cfg.rope_base ** -(torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
         angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float32), inv_freq)  # (T, d/2)
         self.register_buffer("cos", angles.cos(), persistent=False)
