@@ -26,30 +26,15 @@ from mahia.lessons.full_stack import (  # noqa: E402
 from mahia.measure.checks import CorrectnessError  # noqa: E402
 from mahia.model import HybridConfig, SyntheticTokens  # noqa: E402
 
-# These tests are about the ladder, not the Triton kernels: run their eager references, not the (slow)
-# CPU interpreter.
-pytestmark = pytest.mark.usefixtures("eager_kernels")
 
-
-@pytest.fixture
-def eager_kernels(monkeypatch):
+@pytest.fixture(autouse=True)
+def eager_kernels(monkeypatch):  # the ladder, not the Triton kernels: their eager references, not the slow interpreter
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
-def _cfg():
-    # every hybrid part on, odd sizes, a few hundred thousand FLOPs per token
-    return HybridConfig.preset(
-        "tiny",
-        vocab_size=101,
-        dim=40,
-        n_heads=4,
-        n_kv_heads=2,
-        hidden=56,
-        moe_hidden=28,
-        memory_nodes=5,
-        memory_segment=5,
-        max_seq_len=32,
-    )
+def _cfg():  # every hybrid part on, odd sizes, a few hundred thousand FLOPs per token
+    sizes = dict(vocab_size=101, dim=40, n_heads=4, n_kv_heads=2, hidden=56, moe_hidden=28, max_seq_len=32)
+    return HybridConfig.preset("tiny", memory_nodes=5, memory_segment=5, **sizes)
 
 
 def _batch(cfg, B=3, T=13):
@@ -84,6 +69,9 @@ def test_climb_is_cumulative_and_alone_is_not():
     )  # every fast impl
     solo = dict(alone())
     assert solo["bf16"] == Stack(amp="bf16") and solo["sdpa"] == Stack(model=("sdpa",))
+    base = LADDER[0].on(Stack())  # the loop-free baseline of notebook 10
+    solo = dict(alone(LADDER[1:], base=base))
+    assert solo["baseline"] == base and solo["sdpa"] == Stack(model=base.model + ("sdpa",))
 
 
 def test_for_device_drops_and_swaps_cuda_only_rungs():
@@ -154,7 +142,7 @@ def test_step_outputs_leaves_the_weights_and_grads_alone():
     assert all(torch.equal(p, q) for p, q in zip(b.model.parameters(), before))
 
 
-def test_check_step_direction():
+def test_check_step_direction_and_cosine():
     g = torch.randn(50)
     ref = StepOutputs(torch.tensor(1.0), torch.tensor(1.0), torch.randn(2, 3), g)
     flipped = dataclasses.replace(ref, grad=-g)
@@ -164,9 +152,6 @@ def test_check_step_direction():
         check_step("flipped", flipped, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
     with pytest.raises(CorrectnessError, match="grad"):
         check_step("flipped", flipped, ref, 1e-6)
-
-
-def test_cosine():
     a = torch.tensor([1.0, 2.0, 3.0])
     assert cosine(a, 2 * a) == pytest.approx(1.0)
     assert cosine(a, -a) == pytest.approx(-1.0)
@@ -190,29 +175,18 @@ def test_sync_free_logging_removes_exactly_one_sync_per_step():
 def test_waterfall():
     import matplotlib.pyplot as plt
 
-    ax = waterfall(["base", "+a", "+b"], [10.0, 40.0, 30.0], title="t", device_note="CPU run")
+    names, ms = ["base", "+a", "+b"], [10.0, 40.0, 30.0]
+    ax = waterfall(names, ms, title="t", device_note="CPU run")
     assert len(ax.patches) == 4  # three rungs and the total
     texts = [t.get_text() for t in ax.texts]
     assert "x4" in texts and "x0.75" in texts and any("x3" in t for t in texts)
     assert ax.get_yscale() == "log"
     plt.close(ax.figure)
     # spread draws one error bar per level; a rung whose range overlaps the one below is marked n.s.
-    ax = waterfall(
-        ["base", "+a", "+b"],
-        [10.0, 40.0, 30.0],
-        title="t",
-        spread=[(9, 11), (30, 50), (28, 31)],
-        significant=[True, True, False],
-    )
+    ax = waterfall(names, ms, title="t", spread=[(9, 11), (30, 50), (28, 31)], significant=[True, True, False])
     texts = [t.get_text() for t in ax.texts]
     assert "x4" in texts and "x0.75\nn.s." in texts and len(ax.collections) == 1
     plt.close(ax.figure)
-
-
-def test_alone_from_another_base():
-    base = LADDER[0].on(Stack())  # the loop-free baseline of notebook 10
-    solo = dict(alone(LADDER[1:], base=base))
-    assert solo["baseline"] == base and solo["sdpa"] == Stack(model=base.model + ("sdpa",))
 
 
 def test_fused_backends_are_those_that_take_gqa_heads_as_they_are(monkeypatch):

@@ -1,5 +1,10 @@
 """mahia.lessons.notebook.setup: the CPU set-up every notebook asks for in one call (cpu_threads, cpu_note)."""
 
+import html
+import re
+
+import IPython.display
+import ipywidgets as w
 import pytest
 import torch
 
@@ -39,8 +44,6 @@ def test_cpu_threads_set_after_the_ceilings_and_said(fake_ceilings, tmp_path, ca
 # -- listings: readable whatever the page's stylesheet says -------------------------------------------------
 def _styles(markup: str, tag: str) -> list[dict[str, str]]:
     """The inline style of every ``tag`` in ``markup``, as {property: value}."""
-    import re
-
     found = re.findall(rf"<{tag}\b[^>]*\bstyle='([^']*)'", markup)
     return [dict(tuple(p.strip() for p in d.split(":", 1)) for d in s.split(";") if d.strip()) for s in found]
 
@@ -49,8 +52,6 @@ LEFT_UNWRAPPED = {"text-align": "left", "white-space": "pre", "word-break": "nor
 
 
 def test_listings_keep_their_indentation_against_lab_css(monkeypatch):
-    import IPython.display
-
     html = notebook.side_by_side("def f(x):\n    if x:\n        return [x, x]\n", "def after(x):\n    return [x] * 2\n")
     pres, cells = _styles(html, "pre"), _styles(html, "td")
     assert len(pres) == 2 and len(cells) == 2
@@ -73,24 +74,17 @@ def _update(widget, **state):
 
 
 def _plain(markup: str) -> str:
-    import html
-    import re
-
     return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
 def _watched(box):
     """``watch_settings(box)`` and a function reading its settings line as the reader sees it."""
-    import ipywidgets as w
-
     shown = notebook.watch_settings(box)
     status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
     return shown, status, lambda: _plain(status.value)
 
 
 def test_an_explorer_says_running_then_heads_its_output_with_the_settings():
-    import ipywidgets as w
-
     size = w.IntSlider(value=6, min=2, max=9, description="log2 size")
     part = w.Dropdown(options=["GLA (T)", "graph memory"], description="component")
     out, seen, line = w.Output(), [], lambda: ""
@@ -122,8 +116,6 @@ def test_an_explorer_says_running_then_heads_its_output_with_the_settings():
 
 
 def test_an_explorer_run_by_a_button_says_what_the_output_is_for_and_a_failure_says_so():
-    import ipywidgets as w
-
     dim, go, seen = w.Dropdown(options=[64, 128], description="dim"), w.Button(description="time"), []
     go.on_click(lambda _b: seen.append(line()))
     _, _, line = _watched(w.VBox([w.HBox([dim, go]), w.Output()]))
@@ -143,9 +135,6 @@ def test_an_explorer_run_by_a_button_says_what_the_output_is_for_and_a_failure_s
 
 
 def test_explorer_shows_the_watched_widget_only_when_interactive(monkeypatch, capsys):
-    import IPython.display
-    import ipywidgets as w
-
     shown = []
     monkeypatch.setattr(IPython.display, "display", shown.append)
     monkeypatch.delenv("MAHIA_HEADLESS", raising=False)
