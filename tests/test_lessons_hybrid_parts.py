@@ -9,13 +9,9 @@ from mahia.measure.timing import Timing
 from mahia.model.moe import MoE
 from mahia.ops.gla_scan import gla_loop
 
-# These tests are about the helpers, not the Triton kernels: the grouped MoE's SwiGLU runs its eager
-# reference instead of the (slow) CPU interpreter.
-no_triton = pytest.mark.usefixtures("eager_kernels")
 
-
-@pytest.fixture
-def eager_kernels(monkeypatch):
+@pytest.fixture(autouse=True)
+def eager_kernels(monkeypatch):  # the helpers, not the Triton kernels: the MoE's eager SwiGLU, not the interpreter
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
@@ -48,7 +44,6 @@ def test_moe_bytes():
     assert hp.moe_bytes(7, 5, 3, 2, element_size=2) == (2 * 7 * 5 + 2 * 3 * 5 * 3 + 5 * 2) * 2
 
 
-@no_triton
 def test_moe_fwd_bwd_gradients_match_backward():
     torch.manual_seed(0)
     ref = MoE(20, 28, 3, 2, impl="loop")
@@ -63,7 +58,6 @@ def test_moe_fwd_bwd_gradients_match_backward():
     assert rel_error(dwr, ref.w_router.grad) < 1e-6
 
 
-@no_triton
 def test_train_routing_aux_loss_balances():
     gen = torch.Generator().manual_seed(3)
     dim = 24

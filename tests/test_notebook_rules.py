@@ -2,9 +2,9 @@
 cell: tests/test_runner.py): code cells of at most ``MAX_CELL_LINES`` lines; no ``MAHIA_*`` variable set
 (implementations are chosen by explicit arguments); only public names of ``mahia``; ``parameters`` lines papermill
 can read (one ``=``); a hidden ``solution`` code cell after every ``## Exercise``, before the next level-2 heading;
-paragraphs (blank-line blocks, list items, comment runs) of at most ``MAX_PARAGRAPH_WORDS`` words, at most
-``MAX_MARKDOWN_WORDS`` of markdown (issue 34; what cells print: tests/test_notebooks.py). Each checker also fails
-on a bad example.
+paragraphs (blank-line blocks, list items, comment runs; what cells print, in tests/test_notebooks.py's runs) of at
+most ``MAX_PARAGRAPH_WORDS`` words; at most ``MAX_MARKDOWN_WORDS`` words of markdown (issue 34). Each checker also
+fails on a bad example.
 """
 
 from __future__ import annotations
@@ -148,6 +148,23 @@ def long_paragraphs(nb: dict) -> list[str]:
     return found
 
 
+def long_output_paragraphs(nb: dict) -> list[str]:
+    """Paragraphs over ``MAX_PARAGRAPH_WORDS`` words in a notebook's outputs: rendered markdown by blank-line blocks and list
+    items, printed text by lines (a printed table is many short lines). HTML (tables, listings) is not prose."""
+    found = []
+    for i, c in enumerate(nb["cells"]):
+        for o in c.get("outputs", []):
+            data = o.get("data", {})
+            if "text/html" in data or "image/png" in data:
+                continue
+            md = "".join(data.get("text/markdown", ""))
+            text = md or "".join(o.get("text", "")) or "".join(data.get("text/plain", ""))
+            for p in paragraphs(md) if md else text.splitlines():
+                if len(p.split()) > MAX_PARAGRAPH_WORDS:
+                    found.append(f"cell {i}: {len(p.split())} words: {p[:60]!r}...")
+    return found
+
+
 def markdown_words(nb: dict) -> int:
     return sum(
         len(p.split()) for c in nb["cells"] if c["cell_type"] == "markdown" for p in paragraphs("".join(c["source"]))
@@ -208,6 +225,8 @@ CASES = [  # (checker, notebook, how many it finds)
     (long_paragraphs, _cells(_cell("markdown", f"intro\n\n- {FINE}\n  {FINE}")), 1),
     (long_paragraphs, _cells(_cell("markdown", f"{FINE}\nmore")), 1),
     (long_paragraphs, _cells(_cell("code", "\n".join(["# " + " ".join(["w"] * 20)] * 5) + "\nx = 1\n# short")), 1),
+    (long_output_paragraphs, _cells({"outputs": [{"text": f"{FINE}\n{FINE}\n"}, {"data": {"text/html": LONG}}]}), 0),
+    (long_output_paragraphs, _cells({"outputs": [{"text": LONG}, {"data": {"text/markdown": f"{FINE}\nmore"}}]}), 2),
 ]
 
 
