@@ -9,7 +9,11 @@ import torch
 
 matplotlib.use("Agg")
 
+import matplotlib.pyplot as plt  # noqa: E402
+
+import mahia.layers.attention as attention  # noqa: E402
 import mahia.lessons.full_stack as fs  # noqa: E402
+from mahia.layers import available_backends, fused_backends  # noqa: E402
 from mahia.measure.checks import CorrectnessError  # noqa: E402
 from mahia.model import HybridConfig, SyntheticTokens  # noqa: E402
 
@@ -152,8 +156,6 @@ def test_sync_free_logging_removes_exactly_one_sync_per_step():
 
 
 def test_waterfall():
-    import matplotlib.pyplot as plt
-
     names, ms = ["base", "+a", "+b"], [10.0, 40.0, 30.0]
     ax = fs.waterfall(names, ms, title="t", device_note="CPU run")
     assert len(ax.patches) == 4  # three rungs and the total
@@ -170,9 +172,6 @@ def test_waterfall():
 
 def test_fused_backends_are_those_that_take_gqa_heads_as_they_are(monkeypatch):
     # A backend that runs only once the KV heads are repeated is not PyTorch's choice for sdpa_attention(backend=None)
-    import mahia.layers.attention as attention
-    from mahia.layers import available_backends, fused_backends
-
     q = torch.randn(1, 8, 16, 32, requires_grad=True)
     k, v = torch.randn(1, 4, 16, 32), torch.randn(1, 4, 16, 32)
     assert "math" not in fused_backends(q, k, v)

@@ -2,6 +2,8 @@
 there, is tested in test_measure_instruments.py)."""
 
 import math
+import sys
+import warnings
 
 import pytest
 import torch
@@ -127,9 +129,6 @@ def test_generated_kernels_and_library_calls_read_inductor_output():
 
 
 def test_collect_noise_keeps_warnings_logs_and_stderr_of_a_graph_break(capsys):
-    import sys
-    import warnings
-
     def broken(x):
         y = x * 2
         torch._dynamo.graph_break()
