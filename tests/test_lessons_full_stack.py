@@ -9,47 +9,23 @@ import torch
 
 matplotlib.use("Agg")
 
-from mahia.lessons.full_stack import (  # noqa: E402
-    LADDER,
-    Stack,
-    StepOutputs,
-    alone,
-    build,
-    check_step,
-    climb,
-    cosine,
-    for_device,
-    profile_step,
-    step_outputs,
-    waterfall,
-)
+import matplotlib.pyplot as plt  # noqa: E402
+
+import mahia.layers.attention as attention  # noqa: E402
+import mahia.lessons.full_stack as fs  # noqa: E402
+from mahia.layers import available_backends, fused_backends  # noqa: E402
 from mahia.measure.checks import CorrectnessError  # noqa: E402
 from mahia.model import HybridConfig, SyntheticTokens  # noqa: E402
 
-# These tests are about the ladder, not the Triton kernels: run their eager references, not the (slow)
-# CPU interpreter.
-pytestmark = pytest.mark.usefixtures("eager_kernels")
 
-
-@pytest.fixture
-def eager_kernels(monkeypatch):
+@pytest.fixture(autouse=True)
+def eager_kernels(monkeypatch):  # the ladder, not the Triton kernels: their eager references, not the slow interpreter
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
-def _cfg():
-    # every hybrid part on, odd sizes, a few hundred thousand FLOPs per token
-    return HybridConfig.preset(
-        "tiny",
-        vocab_size=101,
-        dim=40,
-        n_heads=4,
-        n_kv_heads=2,
-        hidden=56,
-        moe_hidden=28,
-        memory_nodes=5,
-        memory_segment=5,
-        max_seq_len=32,
-    )
+def _cfg():  # every hybrid part on, odd sizes, a few hundred thousand FLOPs per token
+    sizes = dict(vocab_size=101, dim=40, n_heads=4, n_kv_heads=2, hidden=56, moe_hidden=28, max_seq_len=32)
+    return HybridConfig.preset("tiny", memory_nodes=5, memory_segment=5, **sizes)
 
 
 def _batch(cfg, B=3, T=13):
@@ -60,41 +36,44 @@ def _batch(cfg, B=3, T=13):
 
 
 def test_rungs_accumulate_and_stack_config_applies_them():
-    rung = {r.name: r for r in LADDER}
-    assert LADDER[0].name == "hybrid_parts"  # the loops go first: the standard rungs start from their absence
-    s = rung["sdpa"].on(rung["sync_free"].on(Stack()))  # sync-free, then SDPA
-    assert s == Stack(model=("sdpa",), sync_free_logging=True)
+    rung = {r.name: r for r in fs.LADDER}
+    assert fs.LADDER[0].name == "hybrid_parts"  # the loops go first: the standard rungs start from their absence
+    s = rung["sdpa"].on(rung["sync_free"].on(fs.Stack()))  # sync-free, then SDPA
+    assert s == fs.Stack(model=("sdpa",), sync_free_logging=True)
     cfg = s.config(HybridConfig.preset("tiny").optimized())  # starts from the baseline impls
     assert cfg.attention_impl == "sdpa" and cfg.moe_impl == "loop" and cfg.gating_impl == "branch"
-    assert Stack(amp="bf16").dtype == torch.bfloat16 and Stack().dtype == torch.float32
-    assert Stack().describe() == "baseline"
+    assert fs.Stack(amp="bf16").dtype == torch.bfloat16 and fs.Stack().dtype == torch.float32
+    assert fs.Stack().describe() == "baseline"
     with pytest.raises(ValueError, match="unknown optimization"):
-        Stack(model=("fastest",)).config(cfg)
+        fs.Stack(model=("fastest",)).config(cfg)
 
 
 def test_climb_is_cumulative_and_alone_is_not():
-    steps = climb()
-    assert [n for n, _ in steps] == ["baseline"] + [r.name for r in LADDER]
-    assert steps[0][1] == Stack()
+    steps = fs.climb()
+    assert [n for n, _ in steps] == ["baseline"] + [r.name for r in fs.LADDER]
+    assert steps[0][1] == fs.Stack()
     last = steps[-1][1]
     assert last.sync_free_logging and last.amp == "bf16" and last.compile == "default" and last.graphs
-    assert LADDER[-1].name == "graphs" and not steps[-2][1].graphs  # the graph is the last rung, over compile
+    assert fs.LADDER[-1].name == "graphs" and not steps[-2][1].graphs  # the graph is the last rung, over compile
     assert set(last.config(HybridConfig.preset("tiny")).__dict__.items()) >= set(
         HybridConfig.preset("tiny").optimized().__dict__.items()
     )  # every fast impl
-    solo = dict(alone())
-    assert solo["bf16"] == Stack(amp="bf16") and solo["sdpa"] == Stack(model=("sdpa",))
+    solo = dict(fs.alone())
+    assert solo["bf16"] == fs.Stack(amp="bf16") and solo["sdpa"] == fs.Stack(model=("sdpa",))
+    base = fs.LADDER[0].on(fs.Stack())  # the loop-free baseline of notebook 10
+    solo = dict(fs.alone(fs.LADDER[1:], base=base))
+    assert solo["baseline"] == base and solo["sdpa"] == fs.Stack(model=base.model + ("sdpa",))
 
 
 def test_for_device_drops_and_swaps_cuda_only_rungs():
-    kept, why = for_device(LADDER, cuda=False, compile_problem="no compiler here")
+    kept, why = fs.for_device(fs.LADDER, cuda=False, compile_problem="no compiler here")
     names = [r.name for r in kept]
     assert "triton" not in names and "compile" not in names
     assert "CUDA only" in why["triton"] and "no compiler here" in why["compile"] and "CUDA only" in why["graphs"]
     parts = next(r for r in kept if r.name == "hybrid_parts")
     assert parts.model == ("logspace_scan", "batched_memory", "masked_gating")
-    kept_gpu, why_gpu = for_device(LADDER, cuda=True)
-    assert kept_gpu == list(LADDER) and why_gpu == {}
+    kept_gpu, why_gpu = fs.for_device(fs.LADDER, cuda=True)
+    assert kept_gpu == list(fs.LADDER) and why_gpu == {}
 
 
 # --- building and checking -------------------------------------------------------------------------
@@ -103,14 +82,16 @@ def test_for_device_drops_and_swaps_cuda_only_rungs():
 def _ladder_outputs(cfg, ladder, batch):
     """(reference outputs, [(rung name, stack, outputs)]): every rung from the baseline's weights."""
     torch.manual_seed(0)
-    base = build(cfg, ladder[0][1], device="cpu")
-    state = base.model.state_dict()
-    ref = step_outputs(base.forward, base.model, batch)
+    base = fs.build(cfg, ladder[0][1], device="cpu")
+    state = {k: v.clone() for k, v in base.model.state_dict().items()}
+    ref = fs.step_outputs(base.forward, base.model, batch)
     assert ref.grad.numel() == sum(p.numel() for p in base.model.parameters())
+    assert all(p.grad is None for p in base.model.parameters())  # step_outputs leaves the weights and grads alone
+    assert all(torch.equal(v, state[k]) for k, v in base.model.state_dict().items())
     outs = []
     for name, stack in ladder[1:]:
-        b = build(cfg, stack, device="cpu", state=state)
-        outs.append((name, stack, step_outputs(b.forward, b.model, batch, amp=stack.amp)))
+        b = fs.build(cfg, stack, device="cpu", state=state)
+        outs.append((name, stack, fs.step_outputs(b.forward, b.model, batch, amp=stack.amp)))
     return ref, state, outs
 
 
@@ -121,56 +102,43 @@ def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
     # 39, logits cosine 0.38 for that token), so per-tensor directions are not a property of a correct rung.
     cfg = _cfg()
     batch = _batch(cfg)
-    rungs, _ = for_device(LADDER, cuda=False, compile_problem="cpu test")
-    ladder = climb(rungs)
+    rungs, _ = fs.for_device(fs.LADDER, cuda=False, compile_problem="cpu test")
+    ladder = fs.climb(rungs)
     assert any(s.amp for _, s in ladder), "the CPU ladder has a bf16 rung"
     ref, state, outs = _ladder_outputs(cfg, ladder, batch)
     for name, stack, out in outs:
         if stack.amp is None:
-            errs = check_step(name, out, ref, 1e-5)
+            errs = fs.check_step(name, out, ref, 1e-5)
             assert max(errs.values()) < 1e-5
         else:
-            check_step(name, out, ref, 2e-2, fields=("loss", "ce"))
+            fs.check_step(name, out, ref, 2e-2, fields=("loss", "ce"))
     amp_rungs = [(name, stack) for name, stack in ladder[1:] if stack.amp is not None]
     ref_free, _, outs_free = _ladder_outputs(cfg.replace(moe=False), ladder[:1] + amp_rungs, batch)
     for name, _, out in outs_free:
-        errs = check_step(name, out, ref_free, 2e-2, fields=("loss", "ce"), direction_fields=("logits", "grad"))
+        errs = fs.check_step(name, out, ref_free, 2e-2, fields=("loss", "ce"), direction_fields=("logits", "grad"))
         assert errs["cos grad"] > 0.99
     # the same check fails when one weight is wrong
-    state_bad = {k: v.clone() for k, v in state.items()}
-    state_bad["norm.weight"] *= 1.01
-    bad = build(cfg, ladder[-1][1], device="cpu", state=state_bad)
-    out = step_outputs(bad.forward, bad.model, batch, amp=ladder[-1][1].amp)
+    state["norm.weight"] *= 1.01  # a copy: the models built from it hold their own weights
+    bad = fs.build(cfg, ladder[-1][1], device="cpu", state=state)
+    out = fs.step_outputs(bad.forward, bad.model, batch, amp=ladder[-1][1].amp)
     with pytest.raises(CorrectnessError, match="loss|ce"):
-        check_step("bad", out, ref, 1e-5, fields=("loss", "ce"))
+        fs.check_step("bad", out, ref, 1e-5, fields=("loss", "ce"))
 
 
-def test_step_outputs_leaves_the_weights_and_grads_alone():
-    cfg = _cfg()
-    b = build(cfg, Stack(model=("sdpa", "masked_gating")), device="cpu")
-    before = [p.detach().clone() for p in b.model.parameters()]
-    step_outputs(b.forward, b.model, _batch(cfg))
-    assert all(p.grad is None for p in b.model.parameters())
-    assert all(torch.equal(p, q) for p, q in zip(b.model.parameters(), before))
-
-
-def test_check_step_direction():
+def test_check_step_direction_and_cosine():
     g = torch.randn(50)
-    ref = StepOutputs(torch.tensor(1.0), torch.tensor(1.0), torch.randn(2, 3), g)
+    ref = fs.StepOutputs(torch.tensor(1.0), torch.tensor(1.0), torch.randn(2, 3), g)
     flipped = dataclasses.replace(ref, grad=-g)
-    errs = check_step("same", ref, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
+    errs = fs.check_step("same", ref, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
     assert errs["cos grad"] == pytest.approx(1.0)
     with pytest.raises(CorrectnessError, match="points another way"):
-        check_step("flipped", flipped, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
+        fs.check_step("flipped", flipped, ref, 1e-6, fields=("loss",), direction_fields=("grad",))
     with pytest.raises(CorrectnessError, match="grad"):
-        check_step("flipped", flipped, ref, 1e-6)
-
-
-def test_cosine():
+        fs.check_step("flipped", flipped, ref, 1e-6)
     a = torch.tensor([1.0, 2.0, 3.0])
-    assert cosine(a, 2 * a) == pytest.approx(1.0)
-    assert cosine(a, -a) == pytest.approx(-1.0)
-    assert math.isnan(cosine(a, torch.tensor([1.0, float("nan"), 0.0])))  # fails check_step's `cos >= min_cosine`
+    assert fs.cosine(a, 2 * a) == pytest.approx(1.0)
+    assert fs.cosine(a, -a) == pytest.approx(-1.0)
+    assert math.isnan(fs.cosine(a, torch.tensor([1.0, float("nan"), 0.0])))  # fails check_step's `cos >= min_cosine`
 
 
 # --- the cost model --------------------------------------------------------------------------------
@@ -179,47 +147,31 @@ def test_cosine():
 def test_sync_free_logging_removes_exactly_one_sync_per_step():
     cfg = _cfg()
     batch = _batch(cfg, B=2, T=7)
-    naive = build(cfg, Stack(), device="cpu")
-    free = build(cfg, Stack(sync_free_logging=True), device="cpu")
-    p_naive = profile_step(lambda: naive.step(batch))
-    p_free = profile_step(lambda: free.step(batch), peak=True)
+    naive = fs.build(cfg, fs.Stack(), device="cpu")
+    free = fs.build(cfg, fs.Stack(sync_free_logging=True), device="cpu")
+    p_naive = fs.profile_step(lambda: naive.step(batch))
+    p_free = fs.profile_step(lambda: free.step(batch), peak=True)
     assert p_naive.syncs - p_free.syncs == 1
     assert p_naive.ops > 100 and p_naive.peak_bytes is None and p_free.peak_bytes > 0
 
 
 def test_waterfall():
-    import matplotlib.pyplot as plt
-
-    ax = waterfall(["base", "+a", "+b"], [10.0, 40.0, 30.0], title="t", device_note="CPU run")
+    names, ms = ["base", "+a", "+b"], [10.0, 40.0, 30.0]
+    ax = fs.waterfall(names, ms, title="t", device_note="CPU run")
     assert len(ax.patches) == 4  # three rungs and the total
     texts = [t.get_text() for t in ax.texts]
     assert "x4" in texts and "x0.75" in texts and any("x3" in t for t in texts)
     assert ax.get_yscale() == "log"
     plt.close(ax.figure)
     # spread draws one error bar per level; a rung whose range overlaps the one below is marked n.s.
-    ax = waterfall(
-        ["base", "+a", "+b"],
-        [10.0, 40.0, 30.0],
-        title="t",
-        spread=[(9, 11), (30, 50), (28, 31)],
-        significant=[True, True, False],
-    )
+    ax = fs.waterfall(names, ms, title="t", spread=[(9, 11), (30, 50), (28, 31)], significant=[True, True, False])
     texts = [t.get_text() for t in ax.texts]
     assert "x4" in texts and "x0.75\nn.s." in texts and len(ax.collections) == 1
     plt.close(ax.figure)
 
 
-def test_alone_from_another_base():
-    base = LADDER[0].on(Stack())  # the loop-free baseline of notebook 10
-    solo = dict(alone(LADDER[1:], base=base))
-    assert solo["baseline"] == base and solo["sdpa"] == Stack(model=base.model + ("sdpa",))
-
-
 def test_fused_backends_are_those_that_take_gqa_heads_as_they_are(monkeypatch):
     # A backend that runs only once the KV heads are repeated is not PyTorch's choice for sdpa_attention(backend=None)
-    import mahia.layers.attention as attention
-    from mahia.layers import available_backends, fused_backends
-
     q = torch.randn(1, 8, 16, 32, requires_grad=True)
     k, v = torch.randn(1, 4, 16, 32), torch.randn(1, 4, 16, 32)
     assert "math" not in fused_backends(q, k, v)

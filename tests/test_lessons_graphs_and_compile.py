@@ -2,22 +2,13 @@
 there, is tested in test_measure_instruments.py)."""
 
 import math
+import sys
+import warnings
 
 import pytest
 import torch
 
-from mahia.lessons.graphs_and_compile import (
-    GraphedTrainStep,
-    break_even_steps,
-    collect_noise,
-    cuda_memory,
-    generated_kernels,
-    library_calls,
-    predict_step,
-    timed_call,
-    trace_ops,
-    try_capture,
-)
+import mahia.lessons.graphs_and_compile as gcl
 from mahia.measure.checks import check_close, tolerance
 
 N, K, M = 37, 19, 11
@@ -25,37 +16,38 @@ N, K, M = 37, 19, 11
 
 def test_predict_step_is_max_or_sum_of_host_and_device():
     x, w = torch.randn(N, K), torch.randn(K, M)
-    tr = trace_ops(lambda x, w: (x * 2 + 1).relu() @ w, x, w)
-    p = predict_step(tr, launch_us=10.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0)
+    tr = gcl.trace_ops(lambda x, w: (x * 2 + 1).relu() @ w, x, w)
+    kw = dict(launch_us=10.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0)
+    p = gcl.predict_step(tr, **kw)
     assert p.kernels == 4 and math.isclose(p.cpu_ms, 0.04)
     assert math.isclose(p.gpu_ms, 4 * 2e-3)  # every kernel at the floor
     assert p.ms == max(p.cpu_ms, p.gpu_ms)
-    f = predict_step(tr, launch_us=10.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0, fused=True)
+    f = gcl.predict_step(tr, **kw, fused=True)
     assert f.kernels == 2 and math.isclose(f.cpu_ms, 0.02)
-    g = predict_step(tr, launch_us=10.0, bandwidth_gbps=1000.0, matmul_tflops=100.0, floor_us=2.0, graphed=True)
+    g = gcl.predict_step(tr, **kw, graphed=True)
     assert math.isclose(g.cpu_ms, 0.01) and g.ms == max(g.cpu_ms, p.gpu_ms)  # one launch, same kernels
-    c = predict_step(tr, launch_us=10.0, bandwidth_gbps=1.0, matmul_tflops=1e-3, overlap=False)
+    c = gcl.predict_step(tr, launch_us=10.0, bandwidth_gbps=1.0, matmul_tflops=1e-3, overlap=False)
     assert math.isclose(c.ms, c.cpu_ms + c.gpu_ms)
 
 
 def test_timed_call_and_break_even():
-    out, ms = timed_call(lambda: torch.ones(3).sum(), "cpu")
+    out, ms = gcl.timed_call(lambda: torch.ones(3).sum(), "cpu")
     assert out.item() == 3.0 and ms >= 0
-    assert break_even_steps(1000.0, 3.0, 1.0) == 500.0
-    assert break_even_steps(1000.0, 1.0, 1.0) == math.inf
-    assert break_even_steps(1000.0, 1.0, 2.0) == math.inf
+    assert gcl.break_even_steps(1000.0, 3.0, 1.0) == 500.0
+    assert gcl.break_even_steps(1000.0, 1.0, 1.0) == math.inf
+    assert gcl.break_even_steps(1000.0, 1.0, 2.0) == math.inf
 
 
 @pytest.mark.gpu
 def test_try_capture_leaves_cuda_ready_after_a_failed_capture():
     x = torch.arange(4.0, device="cuda")
     caller = torch.cuda.current_stream()
-    bad = try_capture(lambda t: t * torch.tensor([2.0], device="cuda"), x)  # host data copied inside capture
+    bad = gcl.try_capture(lambda t: t * torch.tensor([2.0], device="cuda"), x)  # host data copied inside capture
     assert not bad.ok and "pinned" in bad.error
-    sync = try_capture(lambda t: t / t.sum().item(), x)  # a host sync inside capture
+    sync = gcl.try_capture(lambda t: t / t.sum().item(), x)  # a host sync inside capture
     assert not sync.ok and "previous error during capture" not in sync.error  # the step's own error, first
     assert torch.cuda.current_stream() == caller
-    good = try_capture(lambda t: t * 2, x)  # the next capture starts clean
+    good = gcl.try_capture(lambda t: t * 2, x)  # the next capture starts clean
     x.add_(1)  # the example inputs are the static inputs
     good.graph.replay()
     assert good.ok and good.outputs.tolist() == [2.0, 4.0, 6.0, 8.0]
@@ -72,7 +64,7 @@ def _mlp_and_batch(device):
 def test_graphed_train_step_refuses_what_cannot_be_captured():
     model, loss_fn, batch = _mlp_and_batch("cpu")
     with pytest.raises(ValueError, match="capturable=True"):
-        GraphedTrainStep(model, torch.optim.AdamW(model.parameters()), batch, loss_fn=loss_fn)
+        gcl.GraphedTrainStep(model, torch.optim.AdamW(model.parameters()), batch, loss_fn=loss_fn)
 
 
 @pytest.mark.gpu
@@ -89,9 +81,9 @@ def test_graphed_train_step_trains_like_eager_on_cuda():
         opt_twin.step()
         return loss.detach()
 
-    before = cuda_memory("cuda")
-    step = GraphedTrainStep(model, opt, batch, loss_fn=loss_fn, warmup=3)
-    assert cuda_memory("cuda")["reserved"] >= before["reserved"]  # the graph keeps its pool
+    before = gcl.cuda_memory("cuda")
+    step = gcl.GraphedTrainStep(model, opt, batch, loss_fn=loss_fn, warmup=3)
+    assert gcl.cuda_memory("cuda")["reserved"] >= before["reserved"]  # the graph keeps its pool
     for _ in range(3):  # the same warm-up steps for the twin
         eager(batch)
     for _ in range(4):
@@ -126,20 +118,17 @@ def call(args):
 
 
 def test_generated_kernels_and_library_calls_read_inductor_output():
-    kernels = generated_kernels(SAMPLE_OUTPUT_CODE)
+    kernels = gcl.generated_kernels(SAMPLE_OUTPUT_CODE)
     assert list(kernels) == ["triton_poi_fused_add_mul_0", "cpp_fused_silu_1"]
     assert "@triton.jit" in kernels["triton_poi_fused_add_mul_0"]
     assert kernels["cpp_fused_silu_1"].strip().startswith('extern "C"')
-    assert library_calls(SAMPLE_OUTPUT_CODE) == {
+    assert gcl.library_calls(SAMPLE_OUTPUT_CODE) == {
         "extern_kernels.mm": 2,
         "torch.ops.aten._scaled_dot_product_flash_attention": 1,
     }
 
 
 def test_collect_noise_keeps_warnings_logs_and_stderr_of_a_graph_break(capsys):
-    import sys
-    import warnings
-
     def broken(x):
         y = x * 2
         torch._dynamo.graph_break()
@@ -148,7 +137,7 @@ def test_collect_noise_keeps_warnings_logs_and_stderr_of_a_graph_break(capsys):
     torch._dynamo.reset()
     torch._logging.set_logs(graph_breaks=True)
     try:
-        with collect_noise() as noise:
+        with gcl.collect_noise() as noise:
             warnings.warn("on purpose", stacklevel=1)
             print("to stderr", file=sys.stderr)
             torch.compile(broken, backend="eager")(torch.ones(3))

@@ -3,69 +3,52 @@
 import pytest
 import torch
 
-from mahia.lessons.hybrid_parts import (
-    HostCost,
-    count_ops_and_syncs,
-    fwd_bwd,
-    gla_inputs,
-    host_cost,
-    launch_costs,
-    launch_model_ms,
-    moe_bytes,
-    moe_fwd_bwd,
-    threshold_in_gap,
-    train_routing,
-)
+import mahia.lessons.hybrid_parts as hp
 from mahia.measure.checks import rel_error
 from mahia.measure.timing import Timing
 from mahia.model.moe import MoE
 from mahia.ops.gla_scan import gla_loop
 
-# These tests are about the helpers, not the Triton kernels: the grouped MoE's SwiGLU runs its eager
-# reference instead of the (slow) CPU interpreter.
-no_triton = pytest.mark.usefixtures("eager_kernels")
 
-
-@pytest.fixture
-def eager_kernels(monkeypatch):
+@pytest.fixture(autouse=True)
+def eager_kernels(monkeypatch):  # the helpers, not the Triton kernels: the MoE's eager SwiGLU, not the interpreter
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
 def test_launch_model_overlap_and_syncs():
     # launches hide under longer device work; syncs add on top
-    assert launch_model_ms(100, 0, 5.0, 20.0) == pytest.approx(0.5)
-    assert launch_model_ms(100, 0, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.0)
-    assert launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.06)
+    assert hp.launch_model_ms(100, 0, 5.0, 20.0) == pytest.approx(0.5)
+    assert hp.launch_model_ms(100, 0, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.0)
+    assert hp.launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0) == pytest.approx(2.06)
     # on a CPU the same cores dispatch and compute: launches and work add up
-    assert launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0, overlap=False) == pytest.approx(2.56)
+    assert hp.launch_model_ms(100, 3, 5.0, 20.0, work_ms=2.0, overlap=False) == pytest.approx(2.56)
 
 
 def test_launch_costs_on_cpu():
     # the synced chain is timed second: 1 ms slower than the chain, over 50 kernels
     fake = iter([Timing(1.0, 1.0, 1.0, 1), Timing(2.0, 2.0, 2.0, 1)])
-    c = launch_costs("cpu", n_kernels=50, bench=lambda fn, memory: (fn(), next(fake))[1])
+    c = hp.launch_costs("cpu", n_kernels=50, bench=lambda fn, memory: (fn(), next(fake))[1])
     assert c.launch_us == pytest.approx(1e3 / 50) and c.sync_us == pytest.approx(1e3 / 50)
-    real = launch_costs("cpu", n_kernels=20, bench=lambda fn, **kw: Timing(0.1, 0.1, 0.1, 1))
+    real = hp.launch_costs("cpu", n_kernels=20, bench=lambda fn, **kw: Timing(0.1, 0.1, 0.1, 1))
     assert real.sync_us == 0.0 and real.launch_us > 0
 
 
 def test_count_ops_and_syncs_sees_both():
     x = torch.randn(37)
-    ops, syncs = count_ops_and_syncs(lambda: ((x > 0).nonzero(), (x * 2 + 1).sum().item()))
+    ops, syncs = hp.count_ops_and_syncs(lambda: ((x > 0).nonzero(), (x * 2 + 1).sum().item()))
     assert ops.total >= 4 and syncs.count == 2  # nonzero and .item()
 
 
 def test_moe_bytes():
     # x and y: 2*N*D; weights: E*(D*2H + H*D); router: D*E
-    assert moe_bytes(7, 5, 3, 2, element_size=2) == (2 * 7 * 5 + 2 * 3 * 5 * 3 + 5 * 2) * 2
+    assert hp.moe_bytes(7, 5, 3, 2, element_size=2) == (2 * 7 * 5 + 2 * 3 * 5 * 3 + 5 * 2) * 2
 
 
-@no_triton
 def test_moe_fwd_bwd_gradients_match_backward():
     torch.manual_seed(0)
     ref = MoE(20, 28, 3, 2, impl="loop")
     x, dy = torch.randn(11, 20), torch.randn(11, 20)
-    y, aux, dx, dwr, dw13, dw2 = moe_fwd_bwd(ref, x, dy)()
+    y, aux, dx, dwr, dw13, dw2 = hp.moe_fwd_bwd(ref, x, dy)()
     assert ref.w13.grad is None  # autograd.grad: .grad stays untouched
     xl = x.clone().requires_grad_()
     y2, aux2 = ref(xl)
@@ -75,7 +58,6 @@ def test_moe_fwd_bwd_gradients_match_backward():
     assert rel_error(dwr, ref.w_router.grad) < 1e-6
 
 
-@no_triton
 def test_train_routing_aux_loss_balances():
     gen = torch.Generator().manual_seed(3)
     dim = 24
@@ -86,7 +68,7 @@ def test_train_routing_aux_loss_balances():
     for coef in (0.0, 1.0):
         torch.manual_seed(0)
         m = MoE(dim, 20, 6, 2, impl="grouped", backend="padded-bmm", aux_loss_coef=coef)
-        rows = train_routing(m, x, target, steps=25, lr=1e-2)
+        rows = hp.train_routing(m, x, target, steps=25, lr=1e-2)
         assert len(rows) == 26 and rows[0]["step"] == 0
         cvs[coef] = (rows[0]["cv"], rows[-1]["cv"])
     assert cvs[0.0][0] == pytest.approx(cvs[1.0][0])  # same start
@@ -95,12 +77,12 @@ def test_train_routing_aux_loss_balances():
 
 
 def test_gla_inputs_and_fwd_bwd():
-    q, k, v, g, do = gla_inputs(1, 2, 13, 5, 7, dtype=torch.float64)
+    q, k, v, g, do = hp.gla_inputs(1, 2, 13, 5, 7, dtype=torch.float64)
     assert q.shape == k.shape == g.shape == (1, 2, 13, 5) and v.shape == do.shape == (1, 2, 13, 7)
     assert (g <= 0).all() and q.dtype == torch.float64
-    again = gla_inputs(1, 2, 13, 5, 7, dtype=torch.float64)
+    again = hp.gla_inputs(1, 2, 13, 5, 7, dtype=torch.float64)
     assert torch.equal(again[3], g)  # seeded
-    fn = fwd_bwd(gla_loop, (q, k, v, g), do)
+    fn = hp.fwd_bwd(gla_loop, (q, k, v, g), do)
     out, dq, dk, dv, dg = fn()
     leaves = [t.clone().requires_grad_() for t in (q, k, v, g)]
     (gla_loop(*leaves) * do).sum().backward()
@@ -111,8 +93,8 @@ def test_gla_inputs_and_fwd_bwd():
 def test_threshold_in_gap():
     g = torch.tensor([[0.1, 0.35, 0.41], [0.62, 0.9, 0.36]])
     # values in [0.3, 0.7]: 0.3 | 0.35 0.36 0.41 | 0.62 | 0.7 -> widest gap 0.41..0.62
-    assert threshold_in_gap(g) == pytest.approx(0.515)
-    assert threshold_in_gap(torch.tensor([0.95])) == pytest.approx(0.5)  # nothing inside: the middle
+    assert hp.threshold_in_gap(g) == pytest.approx(0.515)
+    assert hp.threshold_in_gap(torch.tensor([0.95])) == pytest.approx(0.5)  # nothing inside: the middle
 
 
 # --- the host's measured cost per op ---------------------------------------------------------------
@@ -132,18 +114,18 @@ def _adds(n: int):
 
 def test_host_cost_divides_the_host_time_by_the_ops_and_takes_t_sync_out_of_a_call_that_fits_the_queue():
     fake = lambda fn: Timing.from_samples([2.0, 2.0, 2.0])  # ms: the host time of every call
-    hc = host_cost(_adds, 40, device="cpu", timer=fake)
+    hc = hp.host_cost(_adds, 40, device="cpu", timer=fake)
     assert (hc.n_ops, hc.n_syncs, hc.size) == (40, 0, 40) and hc.us_per_op == pytest.approx(2000 / 40)
-    odd = host_cost(_adds, 25, device="cpu", sync_us=500.0, timer=fake)
+    odd = hp.host_cost(_adds, 25, device="cpu", sync_us=500.0, timer=fake)
     assert (odd.n_ops, odd.n_syncs) == (26, 1)  # 25 adds and the sum read back
     assert odd.us_per_op == pytest.approx((2000 - 500) / 26)
-    never_negative = HostCost(Timing.from_samples([0.1]), 4, n_syncs=3, sync_us=100.0)
+    never_negative = hp.HostCost(Timing.from_samples([0.1]), 4, n_syncs=3, sync_us=100.0)
     assert never_negative.us_per_op == 0.0
     # with a launch queue of `limit` kernels, the size is halved until the call fits
-    hc = host_cost(_adds, 40, device="cpu", limit=12, timer=fake)
+    hc = hp.host_cost(_adds, 40, device="cpu", limit=12, timer=fake)
     assert (hc.size, hc.n_ops) == (10, 10)  # 40 and 20 adds overfill a queue of 12
     # a sync drains the queue: 26 ops in two runs between syncs, 13 each, fit a queue of 13
-    assert host_cost(_adds, 25, device="cpu", limit=13, timer=fake).size == 25
-    assert host_cost(_adds, 8, device="cpu", counts=count_ops_and_syncs(_adds(8)), timer=fake).n_ops == 8
-    real = host_cost(_adds, 50, device="cpu")  # host_time itself: a CPU op costs well under a millisecond
+    assert hp.host_cost(_adds, 25, device="cpu", limit=13, timer=fake).size == 25
+    assert hp.host_cost(_adds, 8, device="cpu", counts=hp.count_ops_and_syncs(_adds(8)), timer=fake).n_ops == 8
+    real = hp.host_cost(_adds, 50, device="cpu")  # host_time itself: a CPU op costs well under a millisecond
     assert 0 < real.us_per_op < 1000 and real.timing.n >= 5

@@ -1,36 +1,28 @@
-"""mahia.lessons.notebook.setup: the CPU set-up every notebook asks for in one call (cpu_threads, cpu_note)."""
+"""mahia.lessons.notebook: setup's CPU set-up (cpu_threads, cpu_note), listings as written, explorers' settings line."""
 
-import pytest
+import html
+import re
+
+import IPython.display
+import ipywidgets as w
 import torch
 
 from mahia.lessons import notebook
 from mahia.measure import hardware
 
 
-@pytest.fixture
-def fake_ceilings(monkeypatch):
-    """Ceilings without measuring, noting how many threads torch had when they were asked for."""
-    seen = []
-
-    def ceilings(dev, **kw):
-        seen.append(torch.get_num_threads())
-        return hardware.Ceilings(hardware.device_slug(dev), 10.0, 1.0, 0.5, "2026-01-01T00:00:00")
-
-    monkeypatch.setattr(hardware, "ceilings", ceilings)
-    threads = torch.get_num_threads()
-    yield seen
-    torch.set_num_threads(threads)
-
-
-def test_cpu_threads_set_after_the_ceilings_and_said(fake_ceilings, tmp_path, capsys):
-    before = torch.get_num_threads()
+def test_cpu_threads_set_after_the_ceilings_and_said(monkeypatch, request, tmp_path, capsys):
+    before, seen = torch.get_num_threads(), []  # ceilings without measuring, noting torch's threads when asked
+    request.addfinalizer(lambda: torch.set_num_threads(before))
+    fake = hardware.Ceilings(hardware.device_slug("cpu"), 10.0, 1.0, 0.5, "2026-01-01T00:00:00")
+    monkeypatch.setattr(hardware, "ceilings", lambda dev, **kw: seen.append(torch.get_num_threads()) or fake)
     kw = dict(device="cpu", results_dir=str(tmp_path), figures_dir=str(tmp_path))
     notebook.setup("nb", **kw)  # defaults: threads left alone, nothing said
     assert torch.get_num_threads() == before and "CPU run:" not in capsys.readouterr().out
     notebook.setup("nb", **kw, cpu_note="eager paths")
     assert "CPU run: eager paths" in capsys.readouterr().out
     ctx = notebook.setup("nb", **kw, cpu_threads=1, cpu_note="liger skipped")
-    assert torch.get_num_threads() == 1 and fake_ceilings == [before] * 3  # ceilings measured as in any run
+    assert torch.get_num_threads() == 1 and seen == [before] * 3  # ceilings measured as in any run
     out = capsys.readouterr().out
     assert "CPU run: torch.set_num_threads(1) for this notebook" in out and out.rstrip().endswith("; liger skipped")
     assert not ctx.is_cuda
@@ -39,8 +31,6 @@ def test_cpu_threads_set_after_the_ceilings_and_said(fake_ceilings, tmp_path, ca
 # -- listings: readable whatever the page's stylesheet says -------------------------------------------------
 def _styles(markup: str, tag: str) -> list[dict[str, str]]:
     """The inline style of every ``tag`` in ``markup``, as {property: value}."""
-    import re
-
     found = re.findall(rf"<{tag}\b[^>]*\bstyle='([^']*)'", markup)
     return [dict(tuple(p.strip() for p in d.split(":", 1)) for d in s.split(";") if d.strip()) for s in found]
 
@@ -49,17 +39,17 @@ LEFT_UNWRAPPED = {"text-align": "left", "white-space": "pre", "word-break": "nor
 
 
 def test_listings_keep_their_indentation_against_lab_css(monkeypatch):
-    import IPython.display
-
-    html = notebook.side_by_side("def f(x):\n    if x:\n        return [x, x]\n", "def after(x):\n    return [x] * 2\n")
-    pres, cells = _styles(html, "pre"), _styles(html, "td")
+    markup = notebook.side_by_side(
+        "def f(x):\n    if x:\n        return [x, x]\n", "def after(x):\n    return [x] * 2\n"
+    )
+    pres, cells = _styles(markup, "pre"), _styles(markup, "td")
     assert len(pres) == 2 and len(cells) == 2
     for style in pres:  # JupyterLab's CSS: td/pre right-aligned, pre-wrap, break-all; inline styles win
         assert LEFT_UNWRAPPED.items() <= style.items(), style
     for style in cells:
         assert style["text-align"] == "left" and style["vertical-align"] == "top"
-    assert _styles(html, "table")[0]["table-layout"] == "fixed"  # a long line scrolls in its half, not widens it
-    assert "\n        return [x, x]" in html and "\n    return [x] * 2" in html  # indentation kept as written
+    assert _styles(markup, "table")[0]["table-layout"] == "fixed"  # a long line scrolls in its half, not widens it
+    assert "\n        return [x, x]" in markup and "\n    return [x] * 2" in markup  # indentation kept as written
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
     notebook.show_source("if a < b:\n    pass\n")
@@ -73,24 +63,17 @@ def _update(widget, **state):
 
 
 def _plain(markup: str) -> str:
-    import html
-    import re
-
     return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
 def _watched(box):
     """``watch_settings(box)`` and a function reading its settings line as the reader sees it."""
-    import ipywidgets as w
-
     shown = notebook.watch_settings(box)
     status = next(x for x in notebook._walk(shown) if isinstance(x, w.HTML))
     return shown, status, lambda: _plain(status.value)
 
 
 def test_an_explorer_says_running_then_heads_its_output_with_the_settings():
-    import ipywidgets as w
-
     size = w.IntSlider(value=6, min=2, max=9, description="log2 size")
     part = w.Dropdown(options=["GLA (T)", "graph memory"], description="component")
     out, seen, line = w.Output(), [], lambda: ""
@@ -122,8 +105,6 @@ def test_an_explorer_says_running_then_heads_its_output_with_the_settings():
 
 
 def test_an_explorer_run_by_a_button_says_what_the_output_is_for_and_a_failure_says_so():
-    import ipywidgets as w
-
     dim, go, seen = w.Dropdown(options=[64, 128], description="dim"), w.Button(description="time"), []
     go.on_click(lambda _b: seen.append(line()))
     _, _, line = _watched(w.VBox([w.HBox([dim, go]), w.Output()]))
@@ -143,9 +124,6 @@ def test_an_explorer_run_by_a_button_says_what_the_output_is_for_and_a_failure_s
 
 
 def test_explorer_shows_the_watched_widget_only_when_interactive(monkeypatch, capsys):
-    import IPython.display
-    import ipywidgets as w
-
     shown = []
     monkeypatch.setattr(IPython.display, "display", shown.append)
     monkeypatch.delenv("MAHIA_HEADLESS", raising=False)

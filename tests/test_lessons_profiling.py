@@ -6,17 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from mahia.lessons.profiling import (
-    ATTENTION_OPS,
-    MATMUL_KERNELS,
-    MATMUL_OPS,
-    SCAN_OPS,
-    Profile,
-    compare,
-    profile_calls,
-    short_kernel_name,
-    tile_shape,
-)
+import mahia.lessons.profiling as pr
 
 
 def _table(rows):
@@ -27,12 +17,12 @@ def _table(rows):
 
 def _profile(rows, device="cpu", ops=None):
     top = _table(rows)
-    return Profile(device, 1.0, float(top["ms"].sum()), len(top), top, top if ops is None else _table(ops))
+    return pr.Profile(device, 1.0, float(top["ms"].sum()), len(top), top, top if ops is None else _table(ops))
 
 
 def test_a_cpu_profile_lists_the_operators_by_their_own_time():
     a, b = torch.randn(64, 64), torch.randn(64, 64)
-    p = profile_calls(lambda: (a @ b).relu().sum(), "cpu", calls=3)
+    p = pr.profile_calls(lambda: (a @ b).relu().sum(), "cpu", calls=3)
     assert p.device == "cpu"
     assert 0 < p.busy_ms <= p.wall_ms * 1.05  # operators' own time fits in the wall time (timer granularity aside)
     assert p.launches == pytest.approx(3.0)  # matmul, relu, sum: the top-level operators of one call
@@ -40,24 +30,24 @@ def test_a_cpu_profile_lists_the_operators_by_their_own_time():
     assert p.top.loc["aten::mm", "calls"] == 1.0
     assert list(p.top["ms"]) == sorted(p.top["ms"], reverse=True)
     assert p.top["share"].sum() == pytest.approx(1.0) and p.ops is p.top  # a CPU: the operators are the work
-    assert 0 < p.ms(MATMUL_KERNELS) <= p.busy_ms and p.ms("no such kernel") == 0.0
+    assert 0 < p.ms(pr.MATMUL_KERNELS) <= p.busy_ms and p.ms("no such kernel") == 0.0
     t = p.table(rows=2)
     assert list(t.columns) == ["calls", "ms", "share"] and len(t) == 2 and t.index.name == "operator (CPU)"
     assert p.summary() == {"profiled ms": p.wall_ms, "operator ms (CPU)": p.busy_ms, "top-level operators": 3.0,
                            "operators' share": p.busy}  # fmt: skip
-    groups = p.by_group({"matmuls": MATMUL_OPS})
+    groups = p.by_group({"matmuls": pr.MATMUL_OPS})
     assert groups["matmuls"] > 0 and groups.sum() == pytest.approx(p.ops["ms"].sum())
 
 
 def test_compare_lines_up_two_profiles_by_name():
     before = _profile([("aten::nonzero", 0.5), ("aten::mm", 1.0)])
     after = _profile([("aten::where", 0.2), ("aten::mm", 1.1)])
-    t = compare(before, after)
+    t = pr.compare(before, after)
     assert list(t.index) == ["aten::nonzero", "aten::where", "aten::mm"]  # by the size of the difference
     assert t.loc["aten::nonzero", "after - before"] == -0.5 and t.loc["aten::where", "ms before"] == 0.0
     assert t.index.name == "operator (CPU)"
     with pytest.raises(ValueError, match="different devices"):
-        compare(before, _profile([("k", 1.0)], device="cuda"))
+        pr.compare(before, _profile([("k", 1.0)], device="cuda"))
     gpu = _profile(
         [("void pytorch_flash::flash_fwd_kernel<T<128> >(P)", 0.75), ("Memcpy DtoD (Device -> Device)", 0.25)], "cuda"
     )
@@ -76,7 +66,7 @@ def test_by_group_takes_the_first_matching_group_and_keeps_the_rest():
            "_GLAFunctionBackward": "scan", "_GLAFunction": "scan", "aten::add": "other", "aten::_fused_adamw_": "other"}  # fmt: skip
     p = _profile([("k", 1.0)], "cuda", ops=[(n, 2.0**i) for i, n in enumerate(ops)])
     want = {g: sum(2.0**i for i, n in enumerate(ops) if ops[n] == g) for g in ("matmuls", "attention", "scan", "other")}
-    assert p.by_group({"matmuls": MATMUL_OPS, "attention": ATTENTION_OPS, "scan": SCAN_OPS}).to_dict() == want
+    assert p.by_group({"matmuls": pr.MATMUL_OPS, "attention": pr.ATTENTION_OPS, "scan": pr.SCAN_OPS}).to_dict() == want
     assert p.by_group({"mm": ("aten::mm",), "all": ("aten::",)})["mm"] == 1.0  # the first group that matches
     assert p.by_group({}).to_dict() == {"other": sum(want.values())}
 
@@ -113,9 +103,9 @@ NOT_MATMULS = [
 
 def test_matmul_kernels_match_cublas_cutlass_and_inductor_gemms_only():
     s = _profile([(n, 1.0) for n in MATMULS] + [(n, 100.0) for n in NOT_MATMULS], "cuda")
-    assert s.ms(MATMUL_KERNELS) == len(MATMULS)  # every matmul, none of the rest
-    assert [n for n in MATMULS if not re.search(MATMUL_KERNELS, n)] == []
-    assert [n for n in NOT_MATMULS if re.search(MATMUL_KERNELS, n)] == []
+    assert s.ms(pr.MATMUL_KERNELS) == len(MATMULS)  # every matmul, none of the rest
+    assert [n for n in MATMULS if not re.search(pr.MATMUL_KERNELS, n)] == []
+    assert [n for n in NOT_MATMULS if re.search(pr.MATMUL_KERNELS, n)] == []
 
 
 def test_short_names_name_the_function_and_what_it_computes():
@@ -144,18 +134,18 @@ def test_short_names_name_the_function_and_what_it_computes():
         "Memcpy DtoD (Device -> Device)": "Memcpy DtoD (Device -> Device)",
     }
     for name, short in cases.items():
-        assert short_kernel_name(name, width=200) == short, name
-    assert short_kernel_name("x" * 80, width=10) == "x" * 9 + "…"
-    assert tile_shape("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1") == (128, 256)
-    assert tile_shape("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8") == (64, 64)
-    assert tile_shape("ampere_sgemm_128x64_tn") == (128, 64)
-    assert tile_shape("void at::native::vectorized_elementwise_kernel<4>") is None
+        assert pr.short_kernel_name(name, width=200) == short, name
+    assert pr.short_kernel_name("x" * 80, width=10) == "x" * 9 + "…"
+    assert pr.tile_shape("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1") == (128, 256)
+    assert pr.tile_shape("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8") == (64, 64)
+    assert pr.tile_shape("ampere_sgemm_128x64_tn") == (128, 64)
+    assert pr.tile_shape("void at::native::vectorized_elementwise_kernel<4>") is None
 
 
 def test_bad_arguments():
     with pytest.raises(TypeError, match="fn must be callable"):
-        profile_calls(42, "cpu")
+        pr.profile_calls(42, "cpu")
     with pytest.raises(ValueError, match="calls must be a positive int"):
-        profile_calls(lambda: None, "cpu", calls=0)
+        pr.profile_calls(lambda: None, "cpu", calls=0)
     with pytest.raises(ValueError, match="warmup must be an int >= 0"):
-        profile_calls(lambda: None, "cpu", warmup=-1)
+        pr.profile_calls(lambda: None, "cpu", warmup=-1)

@@ -13,8 +13,8 @@ from mahia.model import HybridConfig, HybridModel, SyntheticTokens, apply_checkp
 pytestmark = pytest.mark.filterwarnings("ignore:mahia.ops.*Triton kernel not used:RuntimeWarning")
 
 
-@pytest.fixture
-def no_triton(monkeypatch):
+@pytest.fixture(autouse=True)
+def no_triton(monkeypatch):  # the memory instruments, not the Triton kernels
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
 
 
@@ -29,7 +29,7 @@ def test_saved_tensor_bytes_counts_what_autograd_keeps():
     assert got == {"lin": 7 * 13 * 4, "act": 7 * 29 * 4, "total": 7 * 42 * 4}
 
 
-def test_block_table_against_measured_saved_tensors(no_triton):
+def test_block_table_against_measured_saved_tensors():
     """The model counts what fused kernels keep; the eager norms and RoPE keep a little more."""
     torch.manual_seed(0)
     cfg = HybridConfig(vocab_size=211, dim=48, n_layers=3, n_heads=4, hidden=80, max_seq_len=64, attention_impl="sdpa")
@@ -44,7 +44,7 @@ def test_block_table_against_measured_saved_tensors(no_triton):
         assert 0.6 < modelled / got[f"block{i}"] <= 1.0, (i, modelled, got)
 
 
-def test_peak_bytes_on_cpu_sees_checkpointing_save_memory(no_triton):
+def test_peak_bytes_on_cpu_sees_checkpointing_save_memory():
     torch.manual_seed(0)
     model = HybridModel(HybridConfig.preset("tiny", gating=False).optimized())
     idx, targets = SyntheticTokens(256, 48, seed=0).batch(4)
@@ -111,7 +111,7 @@ def test_peak_composition_itemizes_the_live_peak_by_op_dtype_and_phase():
 
 
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
-def test_full_checkpointing_counts_block_inputs_in_the_residual_streams_dtype(no_triton, param_dtype):
+def test_full_checkpointing_counts_block_inputs_in_the_residual_streams_dtype(param_dtype):
     """Under autocast the residual stream keeps the parameters' dtype: what full checkpointing keeps of a block is
     its input at that size, not at the activation dtype's (the H100 review of 07 found the model at half of it)."""
     torch.manual_seed(0)
