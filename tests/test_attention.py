@@ -67,35 +67,27 @@ def paths(q, k, v, causal, attn_mask=None):
 
 # (B, Hq, Hkv, T, S, D): GQA, plain MHA with T = 130 > chunk, queries at the end of longer keys, decode
 SHAPES = [(2, 6, 2, 37, 37, 16), (1, 4, 4, 130, 130, 24), (2, 6, 2, 7, 37, 16), (1, 6, 3, 1, 29, 8)]
-CASES = [(s, c, torch.float32) for s in SHAPES for c in (True, False)] + [(SHAPES[0], True, torch.bfloat16)]
+CASES = [(s, c, torch.float32, None) for s in SHAPES for c in (True, False)] + [(SHAPES[0], True, torch.bfloat16, None)]
+CASES += [((2, 6, 2, 11, 40, 16), c, torch.float32, m) for c in (True, False) for m in ("bool", "float")]
 
 
 @pytest.mark.parametrize(
-    "shape,causal,dtype", CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c)
+    "shape,causal,dtype,mask", CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c)
 )
-def test_paths_match_float64_reference(shape, causal, dtype):
+def test_paths_match_float64_reference(shape, causal, dtype, mask):
     """Every path, outputs and gradients, against the float64 head-by-head reference (for S > T: the
-    last T rows of causal attention over all S keys, as decoding needs)."""
+    last T rows of causal attention over all S keys, as decoding needs), with a user mask on top."""
     q, k, v = qkv(*shape, dtype=dtype)
-    ref = lambda q, k, v: reference(q, k, v, causal=causal)  # noqa: E731
-    for name, fn in paths(q, k, v, causal).items():
-        compare_fn(fn, ref, [q, k, v], name=f"{name} {shape} causal={causal}", tol=tolerance(dtype))
-
-
-@pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_user_mask_combines_with_causal(kind, causal):
-    q, k, v = qkv(2, 6, 2, 11, 40, 16)
     g = torch.Generator().manual_seed(1)
-    if kind == "bool":
+    if mask == "bool":
         mask = torch.rand(2, 1, 11, 40, generator=g) > 0.3
         mask[..., 0] = True  # every query keeps at least key 0 (no all-masked row)
-    else:
+    elif mask == "float":
         mask = torch.randn(1, 6, 11, 40, generator=g)
-    ref_mask = mask.double() if kind == "float" else mask
+    ref_mask = mask.double() if mask is not None and mask.is_floating_point() else mask
     ref = lambda q, k, v: reference(q, k, v, causal=causal, attn_mask=ref_mask)  # noqa: E731
     for name, fn in paths(q, k, v, causal, attn_mask=mask).items():
-        compare_fn(fn, ref, [q, k, v], name=f"{name} {kind} mask causal={causal}")
+        compare_fn(fn, ref, [q, k, v], name=f"{name} {shape} causal={causal}", tol=tolerance(dtype))
 
 
 # Issue 37 #4: sdpa_attention and chunked_attention(backend=...) cast a float mask to q's dtype, manual_attention
@@ -335,20 +327,6 @@ def test_cuda_graph_decode_step_matches_prefill_without_syncs():
     check_close("CUDA-graph decode vs prefill", torch.cat(outs, dim=1), full, tolerance(torch.float32, tf32=True))
 
 
-def _dead_row_masks(T, S):
-    """Bool and float masks (T, S) whose row 2 sees no key; with causal, row 0 is dead as well."""
-    keep = torch.rand(T, S, generator=torch.Generator().manual_seed(5)) > 0.3
-    keep[:, -1] = True  # every other row sees at least its last key
-    keep[2] = False
-    keep[0] = False
-    keep[0, -1] = True  # row 0 sees only the last key, which the causal triangle hides from it (S > T)
-    return {
-        "bool": keep,
-        "float": torch.zeros(T, S).masked_fill(~keep, float("-inf")),
-        "bool+causal": keep,
-    }
-
-
 @pytest.mark.parametrize("kind", ["bool", "float", "bool+causal"])
 def test_fully_masked_rows_give_zero_on_every_path(kind):
     """Regression: a query row whose bool mask was all False gave NaN from manual_attention and
@@ -356,7 +334,12 @@ def test_fully_masked_rows_give_zero_on_every_path(kind):
     path now gives 0 there, with zero (finite) gradients, and the reference elsewhere."""
     T, S = 6, 9
     causal = kind == "bool+causal"
-    mask = _dead_row_masks(T, S)[kind]
+    mask = torch.rand(T, S, generator=torch.Generator().manual_seed(5)) > 0.3
+    mask[:, -1] = True  # every other row sees at least its last key
+    mask[2], mask[0] = False, False
+    mask[0, -1] = True  # row 0 sees only the last key, which the causal triangle hides from it (S > T)
+    if kind == "float":
+        mask = torch.zeros(T, S).masked_fill(~mask, float("-inf"))
     q, k, v = qkv(2, 4, 2, T, S, 8)
     i = torch.arange(T)[:, None]
     visible = mask if mask.dtype == torch.bool else mask > float("-inf")
