@@ -96,9 +96,8 @@ def test_presets_and_named_optimizations():
     assert (both.attention_impl, both.moe_impl, both.kernels) == ("sdpa", "grouped", "eager")
 
 
-@pytest.mark.parametrize(
-    "make, error, message",
-    [
+def test_bad_configs_and_names_raise_clearly():
+    for make, error, message in [
         (lambda: HybridConfig(dim=66, n_heads=4), ValueError, "divisible by n_heads"),
         (lambda: HybridConfig(n_heads=4, n_kv_heads=3), ValueError, "divisible by n_kv_heads"),
         (lambda: HybridConfig(moe=True, n_experts=2, top_k=3), ValueError, "top_k"),
@@ -112,11 +111,9 @@ def test_presets_and_named_optimizations():
         (lambda: HybridConfig.preset("tiny", dims=3), TypeError, "HybridConfig.* 'dims'"),
         (lambda: apply(HybridConfig(), "sdpa", "warp_speed"), ValueError, "valid names"),
         (lambda: HybridModel({"dim": 64}), TypeError, "HybridConfig"),
-    ],
-)
-def test_bad_configs_and_names_raise_clearly(make, error, message):
-    with pytest.raises(error, match=message):
-        make()
+    ]:
+        with pytest.raises(error, match=message):
+            make()
 
 
 # -- model: reference vs fast paths -----------------------------------------------------------------
