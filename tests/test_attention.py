@@ -193,28 +193,24 @@ def layer_inputs():
     return torch.randn(B, T, DIM, generator=g), RotaryCache(HD, 32)
 
 
-def test_layer_matches_reference_built_from_its_weights():
-    layer, (x, rope) = make_layer(), layer_inputs()
-    cos, sin = rope.get(T)
-    out = layer(x, cos, sin)
-    with torch.no_grad():
-        q, k, v = (x.double() @ layer.qkv_proj.weight.double().T).split([HQ * HD, HKV * HD, HKV * HD], dim=-1)
-        q, k = apply_rope_eager(q.view(B, T, HQ, HD), k.view(B, T, HKV, HD), cos, sin)
-        o = reference(q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, HKV, HD).transpose(1, 2))
-        ref = o.transpose(1, 2).reshape(B, T, HQ * HD) @ layer.out_proj.weight.double().T
-    check_close("Attention layer", out, ref, 1e-5)
-
-
 @pytest.mark.parametrize(
     "impl,kw",
     [("sdpa", {}), ("sdpa", {"backend": "math"}), ("manual", {}), ("chunked", {"chunk_size": 4})],
     ids=["sdpa", "sdpa-math", "manual", "chunked"],
 )
 @pytest.mark.parametrize("prefill", [0, 5], ids=["token-by-token", "prefill5"])
-def test_prefill_equals_decode_through_static_cache_without_host_syncs(impl, kw, prefill):
+def test_layer_matches_reference_and_decodes_through_static_cache_without_host_syncs(impl, kw, prefill):
+    """The layer against a float64 reference built from its weights; a prefill, then token-by-token
+    decoding through the static KV cache, gives the same output with no host sync."""
     layer, (x, rope) = make_layer(impl, **kw), layer_inputs()
     with torch.no_grad():
         full = layer(x, *rope.get(T))
+        q, k, v = (x.double() @ layer.qkv_proj.weight.double().T).split([HQ * HD, HKV * HD, HKV * HD], dim=-1)
+        q, k = apply_rope_eager(q.view(B, T, HQ, HD), k.view(B, T, HKV, HD), *rope.get(T))
+        o = reference(q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, HKV, HD).transpose(1, 2))
+        check_close(
+            "Attention layer", full, o.transpose(1, 2).reshape(B, T, -1) @ layer.out_proj.weight.double().T, 1e-5
+        )
         cache = KV.StaticKVCache(B, 20, HKV, HD, device="cpu", dtype=torch.float32)
         outs, pos = [], 0
         for n in ([prefill] if prefill else []) + [1] * (T - prefill):
