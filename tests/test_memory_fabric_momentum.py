@@ -112,9 +112,10 @@ def test_memory_no_syncs_and_batched_launches_do_not_grow_with_nodes():
 
 @pytest.mark.parametrize("impl", ["loop", "batched"])
 @pytest.mark.parametrize("segment", [None, SEG])
-def test_memory_causal_mode_sees_no_future(impl, segment):
+def test_memory_causal_mode_sees_no_future_and_decodes(impl, segment):
     """Perturbing tokens t+1.. leaves the outputs at <= t unchanged in causal mode (and changes them in
-    bidirectional mode, so the check can fail)."""
+    bidirectional mode, so the check can fail). decode() over a prefill and single tokens (crossing
+    segment boundaries) == one forward, with no sync."""
     x, *params = _memory_inputs()
     causal = _memory_fn(impl, 3, 0.5, True, segment)
     for t in (0, 4, 5, 11, 35):
@@ -127,12 +128,6 @@ def test_memory_causal_mode_sees_no_future(impl, segment):
     x2[:, -1] += 1.0  # bidirectional: the last token changes the first output
     leaky = [_memory_fn(impl, 3, 0.5)(xx, *params)[:, 0] for xx in (x, x2)]
     assert rel_error(leaky[1], leaky[0]) > 1e-6
-
-
-@pytest.mark.parametrize("impl", ["loop", "batched"])
-@pytest.mark.parametrize("segment", [None, SEG])
-def test_memory_decode_matches_forward(impl, segment):
-    """decode() over a prefill and single tokens (crossing segment boundaries) == one forward; no sync."""
     torch.manual_seed(1)
     mem = GraphDiffusionMemory(D, N, 3, 0.4, impl=impl, causal=True, segment=segment)
     with torch.no_grad():
@@ -248,7 +243,10 @@ def test_fabric_matches_float64_reference(dtype, which):
 
 
 @pytest.mark.parametrize("impl", ["branch", "masked"])
-def test_fabric_gate_gradient_only_where_active_and_extreme_thresholds(impl):
+def test_fabric_gates_gradients_extreme_thresholds_and_first_token_gates(impl):
+    """Only active layers get a gate gradient; thresholds 1 and 0 skip every layer and run every one.
+    gate_source="first": gates from x[:, 0] only; with per-token layers, perturbing tokens t+1..
+    leaves the outputs at <= t unchanged. The mean gates do leak (so the check can fail)."""
     x, gw, gb, *ws = _fabric_inputs()
     gb = gb.clone()
     gb[1] = -20.0  # layer 1 off for every sample
@@ -266,6 +264,21 @@ def test_fabric_gate_gradient_only_where_active_and_extreme_thresholds(impl):
     for f, gl in zip(_layers(ws), fabric_gates(x, gw, gb).T):
         ref = ref + gl[:, None, None] * f(ref)
     assert rel_error(_fabric_fn(impl, 0.0)(x, gw, gb, *ws), ref) < 1e-13  # all on
+    gb = _fabric_inputs()[2]  # layer 1 back on
+    g = fabric_gates(x, gw, gb, source="first")
+    assert rel_error(g, torch.sigmoid(F.linear(x[:, 0], gw, gb))) < 1e-15
+    threshold = float(g.flatten().sort().values[g.numel() // 2 - 1 : g.numel() // 2 + 1].mean())  # half on
+
+    def run(xx, source, **kw):
+        return fabric_forward(xx, gw, gb, _layers(ws), threshold=threshold, impl=impl, gate_source=source, **kw)
+
+    for t in (0, 9):
+        x2 = x.clone()
+        x2[:, t + 1 :] += 3.0
+        assert torch.equal(run(x2, "first")[:, : t + 1], run(x, "first")[:, : t + 1])
+        assert not torch.equal(run(x2, "mean")[:, : t + 1], run(x, "mean")[:, : t + 1])
+    assert torch.equal(run(x, "mean", gates=g), run(x, "first"))  # given gates replace the computed ones
+    assert torch.equal(run(x, "first", gates=torch.zeros(B, L, dtype=x.dtype)), x)
 
 
 def test_fabric_syncs_and_plan():
@@ -292,27 +305,6 @@ def test_fabric_syncs_and_plan():
     assert [l in calls for l in range(L)] == list(plan.active)  # skipped layers never ran
     fab.impl = "branch"
     assert rel_error(fab(x, layers, plan=plan), ref) < tolerance(torch.float32)
-
-
-@pytest.mark.parametrize("impl", ["branch", "masked"])
-def test_fabric_first_token_gates_are_causal_and_can_be_given(impl):
-    """gate_source="first": gates from x[:, 0] only; with per-token layers, perturbing tokens t+1..
-    leaves the outputs at <= t unchanged. The mean gates do leak (so the check can fail)."""
-    x, gw, gb, *ws = _fabric_inputs()
-    g = fabric_gates(x, gw, gb, source="first")
-    assert rel_error(g, torch.sigmoid(F.linear(x[:, 0], gw, gb))) < 1e-15
-    threshold = float(g.flatten().sort().values[g.numel() // 2 - 1 : g.numel() // 2 + 1].mean())  # half on
-
-    def run(xx, source, **kw):
-        return fabric_forward(xx, gw, gb, _layers(ws), threshold=threshold, impl=impl, gate_source=source, **kw)
-
-    for t in (0, 9):
-        x2 = x.clone()
-        x2[:, t + 1 :] += 3.0
-        assert torch.equal(run(x2, "first")[:, : t + 1], run(x, "first")[:, : t + 1])
-        assert not torch.equal(run(x2, "mean")[:, : t + 1], run(x, "mean")[:, : t + 1])
-    assert torch.equal(run(x, "mean", gates=g), run(x, "first"))  # given gates replace the computed ones
-    assert torch.equal(run(x, "first", gates=torch.zeros(B, L, dtype=x.dtype)), x)
 
 
 def test_fabric_rejects_bad_config_and_inputs():

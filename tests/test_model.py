@@ -117,14 +117,11 @@ def test_bad_configs_and_names_raise_clearly():
 
 
 # -- model: reference vs fast paths -----------------------------------------------------------------
-def test_forward_shapes_gradients_and_bad_inputs(no_triton):
+def test_forward_shapes_and_bad_inputs(no_triton):
     model = _model(HybridConfig.preset("tiny"))
     idx, targets = _tokens(3, 13)
-    logits, loss = model(idx, targets)
+    logits, loss = model(idx, targets)  # every parameter's gradient: the checkpointing tests
     assert logits.shape == (3, 13, 256) and loss.dim() == 0 and model(idx)[1] is None
-    loss.backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None]
-    assert not missing, f"parameters without gradient: {missing}"
     assert abs(_ce(logits, targets).item() - math.log(256)) < 0.1  # near-uniform logits at init
     with pytest.raises(TypeError, match="idx must be int64"):
         model(torch.zeros(2, 5))
