@@ -256,17 +256,13 @@ def test_cache_update_reset_and_bad_inputs_name_the_argument():
         with pytest.raises(ValueError, match="Attention: "):
             A.Attention(*args, **kw)
     layer, (x, rope) = make_layer(), layer_inputs()
-    cache = KV.StaticKVCache(B, 20, HKV, HD)
+    cache, bf16_cache = KV.StaticKVCache(B, 20, HKV, HD), KV.StaticKVCache(B, 20, HKV, HD, dtype=torch.bfloat16)
     cos, sin = rope.get(1)
     for kw, err, match in [
         ({"kv_cache": cache, "start_pos": 3}, TypeError, "start_pos must be a 0-dim int64"),
         ({"kv_cache": cache, "start_pos": torch.tensor(3, dtype=torch.int32)}, TypeError, "start_pos must"),
         ({"kv_cache": cache}, ValueError, "kv_cache needs start_pos"),
-        (
-            {"kv_cache": KV.StaticKVCache(B, 20, HKV, HD, dtype=torch.bfloat16), "start_pos": torch.tensor(0)},
-            TypeError,
-            "in torch.bfloat16",
-        ),
+        ({"kv_cache": bf16_cache, "start_pos": torch.tensor(0)}, TypeError, "in torch.bfloat16"),
     ]:
         with pytest.raises(err, match=match):
             layer(x[:, :1], cos, sin, **kw)

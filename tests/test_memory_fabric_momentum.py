@@ -150,19 +150,16 @@ def test_memory_causal_mode_sees_no_future_and_decodes(impl, segment):
 
 
 def test_memory_rejects_bad_config_and_inputs():
-    for kwargs, match in [
-        (dict(steps=-1), "steps"),
-        (dict(alpha=1.5), "alpha"),
-        (dict(impl="fast"), "impl"),
-        (dict(n_nodes=0), "n_nodes"),
-        (dict(segment=0), "segment"),
-    ]:
-        with pytest.raises(ValueError, match=f"GraphDiffusionMemory: {match}"):
-            GraphDiffusionMemory(D, **kwargs)
     mod, causal = GraphDiffusionMemory(D, N), GraphDiffusionMemory(D, N, causal=True, segment=4)
+    cache = causal.new_cache(B, 8)
     bad_adj = _memory_inputs()
     bad_adj[2] = bad_adj[2][:, :-1]
     for call, err, match in [
+        (lambda: GraphDiffusionMemory(D, steps=-1), ValueError, "GraphDiffusionMemory: steps"),
+        (lambda: GraphDiffusionMemory(D, alpha=1.5), ValueError, "GraphDiffusionMemory: alpha"),
+        (lambda: GraphDiffusionMemory(D, impl="fast"), ValueError, "GraphDiffusionMemory: impl"),
+        (lambda: GraphDiffusionMemory(D, n_nodes=0), ValueError, "GraphDiffusionMemory: n_nodes"),
+        (lambda: GraphDiffusionMemory(D, segment=0), ValueError, "GraphDiffusionMemory: segment"),
         (lambda: mod(torch.randn(T, D)), ValueError, "x must be a \\(B, T, D\\)"),
         (lambda: mod(torch.ones(B, T, D, dtype=torch.long)), TypeError, "floating"),
         (lambda: mod(torch.randn(B, T, D + 1)), ValueError, "graph_diffusion_memory: memory must be"),
@@ -170,12 +167,8 @@ def test_memory_rejects_bad_config_and_inputs():
         (lambda: graph_diffusion_memory(*bad_adj), ValueError, "adj_logits must be"),
         (lambda: diffusion_operator(torch.zeros(3, 4), 2, 0.5), ValueError, "square"),
         (lambda: mod.new_cache(B, 8), ValueError, "causal=True"),  # bidirectional: cannot decode
-        (
-            lambda: causal.decode(torch.randn(B + 1, 1, D), causal.new_cache(B, 8), torch.tensor(0)),
-            ValueError,
-            "batch=3",
-        ),
-        (lambda: causal.decode(torch.randn(B, 1, D), causal.new_cache(B, 8), 0), TypeError, "start_pos"),
+        (lambda: causal.decode(torch.randn(B + 1, 1, D), cache, torch.tensor(0)), ValueError, "batch=3"),
+        (lambda: causal.decode(torch.randn(B, 1, D), cache, 0), TypeError, "start_pos"),
     ]:
         with pytest.raises(err, match=match):
             call()
@@ -308,31 +301,22 @@ def test_fabric_syncs_and_plan():
 
 
 def test_fabric_rejects_bad_config_and_inputs():
-    for kwargs, match in [
-        (dict(threshold=1.5), "threshold"),
-        (dict(impl="if"), "impl"),
-        (dict(gate_source="last"), "gate_source"),
+    fab, layers, x = DynamicNeuroFabric(D, L), [nn.Identity()] * L, torch.randn(B, T, D)
+    for call, err, match in [
+        (lambda: DynamicNeuroFabric(D, L, threshold=1.5), ValueError, "DynamicNeuroFabric: threshold"),
+        (lambda: DynamicNeuroFabric(D, L, impl="if"), ValueError, "DynamicNeuroFabric: impl"),
+        (lambda: DynamicNeuroFabric(D, L, gate_source="last"), ValueError, "DynamicNeuroFabric: gate_source"),
+        (lambda: DynamicNeuroFabric(D, 0), ValueError, "n_layers"),
+        (lambda: fab(x, layers[:4]), ValueError, "layers must be 5 callables"),
+        (lambda: fab(x, [1] * L), ValueError, "layers must be 5 callables"),
+        (lambda: fab(torch.randn(B, T, D + 1), layers), ValueError, "gate_weight must be"),
+        (lambda: fab(torch.randn(T, D), layers), ValueError, "x must be"),
+        (lambda: fab(x, layers, plan=[True] * L), ValueError, "plan must be"),
+        (lambda: fab(x, layers, gates=torch.ones(B, L - 1)), ValueError, "gates must be a floating"),
+        (lambda: fab(torch.ones(B, T, D, dtype=torch.int32), layers), TypeError, "floating"),
     ]:
-        with pytest.raises(ValueError, match=f"DynamicNeuroFabric: {match}"):
-            DynamicNeuroFabric(D, L, **kwargs)
-    with pytest.raises(ValueError, match="n_layers"):
-        DynamicNeuroFabric(D, 0)
-    fab = DynamicNeuroFabric(D, L)
-    layers = [nn.Identity()] * L
-    x = torch.randn(B, T, D)
-    for bad, match in [
-        (dict(layers=layers[:4]), "layers must be 5 callables"),
-        (dict(layers=[1] * L), "layers must be 5 callables"),
-        (dict(x=torch.randn(B, T, D + 1)), "gate_weight must be"),
-        (dict(x=torch.randn(T, D)), "x must be"),
-        (dict(plan=[True] * L), "plan must be"),
-        (dict(gates=torch.ones(B, L - 1)), "gates must be a floating"),
-    ]:
-        args = {"x": x, "layers": layers, **bad}
-        with pytest.raises(ValueError, match=match):
-            fab(args.pop("x"), args.pop("layers"), **args)
-    with pytest.raises(TypeError, match="floating"):
-        fab(torch.ones(B, T, D, dtype=torch.int32), layers)
+        with pytest.raises(err, match=match):
+            call()
 
 
 # -- momentum memory update -------------------------------------------------------------------------
