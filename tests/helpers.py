@@ -20,10 +20,6 @@ def graph_ops(fn, *args):
     return seen
 
 
-# ---------------------------------------------------------------------------------------------------
-# Element-wise comparison, next to the norm-wise one of mahia.measure.checks
-# ---------------------------------------------------------------------------------------------------
-
 # (rtol, atol) per compute dtype: every element must satisfy |out - ref| <= atol * scale + rtol * |ref|,
 # with scale = max |ref| (an element left near 0 by a cancellation carries an error of the size of
 # the terms it came from, not of itself). The reference is float64, so these bound the fast path's
@@ -40,11 +36,6 @@ ELEMENTWISE: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
-def elementwise_tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) of ``dtype`` (see ``ELEMENTWISE``)."""
-    return ELEMENTWISE[dtype]
-
-
 def assert_close(
     name: str,
     out: torch.Tensor,
@@ -57,15 +48,10 @@ def assert_close(
     scale: float | None = None,
     norm: bool = True,
 ) -> float:
-    """Norm-wise (``rel_error(out, ref) <= tol``) and element-wise comparison of ``out`` with ``ref``.
-
-    ``dtype`` (default: out's) picks the defaults: ``tol`` from ``mahia.measure.checks.tolerance``,
-    ``rtol``/``atol`` from ``ELEMENTWISE``. ``scale`` overrides max |ref| as the unit of ``atol`` (for a
-    reference that is 0 or tiny by cancellation, e.g. the gradient of a decay at T = 1); a reference
-    whose norm is 0, or any with ``norm=False`` (a cancellation far smaller than its terms), is compared
-    element-wise only. NaN or Inf in ``out`` fails unless ``ref`` has the
-    same non-finite value there. Raises CorrectnessError naming ``name``; returns the norm-wise error.
-    """
+    """Norm-wise (``rel_error <= tol``, skipped for a zero reference or ``norm=False``) and element-wise
+    (``ELEMENTWISE``; ``scale`` replaces max |ref| as the unit of atol) comparison; ``dtype`` (default:
+    out's) picks the bounds. Non-finite ``out`` fails unless ``ref`` has the same value there. Raises
+    CorrectnessError naming ``name``; returns the norm-wise error."""
     dtype = out.dtype if dtype is None else dtype
     tol = tolerance(dtype) if tol is None else tol
     d_rtol, d_atol = ELEMENTWISE[dtype]
@@ -104,10 +90,6 @@ def assert_close(
     return err
 
 
-def _as_tuple(x):
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
 def compare(
     fast,
     ref,
@@ -141,7 +123,8 @@ def compare(
         return out
 
     fast_in, ref_in = prep(None), prep(torch.float64)
-    fast_out, ref_out = _as_tuple(fast(*fast_in)), _as_tuple(ref(*ref_in))
+    fast_out, ref_out = fast(*fast_in), ref(*ref_in)
+    fast_out, ref_out = [o if isinstance(o, (tuple, list)) else (o,) for o in (fast_out, ref_out)]
     if len(fast_out) != len(ref_out):
         raise CorrectnessError(f"{name}: returned {len(fast_out)} outputs, the reference {len(ref_out)}")
     kw = dict(tol=tol, rtol=rtol, atol=atol)

@@ -67,35 +67,27 @@ def paths(q, k, v, causal, attn_mask=None):
 
 # (B, Hq, Hkv, T, S, D): GQA, plain MHA with T = 130 > chunk, queries at the end of longer keys, decode
 SHAPES = [(2, 6, 2, 37, 37, 16), (1, 4, 4, 130, 130, 24), (2, 6, 2, 7, 37, 16), (1, 6, 3, 1, 29, 8)]
-CASES = [(s, c, torch.float32) for s in SHAPES for c in (True, False)] + [(SHAPES[0], True, torch.bfloat16)]
+CASES = [(s, c, torch.float32, None) for s in SHAPES for c in (True, False)] + [(SHAPES[0], True, torch.bfloat16, None)]
+CASES += [((2, 6, 2, 11, 40, 16), c, torch.float32, m) for c in (True, False) for m in ("bool", "float")]
 
 
 @pytest.mark.parametrize(
-    "shape,causal,dtype", CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c)
+    "shape,causal,dtype,mask", CASES, ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c)
 )
-def test_paths_match_float64_reference(shape, causal, dtype):
+def test_paths_match_float64_reference(shape, causal, dtype, mask):
     """Every path, outputs and gradients, against the float64 head-by-head reference (for S > T: the
-    last T rows of causal attention over all S keys, as decoding needs)."""
+    last T rows of causal attention over all S keys, as decoding needs), with a user mask on top."""
     q, k, v = qkv(*shape, dtype=dtype)
-    ref = lambda q, k, v: reference(q, k, v, causal=causal)  # noqa: E731
-    for name, fn in paths(q, k, v, causal).items():
-        compare_fn(fn, ref, [q, k, v], name=f"{name} {shape} causal={causal}", tol=tolerance(dtype))
-
-
-@pytest.mark.parametrize("kind", ["bool", "float"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_user_mask_combines_with_causal(kind, causal):
-    q, k, v = qkv(2, 6, 2, 11, 40, 16)
     g = torch.Generator().manual_seed(1)
-    if kind == "bool":
+    if mask == "bool":
         mask = torch.rand(2, 1, 11, 40, generator=g) > 0.3
         mask[..., 0] = True  # every query keeps at least key 0 (no all-masked row)
-    else:
+    elif mask == "float":
         mask = torch.randn(1, 6, 11, 40, generator=g)
-    ref_mask = mask.double() if kind == "float" else mask
+    ref_mask = mask.double() if mask is not None and mask.is_floating_point() else mask
     ref = lambda q, k, v: reference(q, k, v, causal=causal, attn_mask=ref_mask)  # noqa: E731
     for name, fn in paths(q, k, v, causal, attn_mask=mask).items():
-        compare_fn(fn, ref, [q, k, v], name=f"{name} {kind} mask causal={causal}")
+        compare_fn(fn, ref, [q, k, v], name=f"{name} {shape} causal={causal}", tol=tolerance(dtype))
 
 
 # Issue 37 #4: sdpa_attention and chunked_attention(backend=...) cast a float mask to q's dtype, manual_attention
@@ -201,28 +193,24 @@ def layer_inputs():
     return torch.randn(B, T, DIM, generator=g), RotaryCache(HD, 32)
 
 
-def test_layer_matches_reference_built_from_its_weights():
-    layer, (x, rope) = make_layer(), layer_inputs()
-    cos, sin = rope.get(T)
-    out = layer(x, cos, sin)
-    with torch.no_grad():
-        q, k, v = (x.double() @ layer.qkv_proj.weight.double().T).split([HQ * HD, HKV * HD, HKV * HD], dim=-1)
-        q, k = apply_rope_eager(q.view(B, T, HQ, HD), k.view(B, T, HKV, HD), cos, sin)
-        o = reference(q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, HKV, HD).transpose(1, 2))
-        ref = o.transpose(1, 2).reshape(B, T, HQ * HD) @ layer.out_proj.weight.double().T
-    check_close("Attention layer", out, ref, 1e-5)
-
-
 @pytest.mark.parametrize(
     "impl,kw",
     [("sdpa", {}), ("sdpa", {"backend": "math"}), ("manual", {}), ("chunked", {"chunk_size": 4})],
     ids=["sdpa", "sdpa-math", "manual", "chunked"],
 )
 @pytest.mark.parametrize("prefill", [0, 5], ids=["token-by-token", "prefill5"])
-def test_prefill_equals_decode_through_static_cache_without_host_syncs(impl, kw, prefill):
+def test_layer_matches_reference_and_decodes_through_static_cache_without_host_syncs(impl, kw, prefill):
+    """The layer against a float64 reference built from its weights; a prefill, then token-by-token
+    decoding through the static KV cache, gives the same output with no host sync."""
     layer, (x, rope) = make_layer(impl, **kw), layer_inputs()
     with torch.no_grad():
         full = layer(x, *rope.get(T))
+        q, k, v = (x.double() @ layer.qkv_proj.weight.double().T).split([HQ * HD, HKV * HD, HKV * HD], dim=-1)
+        q, k = apply_rope_eager(q.view(B, T, HQ, HD), k.view(B, T, HKV, HD), *rope.get(T))
+        o = reference(q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, HKV, HD).transpose(1, 2))
+        check_close(
+            "Attention layer", full, o.transpose(1, 2).reshape(B, T, -1) @ layer.out_proj.weight.double().T, 1e-5
+        )
         cache = KV.StaticKVCache(B, 20, HKV, HD, device="cpu", dtype=torch.float32)
         outs, pos = [], 0
         for n in ([prefill] if prefill else []) + [1] * (T - prefill):
@@ -268,17 +256,13 @@ def test_cache_update_reset_and_bad_inputs_name_the_argument():
         with pytest.raises(ValueError, match="Attention: "):
             A.Attention(*args, **kw)
     layer, (x, rope) = make_layer(), layer_inputs()
-    cache = KV.StaticKVCache(B, 20, HKV, HD)
+    cache, bf16_cache = KV.StaticKVCache(B, 20, HKV, HD), KV.StaticKVCache(B, 20, HKV, HD, dtype=torch.bfloat16)
     cos, sin = rope.get(1)
     for kw, err, match in [
         ({"kv_cache": cache, "start_pos": 3}, TypeError, "start_pos must be a 0-dim int64"),
         ({"kv_cache": cache, "start_pos": torch.tensor(3, dtype=torch.int32)}, TypeError, "start_pos must"),
         ({"kv_cache": cache}, ValueError, "kv_cache needs start_pos"),
-        (
-            {"kv_cache": KV.StaticKVCache(B, 20, HKV, HD, dtype=torch.bfloat16), "start_pos": torch.tensor(0)},
-            TypeError,
-            "in torch.bfloat16",
-        ),
+        ({"kv_cache": bf16_cache, "start_pos": torch.tensor(0)}, TypeError, "in torch.bfloat16"),
     ]:
         with pytest.raises(err, match=match):
             layer(x[:, :1], cos, sin, **kw)
@@ -335,20 +319,6 @@ def test_cuda_graph_decode_step_matches_prefill_without_syncs():
     check_close("CUDA-graph decode vs prefill", torch.cat(outs, dim=1), full, tolerance(torch.float32, tf32=True))
 
 
-def _dead_row_masks(T, S):
-    """Bool and float masks (T, S) whose row 2 sees no key; with causal, row 0 is dead as well."""
-    keep = torch.rand(T, S, generator=torch.Generator().manual_seed(5)) > 0.3
-    keep[:, -1] = True  # every other row sees at least its last key
-    keep[2] = False
-    keep[0] = False
-    keep[0, -1] = True  # row 0 sees only the last key, which the causal triangle hides from it (S > T)
-    return {
-        "bool": keep,
-        "float": torch.zeros(T, S).masked_fill(~keep, float("-inf")),
-        "bool+causal": keep,
-    }
-
-
 @pytest.mark.parametrize("kind", ["bool", "float", "bool+causal"])
 def test_fully_masked_rows_give_zero_on_every_path(kind):
     """Regression: a query row whose bool mask was all False gave NaN from manual_attention and
@@ -356,7 +326,12 @@ def test_fully_masked_rows_give_zero_on_every_path(kind):
     path now gives 0 there, with zero (finite) gradients, and the reference elsewhere."""
     T, S = 6, 9
     causal = kind == "bool+causal"
-    mask = _dead_row_masks(T, S)[kind]
+    mask = torch.rand(T, S, generator=torch.Generator().manual_seed(5)) > 0.3
+    mask[:, -1] = True  # every other row sees at least its last key
+    mask[2], mask[0] = False, False
+    mask[0, -1] = True  # row 0 sees only the last key, which the causal triangle hides from it (S > T)
+    if kind == "float":
+        mask = torch.zeros(T, S).masked_fill(~mask, float("-inf"))
     q, k, v = qkv(2, 4, 2, T, S, 8)
     i = torch.arange(T)[:, None]
     visible = mask if mask.dtype == torch.bool else mask > float("-inf")
