@@ -96,15 +96,9 @@ def module_ranges(modules: Mapping[str, nn.Module | Sequence[nn.Module]]):
             h.remove()
 
 
-def _self_time(evt, on_device: bool) -> float:
-    """Self time in µs of a profiler event, on the device or the host."""
-    return evt.self_device_time_total if on_device else evt.self_cpu_time_total
-
-
 def quiet_profiler_notices(fn: Callable) -> Callable:
-    """Run ``fn`` without the notice torch.profiler prints on every use in recent versions ("Profiler clears
-    events at the end of each cycle ..."): it is about profiling schedules these helpers do not use, and in a
-    notebook's output it reads like an error."""
+    """``fn`` without torch.profiler's "Profiler clears events at the end of each cycle" notice (about schedules
+    these helpers do not use; in a notebook's output it reads like an error)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -168,7 +162,7 @@ def profile_step(
     for e in host_ops:
         acc = by_name.setdefault(e.name, [0, 0.0])
         acc[0] += 1
-        acc[1] += _self_time(e, cuda)
+        acc[1] += e.self_device_time_total if cuda else e.self_cpu_time_total
     ranked = sorted(by_name.items(), key=lambda kv: kv[1][1], reverse=True)
     top = [{"name": n, "calls": c / steps, "ms": us / 1e3 / steps} for n, (c, us) in ranked[:rows] if us > 0]
     mods: dict[str, float] = {}

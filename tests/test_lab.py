@@ -1,18 +1,8 @@
-"""JupyterLab as a tested interface: notebooks 00 and 09 run in a real JupyterLab, driven by Chromium.
-
-JupyterLab is started on a free localhost port with a token, over a temporary copy of notebooks/ (so no
-output is written into the repository; results and figures go to the temporary folder too), with the
-parameters cell of each notebook set to the CPU, the quick profile and ``interactive = True``. Each
-notebook is opened, run through the Run menu (Run All Cells) and waited for until /api/sessions reports
-its kernel idle and every code cell has run. Then:
-
-* no output is an error (no stderr output holding a Traceback) and every code cell ran;
-* autosave (every ``AUTOSAVE_S`` seconds) saves the run notebook, and ``git status`` of the temporary
-  repository stays clean (``make lab``'s save hook, mahia.runner.strip_on_save);
-* the side-by-side listings are left-aligned and unwrapped under JupyterLab's own CSS;
-* the explorer's widgets render (no ``IntSlider(`` text, no "Error displaying widget"), it says which
-  settings made its output, and moving its first slider with the keyboard shows "running: <settings>",
-  then heads the new output with the new settings.
+"""JupyterLab as a tested interface: notebooks 00 and 09 run in a real JupyterLab (a server of its own over a
+temporary git copy of notebooks/, parameters set to the CPU, quick, interactive), driven by Chromium through the
+Run menu. No output is an error; autosave leaves ``git status`` clean (``make lab``'s save hook); the listings
+are left-aligned and unwrapped; the explorer's widgets render, and moving its first slider shows "running:
+<settings>", then heads the new output with the new settings.
 """
 
 from __future__ import annotations
@@ -77,14 +67,12 @@ class Lab:
         self.root, self.port, self.token = root_dir, _free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         settings = tmp / "lab-settings"
-        (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
-        (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
-            json.dumps({"fetchNews": "false", "checkForUpdates": False})  # no news toast over the notebook
-        )
-        (settings / "@jupyterlab" / "docmanager-extension").mkdir(parents=True)
-        (settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings").write_text(
-            json.dumps({"autosaveInterval": AUTOSAVE_S})  # autosave soon after a run
-        )
+        for plugin, value in (  # no news toast over the notebook; autosave soon after a run
+            ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
+            ("docmanager-extension/plugin", {"autosaveInterval": AUTOSAVE_S}),
+        ):
+            (path := settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings").parent.mkdir(parents=True)
+            path.write_text(json.dumps(value))
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MAHIA_HEADLESS")}
         env.update(
             MAHIA_RESULTS_DIR=str(tmp / "results"),
