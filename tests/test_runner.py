@@ -18,17 +18,12 @@ from mahia import runner
 from mahia.__main__ import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
+HAS_GPU = torch.cuda.is_available()
 PARAMS = "device = 'auto'\nprofile = 'quick'\nseed = 0\ninteractive = True\nresults_dir = None\n"
 
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "mahia", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
-
-
-def _one_line_exit_2(r, message):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], r.stderr
 
 
 def _notebook(path: Path, params: str, *body: str) -> Path:
@@ -194,16 +189,12 @@ def test_each_run_gets_its_own_folder_and_a_report_when_nothing_was_recorded(tmp
         (["run", "-n", "00", "--out", "/proc/mahia-out"], "cannot write there"),
         (["run", "-n", "00", "--out", __file__], "is a file, not a folder"),
         (["reference", "--device", "cpu", "--allow-dirty"], "a GPU run"),
+        pytest.param(["run", "--device", "cuda"], "no CUDA GPU", marks=pytest.mark.skipif(HAS_GPU, reason="a GPU")),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
-    _one_line_exit_2(_cli(*args), message)
-
-
-def test_cli_cuda_without_gpu_exits_2():
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    _one_line_exit_2(_cli("run", "--device", "cuda"), "no CUDA GPU")
+    r = _cli(*args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
 
 
 def test_notebooks_are_chosen_by_number_name_or_repeated_option():
