@@ -75,18 +75,6 @@ def default_results() -> Path:
     return newest
 
 
-def _exporter():
-    try:
-        from jinja2 import DictLoader
-        from nbconvert import HTMLExporter
-    except ImportError:
-        raise UsageError("nbconvert is not installed: pip install 'mahia[notebooks]' (or use `make run`)") from None
-    log = logging.getLogger("mahia.site.nbconvert")
-    log.setLevel(logging.ERROR)  # not a warning per figure that its output has no alt text (nbconvert adds one)
-    loader = DictLoader({"mahia_page.html.j2": PAGE_TEMPLATE})
-    return HTMLExporter(log=log, template_name="lab", extra_loaders=[loader], template_file="mahia_page.html.j2")
-
-
 def _prepare_out(out: Path) -> None:
     """Empty ``out`` for a new build: only a folder that is new, empty or an earlier site is touched."""
     if out.exists() and not out.is_dir():
@@ -124,7 +112,16 @@ def build_site(
     fig_dir = Path(figures) if figures is not None else files.reference_figures_dir() / results.resolve().name
     if figures is not None and not fig_dir.is_dir():
         raise UsageError(f"--figures {fig_dir}: no such folder")
-    exporter, books = _exporter(), {}
+    try:
+        from jinja2 import DictLoader
+        from nbconvert import HTMLExporter
+    except ImportError:
+        raise UsageError("nbconvert is not installed: pip install 'mahia[notebooks]' (or use `make run`)") from None
+    log = logging.getLogger("mahia.site.nbconvert")
+    log.setLevel(logging.ERROR)  # not a warning per figure that its output has no alt text (nbconvert adds one)
+    loader = DictLoader({"mahia_page.html.j2": PAGE_TEMPLATE})
+    exporter = HTMLExporter(log=log, template_name="lab", extra_loaders=[loader], template_file="mahia_page.html.j2")
+    books = {}
     for path in paths:
         try:
             books[path.stem] = nbformat.read(path, as_version=4)
