@@ -6,9 +6,7 @@ to launch them (Python, dispatch, launch latency, syncs)::
     device busy = (sum of kernel times of a step) / (wall time of a step)
 
 Near 1, faster kernels pay; well below 1, only fewer launches or less Python pay (compile, CUDA graphs). On a
-CPU the same table lists operators by host time. :func:`profile_step` runs ``torch.profiler`` over a few steps
-after warm-up: wall time, kernel time and launches, the busiest operators and, with ``modules``, the forward
-time of each named module (a name may stand for several modules; their times add up)::
+CPU the table lists operators by host time. With ``modules``, each named module's forward time too::
 
     print(profile_step(step, batch, modules={"attn": [b.attn for b in model.blocks]}))
     python -m mahia.profile --preset small --batch 16 --seq-len 1024 --amp bf16 --compile default
@@ -118,13 +116,9 @@ def profile_step(
     rows: int = 15,
     modules: Mapping[str, nn.Module | Sequence[nn.Module]] | None = None,
 ) -> StepReport:
-    """Profile ``step(*args)``: ``warmup`` calls, then ``steps`` profiled calls (see the module docstring).
-
-    The device is taken from the first tensor found in ``args`` (CUDA: kernel times, a sync after each
-    step; otherwise host times). The wall time is measured around the profiled steps, so it includes
-    the profiler's own overhead (a few µs per operator): compare it with the kernel time, not with
-    :func:`mahia.measure.timing.bench`.
-    """
+    """Profile ``step(*args)`` under ``torch.profiler``: ``warmup`` calls, then ``steps`` profiled calls, on the
+    device of the first tensor in ``args``. The wall time includes the profiler's overhead (a few µs per
+    operator): compare it with the kernel time, not with :func:`mahia.measure.timing.bench`."""
     if not callable(step):
         raise TypeError(f"profile_step: step must be callable, got {type(step).__name__}")
     for name, v in (("steps", steps), ("warmup", warmup), ("rows", rows)):

@@ -64,13 +64,9 @@ def notebook_is_clean(path: Path) -> bool:
     return _stripped(text) == text
 
 
-def clean_notebook(path: Path) -> bool:
-    """Strip the file in place as it is committed; returns True if it changed."""
-    text = Path(path).read_text()
-    clean = _stripped(text)
-    if clean != text:
-        Path(path).write_text(clean)
-    return clean != text
+def clean_notebook(path: Path) -> None:
+    """Strip the file in place as it is committed."""
+    Path(path).write_text(_stripped(Path(path).read_text()))
 
 
 def _has_parameters_cell(path: Path) -> bool:
