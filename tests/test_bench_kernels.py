@@ -103,17 +103,8 @@ def test_a_wrong_variant_is_not_timed_the_others_go_on_and_the_run_fails(tmp_pat
 
 
 def _row(exp, variant, shape, dtype, ms=None, frac=None, value=None, date="2026-01-01"):
-    return {
-        "experiment": exp,
-        "variant": variant,
-        "role": bk.ROLE.get(variant, "metric"),
-        "shape": "x".join(map(str, shape)),
-        "dtype": dtype,
-        "median_ms": ms,
-        "frac_of_limit": frac,
-        "value": value,
-        "date": date,
-    }
+    row = dict(experiment=exp, variant=variant, role=bk.ROLE.get(variant, "metric"), shape="x".join(map(str, shape)))
+    return row | dict(dtype=dtype, median_ms=ms, frac_of_limit=frac, value=value, date=date)
 
 
 def _peers(exp, shape, dtype, mahia, peers: dict, eager=10.0, frac=None):
