@@ -197,15 +197,11 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
 
 
-def test_notebooks_are_chosen_by_number_name_or_repeated_option():
+def test_notebooks_are_chosen_by_number_name_or_repeated_option_and_params_are_typed():
     args = _parser().parse_args(["run", "-n", "1", "-n", "2,03"])
     assert [p.name[:2] for p in runner.select_notebooks(args.notebooks)] == ["01", "02", "03"]
     assert runner.select_notebooks(["all"]) == runner.select_notebooks(None) == runner.list_notebooks()
     assert runner.select_notebooks("00_environment_and_roofline") == runner.select_notebooks("0")
-
-
-# -- parameter types ------------------------------------------------------------------------------------------
-def test_parse_params_types():
     got = runner.parse_params(["batch=8", "lr=1e-3", "name=small", "modes=('a', 'b')", "flag=true"])
     assert got == {"batch": 8, "lr": 1e-3, "name": "small", "modes": ["a", "b"], "flag": True}
 
@@ -255,14 +251,11 @@ def test_parameters_are_read_from_annotations_and_literal_defaults_and_checked(t
 
 
 # -- the committed notebooks and the save hook ------------------------------------------------------------------
-def test_committed_notebooks_are_clean_and_have_parameters():
+def test_committed_notebooks_are_clean_with_parameters_and_the_save_hook_keeps_them_so():
     for nb in runner.list_notebooks():
         assert runner.notebook_is_clean(nb), f"{nb.name} is committed with outputs"
         assert runner.notebooks._has_parameters_cell(nb), f"{nb.name} has no cell tagged 'parameters'"
         assert json.loads(nb.read_text())["metadata"]["kernelspec"]["name"] == "python3", nb.name
-
-
-def test_the_save_hook_strips_a_lesson_notebook_and_leaves_others_alone(tmp_path):
     nb = json.loads(runner.list_notebooks()[0].read_text())
     nb["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x"}]
     nb["metadata"]["language_info"] = {"version": "3.99"}
