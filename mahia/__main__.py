@@ -205,13 +205,26 @@ BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 
 
 def _readme(folders: list[Path], write: bool) -> int:
-    """The README's generated blocks, from committed data only: the headline table of the reference folders and
-    the wall time of each of their parts. Everything is checked before anything is written."""
+    """The README's generated blocks, from committed data only: the headline table of the reference folders (those
+    named, or every folder of data/results with a full-profile summary.json, by GPU slug; each summary must say what
+    its records say) and the wall time of each of their parts. Everything is checked before anything is written."""
     from mahia.measure import report
     from mahia.measure.files import REPO_ROOT
+    from mahia.measure.results import headline, read_summary
     from mahia.runner import UsageError
 
-    folders = _reference_folders(folders, REPO_ROOT / "data" / "results")
+    root = REPO_ROOT / "data" / "results"
+    folders = folders or [f for f in root.glob("*") if (f / "summary.json").is_file()]
+    if not folders:
+        raise UsageError(f"no folder of {root} has a full-profile summary.json: name one")
+    for f in folders:
+        try:
+            summary = read_summary(f, "full")
+        except (FileNotFoundError, ValueError) as e:
+            raise UsageError(str(e).splitlines()[0]) from None
+        if summary.get("metrics") != headline(f, "full")["metrics"]:
+            raise UsageError(f"{f}/summary.json does not match its records: `python -m mahia report {f}` rewrites it")
+    folders = sorted(set(folders), key=lambda f: f.name)
     blocks = {(BEGIN, END): report.readme_tables(folders)}
     blocks[report.RUNS_BEGIN, report.RUNS_END] = report.render_runs_block(folders)
     if not write:
@@ -226,25 +239,6 @@ def _readme(folders: list[Path], write: bool) -> int:
     (REPO_ROOT / "README.md").write_text(text)
     print(f"README.md: headline table and part timings from {', '.join(f.name for f in folders)}")
     return 0
-
-
-def _reference_folders(folders: list[Path], root: Path) -> list[Path]:
-    """The folders of the README's headline table, sorted by GPU slug: those named, or every folder of ``root``
-    with a full-profile summary.json; each summary must say what its records say."""
-    from mahia.measure.results import headline, read_summary
-    from mahia.runner import UsageError
-
-    folders = folders or [f for f in root.glob("*") if (f / "summary.json").is_file()]
-    if not folders:
-        raise UsageError(f"no folder of {root} has a full-profile summary.json: name one")
-    for f in folders:
-        try:
-            summary = read_summary(f, "full")
-        except (FileNotFoundError, ValueError) as e:
-            raise UsageError(str(e).splitlines()[0]) from None
-        if summary.get("metrics") != headline(f, "full")["metrics"]:
-            raise UsageError(f"{f}/summary.json does not match its records: `python -m mahia report {f}` rewrites it")
-    return sorted(set(folders), key=lambda f: f.name)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,7 @@ to launch them (Python, dispatch, launch latency, syncs)::
     device busy = (sum of kernel times of a step) / (wall time of a step)
 
 Near 1, faster kernels pay; well below 1, only fewer launches or less Python pay (compile, CUDA graphs). On a
-CPU the same table lists operators by host time. :func:`profile_step` runs ``torch.profiler`` over a few steps
-after warm-up: wall time, kernel time and launches, the busiest operators and, with ``modules``, the forward
-time of each named module (a name may stand for several modules; their times add up)::
+CPU the table lists operators by host time. With ``modules``, each named module's forward time too::
 
     print(profile_step(step, batch, modules={"attn": [b.attn for b in model.blocks]}))
     python -m mahia.profile --preset small --batch 16 --seq-len 1024 --amp bf16 --compile default
@@ -96,15 +94,9 @@ def module_ranges(modules: Mapping[str, nn.Module | Sequence[nn.Module]]):
             h.remove()
 
 
-def _self_time(evt, on_device: bool) -> float:
-    """Self time in µs of a profiler event, on the device or the host."""
-    return evt.self_device_time_total if on_device else evt.self_cpu_time_total
-
-
 def quiet_profiler_notices(fn: Callable) -> Callable:
-    """Run ``fn`` without the notice torch.profiler prints on every use in recent versions ("Profiler clears
-    events at the end of each cycle ..."): it is about profiling schedules these helpers do not use, and in a
-    notebook's output it reads like an error."""
+    """``fn`` without torch.profiler's "Profiler clears events at the end of each cycle" notice (about schedules
+    these helpers do not use; in a notebook's output it reads like an error)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -124,13 +116,9 @@ def profile_step(
     rows: int = 15,
     modules: Mapping[str, nn.Module | Sequence[nn.Module]] | None = None,
 ) -> StepReport:
-    """Profile ``step(*args)``: ``warmup`` calls, then ``steps`` profiled calls (see the module docstring).
-
-    The device is taken from the first tensor found in ``args`` (CUDA: kernel times, a sync after each
-    step; otherwise host times). The wall time is measured around the profiled steps, so it includes
-    the profiler's own overhead (a few µs per operator): compare it with the kernel time, not with
-    :func:`mahia.measure.timing.bench`.
-    """
+    """Profile ``step(*args)`` under ``torch.profiler``: ``warmup`` calls, then ``steps`` profiled calls, on the
+    device of the first tensor in ``args``. The wall time includes the profiler's overhead (a few µs per
+    operator): compare it with the kernel time, not with :func:`mahia.measure.timing.bench`."""
     if not callable(step):
         raise TypeError(f"profile_step: step must be callable, got {type(step).__name__}")
     for name, v in (("steps", steps), ("warmup", warmup), ("rows", rows)):
@@ -168,7 +156,7 @@ def profile_step(
     for e in host_ops:
         acc = by_name.setdefault(e.name, [0, 0.0])
         acc[0] += 1
-        acc[1] += _self_time(e, cuda)
+        acc[1] += e.self_device_time_total if cuda else e.self_cpu_time_total
     ranked = sorted(by_name.items(), key=lambda kv: kv[1][1], reverse=True)
     top = [{"name": n, "calls": c / steps, "ms": us / 1e3 / steps} for n, (c, us) in ranked[:rows] if us > 0]
     mods: dict[str, float] = {}

@@ -7,9 +7,8 @@ Reads a results folder (executed notebooks in ``notebooks/`` or in it, its ``sum
 ``summary-<profile>.json``) and the PNGs of ``figures/<folder name>/``; writes ``index.html`` (the headline
 table, the notebooks, the figures) and one page per notebook (nbconvert's ``HTMLExporter``, lab template,
 trimmed by ``mahia.measure.executed``), with relative links only: it works from ``file://`` and any static host.
-Listings are monospace (the lab template gives rendered HTML its text font), wide code and tables scroll in their own box; a page loads nothing from outside
-unless its Markdown has math (MathJax). The output folder is replaced on each build; a folder that holds
-anything else is refused.
+Listings are monospace, wide code and tables scroll in their own box; a page loads nothing from outside unless
+its Markdown has math (MathJax). The output folder is replaced on each build; one holding anything else is refused.
 """
 
 from __future__ import annotations
@@ -76,18 +75,6 @@ def default_results() -> Path:
     return newest
 
 
-def _exporter():
-    try:
-        from jinja2 import DictLoader
-        from nbconvert import HTMLExporter
-    except ImportError:
-        raise UsageError("nbconvert is not installed: pip install 'mahia[notebooks]' (or use `make run`)") from None
-    log = logging.getLogger("mahia.site.nbconvert")
-    log.setLevel(logging.ERROR)  # not a warning per figure that its output has no alt text (nbconvert adds one)
-    loader = DictLoader({"mahia_page.html.j2": PAGE_TEMPLATE})
-    return HTMLExporter(log=log, template_name="lab", extra_loaders=[loader], template_file="mahia_page.html.j2")
-
-
 def _prepare_out(out: Path) -> None:
     """Empty ``out`` for a new build: only a folder that is new, empty or an earlier site is touched."""
     if out.exists() and not out.is_dir():
@@ -125,20 +112,23 @@ def build_site(
     fig_dir = Path(figures) if figures is not None else files.reference_figures_dir() / results.resolve().name
     if figures is not None and not fig_dir.is_dir():
         raise UsageError(f"--figures {fig_dir}: no such folder")
-    exporter, books = _exporter(), {}
+    try:
+        from jinja2 import DictLoader
+        from nbconvert import HTMLExporter
+    except ImportError:
+        raise UsageError("nbconvert is not installed: pip install 'mahia[notebooks]' (or use `make run`)") from None
+    log = logging.getLogger("mahia.site.nbconvert")
+    log.setLevel(logging.ERROR)  # not a warning per figure that its output has no alt text (nbconvert adds one)
+    loader = DictLoader({"mahia_page.html.j2": PAGE_TEMPLATE})
+    exporter = HTMLExporter(log=log, template_name="lab", extra_loaders=[loader], template_file="mahia_page.html.j2")
+    books = {}
     for path in paths:
         try:
             books[path.stem] = nbformat.read(path, as_version=4)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"{path}: not a readable notebook ({e})") from None
-    summary = next(
-        (
-            json.loads(p.read_text())
-            for p in [results / "summary.json", *sorted(results.glob("summary-*.json"))]
-            if p.is_file()
-        ),
-        None,
-    )
+    found = [p for p in [results / "summary.json", *sorted(results.glob("summary-*.json"))] if p.is_file()]
+    summary = json.loads(found[0].read_text()) if found else None
     out = Path(out) if out is not None else files.runs_dir() / "site"
     _prepare_out(out)  # only now: bad input leaves an earlier site as it was
     device = (summary or {}).get("device") or results.resolve().name
@@ -174,14 +164,8 @@ def build_site(
         )
     parts.append("<h2>Notebooks</h2><ol>")
     for stem, nb in books.items():
-        heads = [
-            ln
-            for c in nb.cells
-            if c["cell_type"] == "markdown"
-            for ln in c["source"].splitlines()
-            if ln.startswith("#")
-        ]
-        title = heads[0].lstrip("#").strip() if heads else ""
+        md = "\n".join(c["source"] for c in nb.cells if c["cell_type"] == "markdown").splitlines()
+        title = next((ln.lstrip("#").strip() for ln in md if ln.startswith("#")), "")
         parts.append(f"<li>{_link(f'notebooks/{stem}.html', stem)}{': ' + html.escape(title) if title else ''}</li>")
     parts.append("</ol><h2>Figures</h2>" + ("" if pngs else "<p>No PNG figures.</p>"))
     for png in pngs:

@@ -1,8 +1,5 @@
-"""Chromium for the browser tests (tests/test_site.py, tests/test_lab.py), through Playwright.
-
-Playwright cannot download a browser of its own here: the tests drive Debian's Chromium (``CHROMIUM``,
-default /usr/bin/chromium; ``make test`` installs it when run as root). Without it they skip, saying so.
-"""
+"""Chromium for the browser tests (test_site.py, test_lab.py) through Playwright, which cannot download a browser
+here: Debian's (``CHROMIUM``, default /usr/bin/chromium; ``make test`` installs it as root), else they skip."""
 
 from __future__ import annotations
 

@@ -72,16 +72,13 @@ def test_count_syncs_sees_the_usual_suspects_and_not_sync_free_code():
 
 
 # -- hardware ----------------------------------------------------------------------------------------
-def test_resolve_device_errors():
+def test_resolve_device_device_report_and_slug():
     assert hardware.resolve_device("cpu").type == "cpu"
     with pytest.raises(ValueError, match="device must be"):
         hardware.resolve_device("tpu")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="no CUDA GPU"):
             hardware.resolve_device("cuda")
-
-
-def test_device_report_and_slug():
     rep = hardware.device_report("cpu")
     assert rep["torch"] == torch.__version__
     assert rep["device_slug"].startswith("cpu-") and " " not in rep["device_slug"]

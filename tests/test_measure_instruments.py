@@ -128,7 +128,7 @@ def test_trace_counts_kernels_bytes_and_flops_and_fuses_a_chain():
         trace_ops(3)
 
 
-def test_fusion_stops_at_a_matmul_between_two_uses():
+def test_fusion_stops_at_a_matmul_between_two_uses_and_a_region_writes_what_the_caller_reads():
     x, a, w = torch.randn(N, K), torch.randn(N, K), torch.randn(K, K)
     tr = trace_ops(lambda x, a, w: (h := x + a) + h @ w, x, a, w)  # h feeds the mm and, after it, the add
     assert [o.level for o in tr.ops if o.kind != "free"] == [0, 0, 1]  # the second add reads the mm
@@ -137,9 +137,7 @@ def test_fusion_stops_at_a_matmul_between_two_uses():
     nx = 4 * N * K
     assert fused.pointwise_bytes == 2 * (2 * nx + nx) == sum(o.bytes for o in tr.of_kind("pointwise"))  # as eager
 
-
-def test_views_are_free_and_a_region_writes_what_the_caller_reads():
-    def f(x):
+    def f(x):  # views are free, and a region writes what the caller reads
         a, b = x.chunk(2, dim=-1)  # views: no kernel
         y = torch.sigmoid(a) * b  # a and b come from the input: one region
         return y, y * 3  # y is returned, so the region writes it and y * 3

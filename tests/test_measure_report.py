@@ -86,14 +86,6 @@ def test_a_recorder_refuses_another_devices_folder_and_a_bad_role_and_writes_ato
     assert (tmp_path / "f.txt").read_text() == "one" and not list(tmp_path.glob(".f.txt*"))
 
 
-def test_goal_status():
-    assert results.goal_status("moe_layer_over_gemms", 1.2) == "met"
-    assert results.goal_status("checkpoint_overhead", 0.3) == "missed"
-    assert results.goal_status("checkpoint_overhead", None) == "not measured"
-    assert results.goal_status("moe_vs_loop", 16.0) == ""  # reported, no goal
-    assert grade("amp_speedup", 5.0, cpu=True) == CPU_NOT_GRADED and grade("copy_gbps", 5.0, cpu=True) == ""
-
-
 # -- the report -------------------------------------------------------------------------------------------------
 def test_pairs_are_sorted_marked_and_paired_across_dtypes(tmp_path):
     late = _rec(tmp_path, "02_later", commit="bbb222", run_id="run-2")
@@ -128,9 +120,22 @@ def test_pairs_are_sorted_marked_and_paired_across_dtypes(tmp_path):
     assert "| run-3 (before: run-1) | ccc333 (before: aaa111) |" in build_report(early.folder)
     html = _md_to_html(md, "t")
     assert "<table>" in html and "<h3>01_first</h3>" in html
+    outcomes = [  # the notebooks table says where each notebook spent its time
+        {"name": "06_amp", "status": "ok", "seconds": 44.2, "slowest_cells": [{"cell": 25, "seconds": 13.4}]},
+        {"name": "07_ckpt", "status": "failed", "seconds": 3.0, "cell": 4, "error": "ValueError: planted"},
+    ]
+    md = build_report(early.folder, outcomes)
+    assert (
+        "| 06_amp | ok | 44 | 25: 13 |  |" in md and "| 07_ckpt | failed | 3 |  | cell 4: ValueError: planted |" in md
+    )
 
 
-def test_a_cpu_run_is_reported_as_one_and_not_graded(tmp_path):
+def test_goals_are_graded_and_a_cpu_run_is_reported_as_one_and_not_graded(tmp_path):
+    assert results.goal_status("moe_layer_over_gemms", 1.2) == "met"
+    assert results.goal_status("checkpoint_overhead", 0.3) == "missed"
+    assert results.goal_status("checkpoint_overhead", None) == "not measured"
+    assert results.goal_status("moe_vs_loop", 16.0) == ""  # reported, no goal
+    assert grade("amp_speedup", 5.0, cpu=True) == CPU_NOT_GRADED and grade("copy_gbps", 5.0, cpu=True) == ""
     rec = _rec(tmp_path, "06_amp")
     rec.timing("amp_train_step", "fp32", "baseline", _t(1.2))
     rec.timing("amp_train_step", "bf16", "optimized", _t(1.0))  # 1.2x: far from the GPU goal
@@ -161,16 +166,3 @@ def test_a_fraction_of_a_ceiling_above_one_is_flagged_and_explained(tmp_path):
     below.timing("act", "eager", "baseline", _t(4.0), bytes=2e7, limit="copy")
     below.timing("act", "fused", "optimized", _t(1.0), bytes=2e7, limit="copy")
     assert ABOVE_ONE not in build_report(below.folder)
-
-
-def test_the_notebooks_table_says_where_each_notebook_spent_its_time(tmp_path):
-    rec = _rec(tmp_path, "06_amp")
-    rec.timing("amp_train_step", "fp32", "baseline", _t(1.2))
-    outcomes = [
-        {"name": "06_amp", "status": "ok", "seconds": 44.2, "slowest_cells": [{"cell": 25, "seconds": 13.4}]},
-        {"name": "07_ckpt", "status": "failed", "seconds": 3.0, "cell": 4, "error": "ValueError: planted"},
-    ]
-    md = build_report(rec.folder, outcomes)
-    assert (
-        "| 06_amp | ok | 44 | 25: 13 |  |" in md and "| 07_ckpt | failed | 3 |  | cell 4: ValueError: planted |" in md
-    )

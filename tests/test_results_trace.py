@@ -193,7 +193,7 @@ def test_a_cpu_session_leaves_nothing_to_commit(tmp_path):
     assert _git(repo, "status", "--porcelain", "--untracked-files=all") == ""
 
 
-def test_nothing_but_the_reference_command_writes_the_reference(tmp_path, monkeypatch, capsys):
+def test_only_the_reference_command_writes_the_reference_on_a_gpu_from_a_clean_tree(tmp_path, monkeypatch, capsys):
     ref = tmp_path / "data" / "results"
     monkeypatch.setattr(files, "reference_results_dir", lambda: ref)
     monkeypatch.setattr(files, "reference_figures_dir", lambda: tmp_path / "figures")
@@ -209,15 +209,7 @@ def test_nothing_but_the_reference_command_writes_the_reference(tmp_path, monkey
 
     assert bench(["kernels", "--quick", "--device", "cpu", "--results-dir", str(ref)]) == 2
     assert "committed reference" in capsys.readouterr().err and not ref.exists()
-    monkeypatch.setenv(files.REFERENCE_ENV, "1")  # what `python -m mahia reference` gives its processes
-    rec.metric("x", "y", 1.0)
-    assert rec.path.exists()
-
-
-# -- the reference command ------------------------------------------------------------------------------------
-def test_the_reference_refuses_a_cpu_a_dirty_tree_and_an_unknown_commit(tmp_path, monkeypatch):
-    monkeypatch.setattr(files, "reference_results_dir", lambda: tmp_path / "data" / "results")
-    monkeypatch.setattr(files, "git_commit", lambda: "abc123")
+    monkeypatch.setattr(files, "git_commit", lambda: "abc123")  # the reference command: not on a CPU
     with pytest.raises(runner.UsageError, match="this run is on cpu"):
         runner.reference(device="cpu", notebooks="00")
     monkeypatch.setattr(files, "git_commit", lambda: "abc123-dirty")
@@ -230,9 +222,13 @@ def test_the_reference_refuses_a_cpu_a_dirty_tree_and_an_unknown_commit(tmp_path
     monkeypatch.delenv("MAHIA_COMMIT")
     with pytest.raises(runner.UsageError, match="MAHIA_COMMIT"):
         runner.reference(device="cpu")
-    assert not (tmp_path / "data").exists()
+    assert not ref.exists()
+    monkeypatch.setenv(files.REFERENCE_ENV, "1")  # what `python -m mahia reference` gives its processes
+    rec.metric("x", "y", 1.0)
+    assert rec.path.exists()
 
 
+# -- the reference command ------------------------------------------------------------------------------------
 def test_reference_runs_in_parts_that_resume(tmp_path, monkeypatch):
     ref = tmp_path / "data" / "results"
     monkeypatch.setattr(files, "reference_results_dir", lambda: ref)

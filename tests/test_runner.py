@@ -18,17 +18,12 @@ from mahia import runner
 from mahia.__main__ import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
+HAS_GPU = torch.cuda.is_available()
 PARAMS = "device = 'auto'\nprofile = 'quick'\nseed = 0\ninteractive = True\nresults_dir = None\n"
 
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "mahia", *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
-
-
-def _one_line_exit_2(r, message):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], r.stderr
 
 
 def _notebook(path: Path, params: str, *body: str) -> Path:
@@ -194,27 +189,19 @@ def test_each_run_gets_its_own_folder_and_a_report_when_nothing_was_recorded(tmp
         (["run", "-n", "00", "--out", "/proc/mahia-out"], "cannot write there"),
         (["run", "-n", "00", "--out", __file__], "is a file, not a folder"),
         (["reference", "--device", "cpu", "--allow-dirty"], "a GPU run"),
+        pytest.param(["run", "--device", "cuda"], "no CUDA GPU", marks=pytest.mark.skipif(HAS_GPU, reason="a GPU")),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
-    _one_line_exit_2(_cli(*args), message)
+    r = _cli(*args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
 
 
-def test_cli_cuda_without_gpu_exits_2():
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    _one_line_exit_2(_cli("run", "--device", "cuda"), "no CUDA GPU")
-
-
-def test_notebooks_are_chosen_by_number_name_or_repeated_option():
+def test_notebooks_are_chosen_by_number_name_or_repeated_option_and_params_are_typed():
     args = _parser().parse_args(["run", "-n", "1", "-n", "2,03"])
     assert [p.name[:2] for p in runner.select_notebooks(args.notebooks)] == ["01", "02", "03"]
     assert runner.select_notebooks(["all"]) == runner.select_notebooks(None) == runner.list_notebooks()
     assert runner.select_notebooks("00_environment_and_roofline") == runner.select_notebooks("0")
-
-
-# -- parameter types ------------------------------------------------------------------------------------------
-def test_parse_params_types():
     got = runner.parse_params(["batch=8", "lr=1e-3", "name=small", "modes=('a', 'b')", "flag=true"])
     assert got == {"batch": 8, "lr": 1e-3, "name": "small", "modes": ["a", "b"], "flag": True}
 
@@ -264,14 +251,11 @@ def test_parameters_are_read_from_annotations_and_literal_defaults_and_checked(t
 
 
 # -- the committed notebooks and the save hook ------------------------------------------------------------------
-def test_committed_notebooks_are_clean_and_have_parameters():
+def test_committed_notebooks_are_clean_with_parameters_and_the_save_hook_keeps_them_so():
     for nb in runner.list_notebooks():
         assert runner.notebook_is_clean(nb), f"{nb.name} is committed with outputs"
         assert runner.notebooks._has_parameters_cell(nb), f"{nb.name} has no cell tagged 'parameters'"
         assert json.loads(nb.read_text())["metadata"]["kernelspec"]["name"] == "python3", nb.name
-
-
-def test_the_save_hook_strips_a_lesson_notebook_and_leaves_others_alone(tmp_path):
     nb = json.loads(runner.list_notebooks()[0].read_text())
     nb["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x"}]
     nb["metadata"]["language_info"] = {"version": "3.99"}

@@ -1,18 +1,10 @@
-"""The executed notebooks committed beside the reference results, and how big they may be.
-
-``python -m mahia reference`` copies each notebook it ran to ``data/results/<gpu>/notebooks/`` (what
-``python -m mahia site`` renders), keeping what a reader needs and leaving out what only makes the repository
-heavy or ties it to one machine:
-
-* widget state (``metadata.widgets``) and widget views: no static page can use them;
-* long streams: consecutive streams merged and progress bars resolved (nbconvert's
-  ``CoalesceStreamsPreprocessor``); one over ``MAX_LINES`` keeps its first ``HEAD`` and last ``TAIL`` lines;
-* absolute paths, in outputs and papermill's injected parameters: ``/any/where/site-packages/torch/...`` becomes
-  ``site-packages/torch/...`` and the checkout's ``/any/where/data/results/...`` becomes ``data/results/...``;
-* figures as PNG only: an output with a PNG loses its SVG and PDF copies;
-* the folder within ``MAX_TOTAL_BYTES``: the largest images are replaced by a line that says so until it fits.
-
-Every change is reported (``copy_executed``'s lines); trimming twice changes nothing.
+"""The executed notebooks ``python -m mahia reference`` commits to ``data/results/<gpu>/notebooks/`` (what
+``python -m mahia site`` renders): what a reader needs, without what makes the repository heavy or ties it to one
+machine. Widget state and views go (no static page can use them); streams are merged (nbconvert's
+``CoalesceStreamsPreprocessor``) and one over ``MAX_LINES`` keeps its first ``HEAD`` and last ``TAIL`` lines;
+absolute paths lose their machine's part (``/any/where/site-packages/torch/...`` -> ``site-packages/torch/...``);
+a figure keeps its PNG only; the largest images go until the folder fits ``MAX_TOTAL_BYTES``. Every change is
+reported; trimming twice changes nothing.
 """
 
 from __future__ import annotations

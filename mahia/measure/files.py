@@ -22,13 +22,9 @@ UNKNOWN = "unknown"
 REFERENCE_ENV = "MAHIA_REFERENCE"
 
 
-def in_checkout() -> bool:
-    """True when the package runs from a source checkout (results live beside it)."""
-    return (REPO_ROOT / "notebooks").is_dir() and (REPO_ROOT / "mahia").is_dir()
-
-
 def _base() -> Path:
-    return REPO_ROOT if in_checkout() else Path.cwd()
+    """The checkout when the package runs from one (results live beside it), else the current folder."""
+    return REPO_ROOT if (REPO_ROOT / "notebooks").is_dir() and (REPO_ROOT / "mahia").is_dir() else Path.cwd()
 
 
 def runs_dir() -> Path:

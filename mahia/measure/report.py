@@ -225,13 +225,7 @@ def _wrap(text: str) -> str:
 
 def reference_parts(folder: Path) -> list[dict]:
     """The ``parts/<part>.json`` documents of a reference folder (part, commit, seconds...), by part name."""
-    docs = []
-    for path in sorted((Path(folder) / "parts").glob("*.json")):
-        try:
-            docs.append({"part": path.stem, **json.loads(path.read_text())})
-        except (ValueError, TypeError):
-            continue
-    return docs
+    return [{"part": p.stem, **json.loads(p.read_text())} for p in sorted((Path(folder) / "parts").glob("*.json"))]
 
 
 def _per_commit(parts: list[dict]) -> str:

@@ -25,19 +25,12 @@ import pandas as pd
 import torch
 
 from mahia.measure import files
-from mahia.measure.files import (
-    REPO_ROOT,
-    UNKNOWN,
-    atomic_write_text,
-    default_figures_dir,
-    default_results_dir,
-)
+from mahia.measure.files import UNKNOWN, atomic_write_text, default_figures_dir, default_results_dir
 from mahia.measure.hardware import Ceilings, device_report, device_slug, resolve_device
 from mahia.measure.summary import (
     COLUMNS,
     GOALS,
     HEADLINE_KEYS,
-    HEADLINES,
     MOE,
     SUITE_SUMMARIES,
     goal_status,
@@ -46,7 +39,6 @@ from mahia.measure.summary import (
     load_records,
     profiles,
     read_summary,
-    summarize,
     write_summaries,
     write_summary,
 )
@@ -54,13 +46,11 @@ from mahia.measure.timing import Timing
 
 __all__ = [
     "GOALS",
-    "HEADLINES",
     "MOE",
     "SUITE_SUMMARIES",
     "goal_status",
     "COLUMNS",
     "HEADLINE_KEYS",
-    "REPO_ROOT",
     "Recorder",
     "atomic_write_text",
     "default_results_dir",
@@ -69,7 +59,6 @@ __all__ = [
     "latest",
     "profiles",
     "headline",
-    "summarize",
     "write_summary",
     "write_summaries",
     "read_summary",
@@ -85,15 +74,6 @@ def _shape_str(shape) -> str:
 
 def _dtype_str(dtype) -> str:
     return str(dtype or "").replace("torch.", "")
-
-
-def _check_role(role: str) -> None:
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-
-
-def _identity(rep: dict) -> dict:
-    return {k: rep.get(k) for k in ("device", "device_slug", "gpu", "cpu", "cpu_count")}
 
 
 class Recorder:
@@ -135,7 +115,7 @@ class Recorder:
     # -- writing --------------------------------------------------------------------------------
     def _check_folder(self) -> None:
         marker = self.folder / "device.json"
-        mine = _identity(self.report)
+        mine = {k: self.report.get(k) for k in ("device", "device_slug", "gpu", "cpu", "cpu_count")}
         if marker.exists():
             theirs = json.loads(marker.read_text())
             if {k: theirs.get(k) for k in mine} != mine:
@@ -147,9 +127,20 @@ class Recorder:
         else:
             atomic_write_text(marker, json.dumps(mine, indent=2) + "\n")
 
-    def _append(self, row: dict) -> dict:
+    def _append(self, experiment: str, variant: str, role: str, shape, dtype, notes: str, **fields) -> dict:
+        """Write one row: the given fields, stamped with the notebook, device, versions, date, run, profile, commit."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         files.check_writable(self.path)
         self._check_folder()
+        r = self.report
+        row = {
+            **dict(notebook=self.notebook, device=r.get("gpu") or r.get("cpu"), device_slug=self.slug),
+            **dict(torch=r.get("torch"), triton=r.get("triton"), run_id=self.run_id, profile=self.profile),
+            **dict(commit=self.commit, date=datetime.now(timezone.utc).isoformat(timespec="seconds")),
+            **dict(experiment=experiment, variant=variant, role=role, shape=_shape_str(shape), dtype=_dtype_str(dtype)),
+            **dict(notes=notes, **fields),
+        }
         full = {c: row.get(c) for c in COLUMNS}
         self.rows.append(full)
         new = pd.DataFrame([full], columns=COLUMNS)
@@ -160,20 +151,6 @@ class Recorder:
             df = new
         atomic_write_text(self.path, df.to_csv(index=False))
         return full
-
-    def _stamp(self) -> dict:
-        r = self.report
-        return {
-            "notebook": self.notebook,
-            "device": r.get("gpu") or r.get("cpu"),
-            "device_slug": self.slug,
-            "torch": r.get("torch"),
-            "triton": r.get("triton"),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "run_id": self.run_id,
-            "profile": self.profile,
-            "commit": self.commit,
-        }
 
     def timing(
         self,
@@ -193,45 +170,23 @@ class Recorder:
         """Record a timed variant. GB/s, TFLOP/s and the fraction of the measured ceiling
         (``limit``: 'copy', 'matmul_bf16' or 'matmul_fp32'; default 'copy' when ``bytes`` is given
         and ``flops`` is not, else by dtype) are computed here, never typed in."""
-        _check_role(role)
         if not isinstance(timing, Timing):
             raise TypeError(f"timing must be a mahia.measure.timing.Timing, got {type(timing).__name__}")
         sec = timing.median_ms * 1e-3
         gbps = bytes / sec / 1e9 if bytes else None
         tflops = flops / sec / 1e12 if flops else None
         if limit is None and (bytes or flops):
-            limit = (
-                "copy"
-                if not flops
-                else ("matmul_bf16" if _dtype_str(dtype) in ("bfloat16", "float16") else "matmul_fp32")
-            )
+            low = _dtype_str(dtype) in ("bfloat16", "float16")
+            limit = "matmul_bf16" if flops and low else "matmul_fp32" if flops else "copy"
         frac = None
         if limit and self.ceilings is not None:
             achieved = gbps if limit == "copy" else tflops
             frac = achieved / self.ceilings.limit(limit) if achieved else None
-        row = {
-            **self._stamp(),
-            "experiment": experiment,
-            "variant": variant,
-            "role": role,
-            "shape": _shape_str(shape),
-            "dtype": _dtype_str(dtype),
-            "median_ms": timing.median_ms,
-            "p20_ms": timing.p20_ms,
-            "p80_ms": timing.p80_ms,
-            "n": timing.n,
-            "first_call_ms": timing.first_call_ms,
-            "peak_mem_mb": timing.peak_mem_bytes / 2**20 if timing.peak_mem_bytes is not None else None,
-            "bytes": bytes,
-            "flops": flops,
-            "gbps": gbps,
-            "tflops": tflops,
-            "limit": limit,
-            "frac_of_limit": frac,
-            "rel_err": rel_err,
-            "notes": notes,
-        }
-        return self._append(row)
+        t, peak = timing, timing.peak_mem_bytes
+        fields = dict(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, n=t.n, first_call_ms=t.first_call_ms)
+        fields |= dict(peak_mem_mb=peak / 2**20 if peak is not None else None, bytes=bytes, flops=flops, gbps=gbps)
+        fields |= dict(tflops=tflops, limit=limit, frac_of_limit=frac, rel_err=rel_err)
+        return self._append(experiment, variant, role, shape, dtype, notes, **fields)
 
     def metric(
         self,
@@ -246,19 +201,7 @@ class Recorder:
         notes: str = "",
     ) -> dict:
         """Record a single value (a count, a loss difference, a memory figure)."""
-        _check_role(role)
-        row = {
-            **self._stamp(),
-            "experiment": experiment,
-            "variant": variant,
-            "role": role,
-            "shape": _shape_str(shape),
-            "dtype": _dtype_str(dtype),
-            "value": float(value),
-            "unit": unit,
-            "notes": notes,
-        }
-        return self._append(row)
+        return self._append(experiment, variant, role, shape, dtype, notes, value=float(value), unit=unit)
 
     def frame(self) -> pd.DataFrame:
         """This recorder's rows (this run only) as a DataFrame."""

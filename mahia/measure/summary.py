@@ -12,10 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from mahia.measure import files
-from mahia.measure.files import (
-    UNKNOWN,
-    atomic_write_text,
-)
+from mahia.measure.files import UNKNOWN, atomic_write_text
 
 COLUMNS = [
     "notebook",
@@ -149,16 +146,8 @@ def ladder_ratio(num: str, den: str) -> Callable:
 
 
 # Canonical shapes of the headline measurements (sweeps use other experiment names).
-RMS, SWI = "16384x4096", "16384x11008"
-
-
-ROPE = "8x2048x32x8x128"
-
-
-MOE = "N=16384,D=1024,H=2048,E=64,k=2"
-
-
-GLA = "B=4,H=8,T=2048,K=64,V=64"
+RMS, SWI, ROPE = "16384x4096", "16384x11008", "8x2048x32x8x128"
+MOE, GLA = "N=16384,D=1024,H=2048,E=64,k=2", "B=4,H=8,T=2048,K=64,V=64"
 
 
 # Headline metrics (summary.json). Each rule maps the newest records to one number or None.
@@ -324,11 +313,6 @@ def headline(folder: str | Path, profile: str = "full") -> dict:
         "metrics": metrics,
         "sources": sources,
     }
-
-
-def summarize(folder: str | Path, profile: str = "full") -> dict:
-    """Headline metrics of one profile of a device folder (None where not measured)."""
-    return headline(folder, profile)["metrics"]
 
 
 def write_summary(folder: str | Path, profile: str = "full") -> dict:

@@ -27,7 +27,6 @@ from mahia.runner.notebooks import (
     _check_params,
     _failure,
     _has_parameters_cell,
-    _unchecked,
     clean_notebook,
     conforms,
     notebook_is_clean,
@@ -119,22 +118,17 @@ def strip_on_save(model: dict, path: str, **_) -> None:
     model["content"] = strip(nbformat.from_dict(model["content"]))
 
 
-def _papermill_cmd(sess: _Session, nb: Path, out_nb: Path, mine: dict) -> list[str]:
-    cmd = [sys.executable, "-m", "papermill", str(nb), str(out_nb), "-k", "python3", "--cwd", str(nb.parent)]
-    cmd += ["--log-output", "--no-progress-bar"]
-    fixed = {"device": sess.dev, "profile": sess.profile, "seed": sess.seed, "results_dir": sess.res_root}
-    for name, value in fixed.items():
-        cmd += ["-p", name, str(value)]
-    return cmd + ["-p", "interactive", "False", "-y", json.dumps(mine)]  # JSON is YAML: lists keep their type
-
-
 def _run_notebook(sess: _Session, nb: Path, mine: dict) -> dict:
     out_nb, log = sess.out_dir / nb.name, sess.out_dir / f"{nb.stem}.log"
     outcome = {"name": nb.stem, "output": str(out_nb), "log": str(log), "seconds": 0.0, "cell": None}
     if not _has_parameters_cell(nb):
         return outcome | {"status": "failed", "error": "no cell tagged 'parameters' (see CONTRIBUTING.md)"}
+    cmd = [sys.executable, "-m", "papermill", str(nb), str(out_nb), "-k", "python3", "--cwd", str(nb.parent)]
+    cmd += ["--log-output", "--no-progress-bar", "-p", "interactive", "False"]
+    fixed = {"device": sess.dev, "profile": sess.profile, "seed": sess.seed, "results_dir": sess.res_root}
+    cmd += [a for name, value in fixed.items() for a in ("-p", name, str(value))]
     t0 = time.perf_counter()
-    rc = _spawn(_papermill_cmd(sess, nb, out_nb, mine), log, sess)
+    rc = _spawn(cmd + ["-y", json.dumps(mine)], log, sess)  # JSON is YAML: lists keep their type
     outcome["seconds"] = time.perf_counter() - t0
     if rc == 0:
         outcome["status"] = "ok"
@@ -240,8 +234,8 @@ def _checked(timeout: float, params: Sequence[str], chosen: list[Path]) -> tuple
             import papermill  # noqa: F401
         except ImportError:
             raise UsageError("papermill is not installed: pip install 'mahia[notebooks]' (or use `make run`)") from None
-    for item in _unchecked(declared, extra):
-        print(f"  note: -p {item}: not type-checked, its parameters cell gives no annotation and a None default")
+    for n, nb in ((n, nb) for n in extra for nb, ps in declared.items() if n in ps and ps[n] is None):
+        print(f"  note: -p {n} ({nb.stem}): not type-checked, its parameters cell has no annotation, a None default")
     return extra, {nb.stem: {k: v for k, v in extra.items() if k in declared[nb]} for nb in chosen}
 
 

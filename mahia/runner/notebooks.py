@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -64,13 +64,9 @@ def notebook_is_clean(path: Path) -> bool:
     return _stripped(text) == text
 
 
-def clean_notebook(path: Path) -> bool:
-    """Strip the file in place as it is committed; returns True if it changed."""
-    text = Path(path).read_text()
-    clean = _stripped(text)
-    if clean != text:
-        Path(path).write_text(clean)
-    return clean != text
+def clean_notebook(path: Path) -> None:
+    """Strip the file in place as it is committed."""
+    Path(path).write_text(_stripped(Path(path).read_text()))
 
 
 def _has_parameters_cell(path: Path) -> bool:
@@ -177,44 +173,34 @@ def _conforms(value, node: ast.expr) -> bool:
     return all(_conforms(v, args[0]) for v in value)
 
 
-def _source_cells(nb: dict) -> Iterator[tuple[int, dict]]:
-    """(number, cell) of the code cells of an executed notebook, numbered as in the source notebook:
-    papermill's ``injected-parameters`` cell (after the parameters cell) is not counted."""
-    number = 0
-    for c in nb["cells"]:
-        if c["cell_type"] != "code" or "injected-parameters" in c.get("metadata", {}).get("tags", []):
-            continue
-        number += 1
-        yield number, c
+def _source_cells(out_nb: Path) -> list[tuple[int, dict]]:
+    """(number, cell) of the code cells of an executed notebook, numbered as in the source notebook (papermill's
+    ``injected-parameters`` cell is not counted); [] when the notebook is missing or unreadable."""
+    try:
+        cells = _load(out_nb)["cells"]
+    except (OSError, ValueError):
+        return []
+    tags = lambda c: c.get("metadata", {}).get("tags", [])  # noqa: E731
+    return list(enumerate((c for c in cells if c["cell_type"] == "code" and "injected-parameters" not in tags(c)), 1))
 
 
 def _failure(out_nb: Path) -> tuple[int | None, str]:
     """(code cell number in the source notebook, 'Error: message') of the first cell with an error output."""
     if not out_nb.exists():
         return None, "no output notebook was written"
-    try:
-        nb = _load(out_nb)
-    except ValueError:
-        return None, "output notebook is unreadable"
-    for number, c in _source_cells(nb):
+    for number, c in _source_cells(out_nb):
         for o in c.get("outputs", []):
             if o.get("output_type") == "error":
                 return number, f"{o.get('ename')}: {str(o.get('evalue'))[:300]}"
-    return None, "the kernel stopped without an error cell (killed, or out of memory?)"
+    return None, "no error cell: the kernel stopped (killed, or out of memory?) or the output notebook is unreadable"
 
 
 def slowest_cells(out_nb: Path, n: int = 3) -> list[dict]:
     """The ``n`` code cells that took longest (papermill's per-cell ``duration``), slowest first, numbered as in
-    the source notebook: ``[{"cell": 33, "seconds": 26.9}, ...]``; ``[]`` when the notebook is unreadable. Kept
-    with each part's outcome, so a run says where a notebook's time went (a profile that must fit a lease is
-    cut there)."""
-    try:
-        nb = _load(out_nb)
-    except (OSError, ValueError):
-        return []
+    the source notebook: ``[{"cell": 33, "seconds": 26.9}, ...]``, so a run says where a notebook's time went."""
     took = [
         {"cell": number, "seconds": round(float(d), 1)}
-        for number, c in _source_cells(nb)
+        for number, c in _source_cells(out_nb)
         if isinstance(d := c.get("metadata", {}).get("papermill", {}).get("duration"), (int, float))
     ]
     return sorted(took, key=lambda r: -r["seconds"])[:n]
@@ -222,11 +208,7 @@ def slowest_cells(out_nb: Path, n: int = 3) -> list[dict]:
 
 def _running_cell(out_nb: Path) -> int | None:
     """The code cell (source numbering) papermill was running when it was stopped: the last one it started."""
-    try:
-        nb = _load(out_nb)
-    except (OSError, ValueError):
-        return None
-    started = [n for n, c in _source_cells(nb) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    started = [n for n, c in _source_cells(out_nb) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
     return started[-1] if started else None
 
 
@@ -252,8 +234,3 @@ def _check_params(chosen: list[Path], extra: dict) -> dict[Path, dict[str, str |
                     f"{value!r} (a {type(value).__name__}) is not one"
                 )
     return declared
-
-
-def _unchecked(declared: dict[Path, dict[str, str | None]], extra: dict) -> list[str]:
-    """'name (notebook)' of each -p value no type could be checked against: say so rather than imply it was."""
-    return [f"{n} ({nb.stem})" for n in extra for nb, params in declared.items() if n in params and params[n] is None]

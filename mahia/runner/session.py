@@ -33,7 +33,6 @@ def new_run_dir(stem: str, base: Path | None = None) -> Path:
         with contextlib.suppress(FileExistsError):
             (folder := base / (stem if i == 1 else f"{stem}-{i}")).mkdir()
             return folder
-    raise AssertionError("unreachable")
 
 
 def _writable_dir(flag: str, path: str | Path) -> Path:
@@ -48,19 +47,6 @@ def _writable_dir(flag: str, path: str | Path) -> Path:
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write there ({e.strerror or e})") from None
     return path
-
-
-def _out_dir(out: str | None, stem: str) -> Path:
-    """``out``, or a new folder beside it when it holds an earlier run (a command repeated as it was still runs)."""
-    if not out:
-        return new_run_dir(stem)
-    out_path = _writable_dir("--out", out)
-    earlier = [n for n in ("outcomes.json", "report.md") if (out_path / n).exists()]
-    if not earlier:
-        return out_path
-    folder = new_run_dir(out_path.name, out_path.parent)
-    print(f"--out {out} holds an earlier run ({earlier[0]}): this run writes to {folder}")
-    return folder
 
 
 class StopFlag:
@@ -141,7 +127,13 @@ def _session(dev, prof: str, *, out, res_root, fig_root, timeout, seed, label, c
     slug = hardware.device_slug(dev)
     run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
     commit = commit or files.run_commit()  # once, at the start: the whole run carries this commit
-    out_dir = _out_dir(out, f"{datetime.now():%Y-%m-%d-%H%M%S}-{slug}-{label}")
+    out_dir = (
+        new_run_dir(f"{datetime.now():%Y-%m-%d-%H%M%S}-{slug}-{label}") if not out else _writable_dir("--out", out)
+    )
+    if out and (earlier := [n for n in ("outcomes.json", "report.md") if (out_dir / n).exists()]):
+        # a command repeated as it was still runs: in a new folder beside the earlier run's
+        out_dir = new_run_dir(out_dir.name, out_dir.parent)
+        print(f"--out {out} holds an earlier run ({earlier[0]}): this run writes to {out_dir}")
     env = dict(
         os.environ,
         MAHIA_RUN_ID=run_id,
