@@ -1,5 +1,7 @@
-"""The direct launch of compiled Triton kernels (mahia.ops._launch): its key, its fallbacks, and on a GPU
-that it runs what Triton's own launch runs."""
+"""The rules every op of mahia.ops shares: the direct launch of compiled Triton kernels (mahia.ops._launch:
+its key, its fallbacks, and on a GPU that it runs what Triton's own launch runs); issue 35's one path (frames,
+exported names); one input check per call; the custom ops (opcheck, torch.compile against the float64
+reference); the eager reference for float64, meta tensors and a disabled Triton."""
 
 import importlib
 import sys
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import compare, graph_ops
 
 from mahia import ops
 from mahia.measure.instruments import count_ops
@@ -216,18 +219,20 @@ def test_pow2_divisor_is_the_largest_power_of_two_dividing_every_value():
 _OPS_DIR = str(Path(rmsnorm.__file__).parent)
 
 
-def _inputs(op: str) -> tuple:
-    dev = "cuda" if CUDA else "cpu"
-    g = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
+DEV = "cuda" if CUDA else "cpu"
+
+
+def _inputs(op: str) -> list:
+    g = lambda *s: torch.randn(*s, device=DEV)  # noqa: E731
     if op == "rms_norm":
-        return g(5, 40), g(40), 1e-6
+        return [g(5, 40), g(40), 1e-6]
     if op == "add_rms_norm":
-        return g(5, 40), g(5, 40), g(40), 1e-6
+        return [g(5, 40), g(5, 40), g(40), 1e-6]
     if op == "swiglu":
-        return g(5, 40), g(5, 40)
+        return [g(5, 40), g(5, 40)]
     if op == "rope":
-        return g(2, 3, 4, 8), g(2, 3, 2, 8), g(3, 4), g(3, 4)
-    return g(6, 16), torch.randperm(6, device=dev), g(3, 2)  # moe_combine
+        return [g(2, 3, 4, 8), g(2, 3, 2, 8), g(3, 4), g(3, 4)]
+    return [g(6, 16), torch.randperm(6, device=DEV), g(3, 2)]  # moe_combine
 
 
 @pytest.mark.parametrize("path", ["autograd", "no_grad", "custom_op"])
@@ -262,7 +267,7 @@ def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch
     for name in launchers:
         monkeypatch.setattr(module, name, spy(getattr(module, name)))
     monkeypatch.setattr(rmsnorm, "_fwd_plans", {})  # a planned launch (GPU) bypasses _launch_fwd
-    args = list(_inputs(op))
+    args = _inputs(op)
     floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
     if path != "no_grad":
         floats[0].requires_grad_()
@@ -280,6 +285,13 @@ def test_at_most_six_exported_names_per_op(module):
     assert len(module.__all__) <= 6 and all(hasattr(module, name) for name in module.__all__), module.__all__
 
 
+CHECKS = {  # each op's input check, by module and name
+    "rms_norm": (rmsnorm, "check_rms_norm_inputs"),
+    "add_rms_norm": (rmsnorm, "check_rms_norm_inputs"),
+    "swiglu": (swiglu, "check_swiglu_inputs"),
+    "rope": (rope, "check_rope_inputs"),
+    "moe_combine": (moe_combine, "check_moe_combine_inputs"),
+}
 EAGER = {
     "rms_norm": rmsnorm.rms_norm_eager,
     "add_rms_norm": rmsnorm.add_rms_norm_eager,
@@ -302,3 +314,89 @@ def test_disabled_triton_runs_the_eager_reference_with_one_warning(monkeypatch, 
         warnings.simplefilter("error")  # warned once already: a second call is silent
         getattr(ops, op)(*args)
     ops.reset_fallback_warnings()
+
+
+@pytest.mark.parametrize("disabled", ["0", "1"], ids=["triton", "fallback"])
+@pytest.mark.parametrize("op", list(EAGER))
+def test_public_functions_validate_once(monkeypatch, op, disabled):
+    """Forward and backward through the public function run its input check once, on either path."""
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", disabled)
+    module, check = CHECKS[op]
+    calls, real = [], getattr(module, check)
+    monkeypatch.setattr(module, check, lambda fn, *a, **k: (calls.append(fn), real(fn, *a, **k))[1])
+    args = _inputs(op)
+    args[0].requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning
+        out = getattr(ops, op)(*args)
+    sum(o.sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
+    assert calls == [op]
+    ops.reset_fallback_warnings()
+
+
+def _custom_op_calls(op):
+    """(custom op, arguments) of each registration an op uses (forward and backward variants)."""
+    args = _inputs(op)
+    args[0].requires_grad_()
+    if op == "rms_norm":
+        x, w, eps = args
+        dy = torch.randn_like(x)
+        fwd = [("rms_norm_fwd", (x, None, w, eps)), ("rms_norm_fwd", (x, dy.requires_grad_(), w, eps))]
+        return fwd + [("rms_norm_bwd", (dy.detach(), x.detach(), w, eps, dh)) for dh in (None, dy.detach())]
+    if op == "swiglu":
+        return [("swiglu_fwd", args), ("swiglu_bwd", (torch.randn_like(args[0]), args[0].detach(), args[1]))]
+    if op == "rope":
+        return [("rope", (*args, False)), ("rope", (*(a.detach() for a in args), True))]
+    out, inverse, gates = args
+    dy = torch.randn(gates.shape[0], out.shape[1], device=out.device)
+    return [("moe_combine_fwd", (out, inverse, gates, torch.float32))] + [
+        ("moe_combine_bwd", (dy, out.detach(), inverse, gates, gate_grad)) for gate_grad in (True, False)
+    ]
+
+
+COMPILED_OP = {"rms_norm": "rms_norm_fwd", "swiglu": "swiglu_fwd", "rope": "rope", "moe_combine": "moe_combine_fwd"}
+
+
+@pytest.mark.skipif(not ops.triton_available_for(torch.empty(0, device=DEV)), reason="no Triton kernels here")
+@pytest.mark.parametrize("op", list(COMPILED_OP))
+def test_custom_ops_pass_opcheck_and_compile_without_a_graph_break(op):
+    """opcheck (schema, fake kernel, autograd registration) of every custom op; torch.compile(fullgraph)
+    of the public function calls the custom op and matches the float64 eager reference, gradients included."""
+    for name, args in _custom_op_calls(op):
+        torch.library.opcheck(getattr(torch.ops.mahia, name).default, args)
+    torch._dynamo.reset()
+    compiled = torch.compile(getattr(ops, op), fullgraph=True, backend="aot_eager")
+    grad_inputs = [0, 1] if op == "rope" else None  # cos and sin are constants
+    compare(compiled, EAGER[op], list(_inputs(op)), grad_inputs=grad_inputs, name=f"compiled {op}")
+    assert f"mahia.{COMPILED_OP[op]}.default" in graph_ops(getattr(ops, op), *_inputs(op))
+
+
+FLOAT64 = {  # each op's call with a float64 input (or dtype) next to float32 ones
+    "rms_norm": lambda x, w, eps: (x, w.double(), eps),
+    "add_rms_norm": lambda x, r, w, eps: (x, r, w.double(), eps),
+    "swiglu": lambda a, b: (a.double(), b.double()),
+    "rope": lambda q, k, cos, sin: (q, k, cos.double(), sin.double()),
+    "moe_combine": lambda out, inverse, gates: (out, inverse, gates.double()),
+}
+
+
+@pytest.mark.parametrize("op", list(EAGER))
+def test_float64_takes_the_eager_reference_silently_and_meta_gets_shapes(op):
+    """Regressions: a float64 input next to float32 ones was refused by the Triton path and accepted by the
+    fallback; now any float64 input runs the eager reference, silently (reference precision). Meta tensors
+    crashed the interpreter ("Cannot copy out of meta tensor"); they get shapes (and gradients' shapes) from it."""
+    args = FLOAT64[op](*_inputs(op))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = getattr(ops, op)(*args)
+    torch.testing.assert_close(out, EAGER[op](*args), rtol=0, atol=0)  # dtypes too
+    meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in _inputs(op)]
+    meta[0].requires_grad_()
+    outs = getattr(ops, op)(*meta)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    real = EAGER[op](*_inputs(op))
+    assert [(o.device.type, o.shape) for o in outs] == [
+        ("meta", r.shape) for r in (real if isinstance(real, tuple) else (real,))
+    ]
+    sum(o.sum() for o in outs).backward()
+    assert meta[0].grad.shape == meta[0].shape
