@@ -301,6 +301,7 @@ def _rotate(x, cos, sin):
     "b t hq hkv half dtype table_fp32 layout table_layout seed",
     (0, 5, 2, 1, 64, torch.float32, True, "contiguous", "contiguous", 0),
     (1, 1, 1, 1, 4500, torch.bfloat16, True, "fused-qkv", "row-gap", 1),
+    (2, 3, 0, 1, 8, torch.float32, True, "contiguous", "contiguous", 2),  # no query head
 )
 def test_fuzz_rope(b, t, hq, hkv, half, dtype, table_fp32, layout, table_layout, seed):
     D = 2 * half
@@ -360,6 +361,7 @@ def test_fuzz_rope(b, t, hq, hkv, half, dtype, table_fp32, layout, table_layout,
     "n k d dtype gate_dtype y_dtype out_layout gate_layout strided_inverse gate_grad seed",
     (0, 2, 9000, torch.float32, "same", None, "contiguous", "contiguous", False, True, 0),
     (1, 1, 1, torch.bfloat16, "fp32", "fp32", "row-gap", "transposed", True, False, 1),
+    (3, 0, 16, torch.float32, "same", None, "contiguous", "contiguous", False, True, 2),  # k = 0: y = 0
 )
 def test_fuzz_moe_combine(
     n, k, d, dtype, gate_dtype, y_dtype, out_layout, gate_layout, strided_inverse, gate_grad, seed
