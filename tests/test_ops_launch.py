@@ -1,7 +1,9 @@
-"""The rules every op of mahia.ops shares: the direct launch of compiled Triton kernels (mahia.ops._launch:
-its key, its fallbacks, and on a GPU that it runs what Triton's own launch runs); issue 35's one path (frames,
-exported names); one input check per call; the custom ops (opcheck, torch.compile against the float64
-reference); the eager reference for float64, meta tensors and a disabled Triton."""
+"""What every op of mahia.ops (rms_norm, add_rms_norm, swiglu, rope, moe_combine) guarantees besides its math
+(test_ops_fuzz checks that against float64, gradients included): the direct launch of compiled Triton kernels
+(mahia.ops._launch: its key, its fallbacks, and on a GPU that it runs what Triton's own launch runs); issue 35's
+one path (frames, exported names); bad input: one check per call, errors naming the function and argument; the
+custom ops (opcheck, torch.compile against the float64 reference); the eager reference for float64, meta
+tensors, a disabled Triton and a hidden size past the kernel's limit; the modules' impls."""
 
 import importlib
 import sys
@@ -10,9 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import compare, graph_ops
+from helpers import assert_close, compare, graph_ops
 
 from mahia import ops
+from mahia.layers.mlp import SwiGLU
+from mahia.layers.norm import RMSNorm
+from mahia.layers.rope import apply_rope
 from mahia.measure.instruments import count_ops
 from mahia.ops import _launch
 from mahia.ops._launch import _key
@@ -400,3 +405,152 @@ def test_float64_takes_the_eager_reference_silently_and_meta_gets_shapes(op):
     ]
     sum(o.sum() for o in outs).backward()
     assert meta[0].grad.shape == meta[0].shape
+
+
+BAD_CALLS = {  # by the inputs the calls take (_inputs): (call, error, message)
+    "rms_norm": [
+        (lambda x, w, e: ops.rms_norm(x.int(), w), TypeError, r"^rms_norm: x must be a floating-point"),
+        (lambda x, w, e: ops.rms_norm([1.0, 2.0], w), TypeError, r"^rms_norm: x must be a torch.Tensor, got list"),
+        (lambda x, w, e: ops.rms_norm(x, w[:7]), ValueError, r"^rms_norm: weight must have shape \(40,\)"),
+        (lambda x, w, e: ops.rms_norm(x, w[None]), ValueError, r"^rms_norm: weight must have shape"),
+        (lambda x, w, e: ops.rms_norm(x, w.long()), TypeError, r"^rms_norm: weight must be a floating-point"),
+        (lambda x, w, e: ops.rms_norm(x, w.to("meta")), ValueError, r"^rms_norm: all inputs must be on the same"),
+        (lambda x, w, e: ops.rms_norm(x, w, -1.0), ValueError, r"^rms_norm: eps must be >= 0"),
+        (lambda x, w, e: ops.rms_norm(x, w, "a"), TypeError, r"^rms_norm: eps must be a real number >= 0, got str"),
+        (lambda x, w, e: ops.add_rms_norm(x, x[:, :7], w), ValueError, r"^add_rms_norm: residual must have the shape"),
+        (lambda x, w, e: ops.add_rms_norm(x, x.half(), w), TypeError, r"^add_rms_norm: residual must have the dtype"),
+        (lambda x, w, e: ops.add_rms_norm(x, [1.0], w), TypeError, r"^add_rms_norm: residual must be a torch.Tensor"),
+        (lambda x, w, e: ops.add_rms_norm(x, x, w, None), TypeError, r"^add_rms_norm: eps must be a real number"),
+        # the eager references stay public and validate under their own names
+        (lambda x, w, e: rmsnorm.rms_norm_eager([1.0], w), TypeError, r"^rms_norm_eager: x must be a torch.Tensor"),
+        (lambda x, w, e: rmsnorm.add_rms_norm_eager(x, x, w, "a"), TypeError, r"^add_rms_norm_eager: eps must be a"),
+    ],
+    "swiglu": [
+        (lambda a, b: ops.swiglu(a.long(), b), TypeError, r"^swiglu: a must be a floating-point"),
+        (lambda a, b: ops.swiglu(a, [1.0]), TypeError, r"^swiglu: b must be a torch.Tensor, got list"),
+        (lambda a, b: ops.swiglu(a, b[:, :4]), ValueError, r"^swiglu: a and b must have the same shape"),
+        (lambda a, b: ops.swiglu(a, b.half()), TypeError, r"^swiglu: a and b must have the same dtype"),
+        (lambda a, b: ops.swiglu(a, b.to("meta")), ValueError, r"^swiglu: .*same device"),
+        (lambda a, b: swiglu.swiglu_eager(None, b), TypeError, r"^swiglu_eager: a must be a torch.Tensor"),
+    ],
+    "rope": [
+        (lambda q, k, c, s: ops.rope(q.int(), k, c, s), TypeError, r"^rope: q must be a floating-point"),
+        (lambda q, k, c, s: ops.rope(q[0], k, c, s), ValueError, r"^rope: q must be 4-D"),
+        (lambda q, k, c, s: ops.rope(q, k[:, :2], c, s), ValueError, r"^rope: k must be"),
+        (lambda q, k, c, s: ops.rope(q, k.double(), c, s), TypeError, r"^rope: k must have the dtype of q"),
+        (lambda q, k, c, s: ops.rope(q, k, c[:2], s), ValueError, r"^rope: cos must have shape \(T, D/2\)"),
+        (lambda q, k, c, s: ops.rope(q, k, c, None), TypeError, r"^rope: sin must be a torch.Tensor"),
+        (lambda q, k, c, s: ops.rope(q, k, c.to("meta"), s), ValueError, r"^rope: .*same device"),
+        (
+            lambda q, k, c, s: ops.rope(q[..., :7], k[..., :7], c, s),
+            ValueError,
+            r"^rope: head dim D must be even, got 7",
+        ),
+        # float64: the eager path, the same check
+        (lambda q, k, c, s: ops.rope(q[..., :7].double(), k[..., :7].double(), c, s), ValueError, r"^rope: head dim"),
+        (lambda q, k, c, s: apply_rope(q, k, c, s, impl="cuda"), ValueError, "impl must be one of"),
+        (
+            lambda q, k, c, s: rope.apply_rope_eager(q[..., :7], k[..., :7], c, s),
+            ValueError,
+            r"^apply_rope_eager: head",
+        ),
+    ],
+    "moe_combine": [
+        (lambda o, i, g: ops.moe_combine(o, i.int(), g), TypeError, "^moe_combine: inverse must be an int64"),
+        (
+            lambda o, i, g: ops.moe_combine(o[:5], i, g),
+            ValueError,
+            r"out must be \(N\*k, D\) with N\*k = 3\*2 = 6 rows",
+        ),
+        (lambda o, i, g: ops.moe_combine(o, i[:5], g), ValueError, r"inverse must have shape \(N\*k,\)"),
+        (lambda o, i, g: ops.moe_combine(o, i, g.reshape(-1)), ValueError, r"gates must be 2-D \(N, k\)"),
+        (lambda o, i, g: ops.moe_combine(o, i, g[:2]), ValueError, "out must be"),  # gates (2, 2) wants 4 rows
+        (lambda o, i, g: ops.moe_combine(o.long(), i, g), TypeError, "out must be a floating-point"),
+        (lambda o, i, g: ops.moe_combine(o, i, g, torch.int32), TypeError, "dtype must be"),
+        (lambda o, i, g: ops.moe_combine(o, i.to("meta"), g), ValueError, "same device"),
+        (lambda o, i, g: ops.moe_combine(o, [0, 1], g), TypeError, r"^moe_combine: inverse must be a torch.Tensor"),
+        (lambda o, i, g: moe_combine.moe_combine_eager(o, i.int(), g), TypeError, "^moe_combine_eager: inverse must"),
+    ],
+}
+
+
+@pytest.mark.parametrize("disabled", ["0", "1"], ids=["triton", "fallback"])
+@pytest.mark.parametrize("op", list(BAD_CALLS))
+def test_bad_inputs_raise_errors_naming_the_function_and_argument(monkeypatch, op, disabled):
+    """Regressions: a string eps gave "could not convert string to float: 'a'"; a list x, or an odd head dim on
+    the fallback, an error naming the eager reference (its own check). Each public function validates once,
+    under its own name, on both paths."""
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", disabled)
+    args = _inputs(op)
+    for call, error, match in BAD_CALLS[op]:
+        with pytest.raises(error, match=match):
+            call(*args)
+    ops.reset_fallback_warnings()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("disabled", ["0", "1"], ids=["triton", "fallback"])
+def test_rope_tables_that_require_grad_are_refused_on_every_path(monkeypatch, disabled, dtype):
+    """Regression (issue 37 #10): cos/sin that require grad raised on the Triton path, while the eager
+    path (float64 always takes it) silently differentiated into them; the docstring says no gradient
+    flows to them. The one check refuses them on every path; under no_grad they are plain constants."""
+    monkeypatch.setenv("MAHIA_DISABLE_TRITON", disabled)
+    q, k, cos, sin = (t.to(dtype) for t in _inputs("rope"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning
+        for tables in ((cos.clone().requires_grad_(), sin), (cos, sin.clone().requires_grad_())):
+            with pytest.raises(ValueError, match=r"^rope: cos and sin must not require grad"):
+                ops.rope(q.clone().requires_grad_(), k, *tables)
+            with torch.no_grad():
+                qr, kr = ops.rope(q, k, *tables)
+            assert_close("rope under no_grad", qr, rope.apply_rope_eager(q.double(), k.double(), cos, sin)[0], dtype)
+    ops.reset_fallback_warnings()
+
+
+def test_hidden_size_past_the_kernel_limit_takes_the_eager_path():
+    """Regression: hidden size 65537 (MAX_HIDDEN + 1) raised on the Triton path while the fallback computes
+    it. The public functions now run the eager reference there, with the one-time warning; the largest size
+    the kernel takes still runs on it."""
+    ops.reset_fallback_warnings()
+    for n in (rmsnorm.MAX_HIDDEN + 1, rmsnorm.MAX_HIDDEN):
+        x = torch.randn(2, n, device=DEV, requires_grad=True)
+        w = torch.randn(n, device=DEV, requires_grad=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y, (y2, _) = ops.rms_norm(x, w), ops.add_rms_norm(x, x, w)
+            ops.rms_norm(x, w)  # warned once already: silent
+        messages = [str(c.message) for c in caught]
+        too_wide = f"Triton kernel not used (hidden size {n} exceeds"
+        assert len(messages) == 2 * (n > rmsnorm.MAX_HIDDEN) and all(too_wide in m for m in messages), messages
+        y.sum().backward()
+        assert x.grad.shape == x.shape and w.grad.shape == w.shape
+        assert_close(f"rms_norm at {n}", y, rmsnorm.rms_norm_eager(x.double(), w.double()))
+        assert_close(f"add_rms_norm at {n}", y2, rmsnorm.rms_norm_eager((x + x).double(), w.double()))
+    ops.reset_fallback_warnings()
+
+
+@pytest.mark.skipif(CUDA, reason="checks the CPU path without the interpreter")
+def test_a_cpu_input_without_the_interpreter_runs_the_eager_reference_silently(monkeypatch):
+    """The PyTorch path is the CPU's own: no warning box in a CPU notebook."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ops.reset_fallback_warnings()
+    x, w = torch.randn(3, 40), torch.ones(40)
+    assert not ops.triton_available_for(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(ops.rms_norm(x, w), rmsnorm.rms_norm_eager(x, w))
+
+
+@pytest.mark.parametrize("module", [RMSNorm, SwiGLU])
+def test_module_impls_agree(module):
+    torch.manual_seed(5)
+    eager, fast = (module(48, *([136] * (module is SwiGLU)), impl=impl, device=DEV) for impl in ("eager", "triton"))
+    for p in eager.parameters():
+        p.data.normal_(std=0.3)
+    fast.load_state_dict(eager.state_dict())
+    x = torch.randn(2, 9, 48, device=DEV)
+    torch.testing.assert_close(fast(x), eager(x))
+    if module is RMSNorm:  # with a residual: (y, h)
+        torch.testing.assert_close(fast(x, x.flip(0)), eager(x, x.flip(0)))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        module(8, 16, impl="cuda")
