@@ -130,9 +130,7 @@ needs_gpu = pytest.mark.skipif(not CUDA, reason="direct launches need compiled k
 
 def _misaligned(shape, dtype, offset=1):
     """A contiguous tensor whose data pointer is not 16-byte aligned."""
-    n = 1
-    for s in shape:
-        n *= s
+    n = shape[0] * (shape[1] if len(shape) > 1 else 1)
     return torch.randn(n + offset, device="cuda", dtype=dtype)[offset:].view(shape)
 
 
@@ -175,30 +173,23 @@ def test_launch_hooks_see_every_launch():
 def test_every_op_launches_directly_once_warm():
     """Each op's launchers get a direct entry after two calls: their constexprs match the kernels'
     signatures (a mismatch would silently keep the slower JIT launch)."""
-    dev = "cuda"
-    x = torch.randn(64, 512, device=dev, requires_grad=True)
-    w = torch.randn(512, device=dev, requires_grad=True)
-    a, b = torch.randn(64, 1024, device=dev, requires_grad=True), torch.randn(64, 1024, device=dev, requires_grad=True)
-    q = torch.randn(2, 16, 4, 64, device=dev, requires_grad=True)
-    k = torch.randn(2, 16, 2, 64, device=dev, requires_grad=True)
-    cos, sin = torch.randn(16, 32, device=dev), torch.randn(16, 32, device=dev)
-    out = torch.randn(32 * 2, 128, device=dev, requires_grad=True)
-    inverse = torch.randperm(64, device=dev)
-    gates = torch.rand(32, 2, device=dev, requires_grad=True)
-    mm_a = torch.randn(96, 64, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    mm_b = torch.randn(3, 64, 128, device=dev, dtype=torch.bfloat16, requires_grad=True)
-    offs = torch.tensor([32, 64, 96], device=dev, dtype=torch.int32)
-    gq, gk = torch.randn(1, 2, 64, 32, device=dev, requires_grad=True), torch.randn(1, 2, 64, 32, device=dev)
-    gv, gg = torch.randn(1, 2, 64, 32, device=dev, requires_grad=True), -torch.rand(1, 2, 64, 32, device=dev)
-    for _ in range(2):
-        ops.rms_norm(x, w).sum().backward()
-        ops.swiglu(a, b).sum().backward()
-        sum(t.sum() for t in ops.rope(q, k, cos, sin)).backward()
-        ops.moe_combine(out, inverse, gates).sum().backward()
-        ops.grouped_mm(mm_a, mm_b, offs, backend="triton").float().sum().backward()
-        ops.gated_linear_attention(gq, gk, gv, gg, impl="triton").sum().backward()
+    calls = [(getattr(ops, op), _inputs(op)) for op in ("rms_norm", "swiglu", "rope", "moe_combine")]
+    mm = (
+        torch.randn(96, 64, device=DEV, dtype=torch.bfloat16),
+        torch.randn(3, 64, 128, device=DEV, dtype=torch.bfloat16),
+    )
+    offs = torch.tensor([32, 64, 96], device=DEV, dtype=torch.int32)
+    calls.append((lambda a, b: ops.grouped_mm(a, b, offs, backend="triton"), list(mm)))
+    gla = [torch.randn(1, 2, 64, 32, device=DEV) for _ in range(3)] + [-torch.rand(1, 2, 64, 32, device=DEV)]
+    calls.append((lambda *qkvg: ops.gated_linear_attention(*qkvg, impl="triton"), gla))
+    for fn, args in calls:
+        for a in args[:2]:
+            a.requires_grad_(a.is_floating_point())
+        for _ in range(2):
+            out = fn(*args)
+            sum(o.float().sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
     missing = [name for name, launcher in LAUNCHERS.items() if launcher.cache_size() == 0]
-    # the dw sum runs only when the backward has several programs (64 rows of 512: one per SM pair)
+    # the dw sum runs only when the backward has several programs (5 rows: one)
     assert missing in ([], ["rmsnorm dw sum"]), missing
 
 
@@ -207,9 +198,8 @@ def test_pow2_divisor_is_the_largest_power_of_two_dividing_every_value():
     changes any value ALIGN does not divide."""
     from mahia.ops._launch import pow2_divisor
 
-    assert [pow2_divisor(n) for n in (1, 2, 3, 8, 1000, 1024, 4096, 0)] == [1, 2, 1, 8, 8, 16, 16, 16]
+    assert pow2_divisor(0) == 16 and pow2_divisor(4096, cap=4) == 4
     assert pow2_divisor(1000 | 1003) == 1 and pow2_divisor(1000 | 4096) == 8
-    assert pow2_divisor(4096, cap=4) == 4
     for n in range(1, 300):
         a = pow2_divisor(n)
         assert n % a == 0 and (a == 16 or n % (2 * a) != 0)
