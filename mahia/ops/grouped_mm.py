@@ -126,10 +126,9 @@ def _native_cpu_supported(dtype: torch.dtype) -> bool:
     return _cpu_grouped_mm_probe[dtype]
 
 
-# torch.compile calls the probe instead of tracing it. This is what torch.compiler.assume_constant_result
-# does (tests/test_ops_grouped_mm.py checks that it still is), set here by hand: the public decorator imports
-# torch._dynamo, and `import mahia.ops` would pay that in every process (about 6 s on the H100 machine's
-# host, 2026-11-27, in each notebook that never compiles).
+# torch.compile calls the probe instead of tracing it: torch.compiler.assume_constant_result's mark (as of
+# torch 2.13), set here by hand: the public decorator imports torch._dynamo, and `import mahia.ops` would pay
+# that in every process (about 6 s on the H100 machine's host, 2026-11-27, in each notebook that never compiles).
 _native_cpu_supported._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 

@@ -21,10 +21,7 @@ intermediates; here one pass reads each row of ``out`` once and writes y once, r
 bf16, N=16384, k=2, D=1024: 97 MB forward, 161 MB backward. Each program takes BLOCK_T tokens and walks
 D in BLOCK_D chunks of a (BLOCK_T, KP, BLOCK_D) tile (KP = k rounded up to a power of two, masked).
 
-One path: ``moe_combine`` checks its inputs once (errors name it and the argument), then launches
-through ``_MoECombine`` (an autograd.Function) when a gradient is needed, directly otherwise, or under
-torch.compile through the custom ops ``mahia::moe_combine_fwd`` / ``_bwd``. Edges: float64 out, gates
-or ``dtype`` run the eager reference silently (reference precision); empty inputs return an empty or
+Edges: float64 out, gates or ``dtype`` run the eager reference silently (reference precision); empty inputs return an empty or
 zero y; ``meta`` tensors get their shapes from the eager reference.
 """
 
@@ -229,9 +226,8 @@ _launch_fwd = Launcher(_moe_combine_fwd_kernel)
 _launch_bwd = Launcher(_moe_combine_bwd_kernel)
 
 
-def _config(n_tokens, k, n_cols, tile, block_t=None, block_d=None, num_warps=None) -> tuple[int, int, int, int]:
-    """(KP, BLOCK_T, BLOCK_D, num_warps): tiles of about ``tile`` gathered elements, 4 warps at most
-    (``block_t``, ``block_d``, ``num_warps`` override them, for probes).
+def _config(n_tokens: int, k: int, n_cols: int, tile: int) -> tuple[int, int, int, int]:
+    """(KP, BLOCK_T, BLOCK_D, num_warps): tiles of about ``tile`` gathered elements, 4 warps at most.
 
     BLOCK_D covers D up to tile / KP, BLOCK_T fills the rest of the tile with tokens (up to 16 for narrow
     D). The forward takes tile = 4096, the backward (which reads dy and out and writes d_out per element)
@@ -242,34 +238,23 @@ def _config(n_tokens, k, n_cols, tile, block_t=None, block_d=None, num_warps=Non
     kp = triton.next_power_of_2(max(1, k))
     bd = max(16, min(triton.next_power_of_2(max(1, n_cols)), tile // kp))
     bt = max(1, min(16, tile // (kp * bd), triton.next_power_of_2(max(1, n_tokens))))
-    return kp, block_t or bt, block_d or bd, num_warps or max(1, min(4, bt * kp * bd // 512))
+    return kp, bt, bd, max(1, min(4, bt * kp * bd // 512))
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def moe_combine_fwd_launch(
-    out: torch.Tensor,
-    inverse: torch.Tensor,
-    gates: torch.Tensor,
-    dtype: torch.dtype | None = None,
-    *,
-    block_t: int | None = None,
-    block_d: int | None = None,
-    num_warps: int | None = None,
-) -> torch.Tensor:
-    """y (N, D) in ``dtype`` (None: out.dtype) with y[n] = sum_j gates[n, j] * out[inverse[n*k + j]], on
-    checked inputs (out-of-range indices are masked). ``block_t``, ``block_d`` and ``num_warps`` override
-    the configuration, for probes."""
-    dtype = out.dtype if dtype is None else dtype
+def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype):
+    """y (N, D) in ``dtype`` with y[n] = sum_j gates[n, j] * out[inverse[n*k + j]], on checked inputs
+    (out-of-range indices are masked)."""
     N, k = gates.shape
     D = out.shape[1]
     y = torch.empty(N, D, dtype=dtype, device=out.device)
     if y.numel() == 0:
         return y
     out, inverse = _unit_stride(out), inverse.contiguous()
-    kp, bt, bd, warps = _config(N, k, D, 4096, block_t, block_d, num_warps)
+    kp, bt, bd, warps = _config(N, k, D, 4096)
     _launch_fwd(
         (triton.cdiv(N, bt),),
         out,
@@ -298,11 +283,7 @@ def moe_combine_bwd_launch(
     out: torch.Tensor,
     inverse: torch.Tensor,
     gates: torch.Tensor,
-    gate_grad: bool = True,
-    *,
-    block_t: int | None = None,
-    block_d: int | None = None,
-    num_warps: int | None = None,
+    gate_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d_out (N*k, D) in out.dtype, d_gates (N, k) in gates.dtype) given dy (N, D).
 
@@ -315,7 +296,7 @@ def moe_combine_bwd_launch(
     if N * k == 0:
         return d_out, d_gates
     dy, out, inverse = _unit_stride(dy), _unit_stride(out), inverse.contiguous()
-    kp, bt, bd, warps = _config(N, k, D, 2048, block_t, block_d, num_warps)
+    kp, bt, bd, warps = _config(N, k, D, 2048)
     _launch_bwd(
         (triton.cdiv(N, bt),),
         dy,

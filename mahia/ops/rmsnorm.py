@@ -16,10 +16,6 @@ The backward runs a persistent grid (a few programs per SM): each program walks 
 rows and keeps its partial dw in float32 registers; a second small kernel sums the partials (a single
 program writes dw itself). Bytes: 5 passes over an (M, N) tensor, everything else O(M + N).
 
-One path: the public function checks its inputs once (errors name it and the argument), then launches
-through ``_RMSNorm`` (an autograd.Function) when a gradient is needed, directly otherwise, or under
-torch.compile through the custom ops ``mahia::rms_norm_fwd`` / ``_bwd`` (same launchers).
-
 Edges: any leading dims (the last dim is made contiguous if it is not); hidden sizes past ``MAX_HIDDEN``
 (the row lives in registers) run the eager reference with the one-time warning; float64 anywhere runs it
 silently (reference precision; the output keeps x's dtype); eps is any real >= 0, converted once with
@@ -266,12 +262,7 @@ def _row_stride(t: torch.Tensor) -> int:
 
 @functools.cache
 def fwd_config(n_cols: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel for hidden size ``n_cols``."""
-    if n_cols > MAX_HIDDEN:
-        raise ValueError(
-            f"rms_norm: hidden size {n_cols} exceeds the kernel's limit of {MAX_HIDDEN} "
-            "(the whole row is held in registers)"
-        )
+    """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel for hidden size ``n_cols`` (<= MAX_HIDDEN)."""
     block_n = triton.next_power_of_2(n_cols)
     block_m = max(1, 4096 // block_n)  # small rows: several per program, so each moves >= 4096 elements
     # 512 elements per warp (16 per thread), at most 16 warps. On an H100 (bf16, 2^26 elements) this
@@ -281,16 +272,10 @@ def fwd_config(n_cols: int) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
-def bwd_config(n_cols: int, n_rows: int | None = None, element_size: int = 2) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, programs_per_sm) of the backward kernel for ``n_rows`` rows of
-    ``n_cols`` elements of ``element_size`` bytes (``n_rows`` None: a large batch)."""
-    rows = 2 if n_rows is None else (0 if n_rows <= 1024 else 1 if n_rows < 4096 else 2)
-    return _bwd_config(n_cols, rows, element_size)
-
-
 @functools.cache
-def _bwd_config(n_cols: int, rows: int, element_size: int) -> tuple[int, int, int, int]:
-    """``rows``: 0 up to 1024 rows, 1 below 4096, 2 from 4096."""
+def bwd_config(n_cols: int, rows: int, element_size: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, programs_per_sm) of the backward kernel for rows of ``n_cols``
+    elements of ``element_size`` bytes; ``rows``: 0 up to 1024 rows, 1 below 4096, 2 from 4096."""
     block_m, block_n, num_warps = fwd_config(n_cols)
     # Programs per SM: all programs of the persistent grid must be resident at once, or the last
     # wave runs alone. Measured on an H100 (bf16): 2 per SM best up to N = 4096, 1 from N = 8192.
@@ -312,17 +297,8 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def rms_norm_fwd_launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    residual: torch.Tensor | None,
-    eps: float,
-    *,
-    block_m: int | None = None,
-    num_warps: int | None = None,
-):
+def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float):
     """Run the forward kernel on checked inputs. Returns (y, h or None); both have x's shape and dtype.
-    ``block_m`` and ``num_warps`` override the configuration, for probes.
 
     Contiguous inputs launch through a plan per shape, dtypes, pointer alignments and device: the direct
     launch that the first such call compiled, with its grid and integer arguments, so that later calls
@@ -332,8 +308,6 @@ def rms_norm_fwd_launch(
     plan_key = None
     if (
         _PLANS
-        and block_m is None
-        and num_warps is None
         and x.is_contiguous()
         and weight.is_contiguous()
         and (residual is None or residual.is_contiguous())
@@ -366,7 +340,7 @@ def rms_norm_fwd_launch(
             )
             return y, h
     n_cols = x.shape[-1]
-    cfg_m, block_n, cfg_warps = fwd_config(n_cols)
+    block_m, block_n, num_warps = fwd_config(n_cols)
     x2 = _rows(x)
     n_rows = x2.numel() // n_cols if n_cols else 0
     y = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -377,7 +351,6 @@ def rms_norm_fwd_launch(
         return y, h
     stride_x, stride_r = _row_stride(x2), _row_stride(r2) if r2 is not None else 0
     bits = n_cols | stride_x | stride_r  # every integer ALIGN must divide
-    block_m = block_m or cfg_m
     grid = ((n_rows + block_m - 1) // block_m, 1, 1)
     ints = (n_rows, n_cols, stride_x, stride_r, n_cols, n_cols)  # y and h are contiguous
     w = weight if weight.is_contiguous() else weight.contiguous()
@@ -390,7 +363,7 @@ def rms_norm_fwd_launch(
         h,
         *ints,
         eps,
-        num_warps=num_warps or cfg_warps,
+        num_warps=num_warps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -403,24 +376,13 @@ def rms_norm_fwd_launch(
     return y, h
 
 
-def rms_norm_bwd_launch(
-    dy: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    dh: torch.Tensor | None,
-    *,
-    block_m: int | None = None,
-    num_warps: int | None = None,
-    programs_per_sm: int | None = None,
-):
+def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float, dh: torch.Tensor | None):
     """Run the backward kernel on the forward's input x (or h) and eps. Returns (dx, dw); dx includes dh
-    when it is given; dw has the weight's dtype. ``block_m``, ``num_warps``, ``programs_per_sm`` override
-    the configuration, for probes."""
+    when it is given; dw has the weight's dtype."""
     n_cols = x.shape[-1]
     n_rows = x.numel() // n_cols if n_cols else 0
-    cfg_m, block_n, cfg_warps, cfg_per_sm = bwd_config(n_cols, n_rows, x.element_size())
-    block_m = block_m or cfg_m
+    rows = 0 if n_rows <= 1024 else 1 if n_rows < 4096 else 2
+    block_m, block_n, num_warps, per_sm = bwd_config(n_cols, rows, x.element_size())
     x2, dy2 = _rows(x), _rows(dy)
     dh2 = _rows(dh) if dh is not None else None  # None: not touched without dh
     dx = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -429,7 +391,7 @@ def rms_norm_bwd_launch(
 
     # the persistent grid: at most per_sm programs per SM, each a contiguous run of whole row blocks
     row_blocks = triton.cdiv(n_rows, block_m)
-    per_program = triton.cdiv(row_blocks, min(_sm_count(x.device) * (programs_per_sm or cfg_per_sm), row_blocks))
+    per_program = triton.cdiv(row_blocks, min(_sm_count(x.device) * per_sm, row_blocks))
     rows_per_program = per_program * block_m
     n_programs = triton.cdiv(n_rows, rows_per_program)
     # A single program writes dw itself; several write float32 partials that a second kernel sums.
@@ -454,7 +416,7 @@ def rms_norm_bwd_launch(
         stride_dh,
         n_cols,  # dx is contiguous
         eps,
-        num_warps=num_warps or cfg_warps,
+        num_warps=num_warps,
         HAS_DH=dh is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -545,8 +507,12 @@ _apply = c_apply(_RMSNorm)
 # The public functions
 
 
-def _too_wide(x: torch.Tensor) -> str:
-    return f"hidden size {x.shape[-1]} exceeds the kernel's limit of {MAX_HIDDEN} (the whole row is held in registers)"
+def _too_wide(x: torch.Tensor) -> str | None:
+    """Why the kernels cannot take x (its row lives in registers), or None."""
+    n = x.shape[-1]
+    return (
+        None if n <= MAX_HIDDEN else f"hidden size {n} exceeds the kernel's limit of {MAX_HIDDEN} (a row in registers)"
+    )
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -557,7 +523,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     for ``meta`` tensors. Inputs are checked once, here; errors name ``rms_norm`` and the argument.
     """
     eps = check_rms_norm_inputs("rms_norm", x, weight, None, eps)
-    if use_triton("rms_norm", x, weight, unsupported=None if x.shape[-1] <= MAX_HIDDEN else _too_wide(x)):
+    if use_triton("rms_norm", x, weight, unsupported=_too_wide(x)):
         if torch.compiler.is_compiling():
             return _fwd_op(x, None, weight, eps)[0]
         if (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
@@ -572,8 +538,7 @@ def add_rms_norm(
     """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h); h is rounded to x's dtype and
     that rounded h is normalized. Paths and edge cases as :func:`rms_norm`."""
     eps = check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
-    wide = None if x.shape[-1] <= MAX_HIDDEN else _too_wide(x)
-    if use_triton("add_rms_norm", x, residual, weight, unsupported=wide):
+    if use_triton("add_rms_norm", x, residual, weight, unsupported=_too_wide(x)):
         if torch.compiler.is_compiling():
             return _fwd_op(x, residual, weight, eps)
         if (x.requires_grad or residual.requires_grad or weight.requires_grad) and torch.is_grad_enabled():

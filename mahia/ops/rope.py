@@ -11,10 +11,7 @@ Out of place, outputs contiguous (B, T, H, D); q and k may be strided (views of 
 with a contiguous last dim. cos and sin are constants: tables that require grad (while grad mode is on)
 are refused with a ValueError, on every path.
 
-One path: ``rope`` checks its inputs once (errors name it and the argument), then launches through
-``_Rope`` (an autograd.Function) when a gradient is needed, directly otherwise, or under torch.compile
-through the custom op ``mahia::rope`` (its ``backward`` flag negates sin: the op is its own backward).
-Edges: float64 anywhere runs the eager reference silently (q's dtype out); empty inputs give empty
+Under torch.compile the custom op ``mahia::rope`` runs (its ``backward`` flag negates sin). Edges: float64 anywhere runs the eager reference silently (q's dtype out); empty inputs give empty
 outputs; ``meta`` tensors get their shapes from the eager reference.
 """
 
@@ -170,16 +167,9 @@ def _empty(t: torch.Tensor) -> torch.Tensor:
 
 
 def rope_launch(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    backward: bool = False,
-    num_warps: int | None = None,
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate checked q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); ``backward`` negates sin.
-    ``num_warps`` overrides the configuration, for probes."""
+    """Rotate checked q (B, T, Hq, D) and k (B, T, Hkv, D) by cos/sin (T, D/2); ``backward`` negates sin."""
     # the kernel needs a unit stride along D only
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -189,8 +179,7 @@ def rope_launch(
         cos, sin = cos.contiguous(), sin.contiguous()
     B, T, n_qh, D = q.shape
     n_kh = k.shape[2]
-    q_out = _empty(q)
-    k_out = _empty(k)
+    q_out, k_out = _empty(q), _empty(k)
     if B * T == 0 or D == 0:
         return q_out, k_out
     half = D // 2
@@ -226,7 +215,7 @@ def rope_launch(
         BLOCK_KH=block_kh,
         BLOCK_HALF=block_half,
         ALIGN=pow2_divisor(half | sqb | sqt | sqh | skb | skt | skh | scos | ssin),
-        num_warps=num_warps or _num_warps(block_qh, block_half),
+        num_warps=_num_warps(block_qh, block_half),
     )
     return q_out, k_out
 

@@ -10,10 +10,8 @@ The kernel walks (rows, N) in 1-D blocks along N; when every operand is contiguo
 long row, otherwise each operand needs a unit stride along N only, so the gate/up halves of a fused
 projection (``u.chunk(2, -1)``) are read in place.
 
-One path: ``swiglu`` checks its inputs once (errors name it and the argument), then launches through
-``_SwiGLU`` (an autograd.Function) when a gradient is needed, directly otherwise, or under torch.compile
-through the custom ops ``mahia::swiglu_fwd`` / ``_bwd``. Edges: empty inputs give empty outputs and
-gradients; float64 runs the eager reference silently; ``meta`` tensors get their shapes from it.
+Edges: empty inputs give empty outputs and gradients; float64 runs the eager reference silently;
+``meta`` tensors get their shapes from it.
 """
 
 from __future__ import annotations
@@ -161,69 +159,26 @@ def _as_rows(*tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list
     return out[0].shape[0], out[0].shape[1], out, [t.stride(0) for t in out]
 
 
-def _empty(a: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor like a (empty_like keeps a's strides when a is a permuted dense view)."""
-    return torch.empty_like(a) if a.is_contiguous() else torch.empty(a.shape, dtype=a.dtype, device=a.device)
-
-
-def swiglu_fwd_launch(
-    a: torch.Tensor, b: torch.Tensor, *, block: int | None = None, num_warps: int | None = None
-) -> torch.Tensor:
-    """c = silu(a) * b with the Triton kernel on checked inputs; c is contiguous with a's shape.
-    ``block`` and ``num_warps`` override the configuration, for probes."""
-    c = _empty(a)
-    if c.numel() == 0:
-        return c
-    n_rows, n_cols, (a2, b2, c2), strides = _as_rows(a, b, c)
-    cfg_block, cfg_warps = _config(n_cols)
-    block, num_warps = block or cfg_block, num_warps or cfg_warps
-    n_col_blocks = -(-n_cols // block)
-    _launch_fwd(
-        (n_rows * n_col_blocks,),
-        a2,
-        b2,
-        c2,
-        n_cols,
-        n_col_blocks,
-        *strides,
-        BLOCK=block,
-        ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)),
-        num_warps=num_warps,
-    )
-    return c
-
-
-def swiglu_bwd_launch(
-    dc: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    *,
-    block: int | None = None,
-    num_warps: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(da, db) of c = silu(a) * b given dc; both contiguous with a's shape."""
-    da, db = _empty(a), _empty(a)
-    if da.numel() == 0:
-        return da, db
-    n_rows, n_cols, (dc2, a2, b2, da2, db2), strides = _as_rows(dc, a, b, da, db)
-    cfg_block, cfg_warps = _config(n_cols)
-    block, num_warps = block or cfg_block, num_warps or cfg_warps
-    n_col_blocks = -(-n_cols // block)
-    _launch_bwd(
-        (n_rows * n_col_blocks,),
-        dc2,
-        a2,
-        b2,
-        da2,
-        db2,
-        n_cols,
-        n_col_blocks,
-        *strides,
-        BLOCK=block,
-        ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)),
-        num_warps=num_warps,
-    )
-    return da, db
+def _launch(launcher: Launcher, *inputs: torch.Tensor, n_out: int) -> list[torch.Tensor]:
+    """Run a kernel on checked same-shape ``inputs``; returns its ``n_out`` outputs, contiguous with the inputs'
+    shape."""
+    a = inputs[0]
+    outs = [torch.empty_like(a, memory_format=torch.contiguous_format) for _ in range(n_out)]
+    if a.numel():
+        n_rows, n_cols, operands, strides = _as_rows(*inputs, *outs)
+        block, num_warps = _config(n_cols)
+        n_col_blocks = -(-n_cols // block)
+        launcher(
+            (n_rows * n_col_blocks,),
+            *operands,
+            n_cols,
+            n_col_blocks,
+            *strides,
+            BLOCK=block,
+            ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)),
+            num_warps=num_warps,
+        )
+    return outs
 
 
 # The two registrations over the same launchers: an autograd.Function for eager calls (less host time than
@@ -234,17 +189,17 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return swiglu_fwd_launch(a, b)
+        return _launch(_launch_fwd, a, b, n_out=1)[0]
 
     @staticmethod
     def backward(ctx, dc):
         a, b = ctx.saved_tensors
-        return swiglu_bwd_launch(dc, a, b)
+        return tuple(_launch(_launch_bwd, dc, a, b, n_out=2))
 
 
 @torch.library.custom_op("mahia::swiglu_fwd", mutates_args=())
 def _fwd_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return swiglu_fwd_launch(a, b)
+    return _launch(_launch_fwd, a, b, n_out=1)[0]
 
 
 @_fwd_op.register_fake
@@ -254,7 +209,7 @@ def _(a, b):
 
 @torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
 def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return swiglu_bwd_launch(dc, a, b)
+    return tuple(_launch(_launch_bwd, dc, a, b, n_out=2))
 
 
 @_bwd_op.register_fake
@@ -287,5 +242,5 @@ def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return _fwd_op(a, b)
         if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
             return _apply(a, b)
-        return swiglu_fwd_launch(a, b)  # no graph to record: no Function
+        return _launch(_launch_fwd, a, b, n_out=1)[0]  # no graph to record: no Function
     return _swiglu_eager(a, b)
