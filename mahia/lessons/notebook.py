@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,7 @@ class Context:
     def device_note(self) -> str:
         """'<device>, <date>' for plot titles; says when it is a CPU run."""
         name = self.report.get("gpu") or f"CPU run: {self.report.get('cpu')}"
-        return f"{name}, {self.recorder._stamp()['date'][:10]}"
+        return f"{name}, {datetime.now(timezone.utc):%Y-%m-%d}"
 
     def bench(self, fn: Callable[[], object], **kw) -> Timing:
         kw.setdefault("rep_ms", 20 if self.quick else 200)
