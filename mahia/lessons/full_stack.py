@@ -19,6 +19,7 @@ from torch import nn
 
 from mahia.measure.checks import CorrectnessError, check_close, rel_error
 from mahia.measure.instruments import LiveTensorMemory, count_ops, count_syncs
+from mahia.measure.timing import capture_graph
 
 
 @dataclass(frozen=True)
@@ -165,25 +166,24 @@ def build(cfg, stack: Stack, *, device, state: dict | None = None, lr: float = 1
 
 def graphed(step: Callable, warmup: int = 3) -> Callable:
     """``step(batch)`` replayed from one CUDA graph per batch shape (notebook 05's idiom, here the whole
-    training step: forward, backward, AdamW). The first call of a shape runs ``warmup`` real steps on a side
-    stream (compilation, autotuning, the optimizer's state), captures one, and keeps its inputs; every call
-    copies the batch into them and replays. ``.history``: the loss of every real step and replay, in order;
-    ``.pool_bytes``: the memory the graphs hold between steps."""
+    training step: forward, backward, AdamW). The first call of a shape captures ``step`` on a copy of the batch
+    (:func:`~mahia.measure.timing.capture_graph`: ``warmup`` real steps on a side stream first, for compilation,
+    autotuning and the optimizer's state); every call copies the batch into it and replays. ``.history``: the
+    loss of every real step and replay, in order; ``.pool_bytes``: the memory the graphs hold between steps."""
     graphs: dict = {}
 
     def replay(batch):
         key = tuple(t.shape for t in batch)
         if key not in graphs:
-            static = tuple(t.clone() for t in batch)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                replay.history += [step(static) for _ in range(warmup)]
-            torch.cuda.current_stream().wait_stream(side)
-            before, graph = torch.cuda.memory_allocated(), torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                loss = step(static)  # recorded, not run: the weights are as the warm-up left them
-            replay.pool_bytes += torch.cuda.memory_allocated() - before
+            static, marks = tuple(t.clone() for t in batch), []
+
+            def once():  # notes the memory in use before each call: the last note is the capture's
+                marks.append(torch.cuda.memory_allocated())
+                return step(static)
+
+            graph, loss = capture_graph(once, warmup=warmup)  # recorded, not run: the weights are as warm-up left them
+            replay.pool_bytes += torch.cuda.memory_allocated() - marks[-1]
+            replay.history += step.history[-warmup - 1 : -1]  # the warm-up steps' losses (the last is the capture's)
             graphs[key] = graph, static, loss
         graph, static, loss = graphs[key]
         for s, x in zip(static, batch):
