@@ -548,7 +548,7 @@ def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, reset, layout, seed
 
     def log_decays(z):  # <= 0; with reset, 1 in 8 of them -inf or very large (issue 37: NaN, 24% error)
         g = F.logsigmoid(2 * z) / temperature
-        return g if reset is None else torch.where(torch.rand(z.shape, generator=gen) < 1 / 8, reset, g)
+        return g if reset is None else torch.where(torch.rand(z.shape, generator=gen).to(z.device) < 1 / 8, reset, g)
 
     gg = make(k, gdt, transform=log_decays)
     with _quiet():
