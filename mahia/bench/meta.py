@@ -11,6 +11,11 @@ only the bytes read and what the kernels feed their tensor cores.
   Triton cannot run (the CPU interpreter's timings would mean nothing).
 
 Each variant's output and four gradients are checked against the float64 loop first; ``rel_err`` is the largest.
+
+Against flash-linear-attention (issue 36), on CUDA where fla-core is installed (skipped, and said so, elsewhere):
+experiments ``gla_fwd`` and ``gla_fwdbwd`` at the model's shapes, ``FLA_SHAPES``, bfloat16. The same function on
+both sides (fla's ``chunk_gla`` with scale = 1); each side gets its own layout, (B, H, T, K) and fla's (B, T, H, K),
+made before timing; both are checked against the float64 log-space path, warmed and timed by ``bench``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ __all__ = ["run", "EXPERIMENT"]
 
 EXPERIMENT = "meta_attention_fwdbwd"
 VARIANTS = (("loop", "baseline"), ("logspace", "peer"), ("triton", "optimized"))
+FLA_SHAPES = ((16, 8, 1024, 64, 64), (8, 16, 2048, 64, 64))  # (B, H, T, K, V) of the small and hybrid presets' steps
 
 
 def _inputs(B: int, H: int, T: int, K: int, V: int, device: torch.device, dtype: torch.dtype):
@@ -102,3 +108,44 @@ def run(recorder, ceilings=None, *, quick: bool) -> None:
             rel_err=max(errs),
             notes="forward + backward to q, k, v, g; flops/bytes: chunked algorithm, chunk 16",
         )
+    if cuda and triton_available_for(inputs[0]):
+        _against_fla(recorder, ceilings, dev, quick=quick)
+
+
+def _against_fla(recorder, ceilings, dev: torch.device, *, quick: bool) -> None:
+    """``gla_fwd`` and ``gla_fwdbwd``: mahia's Triton scan (optimized) against fla's ``chunk_gla`` (peer)."""
+    try:
+        from fla.ops.gla import chunk_gla
+    except ImportError as exc:
+        print(f"gla_fwd, gla_fwdbwd: skipped (fla-core: {exc})")
+        return
+    dtype, tol = torch.bfloat16, tolerance(torch.bfloat16)
+    for B, H, T, K, V in FLA_SHAPES:
+        inputs, do = _inputs(B, H, T, K, V, dev, dtype)
+        ref_o, ref_grads = _fwd_bwd("logspace", [t.double() for t in inputs], do.double())()
+        mine = [t.detach().requires_grad_() for t in inputs]
+        theirs = [t.transpose(1, 2).contiguous().requires_grad_() for t in inputs]  # (B, T, H, K)
+        sides = {  # name: (forward, leaves, output gradient, back to (B, H, T, .), role)
+            "triton": (lambda m=mine: gated_linear_attention(*m, impl="triton"), mine, do, lambda t: t, "optimized"),
+            "fla": (lambda th=theirs: chunk_gla(*th, scale=1.0)[0], theirs, do.transpose(1, 2).contiguous(),
+                    lambda t: t.transpose(1, 2), "peer"),
+        }  # fmt: skip
+        for name, (fwd, leaves, d, back, role) in sides.items():
+            o = fwd()
+            got = [back(t) for t in (o, *torch.autograd.grad(o, leaves, d))]
+            err = max(
+                check_close(f"gla {name} {x} at B={B},H={H},T={T}", a, b, tol)
+                for x, a, b in zip(("o", "dq", "dk", "dv", "dg"), got, (ref_o, *ref_grads))
+            )
+            del o, got
+            for exp, fn, backward in (
+                ("gla_fwd", fwd, False),
+                ("gla_fwdbwd", lambda fwd=fwd, leaves=leaves, d=d: torch.autograd.grad(fwd(), leaves, d), True),
+            ):
+                n_bytes = gla_bytes(B, H, T, K, V, element_size=2, backward=backward)
+                flops = gla_flops(B, H, T, K, V, 16, backward=backward)
+                t = bench(fn, device=dev, warmup_ms=25, rep_ms=100 if quick else 300)
+                recorder.timing(exp, name, role, t, shape=f"B={B},H={H},T={T},K={K},V={V}", dtype=dtype,
+                                bytes=n_bytes, flops=flops, limit=_limit(flops, n_bytes, ceilings, dtype),
+                                rel_err=err, notes="fla: chunk_gla(scale=1), (B, T, H, K); flops: chunk 16")  # fmt: skip
+        del inputs, do, mine, theirs, sides, ref_o, ref_grads  # free this shape before the next

@@ -145,9 +145,20 @@ def ladder_ratio(num: str, den: str) -> Callable:
     return lambda df: rule(df) if _field(df, "full_stack_tokens", "ladder", "value", None, None) is not None else None
 
 
+def worst(*rules: Callable) -> Callable:
+    """The smallest value of ``rules``; None unless every rule has one."""
+
+    def rule(df):
+        values = [r(df) for r in rules]
+        return None if any(v is None for v in values) else min(values)
+
+    return rule
+
+
 # Canonical shapes of the headline measurements (sweeps use other experiment names).
 RMS, SWI, ROPE = "16384x4096", "16384x11008", "8x2048x32x8x128"
 MOE, GLA = "N=16384,D=1024,H=2048,E=64,k=2", "B=4,H=8,T=2048,K=64,V=64"
+GLA_MODEL = ("B=16,H=8,T=1024,K=64,V=64", "B=8,H=16,T=2048,K=64,V=64")  # mahia.bench.meta.FLA_SHAPES
 
 
 # Headline metrics (summary.json). Each rule maps the newest records to one number or None.
@@ -179,6 +190,8 @@ HEADLINES: dict[str, Callable[[pd.DataFrame], float | None]] = {
     "moe_layer_over_gemms": ratio("moe_fwd", "grouped", "gemms", MOE, "bfloat16"),
     "moe_fwdbwd_tflops": field("moe_fwdbwd", "grouped", "tflops", MOE, "bfloat16"),
     "meta_attention_vs_loop": ratio("meta_attention_fwdbwd", "loop", "triton", GLA),
+    "gla_fwd_vs_fla": worst(*(ratio("gla_fwd", "fla", "triton", s, "bfloat16") for s in GLA_MODEL)),
+    "gla_fwdbwd_vs_fla": worst(*(ratio("gla_fwdbwd", "fla", "triton", s, "bfloat16") for s in GLA_MODEL)),
     # notebook 10: the ladder from the loop-free baseline, the loops' own gain, MFU against a plain GPT
     "full_stack_tokens_per_step": field("full_stack_tokens", "ladder", "value"),
     "full_stack_speedup": ladder_ratio("baseline", "all"),
@@ -235,6 +248,8 @@ GOALS: dict[str, tuple[str, float]] = {
     "moe_fwd_tflops": (">=", 350.0),  # a floor, so that slower GEMMs cannot buy the ratio below
     "moe_layer_over_gemms": ("<=", 1.3),
     "meta_attention_vs_loop": (">=", 100.0),
+    "gla_fwd_vs_fla": (">=", 1.0),  # the worse of the two model shapes (issue 36)
+    "gla_fwdbwd_vs_fla": (">=", 1.0),
     "full_stack_tokens_per_step": (">=", 16384),
     "full_stack_speedup": (">=", 8.0),
     "full_stack_rungs_slower": ("<=", 0),
