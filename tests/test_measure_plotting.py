@@ -1,5 +1,5 @@
-"""mahia.measure.plotting: a bar's value lies beyond its whisker and inside the axes, and a variant has one colour
-in every plot and process, while two names of one plot never share one."""
+"""mahia.measure.plotting: a bar's value lies beyond its whisker and inside the axes; a variant has one colour in every
+plot and process, and two names of one plot never share one."""
 
 import os
 import subprocess
@@ -80,14 +80,3 @@ def test_a_variant_has_one_colour_in_every_plot_and_process_and_none_shared_in_a
     assert out == f"{want}\n"
     mine = {"eager": "#123456", "sdpa": "#654321"}
     assert _line_colors(plotting.sweep(_sweep_frame(list(mine)), x="T", y="ms", title="m", palette=mine)) == mine
-
-
-def test_a_roofline_point_on_another_is_drawn_smaller_on_top():
-    # 00-10: on the H100, x*y+z (0.25 FLOP/byte, 0.74 TFLOP/s) hid under exp bfloat16 (0.25, 0.72)
-    m = 2**26
-    pts = pd.DataFrame(
-        {"variant": ["x*y+z", "exp bf16", "mm"], "flops": [2 * m, m, 2 * 4096**3], "bytes": [8 * m, 4 * m, 6 * 4096**2]}
-    ).assign(median_ms=[0.1806, 0.0936, 0.192])
-    ax = plotting.roofline(pts, CEIL)
-    assert [float(c.get_sizes()[0]) for c in ax.collections] == [50.0, 18.0, 50.0]
-    assert ax.collections[1].get_zorder() > ax.collections[0].get_zorder()
