@@ -1,9 +1,6 @@
-"""JupyterLab as a tested interface: notebooks 00 and 09 run in a real JupyterLab (a server of its own over a
-temporary git copy of notebooks/, parameters set to the CPU, quick, interactive), driven by Chromium through the
-Run menu. No output is an error; autosave leaves ``git status`` clean (``make lab``'s save hook); the listings
-are left-aligned and unwrapped; the explorer's widgets render, and moving its first slider shows "running:
-<settings>", then heads the new output with the new settings.
-"""
+"""Notebooks 00 and 09 run in a real JupyterLab (over a temporary git copy of notebooks/; CPU, quick, interactive)
+through Chromium's Run menu: no error output; autosave leaves ``git status`` clean (``make lab``'s save hook);
+listings left-aligned and unwrapped; moving the explorer's slider shows "running: ...", then the new settings."""
 
 from __future__ import annotations
 
@@ -74,27 +71,15 @@ class Lab:
             (path := settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings").parent.mkdir(parents=True)
             path.write_text(json.dumps(value))
         env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "MAHIA_HEADLESS")}
-        env.update(
-            MAHIA_RESULTS_DIR=str(tmp / "results"),
-            MAHIA_FIGURES_DIR=str(tmp / "figures"),
-            JUPYTER_CONFIG_DIR=str(tmp / "jupyter-config"),
-            JUPYTER_RUNTIME_DIR=str(tmp / "jupyter-runtime"),
-            JUPYTERLAB_SETTINGS_DIR=str(settings),
-            JUPYTERLAB_WORKSPACES_DIR=str(tmp / "lab-workspaces"),
-        )
-        cmd = [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "lab",
-            "--no-browser",
-            "--ServerApp.ip=127.0.0.1",
-            f"--ServerApp.port={self.port}",
-            "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={self.token}",
-            f"--ServerApp.root_dir={root_dir}",
-            "--ContentsManager.pre_save_hook=mahia.runner.strip_on_save",  # as `make lab` does
-        ] + (["--allow-root"] if os.geteuid() == 0 else [])  # as `make lab` does
+        env.update(MAHIA_RESULTS_DIR=str(tmp / "results"), MAHIA_FIGURES_DIR=str(tmp / "figures"),
+                   JUPYTER_CONFIG_DIR=str(tmp / "jupyter-config"), JUPYTER_RUNTIME_DIR=str(tmp / "jupyter-runtime"),
+                   JUPYTERLAB_SETTINGS_DIR=str(settings),
+                   JUPYTERLAB_WORKSPACES_DIR=str(tmp / "lab-workspaces"))  # fmt: skip
+        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+               f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
+               f"--ServerApp.root_dir={root_dir}",
+               "--ContentsManager.pre_save_hook=mahia.runner.strip_on_save"]  # fmt: skip
+        cmd += ["--allow-root"] if os.geteuid() == 0 else []  # as `make lab` does
         self.log = tmp / "lab.log"
         self.proc = subprocess.Popen(
             cmd, stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -213,8 +198,7 @@ def _git(repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """A git repository of the notebooks (prepared and committed) and a JupyterLab server over it, started as
-    `make lab` starts it."""
+    """A git repository of the prepared notebooks, committed, and a JupyterLab server over it as `make lab` runs it."""
     tmp = tmp_path_factory.mktemp("lab")
     repo, nbdir = tmp / "repo", tmp / "repo" / "notebooks"
     shutil.copytree(ROOT / "notebooks", nbdir)

@@ -43,7 +43,6 @@ def test_rungs_accumulate_and_stack_config_applies_them():
     cfg = s.config(HybridConfig.preset("tiny").optimized())  # starts from the baseline impls
     assert cfg.attention_impl == "sdpa" and cfg.moe_impl == "loop" and cfg.gating_impl == "branch"
     assert fs.Stack(amp="bf16").dtype == torch.bfloat16 and fs.Stack().dtype == torch.float32
-    assert fs.Stack().describe() == "baseline"
     with pytest.raises(ValueError, match="unknown optimization"):
         fs.Stack(model=("fastest",)).config(cfg)
 
@@ -79,8 +78,12 @@ def test_for_device_drops_and_swaps_cuda_only_rungs():
 # --- building and checking -------------------------------------------------------------------------
 
 
-def _ladder_outputs(cfg, ladder, batch):
-    """(reference outputs, [(rung name, stack, outputs)]): every rung from the baseline's weights."""
+def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
+    # Notebook 10's rule: float32 rungs match exactly, a bf16 rung in loss and cross-entropy (top-k routing may send
+    # a near-tie token elsewhere once bf16 rounds the router's input; the MoE-free direction check is 10's own gate)
+    cfg, (rungs, _) = _cfg(), fs.for_device(fs.LADDER, cuda=False, compile_problem="cpu test")
+    batch, ladder = _batch(cfg), fs.climb(rungs)
+    assert any(s.amp for _, s in ladder), "the CPU ladder has a bf16 rung"
     torch.manual_seed(0)
     base = fs.build(cfg, ladder[0][1], device="cpu")
     state = {k: v.clone() for k, v in base.model.state_dict().items()}
@@ -88,36 +91,13 @@ def _ladder_outputs(cfg, ladder, batch):
     assert ref.grad.numel() == sum(p.numel() for p in base.model.parameters())
     assert all(p.grad is None for p in base.model.parameters())  # step_outputs leaves the weights and grads alone
     assert all(torch.equal(v, state[k]) for k, v in base.model.state_dict().items())
-    outs = []
     for name, stack in ladder[1:]:
         b = fs.build(cfg, stack, device="cpu", state=state)
-        outs.append((name, stack, fs.step_outputs(b.forward, b.model, batch, amp=stack.amp)))
-    return ref, state, outs
-
-
-def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
-    # Notebook 10's rule: float32 rungs match exactly; a bf16 rung matches in loss and cross-entropy, and its
-    # logits and gradients point the same way on the model without MoE. With top-k routing, a token whose
-    # best experts nearly tie is routed elsewhere once bf16 rounds the router's input (seen here: 1 token of
-    # 39, logits cosine 0.38 for that token), so per-tensor directions are not a property of a correct rung.
-    cfg = _cfg()
-    batch = _batch(cfg)
-    rungs, _ = fs.for_device(fs.LADDER, cuda=False, compile_problem="cpu test")
-    ladder = fs.climb(rungs)
-    assert any(s.amp for _, s in ladder), "the CPU ladder has a bf16 rung"
-    ref, state, outs = _ladder_outputs(cfg, ladder, batch)
-    for name, stack, out in outs:
+        out = fs.step_outputs(b.forward, b.model, batch, amp=stack.amp)
         if stack.amp is None:
-            errs = fs.check_step(name, out, ref, 1e-5)
-            assert max(errs.values()) < 1e-5
+            assert max(fs.check_step(name, out, ref, 1e-5).values()) < 1e-5
         else:
             fs.check_step(name, out, ref, 2e-2, fields=("loss", "ce"))
-    amp_rungs = [(name, stack) for name, stack in ladder[1:] if stack.amp is not None]
-    ref_free, _, outs_free = _ladder_outputs(cfg.replace(moe=False), ladder[:1] + amp_rungs, batch)
-    for name, _, out in outs_free:
-        errs = fs.check_step(name, out, ref_free, 2e-2, fields=("loss", "ce"), direction_fields=("logits", "grad"))
-        assert errs["cos grad"] > 0.99
-    # the same check fails when one weight is wrong
     state["norm.weight"] *= 1.01  # a copy: the models built from it hold their own weights
     bad = fs.build(cfg, ladder[-1][1], device="cpu", state=state)
     out = fs.step_outputs(bad.forward, bad.model, batch, amp=ladder[-1][1].amp)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import mahia.lessons.graphs_and_compile as gcl
-from mahia.measure.checks import check_close, tolerance
 
 N, K, M = 37, 19, 11
 
@@ -54,45 +53,12 @@ def test_try_capture_leaves_cuda_ready_after_a_failed_capture():
     assert torch.rand(2, device="cuda").shape == (2,)  # a completed capture leaves the RNG usable
 
 
-def _mlp_and_batch(device):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(K, 32), torch.nn.ReLU(), torch.nn.Linear(32, M)).to(device)
-    loss_fn = lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
-    return model, loss_fn, (torch.randn(N, K, device=device), torch.randn(N, M, device=device))
-
-
 def test_graphed_train_step_refuses_what_cannot_be_captured():
-    model, loss_fn, batch = _mlp_and_batch("cpu")
+    # (that it trains like eager is notebook 05's gate on a GPU: losses and weights against an eager twin)
+    model = torch.nn.Linear(K, M)
+    batch, loss_fn = (torch.randn(N, K), torch.randn(N, M)), lambda m, x, y: torch.nn.functional.mse_loss(m(x), y)
     with pytest.raises(ValueError, match="capturable=True"):
         gcl.GraphedTrainStep(model, torch.optim.AdamW(model.parameters()), batch, loss_fn=loss_fn)
-
-
-@pytest.mark.gpu
-def test_graphed_train_step_trains_like_eager_on_cuda():
-    model, loss_fn, batch = _mlp_and_batch("cuda")
-    twin, _, _ = _mlp_and_batch("cuda")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
-    opt_twin = torch.optim.AdamW(twin.parameters(), lr=1e-2, capturable=True)
-
-    def eager(b):
-        opt_twin.zero_grad(set_to_none=True)
-        loss = loss_fn(twin, *b)
-        loss.backward()
-        opt_twin.step()
-        return loss.detach()
-
-    before = gcl.cuda_memory("cuda")
-    step = gcl.GraphedTrainStep(model, opt, batch, loss_fn=loss_fn, warmup=3)
-    assert gcl.cuda_memory("cuda")["reserved"] >= before["reserved"]  # the graph keeps its pool
-    for _ in range(3):  # the same warm-up steps for the twin
-        eager(batch)
-    for _ in range(4):
-        b = (torch.randn(N, K, device="cuda"), torch.randn(N, M, device="cuda"))
-        check_close("graphed loss", step(b).clone(), eager(b), tolerance(torch.float32, tf32=True))
-    for p, q in zip(model.parameters(), twin.parameters()):
-        check_close("weights after training", p, q, tolerance(torch.float32, tf32=True))
-    with pytest.raises(RuntimeError, match="size"):
-        step((torch.randn(N + 1, K, device="cuda"), torch.randn(N + 1, M, device="cuda")))
 
 
 Q = "'" * 3

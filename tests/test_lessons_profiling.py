@@ -31,10 +31,6 @@ def test_a_cpu_profile_lists_the_operators_by_their_own_time():
     assert list(p.top["ms"]) == sorted(p.top["ms"], reverse=True)
     assert p.top["share"].sum() == pytest.approx(1.0) and p.ops is p.top  # a CPU: the operators are the work
     assert 0 < p.ms(pr.MATMUL_KERNELS) <= p.busy_ms and p.ms("no such kernel") == 0.0
-    t = p.table(rows=2)
-    assert list(t.columns) == ["calls", "ms", "share"] and len(t) == 2 and t.index.name == "operator (CPU)"
-    assert p.summary() == {"profiled ms": p.wall_ms, "operator ms (CPU)": p.busy_ms, "top-level operators": 3.0,
-                           "operators' share": p.busy}  # fmt: skip
     groups = p.by_group({"matmuls": pr.MATMUL_OPS})
     assert groups["matmuls"] > 0 and groups.sum() == pytest.approx(p.ops["ms"].sum())
 
@@ -45,15 +41,12 @@ def test_compare_lines_up_two_profiles_by_name():
     t = pr.compare(before, after)
     assert list(t.index) == ["aten::nonzero", "aten::where", "aten::mm"]  # by the size of the difference
     assert t.loc["aten::nonzero", "after - before"] == -0.5 and t.loc["aten::where", "ms before"] == 0.0
-    assert t.index.name == "operator (CPU)"
     with pytest.raises(ValueError, match="different devices"):
         pr.compare(before, _profile([("k", 1.0)], device="cuda"))
     gpu = _profile(
         [("void pytorch_flash::flash_fwd_kernel<T<128> >(P)", 0.75), ("Memcpy DtoD (Device -> Device)", 0.25)], "cuda"
     )
-    assert gpu.busy == 1.0 and list(gpu.table().index) == ["flash_fwd_kernel", "Memcpy DtoD (Device -> Device)"]
-    assert gpu.table().index.name == "kernel"
-    assert gpu.summary() == {"profiled ms": 1.0, "kernel ms": 1.0, "launches": 2, "device busy": 1.0}
+    assert gpu.busy == 1.0 and gpu.summary()["launches"] == 2
 
 
 def test_by_group_takes_the_first_matching_group_and_keeps_the_rest():
@@ -108,34 +101,7 @@ def test_matmul_kernels_match_cublas_cutlass_and_inductor_gemms_only():
     assert [n for n in NOT_MATMULS if re.search(pr.MATMUL_KERNELS, n)] == []
 
 
-def test_short_names_name_the_function_and_what_it_computes():
-    copy_lambda = (
-        "at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::"
-        "{lambda()#7}::operator()() const::{lambda(float)#1}"
-    )
-    nocast = f"at::native::gpu_kernel_impl_nocast<{copy_lambda}>(at::TensorIteratorBase&, {copy_lambda} const&)"
-    cutlass = "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8"
-    cases = {
-        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >"
-        "(int, at::native::CUDAFunctor_add<float>, std::array<char*, 3ul>)": "vectorized_elementwise_kernel<CUDAFunctor_add>",
-        f"void at::native::elementwise_kernel<128, 2, {nocast}::{{lambda(int)#1}}>(int, {nocast}::{{lambda(int)#1}})": (
-            "elementwise_kernel<direct_copy_kernel_cuda>"
-        ),
-        f"void cutlass::Kernel2<{cutlass}>({cutlass}::Params)": cutlass,  # a generic launcher: the kernel it launches
-        "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float, float, float, "
-        "at::native::binary_internal::MulFunctor<float> >, std::array<char*, 3ul> >(int, std::array<char*, 3ul>)": (
-            "vectorized_elementwise_kernel<MulFunctor>"  # the innermost functor
-        ),
-        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
-        "at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)": "cunn_SoftMaxForward",
-        "cunn_SoftMaxForward<4, float>(float*, int)": "cunn_SoftMaxForward",
-        "## Call CompiledFxGraph fx ##": "## Call CompiledFxGraph fx ##",  # not a signature
-        "aten::_scaled_dot_product_flash_attention_for_cpu": "aten::_scaled_dot_product_flash_attention_for_cpu",
-        "Memcpy DtoD (Device -> Device)": "Memcpy DtoD (Device -> Device)",
-    }
-    for name, short in cases.items():
-        assert pr.short_kernel_name(name, width=200) == short, name
-    assert pr.short_kernel_name("x" * 80, width=10) == "x" * 9 + "…"
+def test_tile_shape_reads_the_gemm_tile_from_the_kernel_name():
     assert pr.tile_shape("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1") == (128, 256)
     assert pr.tile_shape("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8") == (64, 64)
     assert pr.tile_shape("ampere_sgemm_128x64_tn") == (128, 64)

@@ -30,7 +30,7 @@ def test_saved_tensor_bytes_counts_what_autograd_keeps():
 
 
 def test_block_table_against_measured_saved_tensors():
-    """The model counts what fused kernels keep; the eager norms and RoPE keep a little more."""
+    # the model counts what fused kernels keep; the eager norms and RoPE keep a little more
     torch.manual_seed(0)
     cfg = HybridConfig(vocab_size=211, dim=48, n_layers=3, n_heads=4, hidden=80, max_seq_len=64, attention_impl="sdpa")
     model = HybridModel(cfg)
@@ -112,8 +112,7 @@ def test_peak_composition_itemizes_the_live_peak_by_op_dtype_and_phase():
 
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
 def test_full_checkpointing_counts_block_inputs_in_the_residual_streams_dtype(param_dtype):
-    """Under autocast the residual stream keeps the parameters' dtype: what full checkpointing keeps of a block is
-    its input at that size, not at the activation dtype's (the H100 review of 07 found the model at half of it)."""
+    # under autocast the residual stream keeps the parameters' dtype, and full checkpointing keeps block inputs in it
     torch.manual_seed(0)
     cfg = HybridConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, hidden=64, max_seq_len=32, attention_impl="sdpa")
     model = HybridModel(cfg).to(param_dtype)

@@ -1,9 +1,5 @@
-"""Every notebook runs top to bottom through the runner: quick profile, on the CPU (or the GPU if any), and
-what its cells print keeps the paragraph rule of the notebooks' text (checked by tests/test_notebook_rules.py's
-long_output_paragraphs).
-
-Results and figures go to a temporary folder so that a test run never mixes with committed results.
-"""
+"""Every notebook runs top to bottom through the runner (quick profile, on the CPU or the GPU if any), into a
+temporary folder, and what its cells print keeps the paragraph rule (test_notebook_rules.long_output_paragraphs)."""
 
 import json
 import os
