@@ -101,17 +101,3 @@ def test_device_report_gives_the_l2_cache_in_mib_under_a_mib_key(monkeypatch):
     finally:
         hardware.device_report.cache_clear()
     assert rep["l2_cache_mib"] == 50.0 and "l2_cache_mb" not in rep
-
-
-def test_check_int_and_check_float_dtype():
-    check_int, check_float_dtype = checks.check_int, checks.check_float_dtype
-    assert check_int("f", "n", 3) == 3 and check_int("f", "n", 0, minimum=0) == 0
-    for bad in (0, -1, 2.0, True, "3", None):
-        with pytest.raises(ValueError, match=r"^f: n must be a positive int, got "):
-            check_int("f", "n", bad)
-    with pytest.raises(ValueError, match=r"^f: n must be an int >= 0, got -1$"):
-        check_int("f", "n", -1, minimum=0)
-    assert check_float_dtype("f", torch.bfloat16) is torch.bfloat16
-    for bad in (torch.int64, "float32", None):
-        with pytest.raises(TypeError, match=r"^f: dtype must be a floating torch.dtype"):
-            check_float_dtype("f", bad)

@@ -26,6 +26,8 @@ def test_rms_norm_formula_float32_compute_and_fused_residual():
     torch.testing.assert_close(y, rms_norm_eager(x + r, norm.weight, 1e-5))
     with pytest.raises(ValueError, match="RMSNorm: dim must be a positive int"):
         RMSNorm(0)
+    with pytest.raises(ValueError, match="RMSNorm: impl must be one of"):
+        RMSNorm(8, impl="cuda")
 
 
 def test_swiglu_formula_and_module_structure():
@@ -38,6 +40,8 @@ def test_swiglu_formula_and_module_structure():
     torch.testing.assert_close(mlp(x), mlp.w3(torch.nn.functional.silu(u[:, :40]) * u[:, 40:]))  # gate first
     with pytest.raises(ValueError, match="SwiGLU: hidden must be a positive int"):
         SwiGLU(16, -1)
+    with pytest.raises(ValueError, match="SwiGLU: impl must be one of"):
+        SwiGLU(16, 40, impl="cuda")
 
 
 def test_rotary_cache_tables_and_slicing():
@@ -66,8 +70,5 @@ def test_rope_is_a_complex_rotation():
     for x, xr in ((q, qr), (k, kr)):
         z = torch.complex(x[..., : D // 2], x[..., D // 2 :]) * torch.polar(torch.ones_like(angle), angle)
         torch.testing.assert_close(xr, torch.cat((z.real, z.imag), dim=-1))
-
     qb = q.bfloat16()
     assert apply_rope(qb, qb, *cache.get(T))[0].dtype == torch.bfloat16
-    with pytest.raises(ValueError, match="apply_rope: impl must be one of"):
-        apply_rope(qb, qb, *cache.get(T), impl="nope")

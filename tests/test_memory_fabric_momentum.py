@@ -1,8 +1,5 @@
-"""GraphDiffusionMemory, DynamicNeuroFabric and the momentum memory update: before == after.
-
-Every fast path is compared with a float64 run of the reference path (outputs and gradients) at the
-tolerance of its dtype (``mahia.measure.checks``), on odd shapes; the fast paths must make no syncing op.
-"""
+"""GraphDiffusionMemory, DynamicNeuroFabric and the momentum update: each fast path against a float64 run of
+the reference path (outputs, gradients) at its dtype's tolerance, on odd shapes, with no syncing op."""
 
 from __future__ import annotations
 
@@ -52,10 +49,8 @@ def _memory_fn(impl, steps=4, alpha=0.5, causal=False, segment=None):
     + [(torch.float32, "batched", False, None, k, a) for k, a in ((0, 0.3), (1, 0.3), (5, 1.0), (8, 0.0))],
 )
 def test_memory_matches_float64_reference(dtype, impl, causal, segment, steps, alpha):
-    """Output and every input's gradient against the float64 loop. Sharp graph (adj_std=3): the nodes
-    stay distinguishable (heavy smoothing is the next test). Segments in float32: there the loop
-    reference's own bfloat16 error (~2e-2, summed over 8 segments) sits at the tolerance. With k=0 or
-    alpha=0 the graph is unused, so the adjacency gets no gradient."""
+    """Sharp graph (adj_std=3): the nodes stay distinguishable (heavy smoothing: the next test). Segments in
+    float32 only: the bf16 loop's own error sits at the tolerance. k=0 or alpha=0: no adjacency gradient."""
     inputs = _memory_inputs(seed=steps, dtype=dtype)
     grad_inputs = [i for i in range(len(inputs)) if i != 2 or (steps and alpha)]
     ref = _memory_fn("loop", steps, alpha, causal, segment)
@@ -64,8 +59,8 @@ def test_memory_matches_float64_reference(dtype, impl, causal, segment, steps, a
 
 
 def test_memory_batched_as_accurate_as_loop_when_oversmoothed():
-    # Dense graph, alpha=1, k=5: the nodes collapse, the read projections' gradients are ill-conditioned
-    # (~1e-3 relative error in float32 for BOTH paths): the fast path must be no worse than the reference.
+    # Dense graph, alpha=1, k=5: the nodes collapse, the read projections' gradients are ill-conditioned (~1e-3
+    # relative error in float32 for both paths): the fast path must be no worse than the reference.
     inputs = _memory_inputs(seed=5, adj_std=1.0, dtype=torch.float32)
     errs = {
         impl: compare_fn(_memory_fn(impl, 5, 1.0), _memory_fn("loop", 5, 1.0), inputs, tol=1.0).max_error
@@ -76,9 +71,8 @@ def test_memory_batched_as_accurate_as_loop_when_oversmoothed():
 
 
 def test_diffusion_operator_compiles_in_one_graph_in_float32_under_autocast():
-    # Its float32 region is a plain `with torch.autocast(..., enabled=False)`: written as
-    # `with off or contextlib.nullcontext()` it broke Dynamo's graph on torch 2.11 (five breaks in notebook
-    # 04's two-layer model, `git show a106036:tools/probes/compile_breaks.py`).
+    # Regression: its float32 region written as `with off or contextlib.nullcontext()` broke Dynamo's graph on
+    # torch 2.11 (five breaks in notebook 04's model, `git show a106036:tools/probes/compile_breaks.py`).
     torch._dynamo.reset()
     adj = torch.randn(16, 16, generator=_gen(2))
     fn = torch.compile(diffusion_operator, fullgraph=True, backend="eager")
@@ -113,9 +107,8 @@ def test_memory_no_syncs_and_batched_launches_do_not_grow_with_nodes():
 @pytest.mark.parametrize("impl", ["loop", "batched"])
 @pytest.mark.parametrize("segment", [None, SEG])
 def test_memory_causal_mode_sees_no_future_and_decodes(impl, segment):
-    """Perturbing tokens t+1.. leaves the outputs at <= t unchanged in causal mode (and changes them in
-    bidirectional mode, so the check can fail). decode() over a prefill and single tokens (crossing
-    segment boundaries) == one forward, with no sync."""
+    """Causal: tokens t+1.. leave the outputs at <= t alone (bidirectional: they do not). decode() over a
+    prefill and single tokens, across segment boundaries, == one forward, with no sync."""
     x, *params = _memory_inputs()
     causal = _memory_fn(impl, 3, 0.5, True, segment)
     for t in (0, 4, 5, 11, 35):
@@ -227,8 +220,7 @@ def test_fabric_matches_float64_reference(dtype, which):
     tol = tolerance(dtype)
     for key, err in errs["masked"].items():
         if key in ("grad1", "grad2") and dtype == torch.bfloat16:
-            # The gate gradient is a dot product over T*D with cancellation: ~1e-2 relative error in
-            # bfloat16 in both paths. The fast path must be as accurate as the reference path there.
+            # The gate gradient cancels over T*D: ~1e-2 error in bf16 on both paths; be as accurate as the reference.
             assert err <= max(tol, 1.5 * errs["branch"][key]), (key, err, errs["branch"][key])
         else:
             assert err <= tol, (key, err)
@@ -237,9 +229,8 @@ def test_fabric_matches_float64_reference(dtype, which):
 
 @pytest.mark.parametrize("impl", ["branch", "masked"])
 def test_fabric_gates_gradients_extreme_thresholds_and_first_token_gates(impl):
-    """Only active layers get a gate gradient; thresholds 1 and 0 skip every layer and run every one.
-    gate_source="first": gates from x[:, 0] only; with per-token layers, perturbing tokens t+1..
-    leaves the outputs at <= t unchanged. The mean gates do leak (so the check can fail)."""
+    """Only active layers get a gate gradient; thresholds 1 and 0 skip and run every layer. gate_source=
+    "first": gates from x[:, 0], so tokens t+1.. leave the outputs at <= t alone (the mean gates leak)."""
     x, gw, gb, *ws = _fabric_inputs()
     gb = gb.clone()
     gb[1] = -20.0  # layer 1 off for every sample

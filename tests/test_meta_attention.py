@@ -1,4 +1,5 @@
-"""MetaAttention (gated linear attention): loop, log-space and Triton paths against a float64 loop."""
+"""MetaAttention (gated linear attention): the loop and log-space paths against a float64 loop; the Triton
+path's math is test_ops_fuzz's (test_fuzz_gla), its opcheck, compile, frames and fallbacks are here."""
 
 import warnings
 
@@ -10,7 +11,7 @@ from helpers import compare
 from mahia.measure.checks import compare_fn, rel_error, tolerance
 from mahia.measure.instruments import count_syncs
 from mahia.model.meta_attention import MetaAttention
-from mahia.ops.dispatch import reset_fallback_warnings, triton_available_for, triton_import_error
+from mahia.ops.dispatch import reset_fallback_warnings, triton_import_error
 from mahia.ops.gla_scan import (
     gated_linear_attention,
     gla_bytes,
@@ -45,8 +46,6 @@ PATHS = [
     ("logspace", None, torch.float32),
     ("logspace", 64, torch.float32),
     ("logspace", None, torch.bfloat16),
-    ("triton", None, torch.float32),
-    ("triton", None, torch.bfloat16),
 ]
 
 
@@ -55,11 +54,7 @@ PATHS = [
     "impl,chunk,dtype", PATHS, ids=[f"{i}{'-c' + str(c) if c else ''}-{str(d)[6:]}" for i, c, d in PATHS]
 )
 def test_paths_match_float64_loop(impl, chunk, dtype, T):
-    if impl == "triton" and triton_import_error() is not None:
-        pytest.skip("triton is not installed")
     inputs = make_inputs(2, 3, T, 16, 32, dtype)
-    if impl == "triton":
-        assert triton_available_for(inputs[0])  # the kernel, not the fallback, is under test
     if T > 1:
         errors = compare(_path(impl, chunk), gla_loop, inputs, tol=tolerance(dtype), name=f"gla {impl}")
         assert set(errors) == {"out0", "grad0", "grad1", "grad2", "grad3"}
@@ -71,24 +66,6 @@ def test_paths_match_float64_loop(impl, chunk, dtype, T):
     _path(impl, chunk)(q, k, v, g).sum().backward()
     scale = (q.float() * q.grad.float()).abs().max()
     assert g.grad.float().abs().max() <= tolerance(dtype) * scale
-
-
-@needs_triton
-def test_triton_float16_and_mixed_gate_dtype():
-    q, k, v, g = make_inputs(2, 3, 37, 16, 16, torch.float16)
-    compare(_path("triton"), gla_loop, [q, k, v, g], name="gla triton fp16")
-    # a float32 gate with bfloat16 q, k, v (the gate is where precision matters most)
-    q, k, v, g = make_inputs(2, 3, 37, 16, 16, torch.bfloat16)
-    compare(_path("triton"), gla_loop, [q, k, v, g.float()], dtype=torch.bfloat16, name="gla triton bf16 + fp32 gate")
-
-
-@needs_triton
-@pytest.mark.parametrize("K,V", [(20, 40), (40, 40), (16, 48)])
-def test_triton_value_blocks_and_padding(K, V):
-    """Several value blocks (2, 3, 2 of 32, 16, 32 columns: dq, dk, dg summed over partials), K and V
-    that are not powers of two."""
-    q, k, v, g = make_inputs(2, 1, 37, K, V)
-    compare(_path("triton"), gla_loop, [q, k, v, g], name="gla triton value blocks")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA grid limit: the CPU interpreter has none")
@@ -145,13 +122,11 @@ def test_naive_cumprod_form_overflows_where_logspace_stays_exact():
     assert rel_error(naive_cumprod_form(*short), gla_loop(*(t.double() for t in short))) <= tol
 
 
-@pytest.mark.parametrize("impl", ["logspace", "triton"])
-def test_no_host_syncs(impl):
-    if impl == "triton" and triton_import_error() is not None:
-        pytest.skip("triton is not installed")
+@needs_triton
+def test_triton_path_has_no_host_syncs():  # the log-space path: test_model's test_train_step_host_syncs
     q, k, v, g = (t.requires_grad_() for t in make_inputs(2, 3, 37, 16, 16))
     with count_syncs() as report:
-        o = gated_linear_attention(q, k, v, g, impl=impl)
+        o = gated_linear_attention(q, k, v, g, impl="triton")
         o.backward(torch.ones_like(o))
     assert report.count == 0, str(report)
     assert all(t.grad is not None for t in (q, k, v, g))
@@ -163,44 +138,6 @@ def test_opcheck_custom_ops():
     torch.library.opcheck(torch.ops.mahia.gla_fwd.default, (q, k, v, g))
     do = torch.randn(1, 2, 20, 16, device=DEVICE)
     torch.library.opcheck(torch.ops.mahia.gla_bwd.default, tuple(t.detach() for t in (q, k, v, g)) + (do,))
-
-
-@needs_triton
-def test_at_most_three_frames_from_the_public_function_to_the_launch(monkeypatch):
-    """Issue 35, one path per op: eager, gated_linear_attention -> autograd.Function.apply (torch) -> the
-    launch function, which calls the kernel's launcher; under torch.compile the custom op runs the same
-    launch function. On every path, forward and backward, at most 3 frames of mahia are on the stack."""
-    import sys
-    from pathlib import Path
-
-    from mahia.ops.gla_scan import kernels
-
-    package = str(Path(kernels.__file__).parents[2])  # mahia/
-    stacks = []
-
-    def record(launcher):
-        def launch(*args, **kwargs):
-            frames, f = [], sys._getframe(1)
-            while f is not None:
-                frames.append((f.f_code.co_filename, f.f_code.co_name))
-                f = f.f_back
-            stacks.append(frames)
-            return launcher(*args, **kwargs)
-
-        return launch
-
-    monkeypatch.setattr(kernels, "_launch_fwd", record(kernels._launch_fwd))
-    monkeypatch.setattr(kernels, "_launch_bwd", record(kernels._launch_bwd))
-    q, k, v, g = (t.requires_grad_() for t in make_inputs(1, 2, 20, 16, 16))
-    gated_linear_attention(q, k, v, g, impl="triton").sum().backward()
-    to_public = [name for _, name in stacks[0]].index("gated_linear_attention") + 1
-    assert to_public <= 3, stacks[0][:to_public]  # every Python frame, torch's apply included
-    compiled = torch.compile(lambda *a: gated_linear_attention(*a, impl="triton"), backend="aot_eager", fullgraph=True)
-    compiled(q, k, v, g).sum().backward()
-    assert len(stacks) == 4  # eager and compiled, forward and backward
-    for frames in stacks:
-        ours = [name for file, name in frames if file.startswith(package)]
-        assert len(ours) <= 3, ours
 
 
 @needs_triton
@@ -219,19 +156,6 @@ def test_module_compiles_without_graph_break():
     assert rel_error(grad, x.grad) <= tolerance(torch.float32)
 
 
-def test_triton_falls_back_to_logspace_once(monkeypatch):
-    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    reset_fallback_warnings()
-    q, k, v, g = make_inputs(1, 2, 19, 16, 16)
-    with pytest.warns(RuntimeWarning, match="gla"):
-        out = gated_linear_attention(q, k, v, g, impl="triton")
-    assert torch.equal(out, gla_logspace(q, k, v, g))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a second call says nothing
-        MetaAttention(32, 2, impl="triton").to(DEVICE)(torch.randn(1, 5, 32, device=DEVICE))
-    reset_fallback_warnings()
-
-
 def _bad(**override):
     q, k, v, g = make_inputs(1, 2, 8, 16, 16)
     args = {"q": q, "k": k, "v": v, "g": g, **override}
@@ -241,12 +165,12 @@ def _bad(**override):
 @pytest.mark.parametrize(
     "call,exc,match",
     [
-        (_bad(q=torch.randn(2, 8, 16)), ValueError, "q must be 4-D"),
+        (_bad(q=torch.randn(2, 8, 16)), ValueError, "^gated_linear_attention: q must be 4-D"),
         (_bad(k=torch.randn(1, 2, 9, 16)), ValueError, "k must have the shape of q"),
         (_bad(g=torch.randn(1, 2, 8, 8)), ValueError, "g must have the shape of q"),
         (_bad(v=torch.randn(1, 2, 7, 16)), ValueError, "v must be"),
         (_bad(q=torch.ones(1, 2, 8, 16, dtype=torch.int64)), TypeError, "q must be a floating-point"),
-        (_bad(v=torch.randn(1, 2, 8, 16, dtype=torch.float64)), TypeError, "v must have the dtype of q"),
+        (_bad(v=torch.randn(1, 2, 8, 16, dtype=torch.float64)), TypeError, "^gated_linear_attention: v must have the"),
         (_bad(g=[0.0]), TypeError, "g must be a torch.Tensor"),
         (_bad(g=torch.zeros(1, 2, 8, 16, device="meta")), ValueError, "same device"),
         (lambda: _bad()(impl="fast"), ValueError, "impl must be one of"),
@@ -256,6 +180,9 @@ def _bad(**override):
         (lambda: MetaAttention(32, 2, gate_temperature=0.0), ValueError, "gate_temperature"),
         (lambda: MetaAttention(32, 2, key_dim=0, value_dim=8), ValueError, "key_dim"),
         (lambda: MetaAttention(32, 2)(torch.randn(2, 5, 31)), ValueError, "x must be"),
+        # regression: a bfloat16 module given float32 input failed inside a matmul
+        (lambda: MetaAttention(32, 2, dtype=torch.bfloat16)(torch.randn(1, 5, 32)), TypeError, "^MetaAttention: x has"),
+        (lambda: gla_loop(*make_inputs(1, 1, 4, 16, 16)[:3], None), TypeError, "^gla_loop: g must be a torch.Tensor"),
         (lambda: gla_flops(1, 1, -1, 16, 16), ValueError, "T must be"),
         (lambda: gla_bytes(1, 1, 8, 16, 16, element_size=-2), ValueError, "element_size"),
     ],
@@ -274,11 +201,6 @@ def test_flop_and_byte_counts():
     assert gla_bytes(2, 1, 10, 4, 8) == 2 * 10 * (9 * 4 + 5 * 8) * 4
 
 
-# ---------------------------------------------------------------------------------------------------
-# Reliability regressions: NaN causality, T = 0, inputs the kernel cannot take, meta, messages
-# ---------------------------------------------------------------------------------------------------
-
-
 def _nan_steps(t: torch.Tensor) -> set[int]:
     return set(torch.isnan(t).nonzero()[:, 2].tolist())
 
@@ -286,10 +208,8 @@ def _nan_steps(t: torch.Tensor) -> set[int]:
 @pytest.mark.parametrize("which", "qkvg")
 @pytest.mark.parametrize("impl", ["loop", "logspace", "triton"])
 def test_nan_at_step_t_reaches_no_earlier_output(impl, which):
-    """Regression: a NaN at step 20 of v made outputs 16-19 NaN on the Triton and log-space paths (0 * NaN
-    across its 16-step chunk); the recurrence keeps them clean. Now every path gives the recurrence's
-    NaN pattern for the output, and dq, dk, dv before t stay finite wherever the recurrence's do; dg stays
-    finite before t's chunk (inside it, the pairwise sums cancel only in exact arithmetic: documented)."""
+    """Regression: a NaN at step 20 made outputs 16-19 NaN on the chunked paths (0 * NaN). Now the output has
+    the recurrence's NaN pattern, dq, dk, dv are finite before t, dg before t's chunk (documented)."""
     if impl == "triton" and triton_import_error() is not None:
         pytest.skip("triton is not installed")
     t, T = 20, 40
@@ -316,26 +236,19 @@ def test_nan_at_step_t_reaches_no_earlier_output(impl, which):
 
 
 @pytest.mark.parametrize("reset", [float("-inf"), -1e4, -1e30])
-@pytest.mark.parametrize("impl", ["logspace", "triton"])
-def test_a_full_reset_gives_the_recurrences_answer(impl, reset):
-    """Regression (issue 37 #2 and #3): a log-decay of -inf at step 10 of 33 (log(sigmoid(-200)) in float32;
-    g <= 0 holds) made every later output NaN on the chunked paths, and -1e4 or -1e30 cost 1e-4 and 24%
-    relative error: the chunk's cumulative sum absorbed the small gates after it. Now every output and
-    gradient matches the float64 recurrence, with a second reset in one channel of a later chunk."""
-    if impl == "triton" and triton_import_error() is not None:
-        pytest.skip("triton is not installed")
+def test_a_full_reset_gives_the_recurrences_answer(reset):
+    """Regression (issue 37 #2, #3): a log-decay of -inf made every later output NaN on the chunked paths,
+    -1e4 or -1e30 cost up to 24% error. The Triton path: test_fuzz_gla's reset (an explicit example at -1e30)."""
     q, k, v, g = make_inputs(1, 2, 33, 16, 8)
     g[:, :, 10] = reset
-    g[0, 1, 20, 3] = reset
-    compare(_path(impl), gla_loop, [q, k, v, g], name=f"gla {impl}, g = {reset}")
+    g[0, 1, 20, 3] = reset  # a second reset in one channel of a later chunk
+    compare(_path("logspace"), gla_loop, [q, k, v, g], name=f"gla logspace, g = {reset}")
 
 
-@pytest.mark.parametrize("impl", ["loop", "logspace", "triton"])
+@pytest.mark.parametrize("impl", ["loop", "logspace"])
 def test_empty_sequence_keeps_every_input_in_the_graph(impl):
-    """Regression: with T = 0 the PyTorch paths returned v * 0, so autograd.grad over (q, k, v, g) failed
-    (q, k and g were not in the graph). Every path now gives (B, H, 0, V) and zero gradients."""
-    if impl == "triton" and triton_import_error() is not None:
-        pytest.skip("triton is not installed")
+    """Regression: with T = 0 the PyTorch paths returned v * 0, leaving q, k and g out of the graph; now
+    (B, H, 0, V) and zero gradients (the Triton path: test_fuzz_gla's t = 0 example)."""
     q, k, v, g = (t.requires_grad_() for t in make_inputs(2, 3, 0, 16, 8))
     o = gated_linear_attention(q, k, v, g, impl=impl)
     assert o.shape == (2, 3, 0, 8) and o.dtype == v.dtype
@@ -345,8 +258,7 @@ def test_empty_sequence_keeps_every_input_in_the_graph(impl):
 
 @needs_triton
 def test_key_dim_past_the_kernel_limit_falls_back_with_one_warning():
-    """Regression: K > 128 raised on the Triton path while the log-space path computes it; now
-    impl="triton" runs the log-space path there, with the one-time warning."""
+    """Regression: K > 128 raised on the Triton path; now it runs the log-space path, with one warning."""
     reset_fallback_warnings()
     q, k, v, g = (t.requires_grad_() for t in make_inputs(1, 2, 19, 130, 8))
     with pytest.warns(RuntimeWarning, match=r"gla: Triton kernel not used \(key dim K=130 exceeds"):
@@ -359,10 +271,9 @@ def test_key_dim_past_the_kernel_limit_falls_back_with_one_warning():
     reset_fallback_warnings()
 
 
-def test_float64_gate_meta_tensors_and_messages(monkeypatch):
-    """A float64 gate next to float32 q, k, v takes the log-space path silently (regression: the kernel
-    refused it); meta tensors get shapes from the PyTorch path (regression: the interpreter crashed);
-    the input check runs once per call and names the public function; the references keep theirs."""
+def test_float64_gate_meta_tensors_and_one_check(monkeypatch):
+    """Regressions: a float64 gate next to float32 q, k, v was refused by the kernel (now: log-space,
+    silently); meta tensors crashed the interpreter (now: shapes). The input check runs once per call."""
     import mahia.ops.gla_scan as mod
 
     q, k, v, g = make_inputs(1, 2, 21, 16, 8)
@@ -387,27 +298,6 @@ def test_float64_gate_meta_tensors_and_messages(monkeypatch):
     qq, kk, vv, gg = (t.requires_grad_() for t in make_inputs(1, 2, 21, 16, 8))
     gated_linear_attention(qq, kk, vv, gg, impl="triton").sum().backward()
     assert calls == ["gated_linear_attention"]
-    monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
-    with pytest.raises(TypeError, match=r"^gated_linear_attention: k must have the dtype of q"):
-        gated_linear_attention(q, k.double(), v, g, impl="triton")
-    with pytest.raises(TypeError, match=r"^gla_loop: g must be a torch.Tensor"):
-        gla_loop(q, k, v, None)
-    reset_fallback_warnings()
-
-
-def test_module_dtype_mismatch_names_the_module():
-    """Regression: a bfloat16 MetaAttention given float32 input failed inside a matmul with a dtype error;
-    it now names the module and both dtypes (as the MoE layer does), and runs under autocast."""
-    m = MetaAttention(32, 2, impl="logspace", dtype=torch.bfloat16).to(DEVICE)
-    x = torch.randn(1, 5, 32, device=DEVICE)
-    with pytest.raises(
-        TypeError,
-        match=r"^MetaAttention: x has dtype torch.float32 but the parameters are "
-        r"torch.bfloat16",
-    ):
-        m(x)
-    with torch.autocast(x.device.type, dtype=torch.bfloat16):
-        assert m(x).shape == x.shape
 
 
 def test_the_pytorch_scans_compute_in_float32_under_autocast():
@@ -421,3 +311,6 @@ def test_the_pytorch_scans_compute_in_float32_under_autocast():
             got = fn(q, k, v, g)
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+    m = MetaAttention(32, 2, impl="logspace", dtype=torch.bfloat16)  # float32 x is no error under autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m(torch.randn(1, 5, 32)).shape == (1, 5, 32)

@@ -121,6 +121,8 @@ def test_bad_configs_names_inputs_and_options_raise_clearly():
         (lambda: model(torch.zeros(1, 129, **long_)), ValueError, "exceeds max_seq_len"),
         (lambda: model(torch.zeros(2, 5, **long_), torch.zeros(2, 4, **long_)), ValueError, "targets must be"),
         (lambda: model.memory_estimate(0, 8), ValueError, "memory_estimate: batch"),
+        (lambda: make_decoder(model).generate(torch.zeros(1, 2), 2), ValueError, "Decoder.generate: prompt"),
+        (lambda: model.setup_cache(1, 1000), ValueError, "HybridModel.setup_cache: max_len"),
         (lambda: train(amp="fp8"), ValueError, "make_train_step: amp must be one of"),
         (lambda: train(checkpoint="half"), ValueError, "make_train_step: checkpoint must be one of"),
         (lambda: train(compile="fast"), ValueError, "make_train_step: compile must be one of"),
@@ -136,21 +138,10 @@ def test_bad_configs_names_inputs_and_options_raise_clearly():
 
 
 # -- model: reference vs fast paths -----------------------------------------------------------------
-def test_forward_shapes(no_triton):
-    model = _model(HybridConfig.preset("tiny"))
-    idx, targets = _tokens(3, 13)
-    logits, loss = model(idx, targets)  # every parameter's gradient: the checkpointing tests
-    assert logits.shape == (3, 13, 256) and loss.dim() == 0 and model(idx)[1] is None
-    assert abs(_ce(logits, targets).item() - math.log(256)) < 0.1  # near-uniform logits at init
-
-
 @pytest.mark.parametrize("case", ["blocks", "gated", "triton"])
 def test_baseline_and_optimized_agree(monkeypatch, case):
-    """The same weights give the same logits, cross entropy, MoE aux loss and gradients. Gated, the
-    branch fabric runs blocks one sample at a time, the masked one on the batch; the aux loss pools the
-    samples that run the block. Gradients in float64: with saturated gates the gate gradient is a small
-    sum with heavy cancellation (~2e-5 relative rounding in float32 in either path). "triton": the
-    Triton kernels included (interpreted on a CPU, where they are exact); elsewhere their fallbacks."""
+    """The same weights give the same logits, cross entropy, MoE aux loss and gradients (in float64: with
+    saturated gates the gate gradient cancels heavily). "triton": the kernels included, else their fallbacks."""
     if case != "triton":
         monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
     elif not ops.triton_available_for(torch.zeros(1)):
@@ -211,9 +202,8 @@ def test_tiny_model_learns_the_synthetic_stream(no_triton):
 @pytest.mark.parametrize("optimized", [False, True], ids=["reference", "optimized"])
 @pytest.mark.parametrize("mode", ["full", "selective", "keep_attention"])
 def test_checkpointing_gives_the_same_gradients_from_the_first_step(no_triton, monkeypatch, mode, optimized):
-    """Checkpointing applied before any forward, gated blocks included. Two bugs broke this: the grouped
-    GEMM's CPU capability probe ran its backward inside the first checkpointed forward, and a matmul of a
-    vector on the reference path squeezed its product in place (selective checkpointing keeps it)."""
+    """Regressions: the grouped GEMM's CPU probe ran its backward inside the first checkpointed forward; a
+    matmul of a vector on the reference path squeezed its product in place (selective checkpointing keeps it)."""
     grouped_mm = importlib.import_module("mahia.ops.grouped_mm")
     monkeypatch.setattr(grouped_mm, "_cpu_grouped_mm_probe", {})  # the first call comes from the forward
     cfg = HybridConfig.preset("tiny")
@@ -251,9 +241,6 @@ def test_checkpointing_is_applied_replaced_and_removed_in_place(no_triton, monke
     assert all(b.checkpoint_policy == "selective" for b in model.blocks)  # replaced, not wrapped twice
     assert calls_of_one_forward() == L
     assert calls_of_one_forward(grad=False) == 0  # eval and no_grad (decoding) run the plain blocks
-    plain = _model(HybridConfig.preset("tiny").optimized(), seed=1)
-    plain.load_state_dict(model.state_dict())  # the same keys as a model never checkpointed
-    assert torch.equal(make_decoder(model).generate(idx[:, :4], 3), make_decoder(plain).generate(idx[:, :4], 3))
     make_train_step(model, torch.optim.SGD(model.parameters(), lr=0.1))  # checkpoint=None removes it
     assert all(type(b) is Block and "checkpoint_policy" not in vars(b) for b in model.blocks)
     assert list(model.state_dict()) == keys and calls_of_one_forward() == 0
@@ -306,9 +293,8 @@ def test_train_step_host_syncs(no_triton):
 # -- decoding ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("which", ["baseline", "optimized"])
 def test_decode_steps_match_the_full_forward_and_see_no_future(no_triton, which):
-    """Every hybrid part on (memory segments of 4 tokens, gates that skip some blocks for some samples):
-    a prefill crossing a memory segment boundary, then single tokens, equal one forward; changing tokens
-    t+1.. leaves the logits at positions <= t unchanged and changes the later ones."""
+    """Every hybrid part on (memory segments of 4 tokens, gates that skip some blocks): a prefill across a
+    segment boundary, then single tokens, equal one forward; tokens t+1.. leave the logits at <= t alone."""
     cfg = getattr(HybridConfig.preset("tiny"), which)()
     assert cfg.graph_memory and cfg.gating and cfg.memory_segment == 4
     model = _model(cfg).eval()
@@ -316,7 +302,8 @@ def test_decode_steps_match_the_full_forward_and_see_no_future(no_triton, which)
     _diverse_gates(model, idx)
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        full, _ = model(idx)
+        full, loss = model(idx)
+        assert loss is None and full.shape == (3, 13, 256)
         for t in (0, 3, 9):  # memory segments are [0, 4), [4, 8), [8, 12), [12, 13)
             other = idx.clone()
             other[:, t + 1 :] = torch.randint(0, 256, other[:, t + 1 :].shape, generator=g)
@@ -336,7 +323,7 @@ def test_decode_steps_match_the_full_forward_and_see_no_future(no_triton, which)
         assert r.count == 0, str(r)
 
 
-def test_decoder_generates_the_greedy_continuation_and_refuses_bad_input(no_triton):
+def test_decoder_generates_the_greedy_continuation_and_refuses_a_non_causal_model(no_triton):
     model = _model(HybridConfig.preset("tiny").optimized()).eval()
     prompt, _ = _tokens(2, 4)
     out = make_decoder(model, cuda_graphs=True).generate(prompt, 6)  # CPU: graphs quietly off
@@ -347,10 +334,6 @@ def test_decoder_generates_the_greedy_continuation_and_refuses_bad_input(no_trit
     assert torch.equal(out, seq)
     sampled = make_decoder(model).generate(prompt, 3, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert sampled.shape == (2, 7) and torch.equal(sampled[:, :4], prompt)
-    with pytest.raises(ValueError, match="Decoder.generate: prompt"):
-        make_decoder(model).generate(prompt.float(), 2)
-    with pytest.raises(ValueError, match="HybridModel.setup_cache: max_len"):
-        model.setup_cache(1, 1000)
     model.setup_cache(1, 8)
     one, pos = torch.zeros(1, 1, dtype=torch.long), torch.zeros((), dtype=torch.long)
     for part, attr, value in ((model.blocks[1].memory, "causal", False), (model.fabric, "gate_source", "mean")):
@@ -388,9 +371,8 @@ def test_dense_350m_parameter_count_and_flops():
     ],
 )
 def test_flops_match_the_flop_counter(no_triton, kwargs, exact):
-    """The formula against what torch counts for one forward (manual attention: all T x T scores).
-    Inexact: the formula counts the chunked scan where the loop runs the recurrence, and node projections
-    per sequence where the code shares some across the batch and reads a short last segment's padding."""
+    """The formula against torch's count of one forward (manual attention: all T x T scores). Inexact: the
+    formula counts the chunked scan where the loop runs the recurrence, and per-sequence node projections."""
     cfg = HybridConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden=96, max_seq_len=64, **kwargs)
     model = _model(cfg)
     B, T = 3, 37

@@ -30,10 +30,6 @@ def make_inputs(N, k, D, dtype, gate_dtype=torch.float32, seed=0):
     return out, inverse, (gates / gates.sum(-1, keepdim=True)).to(DEVICE, gate_dtype)
 
 
-# ---------------------------------------------------------------------------------------------------
-# inverse that is not a permutation (regressions: out-of-bounds reads and writes, a segfault)
-# ---------------------------------------------------------------------------------------------------
-
 _REPO = Path(__file__).resolve().parents[1]
 
 # Runs in a fresh process: an out-of-bounds access there can only kill that process. It prints each bad index
@@ -67,9 +63,8 @@ _BAD_INDEX_SCRIPT = textwrap.dedent("""
 
 
 def test_index_out_of_range_never_reads_or_writes_out_of_bounds():
-    """Regression: an index past N*k or -1 made the forward read outside out and the backward write past
-    d_out (10**12 segfaulted, -1 corrupted the heap). Every index load is masked now: the entry
-    contributes 0, gets no gradient, and the process survives with every other value exact."""
+    """Regression: an index past N*k or -1 read and wrote out of bounds (a segfault, a corrupt heap); now the
+    entry contributes 0 and gets no gradient, every other value exact."""
     bad = [-1, 12, 13, 10**12, -(2**62)]  # N*k = 12
     env = dict(os.environ, PYTHONPATH=str(_REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if not torch.cuda.is_available():
@@ -86,10 +81,9 @@ def test_index_out_of_range_never_reads_or_writes_out_of_bounds():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("disabled", [False, True], ids=["triton", "fallback"])
 def test_an_index_out_of_range_is_one_clear_error_on_every_path(monkeypatch, disabled, dtype):
-    """Regression (issue 37 #11): on the CPU the eager path (float64 always takes it) raised "IndexError:
-    index out of range in self", naming neither moe_combine nor inverse, while the Triton path masked the
-    entry. Where reading inverse costs no device sync (the CPU), the default check refuses it on every path;
-    check=True reads inverse on any device (a sync on CUDA), names the bad entry and refuses a repeated row."""
+    """Regression (issue 37 #11): the CPU's eager path raised an IndexError naming neither moe_combine nor
+    inverse. On the CPU the default check refuses it on every path; check=True (any device) names the
+    bad entry and refuses a repeated row."""
     if disabled:
         monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")
     out, inverse, gates = make_inputs(4, 2, 8, dtype, gate_dtype=dtype)

@@ -33,15 +33,16 @@ def test_plain_gpt_computes_the_dense_models_function(kv):
     assert plain(idx)[1] is None
 
 
-def test_plain_gpt_refuses_hybrid_parts_and_bad_input():
-    with pytest.raises(ValueError, match="hybrid parts"):
-        PlainGPT(HybridConfig.preset("tiny"))
-    with pytest.raises(TypeError, match="HybridConfig"):
-        PlainGPT("dense-350m")
-    plain = PlainGPT(_cfg())
-    with pytest.raises(ValueError, match="int64 token ids"):
-        plain(torch.zeros(2, 4))
-    with pytest.raises(ValueError, match="max_seq_len"):
-        plain(torch.zeros(1, 33, dtype=torch.long))
-    with pytest.raises(TypeError, match="dict"):
-        from_hybrid_state_dict([1])
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: PlainGPT(HybridConfig.preset("tiny")), ValueError, "hybrid parts"),
+        (lambda: PlainGPT("dense-350m"), TypeError, "HybridConfig"),
+        (lambda: PlainGPT(_cfg())(torch.zeros(2, 4)), ValueError, "int64 token ids"),
+        (lambda: PlainGPT(_cfg())(torch.zeros(1, 33, dtype=torch.long)), ValueError, "max_seq_len"),
+        (lambda: from_hybrid_state_dict([1]), TypeError, "dict"),
+    ],
+)
+def test_plain_gpt_refuses_hybrid_parts_and_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
