@@ -1,11 +1,6 @@
-"""``python -m mahia site``: a static site of a run that reads without a GPU, checked in a real browser.
-
-The site is built from a small executed-notebook fixture (Markdown, a code cell with printed output and a
-PNG, widget state and an SVG copy the policy drops), a ``summary.json`` and a figure. Headless
-Chromium then opens every page from ``file://``: each has a title and renders its cells, every image
-loads, every link is relative and resolves (to a file of the site, or an anchor on the page), nothing is
-fetched from outside and nothing is logged to the console as an error. Bad input is one line and exit 2.
-"""
+"""``python -m mahia site``, opened in headless Chromium from ``file://``: every page renders its cells, images
+and relative links, listings in monospace, wide code and tables scroll inside the page, no absolute path, nothing
+fetched from outside, no console error. Bad input is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -99,13 +94,9 @@ def test_the_site_has_an_index_a_page_per_notebook_and_the_pngs(site):
     ]
     assert [p.name for p in (site / "figures").iterdir()] == ["00_first_plot.png"]  # PNGs only
     index = (site / "index.html").read_text()
-    for text in ("CPU test machine", "<code>copy_gbps</code>", "12.5", "&gt;= 3.0", "not graded (CPU run)", "abc123"):
-        assert text in index, text
-    assert "not measured" in index  # moe_vs_loop: None
+    assert "<code>copy_gbps</code>" in index and "12.5" in index and "not graded (CPU run)" in index
     page = (site / "notebooks" / "00_first.html").read_text()
-    assert "... 202 lines trimmed ..." in page  # 302 lines printed: the policy keeps the first 60 and the last 40
-    assert 'class="jp-RenderedSVG' not in page and page.count('class="jp-RenderedImage') == 1  # PNG, no SVG copy
-    assert "require.min.js" not in page and "mathjax" not in page.lower()  # nothing from outside without math
+    assert "... 202 lines trimmed ..." in page and "mathjax" not in page.lower()  # nothing from outside without math
     assert "mathjax" in (site / "notebooks" / "01_second.html").read_text().lower()  # a page with math gets it
     assert "saved data/results/x.csv" in page and "/home/someone" not in page  # no absolute path
     assert str(site.parent) not in index
@@ -141,16 +132,14 @@ def test_every_page_renders_in_chromium_with_its_images_and_links(site, tmp_path
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
             name = path.relative_to(site).as_posix()
-            title = page.title()
+            title, body = page.title(), page.inner_text("body")
             assert title.strip(), f"{name}: no title"
             if path.parent.name == "notebooks":
                 assert path.stem in title, f"{name}: title {title!r}"
-                text = page.inner_text("body")
-                assert "What this notebook measures." in text and "hello" in text, f"{name}: cells not rendered"
+                assert "What this notebook measures." in body and "hello" in body, f"{name}: cells not rendered"
                 assert page.locator(".jp-Cell").count() == 2, f"{name}: not the notebook's two cells"
-            body = page.inner_text("body")
-            for bad in ("Traceback", "No renderer could be found", "Error"):
-                assert bad not in body, f"{name}: {bad!r} on the page"
+            bad = [b for b in ("Traceback", "No renderer could be found", "Error") if b in body]
+            assert not bad, f"{name}: {bad} on the page"
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{name}: the page is {overflow} px wider than the window: wide code or tables"
             fonts = page.eval_on_selector_all("pre", "els => els.map(e => getComputedStyle(e).fontFamily)")
@@ -215,5 +204,4 @@ def test_the_default_is_the_newest_reference_folder_with_notebooks(results, tmp_
         (root / name / "parts").mkdir(exist_ok=True)
         (root / name / "parts" / "01_second.json").write_text(json.dumps({"finished": finished}))
     assert cli(["site"]) == 0 and (tmp_path / "runs" / "site" / "notebooks" / "01_second.html").is_file()
-    err = capsys.readouterr().err
-    assert "gpu-new, the newest" in err and "2026-11-29T09:00:00" in err and "(gpu-old)" in err
+    assert "gpu-new, the newest" in capsys.readouterr().err
