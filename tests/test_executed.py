@@ -65,16 +65,12 @@ def test_a_notebook_is_trimmed_once_and_a_second_trim_changes_nothing():
 
 def test_the_cap_drops_the_largest_images_first_until_the_folder_fits(tmp_path):
     big, mid, small = "A" * 300_000, "B" * 200_000, "C" * 1_000
-    (tmp_path / "01_a.ipynb").write_text(
-        json.dumps(_nb(_code(_display({"image/png": big}), _display({"image/png": small}))))
-    )
-    (tmp_path / "02_b.ipynb").write_text(json.dumps(_nb(_code(_display({"image/png": mid})))))
+    for name, images in (("01_a", (big, small)), ("02_b", (mid,))):
+        (tmp_path / f"{name}.ipynb").write_text(json.dumps(_nb(_code(*(_display({"image/png": i}) for i in images)))))
     assert cap_folder(tmp_path, 600_000) == []  # within the cap: untouched
     assert cap_folder(tmp_path, 250_000) == ["01_a.ipynb: 1 image(s) left out (0.29 MiB) to stay under the cap"]
-    a, b = (json.loads((tmp_path / n).read_text()) for n in ("01_a.ipynb", "02_b.ipynb"))
-    assert "left out" in a["cells"][0]["outputs"][0]["data"]["text/plain"]  # the largest went first
-    assert a["cells"][0]["outputs"][1]["data"] == {"image/png": small}  # the folder fits without the small one
-    assert b["cells"][0]["outputs"][0]["data"] == {"image/png": mid}
+    a = json.loads((tmp_path / "01_a.ipynb").read_text())["cells"][0]["outputs"]
+    assert "left out" in a[0]["data"]["text/plain"] and a[1]["data"] == {"image/png": small}  # the largest only
     assert sum(p.stat().st_size for p in tmp_path.glob("*.ipynb")) <= 250_000
     (tmp_path / "03_c.ipynb").write_text(json.dumps(_nb(_code(_stream("x" * 300_000)))))
     assert "without any image, over the cap" in cap_folder(tmp_path, 250_000)[-1]

@@ -34,11 +34,7 @@ def test_a_recorder_writes_rows_and_derives_metrics_from_the_newest(tmp_path):
     rec.timing("moe_fwd", "loop", "baseline", _t(4.0), shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
     row = rec.timing("moe_fwd", "grouped", "optimized", _t(1.0), shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
     rec.timing("moe_fwd", "grouped", "optimized", _t(0.1), shape=(16, 8), dtype=torch.bfloat16, flops=2e9)  # a sweep
-    assert (
-        row["tflops"] == pytest.approx(2.0)
-        and row["limit"] == "matmul_bf16"
-        and row["frac_of_limit"] == pytest.approx(0.2)
-    )
+    assert row["limit"] == "matmul_bf16" and [row["tflops"], row["frac_of_limit"]] == pytest.approx([2.0, 0.2])
     rec.metric("sync_count", "baseline", 7, unit="syncs")
     on_disk = pd.read_csv(rec.path)
     assert len(on_disk) == 4 and list(on_disk.columns) == results.COLUMNS
@@ -95,8 +91,6 @@ def test_pairs_are_marked_and_paired_across_dtypes(tmp_path):
 
 
 def test_goals_are_graded_and_a_cpu_run_is_reported_as_one_and_not_graded(tmp_path):
-    assert results.goal_status("moe_layer_over_gemms", 1.2) == "met"
-    assert results.goal_status("checkpoint_overhead", 0.3) == "missed"
     rec = _rec(tmp_path, "06_amp")
     rec.timing("amp_train_step", "fp32", "baseline", _t(1.2))
     rec.timing("amp_train_step", "bf16", "optimized", _t(1.0))  # 1.2x: far from the GPU goal

@@ -16,12 +16,13 @@ import pytest
 from browser import chromium, needs_chromium
 
 from mahia.__main__ import main as cli
+from mahia.measure import files
 from mahia.site import build_site
 
 pytestmark = pytest.mark.xdist_group("site")  # one worker builds the module's site once (make test runs two)
 
 SLUG = "cpu-test-machine"
-
+MATHJAX = "cdnjs.cloudflare.com/ajax/libs/mathjax/"
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="  # 1x1, base64
 
@@ -59,18 +60,12 @@ def results(tmp_path_factory) -> tuple[Path, Path]:
     folder, figures = root / "results" / SLUG, root / "figures" / SLUG
     (folder / "notebooks").mkdir(parents=True)
     figures.mkdir(parents=True)
-    long = "".join(f"step {i}\n" for i in range(300))
-    nbformat.write(_executed("00 · First", "hello\n" + long), folder / "notebooks" / "00_first.ipynb")
+    long = "hello\n" + "".join(f"step {i}\n" for i in range(300))  # trimmed to head and tail
+    nbformat.write(_executed("00 · First", long), folder / "notebooks" / "00_first.ipynb")
     nbformat.write(_executed("01 · Second", "hello\n", math=True), folder / "notebooks" / "01_second.ipynb")
-    summary = {
-        "device": "CPU test machine",
-        "device_slug": SLUG,
-        "profile": "full",
-        "newest_record": "2026-11-24T10:00:00+00:00",
-        "newest_commit": "abc123",
-        "commits": ["abc123"],
-        "metrics": {"copy_gbps": 12.5, "amp_speedup": 2.0, "moe_vs_loop": None},
-    }
+    summary = {"device": "CPU test machine", "device_slug": SLUG, "profile": "full", "commits": ["abc123"]}
+    summary |= {"newest_record": "2026-11-24T10:00:00+00:00", "newest_commit": "abc123"}
+    summary["metrics"] = {"copy_gbps": 12.5, "amp_speedup": 2.0, "moe_vs_loop": None}
     (folder / "summary.json").write_text(json.dumps(summary))
     (figures / "00_first_plot.png").write_bytes(base64.b64decode(PNG))
     (figures / "00_first_plot.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'></svg>")
@@ -123,11 +118,8 @@ def test_every_page_renders_in_chromium_with_its_images_and_links(site, tmp_path
             return r.abort()
 
         # MathJax (a page with math) is the one thing a page may fetch: answer it with an empty script.
-        page.route(
-            "https://cdnjs.cloudflare.com/ajax/libs/mathjax/**",
-            lambda r: r.fulfill(body="", content_type="text/javascript"),
-        )
-        page.route(lambda url: "cdnjs.cloudflare.com/ajax/libs/mathjax/" not in url, route)
+        page.route(f"https://{MATHJAX}**", lambda r: r.fulfill(body="", content_type="text/javascript"))
+        page.route(lambda url: MATHJAX not in url, route)
         for path in pages:
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
@@ -191,16 +183,13 @@ def test_bad_input_is_one_line_and_exit_2_and_leaves_other_folders_alone(results
 
 
 def test_the_default_is_the_newest_reference_folder_with_notebooks(results, tmp_path, monkeypatch, capsys):
-    from mahia.measure import files
-
-    folder, _ = results
     root = tmp_path / "data" / "results"
     root.mkdir(parents=True)
     monkeypatch.setattr(files, "reference_results_dir", lambda: root)
     monkeypatch.setattr(files, "runs_dir", lambda: tmp_path / "runs")
     assert cli(["site"]) == 2 and "no executed notebooks in" in capsys.readouterr().err
     for name, finished in (("gpu-old", "2026-11-27T10:00:00+00:00"), ("gpu-new", "2026-11-29T09:00:00+00:00")):
-        shutil.copytree(folder, root / name)
+        shutil.copytree(results[0], root / name)
         (root / name / "parts").mkdir(exist_ok=True)
         (root / name / "parts" / "01_second.json").write_text(json.dumps({"finished": finished}))
     assert cli(["site"]) == 0 and (tmp_path / "runs" / "site" / "notebooks" / "01_second.html").is_file()
