@@ -92,18 +92,19 @@ def test_a_quick_run_never_changes_the_full_summary(tmp_path):
     slug = hardware.device_slug("cpu")
     folder = tmp_path / slug
 
-    def sync_speedup(ceilings, commit, ms):
+    def sync(ceilings, commit, ms):
         rec = results.Recorder("01_sync", "cpu", results_dir=tmp_path, ceilings=ceilings, commit=commit)
         rec.timing("sync_loop", "baseline", "baseline", Timing(2.0, 2, 2, 3))
         rec.timing("sync_loop", "optimized", "optimized", Timing(ms, ms, ms, 3))
-        return rec.summarize()["sync_speedup"]
+        return rec
 
-    assert sync_speedup(_ceil(slug, "full"), "aaa", 1.0) == pytest.approx(2.0)
+    full = sync(_ceil(slug, "full"), "aaa", 1.0)
     hardware.ceilings("cpu", results_dir=tmp_path, quick=True, profile="full")
+    assert full.summarize()["sync_speedup"] == pytest.approx(2.0)
     before = {p: (folder / p).read_bytes() for p in ("summary.json", "ceilings.json")}
     hardware._CACHE.clear()
     ceil = hardware.ceilings("cpu", results_dir=tmp_path, quick=True)  # a later quick run, ceilings and all
-    assert sync_speedup(ceil, "bbb", 0.25) == pytest.approx(8.0)
+    assert sync(ceil, "bbb", 0.25).summarize()["sync_speedup"] == pytest.approx(8.0)
     assert cli(["report", str(folder)]) == 0
     assert {p: (folder / p).read_bytes() for p in before} == before
     assert json.loads((folder / "summary-quick.json").read_text())["metrics"]["sync_speedup"] == pytest.approx(8.0)
