@@ -1,12 +1,12 @@
-"""The executed notebooks committed with the reference (mahia.measure.executed): widget state dropped, streams
-merged and trimmed to head and tail, no absolute path, figures as PNG only, the folder under a cap (largest images
-first), every change reported, and trimming twice changes nothing."""
+"""The executed notebooks committed with the reference: widget state dropped, streams trimmed to head and tail,
+no absolute path, figures as PNG only, the folder under a cap (largest images first); trimming twice changes
+nothing."""
 
 import json
 
 import nbformat
 
-from mahia.measure.executed import cap_folder, copy_executed, trim_notebook
+from mahia.measure.executed import cap_folder, trim_notebook
 
 
 def _nb(*cells, widgets=None) -> dict:
@@ -60,33 +60,17 @@ def test_a_notebook_is_trimmed_once_and_a_second_trim_changes_nothing():
     assert nb["cells"][0]["source"] == 'results_dir = "data/results"\n'  # papermill's injected parameters
     once = json.dumps(nb)
     assert trim_notebook(nb) == [] and json.dumps(nb) == once
+    nbformat.validate(nbformat.from_dict(nb))  # still a valid notebook
 
 
 def test_the_cap_drops_the_largest_images_first_until_the_folder_fits(tmp_path):
     big, mid, small = "A" * 300_000, "B" * 200_000, "C" * 1_000
-    (tmp_path / "01_a.ipynb").write_text(
-        json.dumps(_nb(_code(_display({"image/png": big}), _display({"image/png": small}))))
-    )
-    (tmp_path / "02_b.ipynb").write_text(json.dumps(_nb(_code(_display({"image/png": mid})))))
+    for name, images in (("01_a", (big, small)), ("02_b", (mid,))):
+        (tmp_path / f"{name}.ipynb").write_text(json.dumps(_nb(_code(*(_display({"image/png": i}) for i in images)))))
     assert cap_folder(tmp_path, 600_000) == []  # within the cap: untouched
     assert cap_folder(tmp_path, 250_000) == ["01_a.ipynb: 1 image(s) left out (0.29 MiB) to stay under the cap"]
-    a, b = (json.loads((tmp_path / n).read_text()) for n in ("01_a.ipynb", "02_b.ipynb"))
-    assert "left out" in a["cells"][0]["outputs"][0]["data"]["text/plain"]  # the largest went first
-    assert a["cells"][0]["outputs"][1]["data"] == {"image/png": small}  # the folder fits without the small one
-    assert b["cells"][0]["outputs"][0]["data"] == {"image/png": mid}
+    a = json.loads((tmp_path / "01_a.ipynb").read_text())["cells"][0]["outputs"]
+    assert "left out" in a[0]["data"]["text/plain"] and a[1]["data"] == {"image/png": small}  # the largest only
     assert sum(p.stat().st_size for p in tmp_path.glob("*.ipynb")) <= 250_000
     (tmp_path / "03_c.ipynb").write_text(json.dumps(_nb(_code(_stream("x" * 300_000)))))
     assert "without any image, over the cap" in cap_folder(tmp_path, 250_000)[-1]
-
-
-def test_copy_executed_copies_trims_and_reports(tmp_path):
-    src = tmp_path / "run"
-    src.mkdir()
-    (src / "01_a.ipynb").write_text(json.dumps(_nb(_code(_stream("".join(f"{i}\n" for i in range(500)))), widgets={})))
-    (src / "02_b.ipynb").write_text(json.dumps(_nb(_code(_stream("short\n")))))
-    dest = tmp_path / "data" / "notebooks"
-    notes = copy_executed(sorted(src.glob("*.ipynb")), dest)
-    assert sorted(p.name for p in dest.iterdir()) == ["01_a.ipynb", "02_b.ipynb"]
-    assert notes[0].startswith("01_a.ipynb: widget state dropped") and "400 lines of streams trimmed" in notes[0]
-    assert notes[1].startswith("02_b.ipynb: nothing trimmed")
-    nbformat.validate(nbformat.read(dest / "01_a.ipynb", as_version=4))  # still a valid notebook

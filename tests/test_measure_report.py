@@ -1,7 +1,5 @@
-"""Records and the run report (mahia.measure.results, mahia.measure.report): a recorder writes rows atomically and
-derives the headline metrics from the newest of them; the report pairs each optimized row with its baseline
-(across dtypes where the change of precision is the optimization), marks a spread that contains 1 and a fraction
-of a ceiling above 1, says where each notebook spent its time, and does not grade a CPU run."""
+"""Records and the run report: headline metrics from the newest records; each optimized row paired with its
+baseline, a spread that contains 1 marked, a fraction of a ceiling above 1 flagged, a CPU run not graded."""
 
 from __future__ import annotations
 
@@ -13,15 +11,7 @@ import pytest
 import torch
 
 from mahia.measure import hardware, results
-from mahia.measure.report import (
-    ABOVE_ONE,
-    CPU_NOT_GRADED,
-    _md_to_html,
-    build_report,
-    grade,
-    readme_tables,
-    report_pairs,
-)
+from mahia.measure.report import ABOVE_ONE, CPU_NOT_GRADED, build_report, readme_tables
 from mahia.measure.timing import Timing
 
 
@@ -39,17 +29,12 @@ def _t(ms, spread=0.05):
     return Timing(ms, (1 - spread) * ms, (1 + spread) * ms, 5)
 
 
-# -- records -----------------------------------------------------------------------------------------------------
 def test_a_recorder_writes_rows_and_derives_metrics_from_the_newest(tmp_path):
     rec = _rec(tmp_path, "08_moe", ceilings=_ceil())
     rec.timing("moe_fwd", "loop", "baseline", _t(4.0), shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
     row = rec.timing("moe_fwd", "grouped", "optimized", _t(1.0), shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
     rec.timing("moe_fwd", "grouped", "optimized", _t(0.1), shape=(16, 8), dtype=torch.bfloat16, flops=2e9)  # a sweep
-    assert (
-        row["tflops"] == pytest.approx(2.0)
-        and row["limit"] == "matmul_bf16"
-        and row["frac_of_limit"] == pytest.approx(0.2)
-    )
+    assert row["limit"] == "matmul_bf16" and [row["tflops"], row["frac_of_limit"]] == pytest.approx([2.0, 0.2])
     rec.metric("sync_count", "baseline", 7, unit="syncs")
     on_disk = pd.read_csv(rec.path)
     assert len(on_disk) == 4 and list(on_disk.columns) == results.COLUMNS
@@ -86,12 +71,7 @@ def test_a_recorder_refuses_another_devices_folder_and_a_bad_role_and_writes_ato
     assert (tmp_path / "f.txt").read_text() == "one" and not list(tmp_path.glob(".f.txt*"))
 
 
-# -- the report -------------------------------------------------------------------------------------------------
-def test_pairs_are_sorted_marked_and_paired_across_dtypes(tmp_path):
-    late = _rec(tmp_path, "02_later", commit="bbb222", run_id="run-2")
-    for shape, ms in (((4, 1024), 1.0), ((4, 256), 2.0)):
-        late.timing("z_exp", "eager", "baseline", _t(4.0), shape=shape)
-        late.timing("z_exp", "fast", "optimized", _t(ms), shape=shape)
+def test_pairs_are_marked_and_paired_across_dtypes(tmp_path):
     early = _rec(tmp_path, "01_first", commit="aaa111")
     early.timing("a_exp", "slow", "baseline", _t(1.00, 0.1))
     early.timing("a_exp", "fast", "optimized", _t(0.98, 0.1))  # within the spread: not significant
@@ -101,58 +81,30 @@ def test_pairs_are_sorted_marked_and_paired_across_dtypes(tmp_path):
     for dt, base_ms in (("float32", 8.0), ("bfloat16", 4.0)):  # a baseline in each dtype: each pair its own
         early.timing("attention", "manual", "baseline", _t(base_ms), shape=(1, 2), dtype=dt)
         early.timing("attention", "sdpa", "optimized", _t(1.0), shape=(1, 2), dtype=dt)
-    ps = report_pairs(results.load_records(early.folder))
-    assert [tuple(r) for r in ps[["notebook", "experiment", "shape"]].values][-2:] == [
-        ("02_later", "z_exp", "4x256"),
-        ("02_later", "z_exp", "4x1024"),  # shapes in numeric order
-    ]
     md = build_report(early.folder)
-    assert md.index("### 01_first") < md.index("### 02_later") and md.index("| a_exp |") < md.index("| amp |")
     assert "| a_exp | — | — | slow → fast | 1.02× [0.83, 1.25] (not significant) |" in md
     assert "| amp | 8x64 | float32 → bfloat16 | fp32 → bf16 | 4.00×" in md
     assert (
         "| attention | 1x2 | bfloat16 | manual → sdpa | 4.00×" in md
         and "| attention | 1x2 | float32 | manual → sdpa | 8.00×" in md
     )
-    assert "| run-2 | bbb222 |" in md and "| run-1 | aaa111 |" in md
-    new = _rec(tmp_path, "01_first", commit="ccc333", run_id="run-3")
-    new.timing("a_exp", "faster", "optimized", _t(0.5))
-    assert "| run-3 (before: run-1) | ccc333 (before: aaa111) |" in build_report(early.folder)
-    html = _md_to_html(md, "t")
-    assert "<table>" in html and "<h3>01_first</h3>" in html
-    outcomes = [  # the notebooks table says where each notebook spent its time
-        {"name": "06_amp", "status": "ok", "seconds": 44.2, "slowest_cells": [{"cell": 25, "seconds": 13.4}]},
-        {"name": "07_ckpt", "status": "failed", "seconds": 3.0, "cell": 4, "error": "ValueError: planted"},
-    ]
-    md = build_report(early.folder, outcomes)
-    assert (
-        "| 06_amp | ok | 44 | 25: 13 |  |" in md and "| 07_ckpt | failed | 3 |  | cell 4: ValueError: planted |" in md
-    )
 
 
 def test_goals_are_graded_and_a_cpu_run_is_reported_as_one_and_not_graded(tmp_path):
-    assert results.goal_status("moe_layer_over_gemms", 1.2) == "met"
-    assert results.goal_status("checkpoint_overhead", 0.3) == "missed"
-    assert results.goal_status("checkpoint_overhead", None) == "not measured"
-    assert results.goal_status("moe_vs_loop", 16.0) == ""  # reported, no goal
-    assert grade("amp_speedup", 5.0, cpu=True) == CPU_NOT_GRADED and grade("copy_gbps", 5.0, cpu=True) == ""
     rec = _rec(tmp_path, "06_amp")
     rec.timing("amp_train_step", "fp32", "baseline", _t(1.2))
     rec.timing("amp_train_step", "bf16", "optimized", _t(1.0))  # 1.2x: far from the GPU goal
     results.write_summary(rec.folder, "full")
     md = build_report(rec.folder)
     assert "**A CPU run.**" in md and f"| `amp_speedup` | 1.2 | >= 3.0 | {CPU_NOT_GRADED} |" in md
-    assert "| missed |" not in md and f"| `amp_speedup` | >= 3.0 | 1.2 ({CPU_NOT_GRADED}) |" in readme_tables(
-        [rec.folder]
-    )
+    assert "| missed |" not in md and f"| 1.2 ({CPU_NOT_GRADED}) |" in readme_tables([rec.folder])
     gpu = tmp_path / "gpu" / "nvidia-h200"  # the same numbers from a GPU are graded
     shutil.copytree(rec.folder, gpu)
     df = pd.read_csv(gpu / "06_amp.csv")
     df["device_slug"], df["device"] = "nvidia-h200", "NVIDIA H200"
     df.to_csv(gpu / "06_amp.csv", index=False)
-    assert "| `amp_speedup` | 1.2 | >= 3.0 | missed |" in build_report(gpu) and "**A CPU run.**" not in build_report(
-        gpu
-    )
+    md = build_report(gpu)
+    assert "| `amp_speedup` | 1.2 | >= 3.0 | missed |" in md and "**A CPU run.**" not in md
 
 
 def test_a_fraction_of_a_ceiling_above_one_is_flagged_and_explained(tmp_path):
@@ -162,7 +114,3 @@ def test_a_fraction_of_a_ceiling_above_one_is_flagged_and_explained(tmp_path):
         rec.timing(exp, "fused", "optimized", _t(1.0), bytes=nbytes, limit="copy")
     md = build_report(rec.folder)
     assert "| 2.000 ↑ of copy |" in md and "| 0.20 of copy |" in md and ABOVE_ONE in md
-    below = _rec(tmp_path / "other", "03_fusion", ceilings=_ceil())
-    below.timing("act", "eager", "baseline", _t(4.0), bytes=2e7, limit="copy")
-    below.timing("act", "fused", "optimized", _t(1.0), bytes=2e7, limit="copy")
-    assert ABOVE_ONE not in build_report(below.folder)

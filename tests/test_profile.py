@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from mahia.profile import StepReport, block_parts, main, module_ranges, profile_step
+from mahia.profile import StepReport, main, module_ranges, profile_step, quiet_profiler_notices
 
 
 def _net():
@@ -22,12 +22,8 @@ def test_profile_step_ranks_operators_and_times_modules():
         net(x).sum().backward()
 
     r = profile_step(step, x, steps=2, warmup=1, rows=5, modules={"first": net[0], "last": net[2]})
-    assert isinstance(r, StepReport) and r.device == "cpu"
-    assert r.kernel_ms is None and r.busy is None  # no device on a CPU
-    assert r.wall_ms > 0 and 0 < len(r.top) <= 5
-    names = [t["name"] for t in r.top]
-    assert any("addmm" in n or "mm" in n for n in names), names
-    assert all(t["ms"] >= 0 and t["calls"] > 0 for t in r.top)
+    assert isinstance(r, StepReport) and (r.device, r.kernel_ms, r.busy) == ("cpu", None, None)  # no device time
+    assert r.wall_ms > 0 and 0 < len(r.top) <= 5 and any("mm" in t["name"] for t in r.top), r.top
     assert [t["ms"] for t in r.top] == sorted((t["ms"] for t in r.top), reverse=True)
     assert set(r.modules) == {"first", "last"} and all(v > 0 for v in r.modules.values())
     assert "ms per step" in str(r) and "first" in str(r)
@@ -55,30 +51,13 @@ def test_command_line(capsys):
     assert "preset tiny (optimized)" in out and "ms per step" in out and "attn" in out
     assert main("--preset tiny --impl baseline --batch 1 --steps 1 --rows 1 --device cpu".split()) == 0
     assert "batch 1 x 128" in capsys.readouterr().out  # tiny's max_seq_len, not the 512 it cannot take
-    assert main(["--preset", "tiny", "--seq-len", "4096", "--device", "cpu"]) == 2
-    assert "max_seq_len" in capsys.readouterr().err
-    assert main(["--preset", "tiny", "--device", "cpu", "--by-module", "--checkpoint", "full"]) == 2
-    assert "--checkpoint" in capsys.readouterr().err
-
-
-def test_block_parts_name_each_part_of_every_block():
-    from mahia.model import HybridConfig, HybridModel
-
-    model = HybridModel(HybridConfig.preset("tiny"))
-    parts = block_parts(model)
-    assert len(parts["attn"]) == len(model.blocks) and parts["attn"][0] is model.blocks[0].attn
-    assert set(parts) == {n for b in model.blocks for n, _ in b.named_children()}
 
 
 def test_quiet_profiler_notices_drops_only_the_profilers_cycle_notice():
-    from mahia.profile import quiet_profiler_notices
-
     @quiet_profiler_notices
     def noisy():
-        # torch 2.11's text on an H100 (notebooks 02, 03, 06, 07, 08 of the b34185d reference printed it)
-        warnings.warn(
-            "Warning: Profiler clears events at the end of each cycle.Only events from the current", stacklevel=2
-        )
+        notice = "Warning: Profiler clears events at the end of each cycle.Only events from the current"
+        warnings.warn(notice, stacklevel=2)  # torch 2.11's text on an H100
         warnings.warn("something the reader should see", UserWarning, stacklevel=2)
         return 7
 

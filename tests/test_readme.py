@@ -1,8 +1,5 @@
-"""The README's Python examples run as they are, on the CPU: they cannot drift from the package.
-
-Each ```python block of the README runs in a fresh interpreter, as a reader would paste it: no test
-set-up, so no Triton interpreter (the Triton paths fall back to their PyTorch references on a CPU).
-"""
+"""The README's two Python examples run as a reader pastes them, in a fresh interpreter on the CPU (no Triton
+interpreter: the Triton paths fall back to their PyTorch references)."""
 
 import os
 import re
@@ -17,10 +14,8 @@ BLOCKS = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), 
 
 
 def test_the_readme_has_the_package_and_the_model_examples():
-    assert len(BLOCKS) >= 2
-    assert any("count_syncs" in b for b in BLOCKS), "the package snippet is gone"
     model = [b for b in BLOCKS if "HybridModel" in b]
-    assert model, "the model example is gone"
+    assert model and any("count_syncs" in b for b in BLOCKS), "the package or the model example is gone"
     for step in ("HybridConfig.preset(", ".backward()", ".optimized()", "apply_checkpointing(", "apply_compile("):
         assert step in model[0], f"the model example no longer shows {step}"
     assert all('device="cuda"' not in b for b in BLOCKS), "a snippet hard-codes CUDA"

