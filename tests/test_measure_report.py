@@ -56,6 +56,17 @@ def test_the_ladder_speedup_comes_only_from_the_ladder_that_starts_without_the_l
     assert rec.summarize()["full_stack_speedup"] == pytest.approx(5.0)
 
 
+def test_gla_against_fla_is_the_worse_model_shape_and_needs_both(tmp_path):
+    rec = _rec(tmp_path, "bench_meta")
+    shapes = [dict(zip("BHTKV", s)) for s in ((16, 8, 1024, 64, 64), (8, 16, 2048, 64, 64))]
+    for sh, (mine, fla) in zip(shapes, [(1.0, 1.2), (2.0, 1.6)]):
+        shape = ",".join(f"{k}={v}" for k, v in sh.items())
+        rec.timing("gla_fwd", "triton", "optimized", _t(mine), shape=shape, dtype=torch.bfloat16)
+        assert rec.summarize()["gla_fwd_vs_fla"] is None  # one shape alone is no verdict
+        rec.timing("gla_fwd", "fla", "peer", _t(fla), shape=shape, dtype=torch.bfloat16)
+    assert rec.summarize()["gla_fwd_vs_fla"] == pytest.approx(0.8)  # 1.6 / 2.0, not 1.2 / 1.0
+
+
 def test_a_recorder_refuses_another_devices_folder_and_a_bad_role_and_writes_atomically(tmp_path):
     rec = _rec(tmp_path, "99_test")
     with pytest.raises(ValueError, match="role must be"):
