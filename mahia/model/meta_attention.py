@@ -82,7 +82,8 @@ class MetaAttention(nn.Module):
         """q (scaled by 1/sqrt(K)), k, v and the log-decays g <= 0 from x (B, T, dim)."""
         HK, HV = self.n_heads * self.key_dim, self.n_heads * self.value_dim
         q, k, v, r = self.in_proj(x).split([HK, HK, HV, self.gate_rank], dim=-1)  # r: (B, T, gate_rank)
-        g = F.logsigmoid(self.gate_up(r)) / self.gate_temperature  # (B, T, H*K)
+        # r copied (small): a view would keep the whole fused output alive for gate_up's backward
+        g = F.logsigmoid(self.gate_up(r.contiguous())) / self.gate_temperature  # (B, T, H*K)
         return q * self.key_dim**-0.5, k, v, g  # (B, T, H*K), (B, T, H*K), (B, T, H*V), (B, T, H*K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
