@@ -347,7 +347,7 @@ class HybridModel(nn.Module):
             if block.meta is not None:
                 m = block.meta
                 H, K, V = m.n_heads, m.key_dim, m.value_dim
-                r = m.gate_proj[0].out_features
+                r = m.gate_rank
                 proj = 2 * D * (2 * H * K + H * V + r) + 2 * r * H * K + 2 * H * V * D
                 parts["meta_attention"] += proj + gla_flops(1, H, T, K, V, backward=False) / T
             if block.memory is not None:

@@ -31,7 +31,8 @@ class MetaAttention(nn.Module):
 
     Per head: q = x W_q / sqrt(K), k = x W_k, v = x W_v, g = logsigmoid(x W_g1 W_g2 + b_g) / temperature
     (a low-rank gate of rank ``gate_rank``, as in GLA), o = gated_linear_attention(q, k, v, g), and
-    the heads concatenated go through W_o back to dim. ``key_dim`` and ``value_dim`` are per head
+    the heads concatenated go through W_o back to dim. W_q, W_k, W_v and W_g1 are one matrix, ``in_proj``
+    (one matmul); W_g2, b_g are ``gate_up``. ``key_dim`` and ``value_dim`` are per head
     (default dim // n_heads). ``impl`` picks the path ("triton", "logspace" or "loop"); all compute the
     same function.
     """
@@ -70,19 +71,26 @@ class MetaAttention(nn.Module):
         self.dim, self.n_heads, self.key_dim, self.value_dim = dim, n_heads, key_dim, value_dim
         self.impl, self.gate_temperature = impl, float(gate_temperature)
         fk = {"device": device, "dtype": dtype}
-        self.q_proj = nn.Linear(dim, n_heads * key_dim, bias=False, **fk)
-        self.k_proj = nn.Linear(dim, n_heads * key_dim, bias=False, **fk)
-        self.v_proj = nn.Linear(dim, n_heads * value_dim, bias=False, **fk)
-        self.gate_proj = nn.Sequential(
-            nn.Linear(dim, gate_rank, bias=False, **fk), nn.Linear(gate_rank, n_heads * key_dim, bias=True, **fk)
-        )
+        self.gate_rank = gate_rank
+        # q, k, v and the gate's low-rank code in one matmul. nn.Linear's default init depends only on
+        # fan_in = dim, so the fused weight draws from the same distribution as four separate ones.
+        self.in_proj = nn.Linear(dim, n_heads * (2 * key_dim + value_dim) + gate_rank, bias=False, **fk)
+        self.gate_up = nn.Linear(gate_rank, n_heads * key_dim, bias=True, **fk)
         self.o_proj = nn.Linear(n_heads * value_dim, dim, bias=False, **fk)
+
+    def _project(self, x: torch.Tensor):
+        """q (scaled by 1/sqrt(K)), k, v and the log-decays g <= 0 from x (B, T, dim)."""
+        HK, HV = self.n_heads * self.key_dim, self.n_heads * self.value_dim
+        q, k, v, r = self.in_proj(x).split([HK, HK, HV, self.gate_rank], dim=-1)  # r: (B, T, gate_rank)
+        # r copied (small): a view would keep the whole fused output alive for gate_up's backward
+        g = F.logsigmoid(self.gate_up(r.contiguous())) / self.gate_temperature  # (B, T, H*K)
+        return q * self.key_dim**-0.5, k, v, g  # (B, T, H*K), (B, T, H*K), (B, T, H*V), (B, T, H*K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_float_tensor("MetaAttention", "x", x)
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"MetaAttention: x must be (B, T, dim={self.dim}), got shape {tuple(x.shape)}")
-        w = self.q_proj.weight
+        w = self.in_proj.weight
         if x.device != w.device or (x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type)):
             raise TypeError(
                 f"MetaAttention: x has dtype {x.dtype} but the parameters are {w.dtype} (x on {x.device}, they on "
@@ -94,10 +102,8 @@ class MetaAttention(nn.Module):
         def heads(t: torch.Tensor, d: int) -> torch.Tensor:  # (B, T, H * d) -> (B, H, T, d)
             return t.view(B, T, H, d).transpose(1, 2)
 
-        q = heads(self.q_proj(x), K) * K**-0.5
-        k = heads(self.k_proj(x), K)
-        v = heads(self.v_proj(x), V)
-        g = heads(F.logsigmoid(self.gate_proj(x)) / self.gate_temperature, K)  # <= 0
+        q, k, v, g = self._project(x)
+        q, k, v, g = heads(q, K), heads(k, K), heads(v, V), heads(g, K)
         o = gated_linear_attention(q, k, v, g, impl=self.impl)  # (B, H, T, V)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * V))
 
@@ -106,12 +112,9 @@ class MetaAttention(nn.Module):
         before the first token), by the recurrence; ``state`` is updated in place. With T = 1 the shapes
         are static, so a decode step can be captured in a CUDA graph."""
         B, T, _ = x.shape
-        H, K, V = self.n_heads, self.key_dim, self.value_dim
+        H, V = self.n_heads, self.value_dim
         dt = state.dtype
-        q = (self.q_proj(x).view(B, T, H, K) * K**-0.5).to(dt)
-        k = self.k_proj(x).view(B, T, H, K).to(dt)
-        v = self.v_proj(x).view(B, T, H, V).to(dt)
-        g = (F.logsigmoid(self.gate_proj(x)) / self.gate_temperature).view(B, T, H, K).to(dt)  # <= 0
+        q, k, v, g = (t.view(B, T, H, -1).to(dt) for t in self._project(x))
         S, outs = state, []
         for t in range(T):
             S = g[:, t].exp().unsqueeze(-1) * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)  # (B, H, K, V)
