@@ -193,8 +193,13 @@ def test_compiled_triton_backend_runs_the_two_custom_ops():
     b = torch.randn(3, 16, 24, generator=g).to(DEVICE).requires_grad_()
     offs = torch.tensor([7, 7, 33], dtype=torch.int32, device=DEVICE)
     ends = offs.clamp(0, 40).cummax(0).values
-    torch.library.opcheck(gm._mm_op, (a.detach(), b.detach(), ends))
-    torch.library.opcheck(gm._wgrad_op, (a.detach(), torch.randn(40, 24, device=DEVICE), ends))
+    dc = torch.randn(40, 24, device=DEVICE)
+    for native in (False, True):  # native: torch._grouped_mm inside the op, where this build has it for bfloat16
+        if native and gm._why_not_native(a.device, torch.bfloat16, 16, 24) is not None:
+            continue
+        dt = torch.bfloat16 if native else a.dtype
+        torch.library.opcheck(gm._mm_op, (a.detach().to(dt), b.detach().to(dt), ends, native))
+        torch.library.opcheck(gm._wgrad_op, (a.detach().to(dt), dc.to(dt), ends, native))
 
     calls = []
 

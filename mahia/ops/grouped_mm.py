@@ -16,7 +16,7 @@ Backends, one product (``grouped_mm_backend`` says which ``backend="auto"`` runs
   9.0 or 10.x (elsewhere PyTorch's fallback copies ``offs`` to the host), on the CPU where this build has
   the kernel. K and N positive with 16-byte rows; operands with strides it rejects are copied. It leaves
   the rows past the last end unwritten: a small Triton kernel zeroes them (one launch that returns at
-  once where there are none), or a masked fill without Triton and under torch.compile.
+  once where there are none), or a masked fill without Triton.
 * ``"triton"``: rows cut into BLOCK_M-row tiles of one group each (the rows past the last end form one
   more group, written as zeros), the tile table computed on the device. At most ceil(M / BLOCK_M) + G
   tiles, a bound from the shapes alone: that many programs launch and spare ones return at once. The
@@ -25,8 +25,10 @@ Backends, one product (``grouped_mm_backend`` says which ``backend="auto"`` runs
   sync-free but it copies one weight matrix per tile: for float64, ``meta`` tensors and machines where
   neither of the others runs.
 
-Eager calls go through one ``torch.autograd.Function`` (``_GroupedMM``); under torch.compile each Triton
-kernel is one custom op (``mahia::moe_grouped_mm``, ``mahia::moe_grouped_mm_wgrad``). Empty inputs give
+Eager calls go through one ``torch.autograd.Function`` (``_GroupedMM``); under torch.compile each of its two
+products is one custom op (``mahia::moe_grouped_mm``, ``mahia::moe_grouped_mm_wgrad``) on either backend:
+Inductor, given torch._grouped_mm itself, wrote a^T of the weight gradient row-major, which CUTLASS takes only
+for groups of a multiple of 16 bytes (a device-side assert in notebook 07, H200, 2026-12-03). Empty inputs give
 empty or zero results; a and b share one dtype.
 """
 
@@ -401,12 +403,16 @@ def _ieee_dot(t: torch.Tensor) -> bool:
     return t.dtype == torch.float32 or not t.is_cuda
 
 
-def _aligned(t: torch.Tensor) -> torch.Tensor:
+def _aligned(t: torch.Tensor, rows: bool = False) -> torch.Tensor:
     """``t``, or a contiguous copy where torch._grouped_mm rejects its strides: each matrix must be row- or
     column-major with a leading stride of a multiple of 16 bytes (a transposed bfloat16 ``a`` is not, nor
-    is a broadcast gradient such as the one of ``c.sum()``)."""
-    (rows, cols), (s_row, s_col) = t.shape[-2:], t.stride()[-2:]
-    lead = s_row if s_col == 1 and s_row >= max(cols, 1) else s_col if s_row == 1 and s_col >= max(rows, 1) else 0
+    is a broadcast gradient such as the one of ``c.sum()``). ``rows``: a 2D operand whose groups are cut along
+    its rows must be row-major. Column-major, each group would start at ``offs[g-1]`` elements, which CUTLASS's
+    TMA accepts only for groups of a multiple of 16 bytes: a device-side assert (``delta % align``) otherwise."""
+    (rows_, cols), (s_row, s_col) = t.shape[-2:], t.stride()[-2:]
+    lead = s_row if s_col == 1 and s_row >= max(cols, 1) else 0
+    if not rows and not lead and s_row == 1 and s_col >= max(rows_, 1):
+        lead = s_col
     # not .contiguous(): an empty or one-row view counts as contiguous whatever its strides
     return t if lead and (lead * t.itemsize) % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
@@ -417,10 +423,12 @@ class _GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def forward(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # opaque to Inductor: it may lay a 2D operand out column-major (below)
+            return _mm_op(a, b, ends, native)
         M, N = a.shape[0], b.shape[2]
         if native:
-            c = torch._grouped_mm(_aligned(a), _aligned(b), offs=ends)  # rows past ends[-1] are not written
-            if torch.compiler.is_compiling() or why_not(c) is not None:
+            c = torch._grouped_mm(_aligned(a, rows=True), _aligned(b), offs=ends)  # rows past ends[-1] are not written
+            if why_not(c) is not None:
                 last = ends[-1:] if ends.numel() else ends.new_zeros(1)
                 # not in place: selective activation checkpointing may keep c as torch._grouped_mm returned it
                 return c.masked_fill((torch.arange(M, device=a.device) >= last)[:, None], 0)
@@ -428,8 +436,6 @@ class _GroupedMM(torch.autograd.Function):
                 grid = (triton.cdiv(M, 64), triton.cdiv(N, 256))
                 _launch_zero_tail(grid, c, ends, M, N, ends.numel(), *c.stride(), BLOCK_M=64, BLOCK_N=256, num_warps=4)
             return c
-        if torch.compiler.is_compiling():
-            return _mm_op(a, b, ends)
         c = a.new_empty(M, N)
         if c.numel():
             cfg = _blocks(a, "mm")
@@ -456,10 +462,10 @@ class _GroupedMM(torch.autograd.Function):
 
 def _wgrad(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
     """db (G, K, N) with db[g] = a[rows of g]^T @ dc[rows of g]. a (M, K), dc (M, N), any strides."""
+    if torch.compiler.is_compiling():  # Inductor wrote a^T row-major here: CUTLASS's assert (see _aligned)
+        return _wgrad_op(a, dc, ends, native)
     if native:
-        return torch._grouped_mm(_aligned(a).t(), _aligned(dc), offs=ends)
-    if torch.compiler.is_compiling():
-        return _wgrad_op(a, dc, ends)
+        return torch._grouped_mm(_aligned(a, rows=True).t(), _aligned(dc, rows=True), offs=ends)
     K, N = a.shape[1], dc.shape[1]
     db = a.new_empty(ends.numel(), K, N)
     if db.numel():
@@ -470,20 +476,20 @@ def _wgrad(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor, native: bool) 
 
 
 @torch.library.custom_op("mahia::moe_grouped_mm", mutates_args=())
-def _mm_op(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    return _GroupedMM.forward(a, b, ends, False)
+def _mm_op(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
+    return _GroupedMM.forward(a, b, ends, native)
 
 
 @_mm_op.register_fake
-def _(a, b, ends):
+def _(a, b, ends, native):
     return a.new_empty(a.shape[0], b.shape[2])
 
 
 @torch.library.custom_op("mahia::moe_grouped_mm_wgrad", mutates_args=())
-def _wgrad_op(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    return _wgrad(a, dc, ends, False)
+def _wgrad_op(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
+    return _wgrad(a, dc, ends, native)
 
 
 @_wgrad_op.register_fake
-def _(a, dc, ends):
+def _(a, dc, ends, native):
     return a.new_empty(ends.shape[0], a.shape[1], dc.shape[1])
