@@ -131,7 +131,7 @@ def test_matches_dense_reference(impl, backend, dtype, top_k, never):
 @pytest.mark.parametrize("dtype,lead", [(torch.bfloat16, LEAD), (torch.float32, ()), (torch.float32, (2, 3, 5))])
 def test_loop_grouped_and_compiled_agree_on_random_routing_and_any_leading_dims(dtype, lead):
     """With routing left to chance, both paths make the same choices. torch.compile traces the grouped path
-    in float32 (torch._grouped_mm's meta kernel takes bf16 only) without graph breaks, as eager computes."""
+    in float32 without graph breaks, as eager computes."""
     torch.manual_seed(3)
     loop, grouped = MoE(D, H, E, 2, impl="loop").to(dtype), MoE(D, H, E, 2, impl="grouped").to(dtype)
     grouped.load_state_dict(loop.state_dict())

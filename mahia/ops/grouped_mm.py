@@ -135,15 +135,9 @@ _native_cpu_supported._dynamo_marked_constant = True  # type: ignore[attr-define
 
 
 def _why_not_native(device: torch.device, dtype: torch.dtype, k: int, n: int) -> str | None:
-    """None if torch._grouped_mm runs sync-free for (M, k) @ (G, k, n) in ``dtype`` on ``device``.
-
-    Evaluated where the matmul is traced: under torch.compile a float32 CPU input therefore gets the
-    padded bmm (or Triton), although eager would use torch._grouped_mm.
-    """
+    """None if torch._grouped_mm runs sync-free for (M, k) @ (G, k, n) in ``dtype`` on ``device``."""
     if not hasattr(torch, "_grouped_mm"):
         return f"torch {torch.__version__} has no torch._grouped_mm (added in 2.8)"
-    if dtype != torch.bfloat16 and torch.compiler.is_compiling():
-        return f"torch.compile traces torch._grouped_mm with a meta kernel that takes bfloat16 only, got {dtype}"
     if device.type == "cuda":
         if dtype != torch.bfloat16:
             return f"its CUDA kernel takes bfloat16 only, got {dtype}"
@@ -187,11 +181,8 @@ def choose_backend(a: torch.Tensor, gemms: list[tuple[int, int]]) -> str:
 
 
 def grouped_mm_backend(a: torch.Tensor, b: torch.Tensor) -> str:
-    """The backend ``grouped_mm(a, b, offs)`` runs with ``backend="auto"``: one of ``BACKENDS``.
-
-    Asked in eager, it answers for eager; inside torch.compile torch._grouped_mm is used for bfloat16
-    only (its meta kernel rejects other dtypes), so there the answer can differ.
-    """
+    """The backend ``grouped_mm(a, b, offs)`` runs with ``backend="auto"``: one of ``BACKENDS``, in eager and
+    under torch.compile alike."""
     return choose_backend(a, [(b.shape[1], b.shape[2])])
 
 
