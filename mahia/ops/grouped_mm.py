@@ -400,10 +400,10 @@ def _aligned(t: torch.Tensor, rows: bool = False) -> torch.Tensor:
     is a broadcast gradient such as the one of ``c.sum()``). ``rows``: a 2D operand whose groups are cut along
     its rows must be row-major. Column-major, each group would start at ``offs[g-1]`` elements, which CUTLASS's
     TMA accepts only for groups of a multiple of 16 bytes: a device-side assert (``delta % align``) otherwise."""
-    (rows_, cols), (s_row, s_col) = t.shape[-2:], t.stride()[-2:]
-    lead = s_row if s_col == 1 and s_row >= max(cols, 1) else 0
-    if not rows and not lead and s_row == 1 and s_col >= max(rows_, 1):
-        lead = s_col
+    (n_rows, cols), (s_row, s_col) = t.shape[-2:], t.stride()[-2:]
+    row_major = s_col == 1 and s_row >= max(cols, 1)
+    col_major = not rows and s_row == 1 and s_col >= max(n_rows, 1)
+    lead = s_row if row_major else s_col if col_major else 0
     # not .contiguous(): an empty or one-row view counts as contiguous whatever its strides
     return t if lead and (lead * t.itemsize) % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
@@ -414,7 +414,7 @@ class _GroupedMM(torch.autograd.Function):
 
     @staticmethod
     def forward(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # opaque to Inductor: it may lay a 2D operand out column-major (below)
+        if torch.compiler.is_compiling():  # opaque: Inductor may pick a layout CUTLASS rejects (docstring)
             return _mm_op(a, b, ends, native)
         M, N = a.shape[0], b.shape[2]
         if native:
@@ -453,7 +453,7 @@ class _GroupedMM(torch.autograd.Function):
 
 def _wgrad(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor, native: bool) -> torch.Tensor:
     """db (G, K, N) with db[g] = a[rows of g]^T @ dc[rows of g]. a (M, K), dc (M, N), any strides."""
-    if torch.compiler.is_compiling():  # Inductor wrote a^T row-major here: CUTLASS's assert (see _aligned)
+    if torch.compiler.is_compiling():  # as in forward: Inductor wrote a^T row-major here
         return _wgrad_op(a, dc, ends, native)
     if native:
         return torch._grouped_mm(_aligned(a, rows=True).t(), _aligned(dc, rows=True), offs=ends)
