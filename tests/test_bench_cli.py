@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
+import torch
 
 from mahia.measure import hardware
 
@@ -37,3 +39,28 @@ def test_bench_on_a_cpu_runs_the_quick_sizes_and_touches_no_other_commands_files
         assert (folder / name).read_text() == text, f"{name} was replaced"
     records = pd.read_csv(folder / "bench_kernels.csv")
     assert len(records) == int(ran.group(1)) and set(records["profile"]) == {"quick"}
+
+
+def test_fla_configs_come_back_as_its_autotuner_chose_them(tmp_path, monkeypatch):
+    triton = pytest.importorskip("triton")
+    from mahia.bench import meta
+
+    def kernel(x, N, BLOCK: triton.language.constexpr):
+        pass
+
+    kernel.__module__ = "fla.ops.stand_in"  # an fla kernel, as far as the lookup goes
+    tuner = triton.autotune([triton.Config({"BLOCK": 16}, num_warps=2), triton.Config({"BLOCK": 32})], key=["N"])(
+        triton.jit(kernel)
+    )
+    key = (4096, "torch.bfloat16")
+    tuner.cache[key] = tuner.configs[0]
+    monkeypatch.setattr(meta, "_versions", lambda: {"fla": "0.6.0", "triton": "3.6.0"})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    meta._save_fla_configs(tmp_path / "gpu.json")
+    tuner.cache.clear()
+    assert "data/fla/gpu.json" in meta._load_fla_configs(tmp_path / "gpu.json")
+    got = tuner.cache[key]
+    assert (got.kwargs, got.num_warps, got.num_stages, got.pre_hook) == ({"BLOCK": 16}, 2, 3, None)
+    tuner.cache.clear()  # another fla or Triton: autotune again
+    monkeypatch.setattr(meta, "_versions", lambda: {"fla": "0.7.0", "triton": "3.6.0"})
+    assert meta._load_fla_configs(tmp_path / "gpu.json") is None and not tuner.cache

@@ -16,14 +16,26 @@ Against flash-linear-attention (issue 36), on CUDA where fla-core is installed (
 experiments ``gla_fwd`` and ``gla_fwdbwd`` at the model's shapes, ``FLA_SHAPES``, bfloat16. The same function on
 both sides (fla's ``chunk_gla`` with scale = 1); each side gets its own layout, (B, H, T, K) and fla's (B, T, H, K),
 made before timing; both are checked against the float64 log-space path, warmed and timed by ``bench``.
+
+fla's first call at these shapes autotunes about 300 Triton configs (240 s of compiling on an H200, 2026-12-03).
+The configs its autotuner chose are saved once per GPU model, in ``data/fla/<gpu>.json`` for the same fla and Triton
+versions, and put back into fla's autotuners on later runs: the same kernels, without the search. Delete the file
+to tune again.
 """
 
 from __future__ import annotations
+
+import datetime
+import gc
+import json
+import time
 
 import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_close, tolerance
+from mahia.measure.files import REPO_ROOT, atomic_write_text
+from mahia.measure.hardware import device_slug
 from mahia.measure.timing import bench
 from mahia.ops.dispatch import triton_available_for, why_not
 from mahia.ops.gla_scan import gated_linear_attention, gla_bytes, gla_flops
@@ -120,6 +132,8 @@ def _against_fla(recorder, ceilings, dev: torch.device, *, quick: bool) -> None:
         print(f"gla_fwd, gla_fwdbwd: skipped (fla-core: {exc})")
         return
     dtype, tol = torch.bfloat16, tolerance(torch.bfloat16)
+    saved = REPO_ROOT / "data" / "fla" / f"{device_slug(dev)}.json"
+    tuned = _load_fla_configs(saved)
     for B, H, T, K, V in FLA_SHAPES:
         inputs, do = _inputs(B, H, T, K, V, dev, dtype)
         ref_o, ref_grads = _fwd_bwd("logspace", [t.double() for t in inputs], do.double())()
@@ -131,6 +145,7 @@ def _against_fla(recorder, ceilings, dev: torch.device, *, quick: bool) -> None:
                     lambda t: t.transpose(1, 2), "peer"),
         }  # fmt: skip
         for name, (fwd, leaves, d, back, role) in sides.items():
+            t0 = time.perf_counter()
             o = fwd()
             got = [back(t) for t in (o, *torch.autograd.grad(o, leaves, d))]
             err = max(
@@ -138,6 +153,8 @@ def _against_fla(recorder, ceilings, dev: torch.device, *, quick: bool) -> None:
                 for x, a, b in zip(("o", "dq", "dk", "dv", "dg"), got, (ref_o, *ref_grads))
             )
             del o, got
+            if name == "fla" and not tuned:
+                print(f"fla: first call at B={B},H={H},T={T}: {time.perf_counter() - t0:.0f} s (autotuning)")
             for exp, fn, backward in (
                 ("gla_fwd", fwd, False),
                 ("gla_fwdbwd", lambda fwd=fwd, leaves=leaves, d=d: torch.autograd.grad(fwd(), leaves, d), True),
@@ -147,5 +164,57 @@ def _against_fla(recorder, ceilings, dev: torch.device, *, quick: bool) -> None:
                 t = bench(fn, device=dev, warmup_ms=25, rep_ms=100 if quick else 300)
                 recorder.timing(exp, name, role, t, shape=f"B={B},H={H},T={T},K={K},V={V}", dtype=dtype,
                                 bytes=n_bytes, flops=flops, limit=_limit(flops, n_bytes, ceilings, dtype),
-                                rel_err=err, notes="fla: chunk_gla(scale=1), (B, T, H, K); flops: chunk 16")  # fmt: skip
+                                rel_err=err, notes=f"fla: chunk_gla(scale=1), (B, T, H, K), {tuned or 'autotuned in this run'}; "
+                                "flops: chunk 16")  # fmt: skip
         del inputs, do, mine, theirs, sides, ref_o, ref_grads  # free this shape before the next
+    if not tuned:
+        _save_fla_configs(saved)
+
+
+def _fla_autotuners() -> dict:
+    """fla's Triton autotuners by module and kernel name (a ``triton.heuristics`` wrapper's included)."""
+    from triton.runtime.autotuner import Autotuner
+
+    return {f"{a.base_fn.__module__}.{a.base_fn.__name__}": a for a in gc.get_objects()
+            if issubclass(type(a), Autotuner) and a.base_fn.__module__.startswith("fla.")}  # fmt: skip
+
+
+def _versions() -> dict:
+    import fla
+    import triton
+
+    return {"fla": fla.__version__, "triton": triton.__version__}
+
+
+def _load_fla_configs(path) -> str | None:
+    """Put the saved configs into fla's autotuners (their cache: key -> config); a note for the records, or None."""
+    import triton
+
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    if saved["versions"] != _versions():
+        print(f"fla: {path.name} was tuned with {saved['versions']}, this is {_versions()}: autotuning again")
+        return None
+    tuners = _fla_autotuners()
+    for name, entries in saved["kernels"].items():
+        for e in entries if name in tuners else ():
+            config = triton.Config({})
+            config.__dict__.update(e["config"])  # every attribute as this Triton version saved it
+            tuners[name].cache[tuple(e["key"])] = config
+    return f"fla's own autotuned configs of {saved['date']} (data/fla/{path.name})"
+
+
+def _save_fla_configs(path) -> None:
+    kernels = {}
+    for name, tuner in sorted(_fla_autotuners().items()):
+        entries = [{"key": list(k), "config": {a: v for a, v in vars(c).items() if a != "pre_hook"}}
+                   for k, c in tuner.cache.items()
+                   if c.pre_hook is None and all(isinstance(x, (bool, int, float, str, type(None))) for x in k)]  # fmt: skip
+        if entries:
+            kernels[name] = entries
+    doc = {"versions": _versions(), "gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+           "shapes": FLA_SHAPES, "kernels": kernels}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+    print(f"fla: the configs its autotuner chose for {len(kernels)} kernels saved to {path} (commit it)")
