@@ -26,6 +26,11 @@ py=${PYTHON:-python3}
 # measure everything again).
 if [[ ${MAHIA_COMMIT:-} =~ ^[0-9a-f]{40}(-dirty)?$ ]]; then export MAHIA_COMMIT=${MAHIA_COMMIT:0:12}${BASH_REMATCH[1]}; fi
 export PYTHONUNBUFFERED=1
+# Each part is a new Python process. Container images often set PYTHONDONTWRITEBYTECODE=1 and ship torch without
+# .pyc files (the lent H200's did, 2026-12-04): every process then compiles torch's sources again, seconds a
+# notebook. Here the bytecode is written once, outside the tree, and reused.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${TMPDIR:-/tmp}/mahia-pycache}
 logs=runs/$tag/logs  # runs/ is git-ignored, here and where the archive is unpacked
 mkdir -p $logs
 stamp=$(mktemp)

@@ -14,10 +14,10 @@ import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib import ticker as mticker
 from matplotlib.colors import to_hex
 
@@ -32,7 +32,8 @@ ROLE_COLORS = {
     "reference": "#8172b2",
     "metric": "#937860",
 }
-PALETTE = tuple(sns.color_palette("colorblind").as_hex())  # Okabe-Ito's colour-blind-safe ten
+# seaborn's "colorblind" ten (after Okabe and Ito): safe for the common colour-vision deficiencies
+PALETTE = ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494", "#ece133", "#56b4e9")
 
 # Names that recur across notebooks keep one colour: the usual "before" paths vermillion, the project's own bluish
 # green, the peers other hues; ``measured`` black, ``predicted`` grey. Any other name is hashed.
@@ -50,7 +51,11 @@ _FIXED = {
 }
 _FIXED_COLOR = {name: color for color, names in _FIXED.items() for name in names.split()}
 
-sns.set_theme(style="whitegrid", context="notebook")
+# seaborn's whitegrid look from matplotlib's copy of its styles: no seaborn import (it imports scipy.stats too)
+plt.style.use(
+    ["seaborn-v0_8-whitegrid", "seaborn-v0_8-notebook", {"legend.frameon": True, "figure.figsize": (6.4, 4.8)}]
+)
+mpl.rcParams["axes.prop_cycle"] = mpl.cycler(color=PALETTE)
 
 
 def _key(name) -> str:
@@ -70,7 +75,8 @@ def palette_for(names: Iterable) -> dict:
         if want[n] not in used.values():
             used[n] = want[n]
     spare = [c for c in PALETTE if c not in want.values()] + list(PALETTE)
-    spare += [to_hex(c) for c in sns.husl_palette(len(unique))]  # for more names than PALETTE holds
+    hues = plt.get_cmap("hsv")(np.linspace(0, 1, len(unique), endpoint=False))  # for more names than PALETTE holds
+    spare += [to_hex(c) for c in hues]
     for n in order:
         used[n] = used.get(n) or next(c for c in spare if c not in used.values())
     return {n: used[n] for n in unique}
@@ -152,13 +158,23 @@ def sweep(
     palette: dict | None = None,
 ):
     """Lines of ``y`` against ``x`` per ``hue``: a categorical hue coloured by :func:`palette_for`, a numeric one
-    by seaborn's ordered map; ``limit`` draws a dashed ceiling."""
+    by an ordered map (viridis); ``limit`` draws a dashed ceiling."""
     if df.empty:
         raise ValueError("sweep(): no records to plot")
     ax = ax or plt.subplots(figsize=(7, 4))[1]
     if palette is None and hue in df.columns and not pd.api.types.is_numeric_dtype(df[hue]):
         palette = palette_for(df[hue].dropna())
-    sns.lineplot(data=df, x=x, y=y, hue=hue, marker="o", ax=ax, palette=palette)
+    groups = list(df.groupby(hue, sort=pd.api.types.is_numeric_dtype(df[hue]))) if hue in df.columns else [(None, df)]
+    if palette is None:  # a numeric hue: an ordered map, light to dark
+        values = [k for k, _ in groups]
+        palette = dict(zip(values, plt.get_cmap("viridis_r")(np.linspace(0.15, 0.9, len(values)))))
+    for key, g in groups:
+        line = g.groupby(x, sort=True)[y].mean()  # repeated x: their mean
+        ax.plot(line.index, line.values, marker="o", color=palette.get(key), label=None if key is None else str(key))
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if hue in df.columns:
+        ax.legend(title=hue or None)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
