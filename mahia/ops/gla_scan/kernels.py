@@ -27,9 +27,11 @@ directly: sum_{s > chunk end} dG_s is the derivative for the pairs straddling th
 Likewise the pairs j = i (decay exp(0) = 1) would add the same q_i k_i (do_i . v_i) to q * dq and to
 k * dk; they go into dq and dk apart, never into dG.
 
-Programs: one per (value block of BV columns, b * h). The forward walks the chunks in order with its
-(K, BV) float32 state in registers. The backward walks them backwards (dk, dv; H saved at every chunk
-end: a (T/16, K, BV) float32 scratch), then forwards (dq, S, dg). dq, dk and dg sum over all V columns,
+Programs: one per (value block of BV columns, b * h, group of GROUP rows). The carries entering the groups
+come first, from a light pass (_gla_bounds_kernel: one dot per 64 rows, no pairwise blocks), so the groups
+of one sequence run in parallel; a sequence of one group needs none. The forward walks its group's chunks in
+order with its (K, BV) float32 state in registers. The backward walks them backwards (dk, dv; H saved at
+every chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S, dg). dq, dk and dg sum over all V columns,
 so with several value blocks each program writes float32 partials and a ``sum(0)`` finishes them.
 Inputs are float32, bfloat16 or float16 with float32 accumulation; bfloat16/float16 dots run on
 tensor cores with the operands rounded to the input dtype; float32 dots run in full ("ieee") precision.
@@ -40,6 +42,7 @@ there (the true dg carries a factor exp(g)). The launchers do not check their in
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -99,26 +102,21 @@ def _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok,
 
 @triton.jit
 def _gla_fwd_kernel(
-    Q,
-    K,
-    V,
-    G,
-    O,
-    seq_len,
-    k_dim,
-    v_dim,
-    BT: tl.constexpr,  # rows per chunk
-    BK: tl.constexpr,  # next power of two >= k_dim (the whole key dim lives in one program)
-    BV: tl.constexpr,  # value columns per program
-    PRECISION: tl.constexpr,  # tl.dot input precision for float32 operands
-    UPCAST: tl.constexpr,  # see _dot
-    RESET: tl.constexpr,  # log-decays below it are full resets (reference.RESET)
-):
+    Q, K, V, G, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+):  # fmt: skip
+    # BT rows per chunk, GROUP rows per program (a multiple of BT); the whole key dim in one program (BK: the
+    # next power of two >= k_dim), BV value columns; PRECISION: tl.dot's for float32 operands; UPCAST: see _dot;
+    # log-decays below RESET are full resets (reference.RESET). SB: the state entering each group (float32
+    # (n_vblocks, B*H, n_groups, BK, BV), from _gla_bounds_kernel).
     # One flat grid axis (a second axis holds at most 65535 programs, and B*H can pass that); the value
     # blocks of one (batch, head) stay neighbours, so they run together and share its q, k, g in L2.
     n_vblocks = tl.cdiv(v_dim, BV)
     pid_v = tl.program_id(0) % n_vblocks
-    pid_bh = (tl.program_id(0) // n_vblocks).to(tl.int64)  # pid_bh * seq_len * k_dim can pass 2**31
+    grp = (tl.program_id(0) // n_vblocks) % n_groups
+    pid_bh = (tl.program_id(0) // n_vblocks // n_groups).to(tl.int64)  # pid_bh * seq_len * k_dim can pass 2**31
+    SB += ((pid_v * n_bh + pid_bh) * n_groups + grp) * BK * BV
     Q += pid_bh * seq_len * k_dim
     K += pid_bh * seq_len * k_dim
     G += pid_bh * seq_len * k_dim
@@ -133,7 +131,9 @@ def _gla_fwd_kernel(
     causal = offs_t[:, None] >= offs_t[None, :]  # (BT, BT): row i sees rows j <= i
 
     state = tl.zeros((BK, BV), dtype=tl.float32)  # S entering the chunk
-    for c in range(0, tl.cdiv(seq_len, BT)):
+    if n_groups > 1:
+        state = tl.load(SB + offs_k[:, None] * BV + tl.arange(0, BV)[None, :])
+    for c in range(grp * (GROUP // BT), tl.minimum((grp + 1) * (GROUP // BT), tl.cdiv(seq_len, BT))):
         qk_off, qk_mask, v_off, v_mask = _chunk_offsets(
             c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
         )
@@ -164,6 +164,65 @@ def _gla_fwd_kernel(
 
 
 @triton.jit
+def _gla_bounds_kernel(
+    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    STEP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+):  # fmt: skip
+    """The carries at the group boundaries, so that the groups of a sequence run in parallel: programs
+    [0, P) walk forwards and write the state S entering each group to SB, programs [P, 2P) (launched by the
+    backward) walk backwards and write the adjoint H leaving each group to HB; P = value blocks x B*H.
+    Only the carry is updated, STEP rows at a time (exp(b_last - b_j) <= 1 at any STEP):
+
+        S' = exp(b_last) S + sum_j (k_j exp(b_last - b_j)) v_j^T,    H = exp(b_last) H' + sum_i (q_i exp(b_i)) do_i^T
+    """
+    n_vblocks = tl.cdiv(v_dim, BV)
+    P = n_vblocks * n_bh
+    forward = tl.program_id(0) < P
+    adjoint = tl.program_id(0) >= P
+    pid = tl.program_id(0) % P
+    pid_v = pid % n_vblocks
+    pid_bh = (pid // n_vblocks).to(tl.int64)
+    offs_t = tl.arange(0, STEP)
+    offs_k = tl.arange(0, BK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    k_ok = offs_k < k_dim
+    v_ok = offs_v < v_dim
+    box = (pid_v * n_bh + pid_bh) * n_groups * BK * BV + offs_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    n_steps = tl.cdiv(seq_len, STEP)
+    carry = tl.zeros((BK, BV), dtype=tl.float32)
+    for i in range(0, n_steps):
+        s = tl.where(adjoint, n_steps - 1 - i, i)
+        first = (s * STEP) // GROUP
+        if forward & ((s * STEP) % GROUP == 0):
+            tl.store(SB + box + first * BK * BV, carry)  # the state entering group `first`
+        if adjoint & ((((s + 1) * STEP) % GROUP == 0) | (s == n_steps - 1)):
+            tl.store(HB + box + first * BK * BV, carry)  # the adjoint leaving group `first`
+        qk_off, qk_mask, v_off, v_mask = _chunk_offsets(
+            s, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, STEP
+        )
+        qk_off += pid_bh * seq_len * k_dim
+        v_off += pid_bh * seq_len * v_dim
+        g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
+        reset = g < RESET
+        R = tl.cumsum(tl.where(reset, -1e30, 0.0), axis=0)
+        R_last = tl.sum(tl.where(reset, -1e30, 0.0), axis=0)
+        g = tl.where(reset, 0.0, g)
+        b = tl.cumsum(g, axis=0)
+        b_last = tl.sum(g, axis=0)
+        carry = carry * tl.exp(b_last + R_last)[:, None]
+        if adjoint:
+            q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
+            do = tl.load(DO + v_off, mask=v_mask, other=0.0)
+            carry += _dot(tl.trans((q * tl.exp(b + R)).to(do.dtype)), do, PRECISION, UPCAST)
+        else:
+            k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
+            v = tl.load(V + v_off, mask=v_mask, other=0.0)
+            k_out = k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))
+            carry += _dot(tl.trans(k_out.to(v.dtype)), v, PRECISION, UPCAST)
+
+
+@triton.jit
 def _gla_bwd_chunk(
     Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict,
     BT: tl.constexpr, RESET: tl.constexpr,
@@ -187,31 +246,19 @@ def _gla_bwd_chunk(
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q,
-    K,
-    V,
-    G,
-    DO,
-    DQ,
-    DK,
-    DV,
-    DG,  # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K)
-    HS,  # float32 scratch (n_vblocks, B*H, n_chunks, BK, BV): the adjoint state at every chunk end
-    seq_len,
-    k_dim,
-    v_dim,
-    n_bh,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    RESET: tl.constexpr,
-):
+    Q, K, V, G, DO, DQ, DK, DV, DG, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+):  # fmt: skip
+    # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
+    # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it.
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
     pid_v = tl.program_id(0) % n_vblocks
-    pid_bh = (tl.program_id(0) // n_vblocks).to(tl.int64)
+    grp = (tl.program_id(0) // n_vblocks) % n_groups
+    pid_bh = (tl.program_id(0) // n_vblocks // n_groups).to(tl.int64)
     n_chunks = tl.cdiv(seq_len, BT)
+    c_begin = grp * (GROUP // BT)
+    c_end = tl.minimum(c_begin + GROUP // BT, n_chunks)
     Q += pid_bh * seq_len * k_dim
     K += pid_bh * seq_len * k_dim
     G += pid_bh * seq_len * k_dim
@@ -235,10 +282,12 @@ def _gla_bwd_kernel(
     strict = offs_t[:, None] > offs_t[None, :]
     eye = offs_t[:, None] == offs_t[None, :]
 
-    # Pass 1, backward over the chunks: dk and dv need the adjoint state H of the rows after the chunk.
+    # Pass 1, backward over the group's chunks: dk and dv need the adjoint state H of the rows after the chunk.
     dstate = tl.zeros((BK, BV), dtype=tl.float32)
-    for i in range(0, n_chunks):
-        c = n_chunks - 1 - i
+    if n_groups > 1:
+        dstate = tl.load(HB + (part * n_groups + grp) * BK * BV + hs_off)
+    for i in range(c_begin, c_end):
+        c = c_end - 1 - (i - c_begin)
         qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last = _gla_bwd_chunk(
             Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
         )
@@ -264,9 +313,11 @@ def _gla_bwd_kernel(
 
     tl.debug_barrier()  # pass 2 reads what other threads of this program wrote to DG and HS
 
-    # Pass 2, forward over the chunks: dq needs the state S entering each chunk; then dg.
+    # Pass 2, forward over the group's chunks: dq needs the state S entering each chunk; then dg.
     state = tl.zeros((BK, BV), dtype=tl.float32)
-    for c in range(0, n_chunks):
+    if n_groups > 1:
+        state = tl.load(SB + (part * n_groups + grp) * BK * BV + hs_off)
+    for c in range(c_begin, c_end):
         qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last = _gla_bwd_chunk(
             Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
         )
@@ -290,40 +341,67 @@ def _gla_bwd_kernel(
 
 _launch_fwd = Launcher(_gla_fwd_kernel)
 _launch_bwd = Launcher(_gla_bwd_kernel)
+_launch_bounds = Launcher(_gla_bounds_kernel)
 
 
-def _config(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, str, bool]:
-    """(BK, BV, num_warps, dot precision, UPCAST) for inputs like q (B, H, T, K).
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
-    Picked from the register use ptxas reports for sm_90 (compiled ahead of time, not timed): the
-    (16, 16, BK) pairwise blocks and the (BK, BV) state and adjoint fill the 255 registers a thread may
-    have. With 16-bit inputs BV = 64 spills nothing (at most a few bytes) up to K = 64; float32 dot
-    operands take twice the registers, so float32 uses narrower value blocks (BV = 32 for K <= 32,
-    16 above; about 200 bytes of spill at K = 64). K = 128 spills in every configuration.
+
+def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
+    """(value blocks, groups per sequence, the carry pass's STEP, the kernels' meta) for inputs like q (B, H, T, K).
+
+    BK, BV, num_warps: picked from the register use ptxas reports for sm_90 (compiled ahead of time, not
+    timed): the (16, 16, BK) pairwise blocks and the (BK, BV) state and adjoint fill the 255 registers a
+    thread may have. With 16-bit inputs BV = 64 spills nothing (at most a few bytes) up to K = 64; float32
+    dot operands take twice the registers, so float32 uses narrower value blocks (BV = 32 for K <= 32, 16
+    above; about 200 bytes of spill at K = 64). K = 128 spills in every configuration.
+
+    GROUP, rows per program: one program per (value block, batch, head) would leave most SMs idle on a long
+    sequence with few heads, each walking T/16 chunks in order; the groups aim at 4 programs per SM (not
+    tuned). Under the CPU interpreter 32 rows, so that the tests' short sequences cross group boundaries.
     """
-    bk = max(16, triton.next_power_of_2(q.shape[-1]))  # tl.dot needs every dim >= 16
+    B, H, T, k_dim = q.shape
+    bk = max(16, triton.next_power_of_2(k_dim))  # tl.dot needs every dim >= 16
     cap = 64 if q.dtype != torch.float32 else (32 if bk <= 32 else 16)
     bv = min(cap, max(16, triton.next_power_of_2(v_dim)))
+    n_vblocks = triton.cdiv(v_dim, bv)
+    want = -(-4 * _sm_count(q.device) // (n_vblocks * B * H)) if q.is_cuda else 1  # groups per sequence
+    group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
-    return bk, bv, 4 if bk == 16 else 8, precision, upcast
+    meta = dict(
+        BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=4 if bk == 16 else 8
+    )
+    return n_vblocks, max(1, -(-T // group)), min(group, 64), meta
 
 
 def gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """o (B, H, T, V) of gated linear attention with log-decays g (B, H, T, K), in v's dtype."""
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
-    bk, bv, num_warps, precision, upcast = _config(q, v_dim)
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
-    grid = (triton.cdiv(v_dim, bv) * B * H,)
-    _launch_fwd(
-        grid, q, k, v, g, o, T, k_dim, v_dim,
-        BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=num_warps,
-    )  # fmt: skip
+    n_vblocks, n_groups, step, meta = _plan(q, v_dim)
+    sb = _bounds(q, k, v, g, None, n_vblocks, n_groups, step, meta)
+    _launch_fwd((n_vblocks * B * H * n_groups,), q, k, v, g, o, sb, T, k_dim, v_dim, B * H, n_groups, BT=CHUNK, **meta)
     return o
+
+
+def _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta):
+    """SB or, given do, (SB, HB): the carries at the group boundaries (_gla_bounds_kernel); a one-element
+    stand-in where a sequence is one group (the kernels then start from zero and read neither)."""
+    B, H, T, k_dim = q.shape
+    n = 1 if do is None else 2
+    shape = (n, n_vblocks, B * H, n_groups, meta["BK"], meta["BV"]) if n_groups > 1 else (2, 1)
+    carries = torch.empty(shape, dtype=torch.float32, device=q.device)
+    if n_groups > 1:
+        args = (q, k, v, g, v if do is None else do, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups)
+        _launch_bounds((n * n_vblocks * B * H,), *args, STEP=step, **meta)
+    return carries[0] if do is None else (carries[0], carries[-1])
 
 
 def gla_bwd(
@@ -332,20 +410,17 @@ def gla_bwd(
     """(dq, dk, dv, dg) of gated linear attention given the output's gradient do, each in its input's dtype."""
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
-    bk, bv, num_warps, precision, upcast = _config(q, v_dim)
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
     do = do.to(v.dtype).contiguous()  # autograd hands do in o's dtype (v's); a direct caller might not
-    n_vblocks = triton.cdiv(v_dim, bv)
+    n_vblocks, n_groups, step, meta = _plan(q, v_dim)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or v.numel() == 0:
         return q.new_zeros(q.shape), k.new_zeros(k.shape), dv.zero_(), g.new_zeros(g.shape)
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns.
     dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device) for _ in range(3))
-    h_ends = torch.empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), bk, bv), dtype=torch.float32, device=q.device)
-    grid = (n_vblocks * B * H,)
-    _launch_bwd(
-        grid, q, k, v, g, do, dq, dk, dv, dg, h_ends, T, k_dim, v_dim, B * H,
-        BT=CHUNK, BK=bk, BV=bv, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=num_warps,
-    )  # fmt: skip
+    h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
+    sb, hb = _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta)
+    args = (q, k, v, g, do, dq, dk, dv, dg, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups)
+    _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
     dq, dk, dg = (t.sum(0) if n_vblocks > 1 else t[0] for t in (dq, dk, dg))  # (B, H, T, K) float32
     return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype)
