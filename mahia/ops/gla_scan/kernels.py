@@ -412,10 +412,10 @@ def gla_bwd(
     v_dim = v.shape[-1]
     q, k, v, g = (t.contiguous() for t in (q, k, v, g))
     do = do.to(v.dtype).contiguous()  # autograd hands do in o's dtype (v's); a direct caller might not
-    n_vblocks, n_groups, step, meta = _plan(q, v_dim)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or v.numel() == 0:
         return q.new_zeros(q.shape), k.new_zeros(k.shape), dv.zero_(), g.new_zeros(g.shape)
+    n_vblocks, n_groups, step, meta = _plan(q, v_dim)  # after the check: no programs, no plan
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns.
     dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device) for _ in range(3))
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
