@@ -65,15 +65,21 @@ def _decays(g, pairs, RESET: tl.constexpr):
 
     and b_last, R_last (BK,) those of the whole chunk. The callers take exp(b + R) for the decay from the
     chunk start, exp((b_last - b) + (R_last - R)) for the decay to its end: 0 across a reset."""
-    reset = g < RESET
-    R = tl.cumsum(tl.where(reset, -1e30, 0.0), axis=0)  # (BT, BK)
-    R_last = tl.sum(tl.where(reset, -1e30, 0.0), axis=0)  # (BK,)
-    g = tl.where(reset, 0.0, g)
-    b = tl.cumsum(g, axis=0)  # (BT, BK) log-decay from the chunk start through row i
-    b_last = tl.sum(g, axis=0)  # (BK,) log-decay of the whole chunk
+    b, R, b_last, R_last = _log_decays(g, RESET)
     diff = (b[:, None, :] - b[None, :, :]) + (R[:, None, :] - R[None, :, :])
     decay = tl.exp(tl.where(pairs[:, :, None], diff, float("-inf")))
     return decay, b, R, b_last, R_last
+
+
+@triton.jit
+def _log_decays(g, RESET: tl.constexpr):
+    """(b, R, b_last, R_last) of _decays, for the rows of g (rows, BK) float32."""
+    reset = g < RESET
+    R = tl.cumsum(tl.where(reset, -1e30, 0.0), axis=0)  # (rows, BK)
+    R_last = tl.sum(tl.where(reset, -1e30, 0.0), axis=0)  # (BK,)
+    g = tl.where(reset, 0.0, g)
+    b = tl.cumsum(g, axis=0)  # (rows, BK) log-decay from the first row through row i
+    return b, R, tl.sum(g, axis=0), R_last  # b_last (BK,): the log-decay of all the rows
 
 
 @triton.jit
@@ -203,13 +209,7 @@ def _gla_bounds_kernel(
         )
         qk_off += pid_bh * seq_len * k_dim
         v_off += pid_bh * seq_len * v_dim
-        g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        reset = g < RESET
-        R = tl.cumsum(tl.where(reset, -1e30, 0.0), axis=0)
-        R_last = tl.sum(tl.where(reset, -1e30, 0.0), axis=0)
-        g = tl.where(reset, 0.0, g)
-        b = tl.cumsum(g, axis=0)
-        b_last = tl.sum(g, axis=0)
+        b, R, b_last, R_last = _log_decays(tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32), RESET)
         carry = carry * tl.exp(b_last + R_last)[:, None]
         if adjoint:
             q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
