@@ -165,14 +165,14 @@ def sweep(
     if palette is None and hue in df.columns and not pd.api.types.is_numeric_dtype(df[hue]):
         palette = palette_for(df[hue].dropna())
     groups = list(df.groupby(hue, sort=pd.api.types.is_numeric_dtype(df[hue]))) if hue in df.columns else [(None, df)]
-    if palette is None:  # a numeric hue: an ordered map, light to dark
+    if palette is None and hue in df.columns:  # a numeric hue: an ordered map, light to dark
         values = [k for k, _ in groups]
         palette = dict(zip(values, plt.get_cmap("viridis_r")(np.linspace(0.15, 0.9, len(values)))))
-    for key, g in groups:
+    for key, g in groups:  # without a hue column (key None): one line in the style's first colour
         line = g.groupby(x, sort=True)[y].mean()  # repeated x: their mean
-        ax.plot(line.index, line.values, marker="o", color=palette.get(key), label=None if key is None else str(key))
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+        color, label = (None, None) if key is None else (palette.get(key), str(key))
+        ax.plot(line.index, line.values, marker="o", color=color, label=label)
+    ax.set(xlabel=x, ylabel=y)
     if hue in df.columns:
         ax.legend(title=hue or None)
     if logx:
