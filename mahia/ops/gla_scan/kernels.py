@@ -358,16 +358,17 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     dot operands take twice the registers, so float32 uses narrower value blocks (BV = 32 for K <= 32, 16
     above; about 200 bytes of spill at K = 64). K = 128 spills in every configuration.
 
-    GROUP, rows per program: one program per (value block, batch, head) would leave most SMs idle on a long
-    sequence with few heads, each walking T/16 chunks in order; the groups aim at 4 programs per SM (not
-    tuned). Under the CPU interpreter 32 rows, so that the tests' short sequences cross group boundaries.
+    GROUP, rows per program: a program fills an SM's registers (8 warps x 255), so groups pay only while the
+    programs are fewer than the SMs. At the model's shapes (128 programs, 132 SMs) 4-5 groups made forward +
+    backward 1.2-1.3x slower (1.97 against 1.67 ms at B16 H8 T1024, H200, 2026-12-04): the carry pass adds work,
+    no SM. Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
     """
     B, H, T, k_dim = q.shape
     bk = max(16, triton.next_power_of_2(k_dim))  # tl.dot needs every dim >= 16
     cap = 64 if q.dtype != torch.float32 else (32 if bk <= 32 else 16)
     bv = min(cap, max(16, triton.next_power_of_2(v_dim)))
     n_vblocks = triton.cdiv(v_dim, bv)
-    want = -(-4 * _sm_count(q.device) // (n_vblocks * B * H)) if q.is_cuda else 1  # groups per sequence
+    want = max(1, _sm_count(q.device) // (n_vblocks * B * H)) if q.is_cuda else 1  # groups per sequence
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -392,8 +393,7 @@ def gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) 
 
 
 def _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta):
-    """SB or, given do, (SB, HB): the carries at the group boundaries (_gla_bounds_kernel); a one-element
-    stand-in where a sequence is one group (the kernels then start from zero and read neither)."""
+    """SB, or (SB, HB) given do: the carries entering the groups; a stand-in, unread, for one group a sequence."""
     B, H, T, k_dim = q.shape
     n = 1 if do is None else 2
     shape = (n, n_vblocks, B * H, n_groups, meta["BK"], meta["BV"]) if n_groups > 1 else (2, 1)
