@@ -30,11 +30,10 @@ k * dk; they go into dq and dk apart, never into dG.
 Programs: one per (value block of BV columns, b * h, group of GROUP rows). The carries entering the groups
 come first, from a light pass (_gla_bounds_kernel: one dot per 64 rows, no pairwise blocks), so the groups
 of one sequence run in parallel; a sequence of one group needs none. The forward walks its group's chunks in
-order with its (K, BV) float32 state in registers. The backward walks them backwards (dk, dv; H saved at
-every chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S, dg). dq, dk and dg sum over all V columns,
-so with several value blocks each program writes float32 partials and a ``sum(0)`` finishes them.
-Inputs are float32, bfloat16 or float16 with float32 accumulation; bfloat16/float16 dots run on
-tensor cores with the operands rounded to the input dtype; float32 dots run in full ("ieee") precision.
+order with its (K, BV) float32 state in registers. The backward walks them backwards (dk, dv; H saved at every
+chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S, dg). dq, dk, dg sum over all V columns: with
+several value blocks each program writes float32 partials and a ``sum(0)`` finishes them.
+Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
 Layout: (B, H, T, K) / (B, H, T, V), made contiguous (a copy) if they are not. Any T; K <= 128; any V.
 A reset (a gate below RESET, mahia.ops.gla_scan) zeroes every decay across it and the kernels write dg = 0
 there (the true dg carries a factor exp(g)). The launchers do not check their inputs: the public function did.
@@ -60,11 +59,13 @@ def _decays(g, pairs, RESET: tl.constexpr):
     """The log-decays of one chunk from its gates g (BT, BK), float32: (decay, b, R, b_last, R_last) with
 
         b = cumsum(g) from the chunk start, resets (g < RESET) left out: it keeps the small gates' precision
-        R = cumsum(-1e30 per reset): R_i - R_j is exactly 0 with no reset between rows j and i, else <= -1e30
+        R = cumsum(-2**100 per reset): R_i - R_j is exactly 0 with no reset between rows j and i, else <= -2**100
         decay_ij = exp((b_i - b_j) + (R_i - R_j)) where pairs[i, j] (j <= i only), else 0      (BT, BT, BK)
 
     and b_last, R_last (BK,) those of the whole chunk. The callers take exp(b + R) for the decay from the
-    chunk start, exp((b_last - b) + (R_last - R)) for the decay to its end: 0 across a reset."""
+    chunk start, exp((b_last - b) + (R_last - R)) for the decay to its end: 0 across a reset. A power of two,
+    as its multiples are exact: -1e30's were not, the GPU's tree scan summed them in another order, R_i - R_j
+    came out +3e23 and exp() gave inf, then NaN (H200, 2026-12-04; the CPU interpreter sums in order)."""
     b, R, b_last, R_last = _log_decays(g, RESET)
     diff = (b[:, None, :] - b[None, :, :]) + (R[:, None, :] - R[None, :, :])
     decay = tl.exp(tl.where(pairs[:, :, None], diff, float("-inf")))
@@ -75,8 +76,8 @@ def _decays(g, pairs, RESET: tl.constexpr):
 def _log_decays(g, RESET: tl.constexpr):
     """(b, R, b_last, R_last) of _decays, for the rows of g (rows, BK) float32."""
     reset = g < RESET
-    R = tl.cumsum(tl.where(reset, -1e30, 0.0), axis=0)  # (rows, BK)
-    R_last = tl.sum(tl.where(reset, -1e30, 0.0), axis=0)  # (BK,)
+    R = tl.cumsum(tl.where(reset, -(2.0**100), 0.0), axis=0)  # (rows, BK)
+    R_last = tl.sum(tl.where(reset, -(2.0**100), 0.0), axis=0)  # (BK,)
     g = tl.where(reset, 0.0, g)
     b = tl.cumsum(g, axis=0)  # (rows, BK) log-decay from the first row through row i
     return b, R, tl.sum(g, axis=0), R_last  # b_last (BK,): the log-decay of all the rows
@@ -116,8 +117,7 @@ def _gla_fwd_kernel(
     # next power of two >= k_dim), BV value columns; PRECISION: tl.dot's for float32 operands; UPCAST: see _dot;
     # log-decays below RESET are full resets (reference.RESET). SB: the state entering each group (float32
     # (n_vblocks, B*H, n_groups, BK, BV), from _gla_bounds_kernel).
-    # One flat grid axis (a second axis holds at most 65535 programs, and B*H can pass that); the value
-    # blocks of one (batch, head) stay neighbours, so they run together and share its q, k, g in L2.
+    # One flat grid axis (a second holds 65535 programs; B*H can pass that); value blocks neighbour, sharing L2.
     n_vblocks = tl.cdiv(v_dim, BV)
     pid_v = tl.program_id(0) % n_vblocks
     grp = (tl.program_id(0) // n_vblocks) % n_groups
