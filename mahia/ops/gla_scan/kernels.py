@@ -358,10 +358,10 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     dot operands take twice the registers, so float32 uses narrower value blocks (BV = 32 for K <= 32, 16
     above; about 200 bytes of spill at K = 64). K = 128 spills in every configuration.
 
-    GROUP, rows per program: a program fills an SM's registers (8 warps x 255), so groups pay only while the
-    programs are fewer than the SMs. At the model's shapes (128 programs, 132 SMs) 4-5 groups made forward +
-    backward 1.2-1.3x slower (1.97 against 1.67 ms at B16 H8 T1024, H200, 2026-12-04): the carry pass adds work,
-    no SM. Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
+    GROUP, rows per program: a program fills an SM's registers (K = 64: 8 warps x 198-255), so groups pay only
+    while the programs are fewer than the SMs. At the model's shapes (128 programs, 132 SMs) 4-5 groups made
+    forward + backward 1.2-1.3x slower (1.97 against 1.66 ms at B16 H8 T1024, H200, 2026-12-04): the carry
+    pass adds work, no SM. Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
     """
     B, H, T, k_dim = q.shape
     bk = max(16, triton.next_power_of_2(k_dim))  # tl.dot needs every dim >= 16
