@@ -76,8 +76,8 @@ def _decays(g, pairs, RESET: tl.constexpr):
 def _log_decays(g, RESET: tl.constexpr):
     """(b, R, b_last, R_last) of _decays, for the rows of g (rows, BK) float32."""
     reset = g < RESET
-    R = tl.cumsum(tl.where(reset, -(2.0**100), 0.0), axis=0)  # (rows, BK)
-    R_last = tl.sum(tl.where(reset, -(2.0**100), 0.0), axis=0)  # (BK,)
+    r = tl.where(reset, -(2.0**100), 0.0)  # (rows, BK)
+    R, R_last = tl.cumsum(r, axis=0), tl.sum(r, axis=0)  # (rows, BK), (BK,)
     g = tl.where(reset, 0.0, g)
     b = tl.cumsum(g, axis=0)  # (rows, BK) log-decay from the first row through row i
     return b, R, tl.sum(g, axis=0), R_last  # b_last (BK,): the log-decay of all the rows
