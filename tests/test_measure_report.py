@@ -3,6 +3,7 @@ baseline, a spread that contains 1 marked, a fraction of a ceiling above 1 flagg
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 
@@ -76,6 +77,10 @@ def test_a_recorder_refuses_another_devices_folder_and_a_bad_role_and_writes_ato
     with pytest.raises(RuntimeError, match="another device"):
         rec.metric("x", "y", 1.0)
     assert not rec.path.exists()
+    same_gpu = {k: rec.report.get(k) for k in ("device", "device_slug", "gpu")}
+    (rec.folder / "device.json").write_text(json.dumps({**same_gpu, "cpu": "another host", "cpu_count": 999}))
+    with contextlib.nullcontext() if rec.report.get("gpu") else pytest.raises(RuntimeError, match="another device"):
+        rec.metric("x", "y", 1.0)  # another host of the same GPU writes; of the same CPU device it may not
     results.atomic_write_text(tmp_path / "f.txt", "one")
     with pytest.raises(TypeError):
         results.atomic_write_text(tmp_path / "f.txt", 12345)  # the write fails midway

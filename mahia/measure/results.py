@@ -114,11 +114,11 @@ class Recorder:
 
     # -- writing --------------------------------------------------------------------------------
     def _check_folder(self) -> None:
-        marker = self.folder / "device.json"
+        marker, gpu = self.folder / "device.json", self.report.get("gpu")
         mine = {k: self.report.get(k) for k in ("device", "device_slug", "gpu", "cpu", "cpu_count")}
-        if marker.exists():
+        if marker.exists():  # a GPU's folder takes any host of that GPU (leases differ; each row names its host)
             theirs = json.loads(marker.read_text())
-            if {k: theirs.get(k) for k in mine} != mine:
+            if any(theirs.get(k) != mine[k] for k in mine if not (gpu and k in ("cpu", "cpu_count"))):
                 raise RuntimeError(
                     f"{self.folder} holds results of another device ({theirs.get('gpu') or theirs.get('cpu')}); "
                     f"this run is on {mine.get('gpu') or mine.get('cpu')}. Refusing to mix them: "
