@@ -1,5 +1,5 @@
 """Private production code the notebooks show by a stable public name (04 ``Block._mix``, 05 ``Decoder``'s
-capture and step, 09 the GLA scan kernel): ``show_source(listing("decoder_capture"), listing("decoder_step"))``."""
+capture and step, 09 the GLA scan kernels): ``show_source(listing("decoder_capture"), listing("decoder_step"))``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ __all__ = ["LISTINGS", "listing"]
 
 # public name -> (module, attribute path inside the module)
 LISTINGS: dict[str, tuple[str, str]] = {
-    "gla_fwd_kernel": ("mahia.ops.gla_scan.kernels", "_gla_fwd_kernel"),  # @triton.jit: show_source shows its Python
+    "gla_intra_kernel": ("mahia.ops.gla_scan.kernels", "_gla_intra_kernel"),  # @triton.jit: shown as Python
+    "gla_fwd_kernel": ("mahia.ops.gla_scan.kernels", "_gla_fwd_kernel"),
     "block_mix": ("mahia.model.hybrid", "Block._mix"),
     "decoder_capture": ("mahia.model.optimize", "Decoder._capture"),
     "decoder_step": ("mahia.model.optimize", "Decoder._step"),

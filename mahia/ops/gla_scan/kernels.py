@@ -4,8 +4,8 @@ The chunked form they compute is in :mod:`mahia.ops.gla_scan` (chunks of BT = 16
 from the chunk start through row i, S the state entering the chunk). Every exponent is <= 0, so nothing
 can overflow at any sequence length. The tempting factorization A = (q * exp(b)) (k * exp(-b))^T would
 let tl.dot do the intra-chunk part too, but exp(-b_j) grows like exp(BT * |g|) and overflows (float16:
-above exp(11)) for strong decays; the pairwise decays cost a (BT, BT, K) block of registers instead,
-which is why BT is 16 and K is at most 128.
+above exp(11)) for strong decays; the pairwise decays are computed one column j at a time instead, a
+(BT, K) block of exponentials each: BT * BT * K of them a chunk, the kernels' costliest part.
 
 Backward (do = dL/do): dA_ij = do_i . v_j, and the adjoint state H_next = sum over the rows s after the
 chunk of exp(G_s - G_end) q_s do_s^T, carried backwards over the chunks like S is carried forwards:
@@ -27,12 +27,17 @@ directly: sum_{s > chunk end} dG_s is the derivative for the pairs straddling th
 Likewise the pairs j = i (decay exp(0) = 1) would add the same q_i k_i (do_i . v_i) to q * dq and to
 k * dk; they go into dq and dk apart, never into dG.
 
-Programs: one per (value block of BV columns, b * h, group of GROUP rows). The carries entering the groups
-come first, from a light pass (_gla_bounds_kernel: one dot per 64 rows, no pairwise blocks), so the groups
-of one sequence run in parallel; a sequence of one group needs none. The forward walks its group's chunks in
-order with its (K, BV) float32 state in registers. The backward walks them backwards (dk, dv; H saved at every
-chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S, dg). dq, dk, dg sum over all V columns: with
-several value blocks each program writes float32 partials and a ``sum(0)`` finishes them.
+Two kinds of programs (one walking the chunks with the pairwise blocks too was latency-bound, ~11,000 cycles a
+chunk; split, the forward is 1.15x faster at the model's shapes, forward + backward even; bf16, H200, 2026-12-04):
+- _gla_intra_kernel, one per (chunk, b * h), many and small: everything pairwise in a chunk. A, and in the
+  backward dA = do v^T over all V, the pairs' dq, dk and dG (reverse-summed in the chunk), the diagonal terms.
+- _gla_fwd_kernel / _gla_bwd_kernel, one per (value block of BV columns, b * h, group of GROUP rows): the
+  state across chunks, (16, K) decays and three small dots a chunk, A read back. The carries entering the
+  groups come first, from a light pass (_gla_bounds_kernel: one dot per 64 rows), so the groups of one
+  sequence run in parallel; a sequence of one group needs none. The backward walks its group's chunks
+  backwards (dk, dv; H saved at every chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S,
+  dg). dq, dk, dg sum over all V columns: each program writes float32 partials (value block 0's include
+  the intra-chunk terms) and a ``sum(0)`` finishes them.
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
 Layout: (B, H, T, K) / (B, H, T, V), made contiguous (a copy) if they are not. Any T; K <= 128; any V.
 A reset (a gate below RESET, mahia.ops.gla_scan) zeroes every decay across it and the kernels write dg = 0
@@ -50,31 +55,21 @@ from mahia.ops._launch import Launcher
 from mahia.ops._triton import tl, triton
 from mahia.ops.gla_scan.reference import RESET
 
-CHUNK = 16  # rows per chunk: tl.dot's minimum, and the (CHUNK, CHUNK, K) pairwise block fits registers
+CHUNK = 16  # rows per chunk: tl.dot's minimum; the pairwise exponentials grow with it (CHUNK^2 * K a chunk)
 MAX_K = 128
 
 
 @triton.jit
-def _decays(g, pairs, RESET: tl.constexpr):
-    """The log-decays of one chunk from its gates g (BT, BK), float32: (decay, b, R, b_last, R_last) with
-
-        b = cumsum(g) from the chunk start, resets (g < RESET) left out: it keeps the small gates' precision
-        R = cumsum(-2**100 per reset): R_i - R_j is exactly 0 with no reset between rows j and i, else <= -2**100
-        decay_ij = exp((b_i - b_j) + (R_i - R_j)) where pairs[i, j] (j <= i only), else 0      (BT, BT, BK)
-
-    and b_last, R_last (BK,) those of the whole chunk. The callers take exp(b + R) for the decay from the
-    chunk start, exp((b_last - b) + (R_last - R)) for the decay to its end: 0 across a reset. A power of two,
-    as its multiples are exact: -1e30's were not, the GPU's tree scan summed them in another order, R_i - R_j
-    came out +3e23 and exp() gave inf, then NaN (H200, 2026-12-04; the CPU interpreter sums in order)."""
-    b, R, b_last, R_last = _log_decays(g, RESET)
-    diff = (b[:, None, :] - b[None, :, :]) + (R[:, None, :] - R[None, :, :])
-    decay = tl.exp(tl.where(pairs[:, :, None], diff, float("-inf")))
-    return decay, b, R, b_last, R_last
-
-
-@triton.jit
 def _log_decays(g, RESET: tl.constexpr):
-    """(b, R, b_last, R_last) of _decays, for the rows of g (rows, BK) float32."""
+    """The log-decays of the rows of g (rows, BK), float32: (b, R, b_last, R_last) with
+
+        b = cumsum(g) from the first row, resets (g < RESET) left out: it keeps the small gates' precision
+        R = cumsum(-2**100 per reset): R_i - R_j is exactly 0 with no reset between rows j and i, else <= -2**100
+
+    and b_last, R_last (BK,) those of all the rows. The decay from row j to row i (j <= i) is
+    exp((b_i - b_j) + (R_i - R_j)): 0 across a reset. A power of two, as its multiples are exact: -1e30's
+    were not, the GPU's tree scan summed them in another order, R_i - R_j came out +3e23 and exp() gave
+    inf, then NaN (H200, 2026-12-04; the CPU interpreter sums in order)."""
     reset = g < RESET
     r = tl.where(reset, -(2.0**100), 0.0)  # (rows, BK)
     R, R_last = tl.cumsum(r, axis=0), tl.sum(r, axis=0)  # (rows, BK), (BK,)
@@ -108,15 +103,72 @@ def _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok,
 
 
 @triton.jit
+def _gla_intra_kernel(
+    Q, K, V, G, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+):  # fmt: skip
+    # A: float32 (B*H, n_chunks * BT, BT); row i of chunk c holds A_ij for the chunk's rows j (0 for j > i).
+    # BACKWARD: also dA_ij = do_i . v_j over all V columns (BV at a time), then, float32 (B*H, T, K),
+    #   DQI = sum_{j<i} dA_ij k_j e_ij + dA_ii k_i,     DKI = sum_{i>j} dA_ij q_i e_ij + dA_ii q_i,
+    #   DGI = reverse cumsum within the chunk of q * dq - k * dk over the pairs j < i, 0 at a reset:
+    # the pairs j = i add the same q_i k_i dA_ii to q * dq and to k * dk, so they go into dq and dk apart.
+    n_chunks = tl.cdiv(seq_len, BT)  # one flat grid axis: B * H may pass a second axis' limit, 65535
+    c, pid_bh = tl.program_id(0) % n_chunks, (tl.program_id(0) // n_chunks).to(tl.int64)
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in Q, K, G, DQI, DKI, DGI
+    Q, K, G, A = Q + qk0, K + qk0, G + qk0, A + pid_bh * n_chunks * BT * BT
+    offs_t = tl.arange(0, BT)
+    rows = c * BT + offs_t
+    off = rows[:, None] * k_dim + tl.arange(0, BK)[None, :]
+    mask = (rows < seq_len)[:, None] & (tl.arange(0, BK) < k_dim)[None, :]
+    q = tl.load(Q + off, mask=mask, other=0.0).to(tl.float32)  # (BT, BK); padding rows and columns load 0
+    k = tl.load(K + off, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + off, mask=mask, other=0.0).to(tl.float32)
+    b, R, _, _ = _log_decays(g, RESET)
+    dA = tl.zeros((BT, BT), dtype=tl.float32)
+    if BACKWARD:
+        for v0 in range(0, v_dim, BV):
+            v_off = pid_bh * seq_len * v_dim + rows[:, None] * v_dim + v0 + tl.arange(0, BV)[None, :]
+            v_mask = (rows < seq_len)[:, None] & (v0 + tl.arange(0, BV) < v_dim)[None, :]
+            v = tl.load(V + v_off, mask=v_mask, other=0.0)
+            dA += _dot(tl.load(DO + v_off, mask=v_mask, other=0.0), tl.trans(v), PRECISION, UPCAST)
+    a = tl.zeros((BT, BT), dtype=tl.float32)
+    dq, dk = tl.zeros((BT, BK), dtype=tl.float32), tl.zeros((BT, BK), dtype=tl.float32)
+    b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
+    for j in tl.static_range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
+        row_j = offs_t[:, None] == j  # selected, not multiplied by 0: a NaN of another row stays there
+        # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
+        j_mask = tl.arange(0, BK) < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
+        k_j = tl.load(K + (c * BT + j) * k_dim + tl.arange(0, BK), mask=j_mask, other=0.0).to(tl.float32)
+        g_j = tl.load(G + (c * BT + j) * k_dim + tl.arange(0, BK), mask=j_mask, other=0.0).to(tl.float32)
+        b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
+        seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
+        e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BK), row j to i
+        a = tl.where(offs_t[None, :] == j, tl.sum(q * k_j[None, :] * e, axis=1)[:, None], a)
+        if BACKWARD:
+            dA_j = tl.sum(tl.where(offs_t[None, :] == j, dA, 0.0), axis=1)  # (BT,) over the rows i
+            later = (offs_t > j)[:, None]  # rows i > j (selected: dA_j or k_j may be NaN)
+            dq += tl.where(later, dA_j[:, None] * k_j[None, :] * e, 0.0)
+            dk = tl.where(row_j, tl.sum(tl.where(later, dA_j[:, None] * q * e, 0.0), axis=0)[None, :], dk)
+    tl.store(A + rows[:, None] * BT + offs_t[None, :], tl.where(offs_t[:, None] >= offs_t[None, :], a, 0.0))
+    if BACKWARD:
+        dg = tl.cumsum(q * dq - k * dk, axis=0, reverse=True)
+        tl.store(DGI + qk0 + off, tl.where(g < RESET, 0.0, dg), mask=mask)
+        diag = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], dA, 0.0), axis=1)  # (BT,): do_i . v_i
+        tl.store(DQI + qk0 + off, dq + diag[:, None] * k, mask=mask)
+        tl.store(DKI + qk0 + off, dk + diag[:, None] * q, mask=mask)
+
+
+@triton.jit
 def _gla_fwd_kernel(
-    Q, K, V, G, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     # BT rows per chunk, GROUP rows per program (a multiple of BT); the whole key dim in one program (BK: the
     # next power of two >= k_dim), BV value columns; PRECISION: tl.dot's for float32 operands; UPCAST: see _dot;
     # log-decays below RESET are full resets (reference.RESET). SB: the state entering each group (float32
-    # (n_vblocks, B*H, n_groups, BK, BV), from _gla_bounds_kernel).
+    # (n_vblocks, B*H, n_groups, BK, BV), from _gla_bounds_kernel); A: _gla_intra_kernel's.
     # One flat grid axis (a second holds 65535 programs; B*H can pass that); value blocks neighbour, sharing L2.
     n_vblocks = tl.cdiv(v_dim, BV)
     pid_v = tl.program_id(0) % n_vblocks
@@ -128,13 +180,13 @@ def _gla_fwd_kernel(
     G += pid_bh * seq_len * k_dim
     V += pid_bh * seq_len * v_dim
     O += pid_bh * seq_len * v_dim
+    A += pid_bh * tl.cdiv(seq_len, BT) * BT * BT
 
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
     offs_v = pid_v * BV + tl.arange(0, BV)
     k_ok = offs_k < k_dim
     v_ok = offs_v < v_dim
-    causal = offs_t[:, None] >= offs_t[None, :]  # (BT, BT): row i sees rows j <= i
 
     state = tl.zeros((BK, BV), dtype=tl.float32)  # S entering the chunk
     if n_groups > 1:
@@ -149,16 +201,14 @@ def _gla_fwd_kernel(
         g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
         v = tl.load(V + v_off, mask=v_mask, other=0.0)  # (BT, BV), the dot operand dtype
 
-        decay, b, R, b_last, R_last = _decays(g, causal, RESET)
-        # (BT, BT), zero above the diagonal: selected, not multiplied by 0, so a NaN of k_j stays in rows >= j
-        A = tl.sum(tl.where(causal[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
-
+        a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT), _gla_intra_kernel's
+        b, R, b_last, R_last = _log_decays(g, RESET)
         # A v takes v with its non-finite entries zeroed (0 * NaN in the dot would reach the whole chunk);
         # each value column is NaN from its first non-finite entry on, as in the recurrence.
         finite = tl.abs(v.to(tl.float32)) < float("inf")  # (BT, BV), False for NaN and +-Inf
         first_bad = tl.min(tl.where(finite, BT, offs_t[:, None]), axis=0)  # (BV,): BT if none
         after_bad = offs_t[:, None] >= first_bad[None, :]
-        o = _dot(A.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
+        o = _dot(a.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
         q_in = (q * tl.exp(b + R)).to(v.dtype)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
         o = tl.where(after_bad, float("nan"), o)
@@ -223,35 +273,26 @@ def _gla_bounds_kernel(
 
 
 @triton.jit
-def _gla_bwd_chunk(
-    Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict,
-    BT: tl.constexpr, RESET: tl.constexpr,
-):  # fmt: skip
-    """Load chunk c (rows c * BT ... c * BT + BT - 1) and the decays both backward passes need (_decays, with
-    decay_ij = 0 on and above the diagonal).
-
-    Returns (qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last): q, k and the
-    decays in float32, v and do in the dot operand dtype; padding rows and columns load 0. dA = do v^T stays in the
-    passes: computed here, it moves ahead of pass 1's A and changes the compiled schedule (and spills)."""
+def _gla_bwd_load(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT: tl.constexpr):
+    """Chunk c's offsets and masks (_chunk_offsets) and q, k, g (float32), v, do (the dot operand dtype)."""
     qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT)
     q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
     k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
     g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
     v = tl.load(V + v_off, mask=v_mask, other=0.0)
     do = tl.load(DO + v_off, mask=v_mask, other=0.0)
-
-    decay, b, R, b_last, R_last = _decays(g, strict, RESET)
-    return qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last
+    return qk_off, qk_mask, v_off, v_mask, q, k, g, v, do
 
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q, K, V, G, DO, DQ, DK, DV, DG, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    Q, K, V, G, DO, A, DQI, DKI, DGI, DQ, DK, DV, DG, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
-    # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it.
+    # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it;
+    # A, DQI, DKI, DGI: _gla_intra_kernel's, added to value block 0's partials.
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
     pid_v = tl.program_id(0) % n_vblocks
     grp = (tl.program_id(0) // n_vblocks) % n_groups
@@ -262,14 +303,19 @@ def _gla_bwd_kernel(
     Q += pid_bh * seq_len * k_dim
     K += pid_bh * seq_len * k_dim
     G += pid_bh * seq_len * k_dim
+    DQI += pid_bh * seq_len * k_dim
+    DKI += pid_bh * seq_len * k_dim
+    DGI += pid_bh * seq_len * k_dim
     V += pid_bh * seq_len * v_dim
     DO += pid_bh * seq_len * v_dim
     DV += pid_bh * seq_len * v_dim
+    A += pid_bh * n_chunks * BT * BT
     part = pid_v * n_bh + pid_bh  # this program's slice of the partials and of the scratch
     DQ += part * seq_len * k_dim
     DK += part * seq_len * k_dim
     DG += part * seq_len * k_dim
     HS += part * n_chunks * BK * BV
+    first = pid_v == 0
 
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
@@ -277,10 +323,6 @@ def _gla_bwd_kernel(
     k_ok = offs_k < k_dim
     v_ok = offs_v < v_dim
     hs_off = offs_k[:, None] * BV + tl.arange(0, BV)[None, :]  # (BK, BV), padding included
-    # Pairs j = i (decay exp(0) = 1) add the same q_i k_i (do_i . v_i) to q * dq and to k * dk; they are
-    # added to dq and dk apart (diag_dA) so that dG = q * dq - k * dk never sees them.
-    strict = offs_t[:, None] > offs_t[None, :]
-    eye = offs_t[:, None] == offs_t[None, :]
 
     # Pass 1, backward over the group's chunks: dk and dv need the adjoint state H of the rows after the chunk.
     dstate = tl.zeros((BK, BV), dtype=tl.float32)
@@ -288,26 +330,22 @@ def _gla_bwd_kernel(
         dstate = tl.load(HB + (part * n_groups + grp) * BK * BV + hs_off)
     for i in range(c_begin, c_end):
         c = c_end - 1 - (i - c_begin)
-        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last = _gla_bwd_chunk(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
+        qk_off, qk_mask, v_off, v_mask, q, k, g, v, do = _gla_bwd_load(
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
         )
-        # recomputed: pairs j < i (selected, not multiplied by 0: see the forward) ...
-        A = tl.sum(tl.where(strict[:, :, None], q[:, None, :] * k[None, :, :] * decay, 0.0), axis=2)
-        A += tl.where(eye, tl.sum(q * k, axis=1)[:, None], 0.0)  # ... and j = i
-        dA = _dot(do, tl.trans(v), PRECISION, UPCAST)  # (BT, BT): do_i . v_j
-        diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)  # (BT,): do_i . v_i
+        a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT)
+        b, R, b_last, R_last = _log_decays(g, RESET)
         d_out = tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BK) decay from row j to the chunk end
         tl.store(HS + c * BK * BV + hs_off, dstate)  # H at this chunk's end, for dg in pass 2
         dstate_op = dstate.to(v.dtype)
-
-        dk = tl.sum(tl.where(strict[:, :, None], dA[:, :, None] * q[:, None, :] * decay, 0.0), axis=0)  # i > j
-        dk += _dot(v, tl.trans(dstate_op), PRECISION, UPCAST) * d_out
-        dv = _dot(tl.trans(A.to(v.dtype)), do, PRECISION, UPCAST)  # (BT, BV)
+        dk = _dot(v, tl.trans(dstate_op), PRECISION, UPCAST) * d_out
+        dv = _dot(tl.trans(a.to(v.dtype)), do, PRECISION, UPCAST)  # (BT, BV)
         dv += _dot((k * d_out).to(v.dtype), dstate_op, PRECISION, UPCAST)
         tl.store(DG + qk_off, k * dk, mask=qk_mask)  # the k side of dG, for pass 2
-        tl.store(DK + qk_off, dk + diag_dA[:, None] * q, mask=qk_mask)
+        if first:
+            dk += tl.load(DKI + qk_off, mask=qk_mask, other=0.0)
+        tl.store(DK + qk_off, dk, mask=qk_mask)
         tl.store(DV + v_off, dv.to(DV.dtype.element_ty), mask=v_mask)
-
         q_in = (q * tl.exp(b + R)).to(v.dtype)
         dstate = dstate * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(q_in), do, PRECISION, UPCAST)
 
@@ -318,15 +356,11 @@ def _gla_bwd_kernel(
     if n_groups > 1:
         state = tl.load(SB + (part * n_groups + grp) * BK * BV + hs_off)
     for c in range(c_begin, c_end):
-        qk_off, qk_mask, v_off, v_mask, q, k, v, do, decay, b, R, b_last, R_last = _gla_bwd_chunk(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, strict, BT, RESET
+        qk_off, qk_mask, v_off, v_mask, q, k, g, v, do = _gla_bwd_load(
+            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
         )
-        dA = _dot(do, tl.trans(v), PRECISION, UPCAST)
-        diag_dA = tl.sum(tl.where(eye, dA, 0.0), axis=1)
-        dq = tl.sum(tl.where(strict[:, :, None], dA[:, :, None] * k[None, :, :] * decay, 0.0), axis=1)  # j < i
-        dq += _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b + R)
-        tl.store(DQ + qk_off, dq + diag_dA[:, None] * k, mask=qk_mask)
-
+        b, R, b_last, R_last = _log_decays(g, RESET)
+        dq = _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b + R)
         k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
         state = state * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
         # dg_t = sum_{s >= t in the chunk} dG_s + sum_v S_end * H_end: the pairs straddling the chunk
@@ -334,11 +368,14 @@ def _gla_bwd_kernel(
         dg_after = tl.sum(state * tl.load(HS + c * BK * BV + hs_off), axis=1)  # (BK,)
         dG = q * dq - tl.load(DG + qk_off, mask=qk_mask, other=0.0)  # (BT, BK), 0 on padding rows
         dg = tl.cumsum(dG, axis=0, reverse=True) + dg_after[None, :]
-        dg = tl.where(tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32) < RESET, 0.0, dg)
-        # 0 at a reset, whose dg carries a factor exp(g); g is loaded again, not kept live in registers
-        tl.store(DG + qk_off, dg, mask=qk_mask)
+        if first:
+            dq += tl.load(DQI + qk_off, mask=qk_mask, other=0.0)
+            dg += tl.load(DGI + qk_off, mask=qk_mask, other=0.0)
+        tl.store(DQ + qk_off, dq, mask=qk_mask)
+        tl.store(DG + qk_off, tl.where(g < RESET, 0.0, dg), mask=qk_mask)  # 0 at a reset: its dg carries exp(g)
 
 
+_launch_intra = Launcher(_gla_intra_kernel)
 _launch_fwd = Launcher(_gla_fwd_kernel)
 _launch_bwd = Launcher(_gla_bwd_kernel)
 _launch_bounds = Launcher(_gla_bounds_kernel)
@@ -352,16 +389,12 @@ def _sm_count(device: torch.device) -> int:
 def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     """(value blocks, groups per sequence, the carry pass's STEP, the kernels' meta) for inputs like q (B, H, T, K).
 
-    BK, BV, num_warps: picked from the register use ptxas reports for sm_90 (compiled ahead of time, not
-    timed): the (16, 16, BK) pairwise blocks and the (BK, BV) state and adjoint fill the 255 registers a
-    thread may have. With 16-bit inputs BV = 64 spills nothing (at most a few bytes) up to K = 64; float32
-    dot operands take twice the registers, so float32 uses narrower value blocks (BV = 32 for K <= 32, 16
-    above; about 200 bytes of spill at K = 64). K = 128 spills in every configuration.
-
-    GROUP, rows per program: a program fills an SM's registers (K = 64: 8 warps x 198-255), so groups pay only
-    while the programs are fewer than the SMs. At the model's shapes (128 programs, 132 SMs) 4-5 groups made
-    forward + backward 1.2-1.3x slower (1.97 against 1.66 ms at B16 H8 T1024, H200, 2026-12-04): the carry
-    pass adds work, no SM. Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
+    BK, BV, num_warps of the sequential kernels: BV = 64 for 16-bit inputs; float32 dot operands take twice the
+    registers, so float32 uses BV = 32 for K <= 32, else 16 (ptxas's register counts for sm_90 when these
+    kernels still held the pairwise blocks; not measured again since the intra-chunk pass was split out).
+    GROUP, rows per program: groups paid only while the programs were fewer than the SMs (before the split,
+    4-5 groups made forward + backward 1.97 against 1.66 ms at B16 H8 T1024, H200, 2026-12-04). Under the
+    CPU interpreter 32 rows, so the tests' sequences cross groups.
     """
     B, H, T, k_dim = q.shape
     bk = max(16, triton.next_power_of_2(k_dim))  # tl.dot needs every dim >= 16
@@ -387,9 +420,25 @@ def gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) 
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
     n_vblocks, n_groups, step, meta = _plan(q, v_dim)
+    a = _intra(q, k, v, g, None, meta)
     sb = _bounds(q, k, v, g, None, n_vblocks, n_groups, step, meta)
-    _launch_fwd((n_vblocks * B * H * n_groups,), q, k, v, g, o, sb, T, k_dim, v_dim, B * H, n_groups, BT=CHUNK, **meta)
+    _launch_fwd(
+        (n_vblocks * B * H * n_groups,), q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, BT=CHUNK, **meta
+    )
     return o
+
+
+def _intra(q, k, v, g, do, meta):
+    """A, or (A, DQI, DKI, DGI) given do: _gla_intra_kernel's outputs, one program per chunk and (b, h). 4 warps:
+    8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
+    (B, H, T, k_dim), bw = q.shape, do is not None
+    n_chunks, bv = triton.cdiv(T, CHUNK), min(64, max(16, triton.next_power_of_2(v.shape[-1])))
+    a = torch.empty((B * H, n_chunks * CHUNK, CHUNK), dtype=torch.float32, device=q.device)
+    out = [a] + [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in range(3 if bw else 0)]
+    args = (q, k, v, g, do if bw else v, *(out if bw else [a] * 4), T, k_dim, v.shape[-1])
+    _launch_intra((n_chunks * B * H,), *args, BT=CHUNK, BK=meta["BK"], BV=bv, BACKWARD=bw, PRECISION=meta["PRECISION"],
+                  UPCAST=meta["UPCAST"], RESET=RESET, num_warps=4)  # fmt: skip
+    return out if bw else a
 
 
 def _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta):
@@ -419,8 +468,9 @@ def gla_bwd(
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns.
     dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device) for _ in range(3))
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
+    intra = _intra(q, k, v, g, do, meta)  # A, DQI, DKI, DGI
     sb, hb = _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, do, dq, dk, dv, dg, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups)
+    args = (q, k, v, g, do, *intra, dq, dk, dv, dg, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups)
     _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
     dq, dk, dg = (t.sum(0) if n_vblocks > 1 else t[0] for t in (dq, dk, dg))  # (B, H, T, K) float32
     return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype)
