@@ -232,6 +232,13 @@ def test_parameters_are_read_from_annotations_and_literal_defaults_and_checked(t
     with pytest.raises(runner.UsageError, match=r"n_experts='notanumber': 08_moe declares `n_experts: int \| None`"):
         _run(tmp_path, params=["n_experts=notanumber"])
     assert not (tmp_path / "out").exists()
+    find = runner.importlib.util.find_spec  # the notebooks extra half installed: refused before anything runs
+    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda m, *a: None if m == "nbconvert" else find(m, *a))
+    with pytest.raises(runner.UsageError, match=r"^nbconvert not installed: pip install 'mahia\[notebooks\]'"):
+        _run(tmp_path, params=["n_experts=16"])
+    monkeypatch.undo()
+    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path)
+    assert not (tmp_path / "out").exists()
     monkeypatch.setattr(runner, "_run_parts", lambda *a, **k: [])
     monkeypatch.setattr(runner, "_finish", lambda sess, outcomes: 0)
     assert _run(tmp_path, params=["n_experts=16", "top_k=x"]) == 0

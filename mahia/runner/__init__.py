@@ -11,6 +11,7 @@ commit (``MAHIA_COMMIT``) and profile (``MAHIA_PROFILE``), which the records car
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -229,11 +230,9 @@ def _checked(timeout: float, params: Sequence[str], chosen: list[Path]) -> tuple
         raise UsageError(f"--timeout must be positive seconds, got {timeout}")
     extra = parse_params(params)
     declared = _check_params(chosen, extra)
-    if chosen:
-        try:
-            import papermill  # noqa: F401
-        except ImportError:
-            raise UsageError("papermill is not installed: pip install 'mahia[notebooks]' (or use `make run`)") from None
+    # both of mahia[notebooks]: papermill runs, nbconvert trims the copy a reference keeps (a lent GPU image lacked it)
+    if chosen and (missing := [m for m in ("papermill", "nbconvert") if importlib.util.find_spec(m) is None]):
+        raise UsageError(f"{' and '.join(missing)} not installed: pip install 'mahia[notebooks]' (or use `make run`)")
     for n, nb in ((n, nb) for n in extra for nb, ps in declared.items() if n in ps and ps[n] is None):
         print(f"  note: -p {n} ({nb.stem}): not type-checked, its parameters cell has no annotation, a None default")
     return extra, {nb.stem: {k: v for k, v in extra.items() if k in declared[nb]} for nb in chosen}
