@@ -114,11 +114,12 @@ class Recorder:
 
     # -- writing --------------------------------------------------------------------------------
     def _check_folder(self) -> None:
-        marker, gpu = self.folder / "device.json", self.report.get("gpu")
-        mine = {k: self.report.get(k) for k in ("device", "device_slug", "gpu", "cpu", "cpu_count")}
-        if marker.exists():  # a GPU's folder takes any host of that GPU (leases differ; each row names its host)
+        marker = self.folder / "device.json"
+        keys = ("device", "device_slug", "gpu") + (() if self.report.get("gpu") else ("cpu", "cpu_count"))
+        mine = {k: self.report.get(k) for k in keys}  # a GPU's folder: any host of it (each row names its host)
+        if marker.exists():
             theirs = json.loads(marker.read_text())
-            if any(theirs.get(k) != mine[k] for k in mine if not (gpu and k in ("cpu", "cpu_count"))):
+            if {k: theirs.get(k) for k in mine} != mine:
                 raise RuntimeError(
                     f"{self.folder} holds results of another device ({theirs.get('gpu') or theirs.get('cpu')}); "
                     f"this run is on {mine.get('gpu') or mine.get('cpu')}. Refusing to mix them: "
