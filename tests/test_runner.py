@@ -238,11 +238,10 @@ def test_parameters_are_read_from_annotations_and_literal_defaults_and_checked(t
         _run(tmp_path, params=["n_experts=notanumber"])
     assert not (tmp_path / "out").exists()
     find = runner.importlib.util.find_spec  # the notebooks extra half installed: refused before anything runs
-    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda m, *a: None if m == "nbconvert" else find(m, *a))
-    with pytest.raises(runner.UsageError, match=r"^nbconvert not installed: pip install 'mahia\[notebooks\]'"):
+    refused = r"^nbconvert not installed: pip install 'mahia\[notebooks\]'"
+    with monkeypatch.context() as m, pytest.raises(runner.UsageError, match=refused):
+        m.setattr(runner.importlib.util, "find_spec", lambda name, *a: None if name == "nbconvert" else find(name, *a))
         _run(tmp_path, params=["n_experts=16"])
-    monkeypatch.undo()
-    monkeypatch.setattr(runner, "NOTEBOOK_DIR", tmp_path)
     assert not (tmp_path / "out").exists()
     monkeypatch.setattr(runner, "_run_parts", lambda *a, **k: [])
     monkeypatch.setattr(runner, "_finish", lambda sess, outcomes: 0)
