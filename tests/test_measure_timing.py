@@ -65,6 +65,7 @@ def test_host_time_measures_a_known_sleep_times_the_first_call_apart_and_leaves_
     assert t.first_call_ms >= 30.0 and t.median_ms < 10.0
     assert 3 <= t.n <= 8 and len(calls) <= 2 + 8 + 8  # first, estimate, warm-up and repetitions within max_reps
     assert host_time(lambda: None, device="cpu", rep_ms=1000, max_reps=7).n == 7
+    assert bench(lambda: time.sleep(0.002), device="cpu", rep_ms=0, min_reps=9).n == 9  # a floor above the budget
 
 
 def test_bad_arguments_are_refused_before_any_call():

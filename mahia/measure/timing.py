@@ -67,8 +67,7 @@ def gain_range(before: Timing, after: Timing) -> tuple[float, float]:
 
 
 def verdict(before: Timing, after: Timing) -> str:
-    """ "faster", "slower" or "within noise": ``after`` against ``before``, from their 20–80% spreads (a change is
-    measured only where the spreads are apart)."""
+    """``after`` against ``before``: "faster", "slower" or "within noise" (changed only if the 20–80% spreads part)."""
     lo, hi = gain_range(before, after)
     return "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
 
@@ -89,9 +88,8 @@ def compare(timings: dict[str, Timing], baseline: str | None = None) -> pd.DataF
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for queued work on ``device`` (no-op on the CPU)."""
-    dev = torch.device(device) if device is not None else None
-    if (dev is None or dev.type == "cuda") and torch.cuda.is_available():
-        torch.cuda.synchronize(dev)
+    if (device is None or torch.device(device).type == "cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize(device)
 
 
 def naive_host_time(fn: Callable[[], object], n: int = 10) -> float:
@@ -112,7 +110,7 @@ def _percentiles(times: list[float]) -> tuple[float, float, float]:
 
 
 def _cuda_times(
-    fn: Callable[[], object], warmup_ms: float, rep_ms: float, flush_l2: bool, max_reps: int
+    fn: Callable[[], object], warmup_ms: float, rep_ms: float, flush_l2: bool, min_reps: int, max_reps: int
 ) -> list[float]:
     """Per-call times from CUDA events. With ``flush_l2`` each repetition is one call after an L2-sized write (which
     also gives the host time to queue the call, so the events time the kernel, not the launch). Without it, calls
@@ -135,7 +133,7 @@ def _cuda_times(
     for _ in range(max(1, int(warmup_ms / est))):
         fn()
     k = 1 if flush_l2 else max(1, int(0.5 / est))
-    n_rep = max(5, min(max_reps, int(rep_ms / (est * k))))
+    n_rep = max(min_reps, min(max_reps, int(rep_ms / (est * k))))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_rep)]
     for s, e in zip(starts, ends):
@@ -149,8 +147,8 @@ def _cuda_times(
     return [s.elapsed_time(e) / k for s, e in zip(starts, ends)]
 
 
-def _cpu_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, max_reps: int) -> list[float]:
-    """Per-call times from ``torch.utils.benchmark.Timer``: at least 5 samples of ``k`` calls (>= ~1 ms) each."""
+def _cpu_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_reps: int, max_reps: int) -> list[float]:
+    """Per-call times from ``torch.utils.benchmark.Timer``: at least ``min_reps`` samples of ``k`` calls (>= ~1 ms)."""
     from torch.utils import benchmark
 
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
@@ -158,7 +156,7 @@ def _cpu_times(fn: Callable[[], object], warmup_ms: float, rep_ms: float, max_re
     if warmup_ms > est:
         timer.timeit(max(1, int(warmup_ms / est)))
     k = max(1, int(1.0 / est))
-    n = max(5, min(max_reps, int(rep_ms / (est * k))))
+    n = max(min_reps, min(max_reps, int(rep_ms / (est * k))))
     return [timer.timeit(k).mean * 1e3 for _ in range(n)]
 
 
@@ -183,6 +181,7 @@ def bench(
     rep_ms: float = 100,
     flush_l2: bool = True,
     memory: bool = True,
+    min_reps: int = 5,
     max_reps: int = 1000,
     cuda_graph: bool = False,
 ) -> Timing:
@@ -192,7 +191,7 @@ def bench(
     (``first_call_ms``); on CUDA ``memory`` adds the peak memory of one more call. ``cuda_graph=True`` (CUDA) times
     replays of one captured call: the *device* time of the work, without the Python, dispatch and launch overhead
     a short kernel sequence pays on every eager call. Judge a kernel against the hardware with it; time without it
-    to see what a plain eager call costs.
+    to see what a plain eager call costs. At least ``min_reps`` calls are timed, however long they take.
     """
     dev = _device("bench", device)
     synchronize(dev)
@@ -201,7 +200,8 @@ def bench(
     synchronize(dev)
     first = (time.perf_counter() - t0) * 1e3
     if dev.type != "cuda":
-        return Timing.from_samples(_cpu_times(fn, warmup_ms, rep_ms, max_reps), first_call_ms=first, device=dev.type)
+        times = _cpu_times(fn, warmup_ms, rep_ms, min_reps, max_reps)
+        return Timing.from_samples(times, first_call_ms=first, device=dev.type)
     peak = None
     if memory:
         torch.cuda.reset_peak_memory_stats(dev)
@@ -217,7 +217,7 @@ def bench(
                 f"bench(cuda_graph=True): the function cannot be captured in a CUDA graph "
                 f"({type(e).__name__}: {e}); time it with cuda_graph=False"
             ) from e
-    times = _cuda_times(fn, warmup_ms, rep_ms, flush_l2, max_reps)
+    times = _cuda_times(fn, warmup_ms, rep_ms, flush_l2, min_reps, max_reps)
     return Timing.from_samples(times, first_call_ms=first, peak_mem_bytes=peak, device="cuda")
 
 
