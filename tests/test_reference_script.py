@@ -39,7 +39,8 @@ def test_full_sha_is_shortened_to_gits_twelve(tmp_path, given, recorded):
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
 def test_archive_holds_only_the_parts_of_its_own_call(tmp_path):
     # While this call runs notebook 04, another call on the same machine writes notebook 10's files: this call's
-    # archive holds 04's and the shared ones, not a half-written 10_full_stack.csv.
+    # archive holds 04's and the shared ones, not a half-written 10_full_stack.csv. Its own 05 stops before its
+    # part file: 05's rows and figure stay out too.
     repo = SCRIPT.parents[1]
     fake = tmp_path / "python"
     fake.write_text(
@@ -50,7 +51,8 @@ def test_archive_holds_only_the_parts_of_its_own_call(tmp_path):
         "  touch data/results/gpu/04_torch_compile.csv data/results/gpu/parts/04_torch_compile.json \\\n"
         "        figures/gpu/04_torch_compile_modes.png data/results/gpu/ceilings.json \\\n"
         "        data/results/gpu/10_full_stack.csv data/results/gpu/parts/10_full_stack.json \\\n"
-        "        figures/gpu/10_full_stack_ladder.png data/results/gpu/bench_kernels.csv\n"
+        "        figures/gpu/10_full_stack_ladder.png data/results/gpu/bench_kernels.csv \\\n"
+        "        data/results/gpu/05_cuda_graphs.csv figures/gpu/05_cuda_graphs_sweep.png\n"
         "  exit 0\n"
         "fi\n"
         'if [ "$1" = -c ] && [[ "$2" == *device_slug* ]]; then echo gpu; exit 0; fi\n'
@@ -58,9 +60,10 @@ def test_archive_holds_only_the_parts_of_its_own_call(tmp_path):
     )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path), "PYTHONPATH": str(repo)}
-    out = subprocess.run(["bash", str(SCRIPT), "t2", "nb=04"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    out = subprocess.run(["bash", str(SCRIPT), "t2", "nb=04,05"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "could not name" not in out.stderr, out.stderr
+    assert "05_cuda_graphs did not finish" in out.stderr and "04_torch_compile did not" not in out.stderr
     with tarfile.open(tmp_path / "t2.tgz") as tar:
         packed = {n for n in tar.getnames() if not n.startswith("runs/")}
     assert packed == {

@@ -12,8 +12,8 @@
 #   ALLOW_DIRTY=1 run from a tree with uncommitted changes; the records say <sha>-dirty (--allow-dirty)
 #   NB_TIMEOUT    seconds per notebook (default 300); BENCH_TIMEOUT seconds per suite (default 400)
 #   DEADLINE      seconds for the whole call (default none): a part still running then is stopped (TERM) and
-#                 what finished is packed all the same; set it below the lease's per-command limit, since
-#                 a command killed from outside packs nothing
+#                 what finished is packed all the same (not the stopped part's records); set it below the
+#                 lease's per-command limit, since a command killed from outside packs nothing
 # Runs in the checkout with the Python that has torch and triton (PYTHON, default python3) and packs what this
 # call wrote (records, parts, figures; executed notebooks, reports and logs) into ${OUT:-.}/<tag>.tgz, so a
 # machine that is given back loses nothing; unpacking several parts' archives in the checkout merges them.
@@ -50,9 +50,16 @@ pack() {
   # A part's files (records, part file, executed notebook, figures) are named after it, and two calls may run at
   # once on one machine, one GPU each (CUDA_VISIBLE_DEVICES): the other call's files are newer than this call's
   # start too, and a half-written CSV of a notebook still running there would overwrite its finished copy when
-  # the archives are unpacked. So a part's files go only into the archive of the call that ran it.
-  local owned
+  # the archives are unpacked. So a part's files go only into the archive of the call that ran it, and only when
+  # it finished (its parts/<name>.json is this call's): a part stopped by DEADLINE or failed leaves rows appended to
+  # its CSV and some figures, which unpacked would sit beside another commit's (its log stays in runs/<tag>).
+  local owned name finished=""
   if owned=$($py -c "$owned_py" "${args[@]}" 2>"$stamp.err"); then
+    for name in $owned; do
+      if [[ data/results/$slug/parts/$name.json -nt $stamp ]]; then finished+=" $name"
+      else echo "pack: $name did not finish in this call: its records and figures are left out" >&2; fi
+    done
+    owned=$finished
     find data/results/$slug figures/$slug -type f -newer "$stamp" 2>/dev/null \
       | awk -v owned="$owned" 'BEGIN { n = split(owned, own, " ") }
           { f = $0; sub(/.*\//, "", f); keep = f !~ /^([0-9][0-9]_|bench_)/
