@@ -67,7 +67,7 @@ def gain_range(before: Timing, after: Timing) -> tuple[float, float]:
 
 
 def verdict(before: Timing, after: Timing) -> str:
-    """``after`` against ``before``: "faster", "slower" or "within noise" (changed only if the 20–80% spreads part)."""
+    """``after`` against ``before``: "faster", "slower" or "within noise" (whether the 20–80% spreads overlap)."""
     lo, hi = gain_range(before, after)
     return "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
 
