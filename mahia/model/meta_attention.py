@@ -99,8 +99,8 @@ class MetaAttention(nn.Module):
         B, T, _ = x.shape
         H, K, V = self.n_heads, self.key_dim, self.value_dim
 
-        def heads(t: torch.Tensor, d: int) -> torch.Tensor:  # (B, T, H * d) -> (B, H, T, d)
-            return t.view(B, T, H, d).transpose(1, 2)
+        def heads(t: torch.Tensor, d: int) -> torch.Tensor:  # (B, T, H * d) -> (B, H, T, d), copied once:
+            return t.view(B, T, H, d).transpose(1, 2).contiguous()  # autograd keeps it, not a view to copy again
 
         q, k, v, g = self._project(x)
         q, k, v, g = heads(q, K), heads(k, K), heads(v, V), heads(g, K)
