@@ -37,10 +37,11 @@ def test_full_sha_is_shortened_to_gits_twelve(tmp_path, given, recorded):
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("tar") is None, reason="needs bash and tar")
-def test_archive_holds_only_the_parts_of_its_own_call(tmp_path):
+@pytest.mark.parametrize("fit", [False, True])
+def test_archive_holds_only_the_parts_of_its_own_call(tmp_path, fit):
     # While this call runs notebook 04, another call on the same machine writes notebook 10's files: this call's
     # archive holds 04's and the shared ones, not a half-written 10_full_stack.csv. Its own 05 stops before its
-    # part file: 05's rows and figure stay out too.
+    # part file: 05's rows and figure stay out too. With FIT=1, 05 (10,000 s last time) is not even started.
     repo = SCRIPT.parents[1]
     fake = tmp_path / "python"
     fake.write_text(
@@ -60,8 +61,15 @@ def test_archive_holds_only_the_parts_of_its_own_call(tmp_path):
     )
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path), "PYTHONPATH": str(repo)}
+    if fit:
+        (tmp_path / "data/results/gpu/parts").mkdir(parents=True)
+        (tmp_path / "data/results/gpu/parts/05_cuda_graphs.json").write_text(
+            '{"status": "ok", "commit": "old", "profile": "full", "seconds": 1e4}'
+        )
+        env |= {"FIT": "1", "DEADLINE": "500"}
     out = subprocess.run(["bash", str(SCRIPT), "t2", "nb=04,05"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+    assert ("05_cuda_graphs: 10000 s last time" in out.stderr) == fit, out.stderr
     assert "could not name" not in out.stderr, out.stderr
     assert "05_cuda_graphs did not finish" in out.stderr and "04_torch_compile did not" not in out.stderr
     with tarfile.open(tmp_path / "t2.tgz") as tar:

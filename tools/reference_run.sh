@@ -14,6 +14,10 @@
 #   DEADLINE      seconds for the whole call (default none): a part still running then is stopped (TERM) and
 #                 what finished is packed all the same (not the stopped part's records); set it below the
 #                 lease's per-command limit, since a command killed from outside packs nothing
+#   FIT=1         with DEADLINE: one part at a time, each started only if 1.1 x its last recorded time on this
+#                 GPU (parts/<name>.json, any commit; else NB_TIMEOUT or BENCH_TIMEOUT) fits in the time left,
+#                 else left for the next call; parts recorded for this commit are passed over without starting
+#                 Python. Give the parts longest first; the same command on each lease then packs the lease
 # Runs in the checkout with the Python that has torch and triton (PYTHON, default python3) and packs what this
 # call wrote (records, parts, figures; executed notebooks, reports and logs) into ${OUT:-.}/<tag>.tgz, so a
 # machine that is given back loses nothing; unpacking several parts' archives in the checkout merges them.
@@ -35,7 +39,7 @@ logs=runs/$tag/logs  # runs/ is git-ignored, here and where the archive is unpac
 mkdir -p $logs
 stamp=$(mktemp)
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,memory.used --format=csv,noheader
-echo "commit: $($py -m mahia commit)"
+commit=$($py -m mahia commit); echo "commit: $commit"
 params=(); flags=()
 [[ ${FORCE:-0} == 1 ]] && flags+=(--force)
 [[ ${ALLOW_DIRTY:-0} == 1 ]] && flags+=(--allow-dirty)
@@ -88,9 +92,33 @@ for a in sys.argv[1:]:
         names += [f"bench_{s.strip()}" for s in a[6:].split(",")]
 print(" ".join(names))
 '
+# FIT=1: whether part $1 (fallback estimate $2 s) starts now: 0 yes, 1 not enough time left, 2 recorded for this commit.
+fits() {
+  local s
+  s=$($py -c 'import json, sys; d = json.load(open(sys.argv[1])); done = (d["status"], d["commit"], d["profile"]) == ("ok", sys.argv[2], "full")
+print("done" if done and sys.argv[3] != "1" else round(d["seconds"]))' "data/results/$slug/parts/$1.json" "$commit" "${FORCE:-0}" 2>/dev/null) || s=$2
+  if [[ $s == done ]]; then echo "$1: recorded for $commit" >&2; return 2; fi
+  (( s * 11 / 10 < $(left) )) && return 0
+  echo "$1: $s s last time, $(left) s left: left for the next call" >&2; return 1
+}
+if [[ ${FIT:-0} == 1 ]]; then  # each part alone, if it fits
+  slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
+  fitted=()
+  for part in "$@"; do
+    case $part in
+      nb=*|bench|bench=*) for n in $($py -c "$owned_py" "$part"); do [[ $n == bench_* ]] && fitted+=("bench=${n#bench_}") || fitted+=("nb=$n"); done ;;
+      *) fitted+=("$part") ;;
+    esac
+  done
+  set -- "${fitted[@]}"
+fi
 trap pack EXIT
 for part in "$@"; do
   name=${part//[^A-Za-z0-9]/_}; out=runs/$tag/$name
+  if [[ ${FIT:-0} == 1 && ( $part == nb=* || $part == bench=* ) ]]; then
+    n=${part#*=}; [[ $part == bench=* ]] && n=bench_$n
+    fits "$n" $([[ $part == nb=* ]] && echo ${NB_TIMEOUT:-300} || echo ${BENCH_TIMEOUT:-400}); (( $? == 0 )) || continue
+  fi
   case $part in
     tests) timeout 300 $py -m pytest -m "not notebooks" -q -p no:cacheprovider 2>&1 | tail -15 | tee $logs/pytest.log ;;
     bench) timeout -s TERM $(left) $py -m mahia reference --bench all --timeout ${BENCH_TIMEOUT:-400} --out $out \
