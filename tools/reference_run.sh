@@ -92,14 +92,15 @@ for a in sys.argv[1:]:
         names += [f"bench_{s.strip()}" for s in a[6:].split(",")]
 print(" ".join(names))
 '
-# FIT=1: whether part $1 (fallback estimate $2 s) starts now: 0 yes, 1 not enough time left, 2 recorded for this commit.
+# FIT=1: whether part $1 (nb=<stem> or bench=<suite>) starts now: 0 yes; 1 not enough time left or recorded for this commit.
 fits() {
-  local s
+  local n=${1#*=} guess=${NB_TIMEOUT:-300} s
+  [[ $1 == bench=* ]] && n=bench_$n guess=${BENCH_TIMEOUT:-400}
   s=$($py -c 'import json, sys; d = json.load(open(sys.argv[1])); done = (d["status"], d["commit"], d["profile"]) == ("ok", sys.argv[2], "full")
-print("done" if done and sys.argv[3] != "1" else round(d["seconds"]))' "data/results/$slug/parts/$1.json" "$commit" "${FORCE:-0}" 2>/dev/null) || s=$2
-  if [[ $s == done ]]; then echo "$1: recorded for $commit" >&2; return 2; fi
+print("done" if done and sys.argv[3] != "1" else round(d["seconds"]))' "data/results/$slug/parts/$n.json" "$commit" "${FORCE:-0}" 2>/dev/null) || s=$guess
+  if [[ $s == done ]]; then echo "$n: recorded for $commit" >&2; return 1; fi
   (( s * 11 / 10 < $(left) )) && return 0
-  echo "$1: $s s last time, $(left) s left: left for the next call" >&2; return 1
+  echo "$n: $s s expected, $(left) s left: left for the next call" >&2; return 1
 }
 if [[ ${FIT:-0} == 1 ]]; then  # each part alone, if it fits
   slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
@@ -115,10 +116,7 @@ fi
 trap pack EXIT
 for part in "$@"; do
   name=${part//[^A-Za-z0-9]/_}; out=runs/$tag/$name
-  if [[ ${FIT:-0} == 1 && ( $part == nb=* || $part == bench=* ) ]]; then
-    n=${part#*=}; [[ $part == bench=* ]] && n=bench_$n
-    fits "$n" $([[ $part == nb=* ]] && echo ${NB_TIMEOUT:-300} || echo ${BENCH_TIMEOUT:-400}); (( $? == 0 )) || continue
-  fi
+  if [[ ${FIT:-0} == 1 && ( $part == nb=* || $part == bench=* ) ]] && ! fits "$part"; then continue; fi
   case $part in
     tests) timeout 300 $py -m pytest -m "not notebooks" -q -p no:cacheprovider 2>&1 | tail -15 | tee $logs/pytest.log ;;
     bench) timeout -s TERM $(left) $py -m mahia reference --bench all --timeout ${BENCH_TIMEOUT:-400} --out $out \
