@@ -40,6 +40,7 @@ mkdir -p $logs
 stamp=$(mktemp)
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,memory.used --format=csv,noheader
 commit=$($py -m mahia commit); echo "commit: $commit"
+slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")  # the folders' name
 params=(); flags=()
 [[ ${FORCE:-0} == 1 ]] && flags+=(--force)
 [[ ${ALLOW_DIRTY:-0} == 1 ]] && flags+=(--allow-dirty)
@@ -48,8 +49,6 @@ rc=0
 end=$(( $(date +%s) + ${DEADLINE:-1000000000} ))
 left() { local s=$(( end - $(date +%s) )); (( s > 1 )) && echo $s || echo 1; }
 pack() {
-  local slug
-  slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
   # Only the files this call wrote: another lease's parts in the same folders are not overwritten on unpacking.
   # A part's files (records, part file, executed notebook, figures) are named after it, and two calls may run at
   # once on one machine, one GPU each (CUDA_VISIBLE_DEVICES): the other call's files are newer than this call's
@@ -103,7 +102,6 @@ print("done" if done and sys.argv[3] != "1" else round(d["seconds"]))' "data/res
   echo "$n: $s s expected, $(left) s left: left for the next call" >&2; return 1
 }
 if [[ ${FIT:-0} == 1 ]]; then  # each part alone, if it fits
-  slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")
   fitted=()
   for part in "$@"; do
     case $part in
