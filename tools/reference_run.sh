@@ -16,8 +16,8 @@
 #                 lease's per-command limit, since a command killed from outside packs nothing
 #   FIT=1         with DEADLINE: one part at a time, each started only if 1.1 x its last recorded time on this
 #                 GPU (parts/<name>.json, any commit; else NB_TIMEOUT or BENCH_TIMEOUT) fits in the time left,
-#                 else left for the next call; parts recorded for this commit are passed over without starting
-#                 Python. Give the parts longest first; the same command on each lease then packs the lease
+#                 else left for the next call; parts recorded for this commit are passed over without a
+#                 `mahia reference` call. Give the parts longest first; the same command on each lease then packs it
 # Runs in the checkout with the Python that has torch and triton (PYTHON, default python3) and packs what this
 # call wrote (records, parts, figures; executed notebooks, reports and logs) into ${OUT:-.}/<tag>.tgz, so a
 # machine that is given back loses nothing; unpacking several parts' archives in the checkout merges them.
@@ -41,6 +41,7 @@ stamp=$(mktemp)
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu,memory.used --format=csv,noheader
 commit=$($py -m mahia commit); echo "commit: $commit"
 slug=$($py -c "from mahia.measure.hardware import device_slug; print(device_slug('cuda'))")  # the folders' name
+NB_TIMEOUT=${NB_TIMEOUT:-300} BENCH_TIMEOUT=${BENCH_TIMEOUT:-400}  # the defaults, set once for fits() and the calls
 params=(); flags=()
 [[ ${FORCE:-0} == 1 ]] && flags+=(--force)
 [[ ${ALLOW_DIRTY:-0} == 1 ]] && flags+=(--allow-dirty)
@@ -93,8 +94,8 @@ print(" ".join(names))
 '
 # FIT=1: whether part $1 (nb=<stem> or bench=<suite>) starts now: 0 yes; 1 not enough time left or recorded for this commit.
 fits() {
-  local n=${1#*=} guess=${NB_TIMEOUT:-300} s
-  [[ $1 == bench=* ]] && n=bench_$n guess=${BENCH_TIMEOUT:-400}
+  local n=${1#*=} guess=$NB_TIMEOUT s
+  [[ $1 == bench=* ]] && n=bench_$n guess=$BENCH_TIMEOUT
   s=$($py -c 'import json, sys; d = json.load(open(sys.argv[1])); done = (d["status"], d["commit"], d["profile"]) == ("ok", sys.argv[2], "full")
 print("done" if done and sys.argv[3] != "1" else round(d["seconds"]))' "data/results/$slug/parts/$n.json" "$commit" "${FORCE:-0}" 2>/dev/null) || s=$guess
   if [[ $s == done ]]; then echo "$n: recorded for $commit" >&2; return 1; fi
@@ -117,11 +118,11 @@ for part in "$@"; do
   if [[ ${FIT:-0} == 1 && ( $part == nb=* || $part == bench=* ) ]] && ! fits "$part"; then continue; fi
   case $part in
     tests) timeout 300 $py -m pytest -m "not notebooks" -q -p no:cacheprovider 2>&1 | tail -15 | tee $logs/pytest.log ;;
-    bench) timeout -s TERM $(left) $py -m mahia reference --bench all --timeout ${BENCH_TIMEOUT:-400} --out $out \
+    bench) timeout -s TERM $(left) $py -m mahia reference --bench all --timeout $BENCH_TIMEOUT --out $out \
              --no-progress "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
-    bench=*) timeout -s TERM $(left) $py -m mahia reference --bench "${part#bench=}" --timeout ${BENCH_TIMEOUT:-400} \
+    bench=*) timeout -s TERM $(left) $py -m mahia reference --bench "${part#bench=}" --timeout $BENCH_TIMEOUT \
                --out $out --no-progress "${flags[@]}" 2>&1 | tee $logs/$name.log | tail -40 || rc=1 ;;
-    nb=*) timeout -s TERM $(left) $py -m mahia reference --notebooks "${part#nb=}" --timeout ${NB_TIMEOUT:-300} \
+    nb=*) timeout -s TERM $(left) $py -m mahia reference --notebooks "${part#nb=}" --timeout $NB_TIMEOUT \
             --out $out --no-progress "${flags[@]}" "${params[@]}" 2>&1 | tee $logs/$name.log | tail -20 || rc=1 ;;
     param=*) ;;
     *) echo "unknown part: $part" >&2; exit 2 ;;
