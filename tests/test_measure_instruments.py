@@ -160,15 +160,10 @@ def test_in_place_writes_leave_the_region_and_backward_and_fused_steps_are_trace
     assert adam.kind == "opaque" and adam.write_bytes == 4 * nb and adam.read_bytes >= 4 * nb
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        lambda a, b, q: a @ b,
-        lambda a, b, q: torch.addmm(b[0], a, b),
-        lambda a, b, q: torch.bmm(q[0], q[1].transpose(-1, -2)),
-        lambda a, b, q: F.scaled_dot_product_attention(q, q, q),
-    ],
-)
+@pytest.mark.parametrize("fn", [
+    lambda a, b, q: a @ b, lambda a, b, q: torch.addmm(b[0], a, b),
+    lambda a, b, q: torch.bmm(q[0], q[1].transpose(-1, -2)), lambda a, b, q: F.scaled_dot_product_attention(q, q, q),
+])  # fmt: skip
 def test_trace_flops_are_torchs_flop_counts_and_causal_attention_counts_half(fn):
     # MFU divides by these: they must not move when a counter changes
     a, b, q = torch.randn(N, K), torch.randn(K, K), torch.randn(2, 3, 17, 8)

@@ -45,14 +45,9 @@ pytestmark = [
 
 EXAMPLES = int(os.environ.get("MAHIA_FUZZ_EXAMPLES", "25"))  # make fuzz: 200
 FUZZ = settings(
-    max_examples=EXAMPLES,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    phases=(Phase.explicit, Phase.generate),
-    print_blob=False,
-    suppress_health_check=list(HealthCheck),
-)
+    max_examples=EXAMPLES, derandomize=True, database=None, deadline=None, phases=(Phase.explicit, Phase.generate),
+    print_blob=False, suppress_health_check=list(HealthCheck),
+)  # fmt: skip
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ON_GPU = DEVICE == "cuda"

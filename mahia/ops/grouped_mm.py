@@ -246,28 +246,10 @@ def _grouped_mm_padded(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor) -> 
 
 @triton.jit
 def _grouped_mm_kernel(
-    A,
-    B,
-    C,
-    ENDS,
-    TILE_GROUP,
-    TILE_ROW,
-    M,
-    N,
-    K,
-    G,
-    stride_am,
-    stride_ak,
-    stride_bg,
-    stride_bk,
-    stride_bn,
-    stride_cm,
-    stride_cn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+    A, B, C, ENDS, TILE_GROUP, TILE_ROW, M, N, K, G,
+    stride_am, stride_ak, stride_bg, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile of C = A[rows of g] @ B[g]; the tile's group g comes from the table
     (g = G: rows past the last end, stored as zeros; g = -1: a spare tile)."""
     pid_m = tl.program_id(0)
@@ -301,24 +283,10 @@ def _grouped_mm_kernel(
 
 @triton.jit
 def _grouped_mm_wgrad_kernel(
-    A,
-    DC,
-    DB,
-    ENDS,
-    K,
-    N,
-    stride_am,
-    stride_ak,
-    stride_cm,
-    stride_cn,
-    stride_bg,
-    stride_bk,
-    stride_bn,
-    BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    IEEE: tl.constexpr,
-):
+    A, DC, DB, ENDS, K, N,
+    stride_am, stride_ak, stride_cm, stride_cn, stride_bg, stride_bk, stride_bn,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
     """One (BLOCK_K, BLOCK_N) tile of dB[g] = A[rows of g]^T @ dC[rows of g], looping over g's rows."""
     g = tl.program_id(0)
     pid_k = tl.program_id(1)

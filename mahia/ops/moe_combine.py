@@ -127,13 +127,7 @@ def moe_combine_eager(
 
 @triton.jit
 def _moe_combine_fwd_kernel(
-    OUT,
-    INV,
-    G,
-    Y,
-    n_tokens,
-    n_slots,
-    n_cols,
+    OUT, INV, G, Y, n_tokens, n_slots, n_cols,
     n_rows,  # n_rows = n_tokens * n_slots: the rows of OUT
     stride_out,
     stride_gn,
@@ -143,7 +137,7 @@ def _moe_combine_fwd_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ALIGN: tl.constexpr,  # a power of two dividing n_cols and the row strides (pow2_divisor)
-):
+):  # fmt: skip
     # the same values, known to the compiler as multiples of ALIGN: vector loads for D = 1000 too
     n_cols = n_cols // ALIGN * ALIGN
     stride_out = stride_out // ALIGN * ALIGN
@@ -171,27 +165,11 @@ def _moe_combine_fwd_kernel(
 
 @triton.jit
 def _moe_combine_bwd_kernel(
-    DY,
-    OUT,
-    INV,
-    G,
-    DOUT,
-    DG,
-    n_tokens,
-    n_slots,
-    n_cols,
-    n_rows,
-    stride_dy,
-    stride_out,
-    stride_gn,
-    stride_gk,
-    stride_dout,
-    GATE_GRAD: tl.constexpr,
-    KP: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    DY, OUT, INV, G, DOUT, DG, n_tokens, n_slots, n_cols, n_rows,
+    stride_dy, stride_out, stride_gn, stride_gk, stride_dout,
+    GATE_GRAD: tl.constexpr, KP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
     ALIGN: tl.constexpr,
-):
+):  # fmt: skip
     n_cols = n_cols // ALIGN * ALIGN
     stride_dy = stride_dy // ALIGN * ALIGN
     stride_out = stride_out // ALIGN * ALIGN
@@ -256,25 +234,14 @@ def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torc
     out, inverse = _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _config(N, k, D, 4096)
     _launch_fwd(
-        (triton.cdiv(N, bt),),
-        out,
-        inverse,
-        gates,
-        y,
-        N,
-        k,
-        D,
-        N * k,
-        out.stride(0),
-        gates.stride(0),
-        gates.stride(1),
-        y.stride(0),
+        (triton.cdiv(N, bt),), out, inverse, gates, y, N, k, D, N * k, out.stride(0), gates.stride(0),
+        gates.stride(1), y.stride(0),
         KP=kp,
         BLOCK_T=bt,
         BLOCK_D=bd,
         ALIGN=pow2_divisor(D | out.stride(0) | y.stride(0)),
         num_warps=warps,
-    )
+    )  # fmt: skip
     return y
 
 
@@ -298,29 +265,15 @@ def moe_combine_bwd_launch(
     dy, out, inverse = _unit_stride(dy), _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _config(N, k, D, 2048)
     _launch_bwd(
-        (triton.cdiv(N, bt),),
-        dy,
-        out,
-        inverse,
-        gates,
-        d_out,
-        d_gates,
-        N,
-        k,
-        D,
-        N * k,
-        dy.stride(0),
-        out.stride(0),
-        gates.stride(0),
-        gates.stride(1),
-        d_out.stride(0),
+        (triton.cdiv(N, bt),), dy, out, inverse, gates, d_out, d_gates, N, k, D, N * k, dy.stride(0), out.stride(0),
+        gates.stride(0), gates.stride(1), d_out.stride(0),
         GATE_GRAD=bool(gate_grad),
         KP=kp,
         BLOCK_T=bt,
         BLOCK_D=bd,
         ALIGN=pow2_divisor(D | dy.stride(0) | out.stride(0) | d_out.stride(0)),
         num_warps=warps,
-    )
+    )  # fmt: skip
     return d_out, d_gates
 
 

@@ -322,22 +322,9 @@ def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
             y = torch.empty_like(x)
             h = None if residual is None else torch.empty_like(x)
             run(
-                *grid,
-                current_stream(device),
-                function,
-                packed,
-                None,
-                None,
-                None,
-                x,
-                residual,
-                weight,
-                y,
-                h,
-                *ints,
-                eps,
-                *tail,
-            )
+                *grid, current_stream(device), function, packed, None, None, None, x, residual, weight, y, h, *ints,
+                eps, *tail,
+            )  # fmt: skip
             return y, h
     n_cols = x.shape[-1]
     block_m, block_n, num_warps = fwd_config(n_cols)
@@ -355,20 +342,13 @@ def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
     ints = (n_rows, n_cols, stride_x, stride_r, n_cols, n_cols)  # y and h are contiguous
     w = weight if weight.is_contiguous() else weight.contiguous()
     entry = _launch_fwd(
-        grid,
-        x2,
-        r2,
-        w,
-        y,
-        h,
-        *ints,
-        eps,
+        grid, x2, r2, w, y, h, *ints, eps,
         num_warps=num_warps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         ALIGN=pow2_divisor(bits),
-    )
+    )  # fmt: skip
     if plan_key is not None and entry is not None:
         if len(_fwd_plans) >= 4096:  # a process that sees ever new shapes
             _fwd_plans.clear()
@@ -401,19 +381,8 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     stride_dh = _row_stride(dh2) if dh2 is not None else 0
     bits = n_cols | stride_dy | stride_x | stride_dh  # every integer ALIGN must divide
     _launch_bwd(
-        (n_programs,),
-        dy2,
-        x2,
-        weight if weight.is_contiguous() else weight.contiguous(),
-        dh2,
-        dx,
-        partials,
-        n_rows,
-        n_cols,
-        rows_per_program,
-        stride_dy,
-        stride_x,
-        stride_dh,
+        (n_programs,), dy2, x2, weight if weight.is_contiguous() else weight.contiguous(), dh2, dx, partials, n_rows,
+        n_cols, rows_per_program, stride_dy, stride_x, stride_dh,
         n_cols,  # dx is contiguous
         eps,
         num_warps=num_warps,
@@ -421,7 +390,7 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         ALIGN=pow2_divisor(bits),
-    )
+    )  # fmt: skip
     if n_programs > 1:
         # narrow column strips, all partial rows in one or two tiles: enough programs and loads in flight
         # for a reduction of a few MB (a few wide strips walking the rows one tile at a time took

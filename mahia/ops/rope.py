@@ -99,30 +99,11 @@ def _rotate_heads(OUT, row, x1, x2, cos, sin, n_heads, half, BLOCK_H: tl.constex
 
 @triton.jit
 def _rope_kernel(
-    Q,
-    K,
-    QO,
-    KO,
-    COS,
-    SIN,
-    T,
-    n_qh,
-    n_kh,
-    half,
-    stride_qb,
-    stride_qt,
-    stride_qh,
-    stride_kb,
-    stride_kt,
-    stride_kh,
-    stride_cos,
-    stride_sin,
-    BACKWARD: tl.constexpr,
-    BLOCK_QH: tl.constexpr,
-    BLOCK_KH: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
+    Q, K, QO, KO, COS, SIN, T, n_qh, n_kh, half,
+    stride_qb, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_cos, stride_sin,
+    BACKWARD: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
     ALIGN: tl.constexpr,  # a power of two dividing half and every stride (pow2_divisor)
-):
+):  # fmt: skip
     # the same values, known to the compiler as multiples of ALIGN: vector loads for any head dim
     half = half // ALIGN * ALIGN
     stride_qb = stride_qb // ALIGN * ALIGN
@@ -191,32 +172,14 @@ def rope_launch(
     (sqb, sqt, sqh), (skb, skt, skh) = q.stride()[:3], k.stride()[:3]
     scos, ssin = cos.stride(0), sin.stride(0)
     _launch_rope(
-        (B * T,),
-        q,
-        k,
-        q_out,
-        k_out,
-        cos,
-        sin,
-        T,
-        n_qh,
-        n_kh,
-        half,
-        sqb,
-        sqt,
-        sqh,
-        skb,
-        skt,
-        skh,
-        scos,
-        ssin,
+        (B * T,), q, k, q_out, k_out, cos, sin, T, n_qh, n_kh, half, sqb, sqt, sqh, skb, skt, skh, scos, ssin,
         BACKWARD=backward,
         BLOCK_QH=block_qh,
         BLOCK_KH=block_kh,
         BLOCK_HALF=block_half,
         ALIGN=pow2_divisor(half | sqb | sqt | sqh | skb | skt | skh | scos | ssin),
         num_warps=_num_warps(block_qh, block_half),
-    )
+    )  # fmt: skip
     return q_out, k_out
 
 

@@ -57,17 +57,9 @@ def swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _swiglu_fwd_kernel(
-    A,
-    B,
-    C,
-    n_cols,
-    n_col_blocks,
-    stride_a,
-    stride_b,
-    stride_c,
-    BLOCK: tl.constexpr,
+    A, B, C, n_cols, n_col_blocks, stride_a, stride_b, stride_c, BLOCK: tl.constexpr,
     ALIGN: tl.constexpr,  # a power of two dividing n_cols and the row strides (pow2_divisor)
-):
+):  # fmt: skip
     # the same values, known to the compiler as multiples of ALIGN: vector loads for odd-sized rows too
     n_cols = n_cols // ALIGN * ALIGN
     stride_a = stride_a // ALIGN * ALIGN
@@ -87,21 +79,10 @@ def _swiglu_fwd_kernel(
 
 @triton.jit
 def _swiglu_bwd_kernel(
-    DC,
-    A,
-    B,
-    DA,
-    DB,
-    n_cols,
-    n_col_blocks,
-    stride_dc,
-    stride_a,
-    stride_b,
-    stride_da,
-    stride_db,
-    BLOCK: tl.constexpr,
+    DC, A, B, DA, DB, n_cols, n_col_blocks,
+    stride_dc, stride_a, stride_b, stride_da, stride_db, BLOCK: tl.constexpr,
     ALIGN: tl.constexpr,
-):
+):  # fmt: skip
     n_cols = n_cols // ALIGN * ALIGN
     stride_dc = stride_dc // ALIGN * ALIGN
     stride_a = stride_a // ALIGN * ALIGN
