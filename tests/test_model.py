@@ -257,6 +257,22 @@ def test_mixed_precision_steps_train(no_triton, amp):
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
+def test_master_adamw_trains_as_autocast_does(no_triton):
+    """bf16 copies of exactly the weights autocast casts (not the norms', the embedding, nor what runs with autocast
+    off: the router, the fabric's gate), and the losses of AdamW under autocast to the bit."""
+    cfg, batch = HybridConfig.preset("tiny").optimized(), _tokens(4, 16)
+    ref, model = _model(cfg), _model(cfg)
+    opt = optimize.MasterAdamW(model, (batch[0][:1],), lr=1e-2)
+    low = {n for n, p in model.named_parameters() if p.dtype == torch.bfloat16}
+    assert {"blocks.0.attn.qkv_proj.weight", "blocks.1.mlp.w13", "blocks.1.memory.proj.read_q.weight"} <= low
+    assert not low & {"tok_emb.weight", "norm.weight", "blocks.1.mlp.w_router", "fabric.gate.weight"}
+    steps = (
+        make_train_step(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2), amp="bf16"),
+        make_train_step(model, opt, amp="bf16"),
+    )
+    assert [float(steps[0](batch)) for _ in range(3)] == [float(steps[1](batch)) for _ in range(3)]
+
+
 def test_compile_falls_back_to_eager(no_triton, monkeypatch):
     model = _model(HybridConfig.preset("tiny", **LIGHT))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

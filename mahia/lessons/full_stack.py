@@ -86,7 +86,7 @@ LADDER: tuple[Rung, ...] = (
     Rung("sdpa", "SDPA attention", "launches; the T x T scores' bytes where a fused kernel runs", model=("sdpa",)),
     Rung("triton", "Triton kernels", "launches and bytes of norms, SwiGLU, RoPE", model=("triton",)),
     Rung("grouped_moe", "grouped MoE", "E host syncs and 2E small matmuls per MoE block", model=("grouped_moe",)),
-    Rung("bf16", "bf16 autocast", "the matmul rate (bf16) and half the activation bytes", amp="bf16"),
+    Rung("bf16", "bf16 autocast", "the matmul rate (bf16), half the activation bytes, bf16 weights", amp="bf16"),
     Rung("compile", "torch.compile", "launches and bytes of unfused pointwise ops", compile="default"),
     Rung("graphs", "CUDA graph", "host time: the whole step (optimizer too) replayed as one graph", graphs=True),
 )
@@ -149,16 +149,22 @@ class Built:
 
 def build(cfg, stack: Stack, *, device, state: dict | None = None, lr: float = 1e-3, model_class=None) -> Built:
     """A :class:`~mahia.model.HybridModel` (or ``model_class``, e.g. the peer PlainGPT) of ``stack.config(cfg)`` on
-    ``device`` with weights ``state``, a fused AdamW (no host sync in its step) and its training step. With
+    ``device`` with weights ``state``, a fused AdamW (no host sync in its step; under bf16 a
+    :class:`~mahia.model.optimize.MasterAdamW`) and its training step. With
     ``stack.compile`` the forward is ``torch.compile(model, mode=...)``, compiled at its first call."""
-    from mahia.model import HybridModel, make_train_step
+    from mahia.model import HybridModel, MasterAdamW, make_train_step
 
     with torch.device(device):  # parameters created on the device: no host copy of big models
         model = (model_class or HybridModel)(stack.config(cfg))
     if state is not None:
         model.load_state_dict(state)
     # capturable: the step count and the bias corrections stay on the device, so a graph can hold the update
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True, capturable=stack.graphs)
+    kw = dict(lr=lr, fused=True, capturable=stack.graphs)
+    if stack.amp == "bf16":  # bf16 weights, float32 copies in the optimizer: no cast kernel per weight and step
+        tokens = torch.zeros(1, min(model.cfg.max_seq_len, 256), dtype=torch.long, device=device)  # reads every weight
+        optimizer = MasterAdamW(model, (tokens,), **kw)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), **kw)
     forward = torch.compile(model, mode=stack.compile) if stack.compile else model
     step = make_train_step(forward, optimizer, amp=stack.amp, sync_free_logging=stack.sync_free_logging)
     return Built(stack, model, forward, optimizer, graphed(step) if stack.graphs else step)

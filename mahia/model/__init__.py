@@ -25,6 +25,7 @@ _EXPORTS = {
     "apply_checkpointing": "optimize",
     "apply_compile": "optimize",
     "make_train_step": "optimize",
+    "MasterAdamW": "optimize",
     "make_decoder": "optimize",
     "Decoder": "optimize",
 }

@@ -208,7 +208,8 @@ def graph_diffusion_memory(
     D, N = x.shape[-1], memory.shape[0]
     for name, p in dict(memory=memory, adj_logits=adj_logits, **w).items():
         shape = (N, D) if name == "memory" else (N, N) if name == "adj_logits" else (D, D)
-        if p.shape != shape or p.dtype != x.dtype or p.device != x.device:
+        autocast_ok = name in w and torch.is_autocast_enabled(x.device.type)  # a matmul weight: autocast casts
+        if p.shape != shape or (p.dtype != x.dtype and not autocast_ok) or p.device != x.device:
             raise ValueError(
                 f"{fn}: {name} must be {shape} in {x.dtype} on {x.device} (like x; convert the module with .to(x)), "
                 f"got {tuple(p.shape)} {p.dtype} on {p.device}"

@@ -127,7 +127,7 @@ class MoE(nn.Module):
         w = self.w13
         if not (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.dim and x.numel() > 0):
             raise ValueError(f"MoE: x must be a (..., dim={self.dim}) tensor with tokens, got {getattr(x, 'shape', x)}")
-        if x.dtype != w.dtype or x.device != w.device:
+        if (x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type)) or x.device != w.device:
             raise TypeError(
                 f"MoE: x is {x.dtype} on {x.device} but the parameters are {w.dtype} on {w.device}; "
                 "convert one of them (e.g. moe.to(x))"
