@@ -37,7 +37,8 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   sequence run in parallel; a sequence of one group needs none. The backward walks its group's chunks
   backwards (dk, dv; H saved at every chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S,
   dg). dq, dk, dg sum over all V columns: each program writes float32 partials (value block 0's include
-  the intra-chunk terms) and a ``sum(0)`` finishes them.
+  the intra-chunk terms) and a ``sum(0)`` finishes them. With one value block there is nothing to sum: the
+  program writes them in the inputs' dtypes (16-bit inputs: three conversion kernels fewer a call).
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
 Layout: (B, H, T, K) / (B, H, T, V), made contiguous (a copy) if they are not. Any T; K <= 128; any V.
 A reset (a gate below RESET, mahia.ops.gla_scan) zeroes every decay across it and the kernels write dg = 0
@@ -286,11 +287,13 @@ def _gla_bwd_load(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q, K, V, G, DO, A, DQI, DKI, DGI, DQ, DK, DV, DG, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    Q, K, V, G, DO, A, DQI, DKI, DGI, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
-    # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
+    # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K), DG also the scratch of pass 1; DGO: where the final dg goes
+    # (DG itself, or with one value block the output in g's dtype, as DQ and DK are then in q's and k's: no partials
+    # to sum, so no conversion after); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
     # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it;
     # A, DQI, DKI, DGI: _gla_intra_kernel's, added to value block 0's partials.
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
@@ -314,6 +317,7 @@ def _gla_bwd_kernel(
     DQ += part * seq_len * k_dim
     DK += part * seq_len * k_dim
     DG += part * seq_len * k_dim
+    DGO += part * seq_len * k_dim
     HS += part * n_chunks * BK * BV
     first = pid_v == 0
 
@@ -372,7 +376,7 @@ def _gla_bwd_kernel(
             dq += tl.load(DQI + qk_off, mask=qk_mask, other=0.0)
             dg += tl.load(DGI + qk_off, mask=qk_mask, other=0.0)
         tl.store(DQ + qk_off, dq, mask=qk_mask)
-        tl.store(DG + qk_off, tl.where(g < RESET, 0.0, dg), mask=qk_mask)  # 0 at a reset: its dg carries exp(g)
+        tl.store(DGO + qk_off, tl.where(g < RESET, 0.0, dg), mask=qk_mask)  # 0 at a reset: its dg carries exp(g)
 
 
 _launch_intra = Launcher(_gla_intra_kernel)
@@ -465,12 +469,18 @@ def gla_bwd(
     if q.numel() == 0 or v.numel() == 0:
         return q.new_zeros(q.shape), k.new_zeros(k.shape), dv.zero_(), g.new_zeros(g.shape)
     n_vblocks, n_groups, step, meta = _plan(q, v_dim)  # after the check: no programs, no plan
-    # float32 partials, one slice per value block: dq, dk and dg sum over all V columns.
-    dq, dk, dg = (torch.empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32, device=q.device) for _ in range(3))
+    # float32 partials, one slice per value block: dq, dk and dg sum over all V columns. With one value block (V <= 64
+    # for 16-bit inputs) nothing is summed: dq, dk and the final dg are written in their inputs' dtypes.
+    one = n_vblocks == 1
+    dq, dk = (q.new_empty((n_vblocks, B, H, T, k_dim), dtype=t.dtype if one else torch.float32) for t in (q, k))
+    dg = q.new_empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32)
+    dg_out = g.new_empty(g.shape) if one and g.dtype != torch.float32 else dg[0]  # else dg's own slice, in place
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
     intra = _intra(q, k, v, g, do, meta)  # A, DQI, DKI, DGI
     sb, hb = _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, do, *intra, dq, dk, dv, dg, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups)
+    args = (q, k, v, g, do, *intra, dq, dk, dv, dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups)
     _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
-    dq, dk, dg = (t.sum(0) if n_vblocks > 1 else t[0] for t in (dq, dk, dg))  # (B, H, T, K) float32
+    if one:
+        return dq[0], dk[0], dv, dg_out
+    dq, dk, dg = (t.sum(0) for t in (dq, dk, dg))  # (B, H, T, K) float32
     return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype)
