@@ -206,10 +206,10 @@ def graph_diffusion_memory(
     check_btd(x)
     w = dict(write_q=write_q, write_k=write_k, write_v=write_v, read_q=read_q, read_k=read_k, read_v=read_v, out=out)
     D, N = x.shape[-1], memory.shape[0]
+    autocast = torch.is_autocast_enabled(x.device.type)  # it casts the matmul weights: they may differ from x's dtype
     for name, p in dict(memory=memory, adj_logits=adj_logits, **w).items():
         shape = (N, D) if name == "memory" else (N, N) if name == "adj_logits" else (D, D)
-        autocast_ok = name in w and torch.is_autocast_enabled(x.device.type)  # a matmul weight: autocast casts
-        if p.shape != shape or (p.dtype != x.dtype and not autocast_ok) or p.device != x.device:
+        if p.shape != shape or (p.dtype != x.dtype and not (autocast and name in w)) or p.device != x.device:
             raise ValueError(
                 f"{fn}: {name} must be {shape} in {x.dtype} on {x.device} (like x; convert the module with .to(x)), "
                 f"got {tuple(p.shape)} {p.dtype} on {p.device}"
