@@ -35,8 +35,7 @@ def test_swiglu_formula_and_module_structure():
     torch.testing.assert_close(swiglu_eager(a, b), a / (1 + torch.exp(-a)) * b)
     mlp = SwiGLU(16, 40)
     assert mlp.w12.weight.shape == (80, 16) and mlp.w3.weight.shape == (16, 40)
-    x = torch.randn(3, 16)
-    u = mlp.w12(x)
+    u = mlp.w12(x := torch.randn(3, 16))
     torch.testing.assert_close(mlp(x), mlp.w3(torch.nn.functional.silu(u[:, :40]) * u[:, 40:]))  # gate first
     with pytest.raises(ValueError, match="SwiGLU: hidden must be a positive int"):
         SwiGLU(16, -1)

@@ -225,7 +225,8 @@ def _custom_op_calls(op):
         fwd = [("rms_norm_fwd", (x, None, w, eps)), ("rms_norm_fwd", (x, dy.requires_grad_(), w, eps))]
         return fwd + [("rms_norm_bwd", (dy.detach(), x.detach(), w, eps, dh)) for dh in (None, dy.detach())]
     if op == "swiglu":
-        return [("swiglu_fwd", args), ("swiglu_bwd", (torch.randn_like(args[0]), args[0].detach(), args[1]))]
+        dc, calls = torch.randn_like(args[0]), (args, (torch.cat(args, -1).detach().requires_grad_(), None))  # h=[a|b]
+        return [c for a, b in calls for c in (("swiglu_fwd", (a, b)), ("swiglu_bwd", (dc, a.detach(), b)))]
     if op == "rope":
         return [("rope", (*args, False)), ("rope", (*(a.detach() for a in args), True))]
     out, inverse, gates = args
@@ -304,6 +305,7 @@ BAD_CALLS = {  # by the inputs the calls take (_inputs): (call, error, message)
         (lambda a, b: ops.swiglu(a, b[:, :4]), ValueError, r"^swiglu: a and b must have the same shape"),
         (lambda a, b: ops.swiglu(a, b.half()), TypeError, r"^swiglu: a and b must have the same dtype"),
         (lambda a, b: ops.swiglu(a, b.to("meta")), ValueError, r"^swiglu: .*same device"),
+        (lambda a, b: ops.swiglu(a[:, :7]), ValueError, r"^swiglu: a packed \[a \| b\] needs an even last dim"),
         (lambda a, b: swiglu.swiglu_eager(None, b), TypeError, r"^swiglu_eager: a must be a torch.Tensor"),
     ],
     "rope": [

@@ -1,7 +1,7 @@
 """SwiGLU feed-forward: the module (the activation's eager reference and kernels are in :mod:`mahia.ops.swiglu`).
 
     swiglu(a, b) = silu(a) * b = a * sigmoid(a) * b
-    SwiGLU(x)    = w3( swiglu(x @ W1^T, x @ W2^T) ),  with W1 and W2 stored as one (2*hidden, dim) matrix
+    SwiGLU(x)    = w3( swiglu(x @ [W1 | W2]^T) ),  W1 and W2 stored as one (2*hidden, dim) matrix ``w12``
 
 The activation is computed in float32 (float64 for float64 inputs) and returned in the input dtype.
 """
@@ -21,8 +21,8 @@ IMPLS = ("eager", "triton")
 
 class SwiGLU(nn.Module):
     """The Llama feed-forward block: one fused up projection ``w12`` (gate and up halves), SwiGLU, ``w3``.
-    ``impl="triton"`` runs the activation through :func:`mahia.ops.swiglu`, which reads the strided halves
-    in place; the matrix products are cuBLAS either way."""
+    ``impl="triton"`` runs the activation through :func:`mahia.ops.swiglu` on the packed halves (read in
+    place, one gradient tensor written); the matrix products are cuBLAS either way."""
 
     def __init__(
         self,
@@ -43,6 +43,5 @@ class SwiGLU(nn.Module):
         self.w3 = nn.Linear(hidden, dim, bias=False, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w12(x).chunk(2, dim=-1)  # (..., hidden) each
         act = swiglu if self.impl == "triton" else swiglu_eager
-        return self.w3(act(gate, up))  # (..., dim)
+        return self.w3(act(self.w12(x)))  # w12(x): (..., 2 hidden) = [gate | up]; act: (..., hidden)

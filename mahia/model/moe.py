@@ -252,7 +252,7 @@ class MoE(nn.Module):
         probs, experts, gates, order, offs, xs = self._dispatch(x2)
         xs, w13, w2, backend = self._expert_weights(xs)
         h = grouped_mm(xs, w13, offs, backend=backend)  # (N*k, 2H)
-        a = swiglu(*h.chunk(2, dim=-1))  # (N*k, H)
+        a = swiglu(h)  # (N*k, H): h packs [h1 | h3]; one gradient tensor back
         out = grouped_mm(a, w2, offs, backend=backend)  # (N*k, D)
         inverse = torch.empty_like(order).scatter_(0, order, torch.arange(N * k, device=x2.device))  # (N*k,)
         # y[n] = sum_j g[n, j] * out[inverse[n*k + j]]: gather, gate and k-sum in one pass (float32 math),
@@ -268,7 +268,7 @@ class MoE(nn.Module):
             x2 = self._flatten_input(x)
             *_, offs, xs = self._dispatch(x2)
             xs, w13, w2, backend = self._expert_weights(xs)
-            a = swiglu(*grouped_mm(xs, w13, offs, backend=backend).chunk(2, dim=-1))
+            a = swiglu(grouped_mm(xs, w13, offs, backend=backend))
 
         def gemms():
             with torch.no_grad():

@@ -4,7 +4,7 @@ the public function that picks a path.
 
     rms_norm(x, weight, eps) -> y                        rmsnorm.py      reference: rms_norm_eager
     add_rms_norm(x, residual, weight, eps) -> (y, h)     rmsnorm.py      reference: add_rms_norm_eager
-    swiglu(a, b) -> silu(a) * b                          swiglu.py       reference: swiglu_eager
+    swiglu(a, b) or swiglu([a | b]) -> silu(a) * b       swiglu.py       reference: swiglu_eager
     rope(q, k, cos, sin) -> (q_rot, k_rot)               rope.py         reference: apply_rope_eager
     moe_combine(out, inverse, gates, dtype) -> y         moe_combine.py  reference: moe_combine_eager
     grouped_mm(a, b, offs, backend="auto") -> c          grouped_mm.py   three backends, one product

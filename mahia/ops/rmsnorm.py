@@ -423,10 +423,13 @@ class _RMSNorm(torch.autograd.Function):
         y, h = rms_norm_fwd_launch(x, weight, residual, eps)
         ctx.save_for_backward(x if h is None else h, weight)  # h: what was normalized (an output)
         ctx.eps = eps
+        ctx.set_materialize_grads(False)  # an unused h (Block.delta) gets no zeros tensor to fill and read
         return y if h is None else (y, h)
 
     @staticmethod
     def backward(ctx, dy, dh=None):
+        if dy is None:  # only h = x + residual was used
+            return dh, dh, None, None
         x, weight = ctx.saved_tensors
         dx, dw = rms_norm_bwd_launch(dy, x, weight, ctx.eps, dh)
         return dx, dx if ctx.needs_input_grad[1] else None, dw, None  # h = x + residual: one gradient
@@ -461,9 +464,12 @@ def _setup(ctx, inputs, output):
     x, residual, weight, ctx.eps = inputs
     ctx.residual = residual is not None
     ctx.save_for_backward(output[1] if ctx.residual else x, weight)
+    ctx.set_materialize_grads(False)  # as in _RMSNorm
 
 
 def _backward(ctx, dy, dh):
+    if dy is None:
+        return dh, dh if ctx.residual else None, None, None
     x, weight = ctx.saved_tensors
     dx, dw = _bwd_op(dy, x, weight, ctx.eps, dh if ctx.residual else None)
     return dx, dx if ctx.residual else None, dw, None

@@ -7,8 +7,12 @@
 The backward recomputes s from a instead of saving it (one more exp per element is free in a kernel
 bound by memory). Bytes: the forward reads a, b and writes c; the backward reads dc, a, b, writes da, db.
 The kernel walks (rows, N) in 1-D blocks along N; when every operand is contiguous the tensor is one
-long row, otherwise each operand needs a unit stride along N only, so the gate/up halves of a fused
-projection (``u.chunk(2, -1)``) are read in place.
+long row, otherwise each operand needs a unit stride along N only.
+
+``swiglu(h)``, one packed (..., 2N) tensor [a | b] as ``F.glu`` takes it (the output of a fused gate/up
+projection): the halves are read in place and the backward writes dh = [da | db] into one tensor. Given
+the halves apart, autograd would concatenate da and db into dh after the kernel: under torch.compile two
+more copy kernels a call, which Inductor cannot fuse into a custom op's output.
 
 Edges: empty inputs give empty outputs and gradients; float64 runs the eager reference silently;
 ``meta`` tensors get their shapes from it.
@@ -33,9 +37,13 @@ __all__ = ["swiglu", "swiglu_eager"]
 # Input checks and the eager reference
 
 
-def check_swiglu_inputs(fn: str, a: torch.Tensor, b: torch.Tensor) -> None:
-    """a and b: same shape, dtype and device."""
+def check_swiglu_inputs(fn: str, a: torch.Tensor, b: torch.Tensor | None) -> None:
+    """a and b: same shape, dtype and device; b None: a packs both halves along an even last dim."""
     check_float_tensor(fn, "a", a)
+    if b is None:
+        if a.shape[-1] % 2:
+            raise ValueError(f"{fn}: a packed [a | b] needs an even last dim, got shape {tuple(a.shape)}")
+        return
     check_float_tensor(fn, "b", b)
     if a.shape != b.shape:
         raise ValueError(f"{fn}: a and b must have the same shape, got a {tuple(a.shape)} and b {tuple(b.shape)}")
@@ -44,13 +52,19 @@ def check_swiglu_inputs(fn: str, a: torch.Tensor, b: torch.Tensor) -> None:
     check_same_device(fn, a=a, b=b)
 
 
-def _swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _halves(a: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    n = a.shape[-1] // 2
+    return (a[..., :n], a[..., n:]) if b is None else (a, b)  # views: the kernels read the halves in place
+
+
+def _swiglu_eager(a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    a, b = _halves(a, b)
     dt = torch.promote_types(a.dtype, torch.float32)
     return (F.silu(a.to(dt)) * b.to(dt)).to(a.dtype)
 
 
-def swiglu_eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c = silu(a) * b, computed in float32 and returned in ``a.dtype``.  a, b: (..., H)."""
+def swiglu_eager(a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """c = silu(a) * b, computed in float32 and returned in ``a.dtype``.  a, b: (..., N); or a (..., 2N) = [a | b]."""
     check_swiglu_inputs("swiglu_eager", a, b)
     return _swiglu_eager(a, b)
 
@@ -127,7 +141,7 @@ def _as_rows(*tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list
 
     All contiguous: one row of numel elements, the tensors passed as they are (no view: a view costs
     host time, and the kernel only needs the pointer). Otherwise each keeps its own row stride; an
-    operand whose last dim is strided is copied to contiguous first.
+    input whose last dim is strided is copied to contiguous first (outputs never are).
     """
     if all(t.is_contiguous() for t in tensors):
         n = tensors[0].numel()
@@ -140,26 +154,32 @@ def _as_rows(*tensors: torch.Tensor) -> tuple[int, int, list[torch.Tensor], list
     return out[0].shape[0], out[0].shape[1], out, [t.stride(0) for t in out]
 
 
-def _launch(launcher: Launcher, *inputs: torch.Tensor, n_out: int) -> list[torch.Tensor]:
-    """Run a kernel on checked same-shape ``inputs``; returns its ``n_out`` outputs, contiguous with the inputs'
-    shape."""
-    a = inputs[0]
-    outs = [torch.empty_like(a, memory_format=torch.contiguous_format) for _ in range(n_out)]
-    if a.numel():
-        n_rows, n_cols, operands, strides = _as_rows(*inputs, *outs)
-        block, num_warps = _config(n_cols)
-        n_col_blocks = -(-n_cols // block)
-        launcher(
-            (n_rows * n_col_blocks,),
-            *operands,
-            n_cols,
-            n_col_blocks,
-            *strides,
-            BLOCK=block,
-            ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)),
-            num_warps=num_warps,
-        )
-    return outs
+def _plan(*operands: torch.Tensor) -> tuple[tuple[int], tuple, dict]:
+    """(grid, runtime arguments, meta) of a launch on checked same-shape operands with elements: the inputs,
+    then the outputs (written in place: views of a fresh tensor, with a unit stride along N)."""
+    n_rows, n_cols, operands, strides = _as_rows(*operands)
+    block, num_warps = _config(n_cols)
+    n_col_blocks = -(-n_cols // block)
+    align = pow2_divisor(functools.reduce(operator.or_, strides, n_cols))
+    return (n_rows * n_col_blocks,), (*operands, n_cols, n_col_blocks, *strides), dict(BLOCK=block, ALIGN=align, num_warps=num_warps)  # fmt: skip
+
+
+def _fwd(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    a, b = _halves(a, b)
+    c = a.new_empty(a.shape)
+    if c.numel():
+        grid, args, meta = _plan(a, b, c)
+        _launch_fwd(grid, *args, **meta)
+    return c
+
+
+def _bwd(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> list[torch.Tensor]:
+    """[dh] for a packed h = a (b None), else [da, db]."""
+    grads = [a.new_empty(a.shape) for _ in range(1 if b is None else 2)]
+    if dc.numel():
+        grid, args, meta = _plan(dc, *_halves(a, b), *_halves(grads[0], None) if b is None else grads)
+        _launch_bwd(grid, *args, **meta)
+    return grads
 
 
 # The two registrations over the same launchers: an autograd.Function for eager calls (less host time than
@@ -170,32 +190,32 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return _launch(_launch_fwd, a, b, n_out=1)[0]
+        return _fwd(a, b)
 
     @staticmethod
     def backward(ctx, dc):
         a, b = ctx.saved_tensors
-        return tuple(_launch(_launch_bwd, dc, a, b, n_out=2))
+        return (*_bwd(dc, a, b), None)[:2]
 
 
 @torch.library.custom_op("mahia::swiglu_fwd", mutates_args=())
-def _fwd_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _launch(_launch_fwd, a, b, n_out=1)[0]
+def _fwd_op(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return _fwd(a, b)
 
 
 @_fwd_op.register_fake
 def _(a, b):
-    return a.new_empty(a.shape)
+    return a.new_empty(_halves(a, b)[0].shape)
 
 
 @torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
-def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return tuple(_launch(_launch_bwd, dc, a, b, n_out=2))
+def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> list[torch.Tensor]:
+    return _bwd(dc, a, b)
 
 
 @_bwd_op.register_fake
 def _(dc, a, b):
-    return a.new_empty(a.shape), a.new_empty(a.shape)
+    return [a.new_empty(a.shape) for _ in range(1 if b is None else 2)]
 
 
 def _setup(ctx, inputs, output):
@@ -204,24 +224,25 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dc):
     a, b = ctx.saved_tensors
-    return _bwd_op(dc, a, b)
+    return (*_bwd_op(dc, a, b), None)[:2]
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
 _apply = c_apply(_SwiGLU)
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """c = silu(a) * b (float32 math, output in a.dtype).  a, b: (..., H).
+def swiglu(a: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """c = silu(a) * b (float32 math, output in a.dtype).  a, b: (..., N); or ``swiglu(h)``, h (..., 2N) = [a | b]
+    (module docstring: one gradient tensor, no concatenation after the kernel).
 
     The Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else :func:`swiglu_eager` (also
     for float64 and ``meta`` inputs). Inputs are checked once, here; errors name ``swiglu``.
     """
     check_swiglu_inputs("swiglu", a, b)
-    if use_triton("swiglu", a, b):
+    if use_triton("swiglu", *(a,) if b is None else (a, b)):
         if torch.compiler.is_compiling():
             return _fwd_op(a, b)
-        if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+        if (a.requires_grad or b is not None and b.requires_grad) and torch.is_grad_enabled():
             return _apply(a, b)
-        return _launch(_launch_fwd, a, b, n_out=1)[0]  # no graph to record: no Function
+        return _fwd(a, b)  # no graph to record: no Function
     return _swiglu_eager(a, b)
