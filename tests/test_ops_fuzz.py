@@ -170,27 +170,27 @@ def _check_rms_grads(name, x64, w64, dy64, eps, got_dx, ref_dx, dtype, n):
 
 
 @FUZZ
-@given(lead=leading, n=hidden, dtype=rms_dtypes, w_fp32=st.booleans(), layout=layouts, eps=rms_eps, seed=seeds)
-@example(lead=[65], n=40, dtype=torch.float32, w_fp32=False, layout="contiguous", eps=0.0, seed=3)  # issue 37 #1
-@example(lead=[3], n=8, dtype=torch.float64, w_fp32=False, layout="contiguous", eps=Fraction(1, 10**6), seed=4)
-@example(lead=[0, 3], n=9000, dtype=torch.bfloat16, w_fp32=False, layout="row-gap", eps=1e-6, seed=0)
-@example(lead=[1], n=1, dtype=torch.float16, w_fp32=True, layout="contiguous", eps=1e-6, seed=1)
-@example(lead=[], n=9000, dtype=torch.float32, w_fp32=False, layout="strided", eps=1e-5, seed=2)
-def test_fuzz_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
-    lead = _fit(lead, n)
-    g = _gen(seed)
+@given(lead=leading, n=hidden, dtype=rms_dtypes, w_fp32=st.booleans(), layout=layouts, eps=rms_eps, seed=seeds,
+       out=st.sampled_from([None, torch.bfloat16]))  # fmt: skip
+@example(lead=[65], n=40, dtype=torch.float32, w_fp32=False, layout="contiguous", eps=0.0, seed=3, out=None)  # #37
+@example(lead=[3], n=8, dtype=torch.float64, w_fp32=False, layout="contiguous", eps=Fraction(1, 4096), seed=4, out=None)
+@example(lead=[0, 3], n=9000, dtype=torch.bfloat16, w_fp32=False, layout="row-gap", eps=1e-6, seed=0, out=None)
+@example(lead=[1], n=1, dtype=torch.float16, w_fp32=True, layout="contiguous", eps=1e-6, seed=1, out=None)
+@example(lead=[], n=9000, dtype=torch.float32, w_fp32=False, layout="strided", eps=1e-5, seed=2, out=torch.bfloat16)
+def test_fuzz_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed, out):
+    lead, g = _fit(lead, n), _gen(seed)
     x = _view(_randn(lead + [n], dtype, g), layout)
     w = _view(_randn([n], torch.float32 if w_fp32 else dtype, g), layout)
     with _quiet():
-        y = ops.rms_norm(x, w, eps)
-    assert y.dtype == dtype and y.shape == x.shape
-    dy = _randn(y.shape, dtype, g)
+        y = ops.rms_norm(x, w, eps, out_dtype=out)  # out: y in another dtype, as under autocast
+    assert y.dtype == (out or dtype) and y.shape == x.shape
+    dy = _randn(y.shape, y.dtype, g)
     dx, dw = _grads(y, [x, w], dy)
 
     x64, w64 = _ref_inputs(x, w)
     y64 = _rms_ref(x64, w64, eps)
     dx64, dw64 = _grads(y64, [x64, w64], dy.double())
-    assert_close("rms_norm y", y, y64, dtype)
+    assert_close("rms_norm y", y, y64, _low(dtype, y.dtype))
     _check_rms_grads("rms_norm", x64, w64, dy.double(), eps, dx, dx64, dtype, n)
     assert dw.dtype == w.dtype
     assert_close("rms_norm dw", dw, dw64, _low(dtype, w.dtype))
@@ -202,8 +202,7 @@ def test_fuzz_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
 @example(lead=[0], n=4097, dtype=torch.float16, w_fp32=False, layout="transposed", eps=1e-6, seed=0)
 @example(lead=[1, 1], n=9000, dtype=torch.bfloat16, w_fp32=True, layout="strided", eps=1e-6, seed=1)
 def test_fuzz_add_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
-    lead = _fit(lead, n)
-    g = _gen(seed)
+    lead, g = _fit(lead, n), _gen(seed)
     x = _view(_randn(lead + [n], dtype, g), layout)
     r = _view(_randn(lead + [n], dtype, g), "contiguous" if layout == "strided" else layout)
     w = _view(_randn([n], torch.float32 if w_fp32 else dtype, g), layout)

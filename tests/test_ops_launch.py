@@ -221,8 +221,8 @@ def _custom_op_calls(op):
     args[0].requires_grad_()
     if op == "rms_norm":
         x, w, eps = args
-        dy = torch.randn_like(x)
-        fwd = [("rms_norm_fwd", (x, None, w, eps)), ("rms_norm_fwd", (x, dy.requires_grad_(), w, eps))]
+        dy = torch.randn_like(x, requires_grad=True)
+        fwd = [("rms_norm_fwd", (x, None, w, eps, torch.half)), ("rms_norm_fwd", (x, dy, w, eps, None))]
         return fwd + [("rms_norm_bwd", (dy.detach(), x.detach(), w, eps, dh)) for dh in (None, dy.detach())]
     if op == "swiglu":
         dc, calls = torch.randn_like(args[0]), (args, (torch.cat(args, -1).detach().requires_grad_(), None))  # h=[a|b]
@@ -291,6 +291,7 @@ BAD_CALLS = {  # by the inputs the calls take (_inputs): (call, error, message)
         (lambda x, w, e: ops.rms_norm(x, w.to("meta")), ValueError, r"^rms_norm: all inputs must be on the same"),
         (lambda x, w, e: ops.rms_norm(x, w, -1.0), ValueError, r"^rms_norm: eps must be >= 0"),
         (lambda x, w, e: ops.rms_norm(x, w, "a"), TypeError, r"^rms_norm: eps must be a real number >= 0, got str"),
+        (lambda x, w, e: ops.rms_norm(x, w, out_dtype=torch.int8), TypeError, r"^rms_norm: out_dtype must be None or"),
         (lambda x, w, e: ops.add_rms_norm(x, x[:, :7], w), ValueError, r"^add_rms_norm: residual must have the shape"),
         (lambda x, w, e: ops.add_rms_norm(x, x.half(), w), TypeError, r"^add_rms_norm: residual must have the dtype"),
         (lambda x, w, e: ops.add_rms_norm(x, [1.0], w), TypeError, r"^add_rms_norm: residual must be a torch.Tensor"),

@@ -23,7 +23,9 @@ class RMSNorm(nn.Module):
     """RMSNorm over the last dim with a learned scale (ones at init). ``forward(x, residual)`` adds first and
     returns ``(y, h)`` with ``h = x + residual``: a pre-norm block reads its residual stream once, not twice.
     ``impl="triton"``: :func:`mahia.ops.rms_norm` / :func:`mahia.ops.add_rms_norm` (eager fallback, with a
-    warning, where Triton cannot run)."""
+    warning, where Triton cannot run). ``autocast_out=True``, for a norm whose output only feeds matmuls: under
+    autocast y comes out in the autocast dtype, written so by the norm itself (the bits the matmul's cast would
+    give, without that cast's kernel and bytes, and in the backward the gradient's cast back)."""
 
     def __init__(
         self,
@@ -31,6 +33,7 @@ class RMSNorm(nn.Module):
         eps: float = 1e-6,
         *,
         impl: str = "eager",
+        autocast_out: bool = False,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
@@ -38,12 +41,15 @@ class RMSNorm(nn.Module):
         if impl not in IMPLS:
             raise ValueError(f"RMSNorm: impl must be one of {IMPLS}, got {impl!r}")
         check_int("RMSNorm", "dim", dim)
-        self.dim, self.eps, self.impl = dim, eps, impl
+        self.dim, self.eps, self.impl, self.autocast_out = dim, eps, impl, autocast_out
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        dev = x.device.type  # meta (FLOP counts) has no autocast state to ask
+        amp = self.autocast_out and not x.is_meta and torch.is_autocast_enabled(dev)
+        out = torch.get_autocast_dtype(dev) if amp else None
         if residual is None:
             norm = rms_norm if self.impl == "triton" else rms_norm_eager
-            return norm(x, self.weight, self.eps)
+            return norm(x, self.weight, self.eps, out_dtype=out)
         add_norm = add_rms_norm if self.impl == "triton" else add_rms_norm_eager
-        return add_norm(x, residual, self.weight, self.eps)
+        return add_norm(x, residual, self.weight, self.eps, out_dtype=out)

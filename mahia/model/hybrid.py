@@ -76,7 +76,8 @@ class Block(nn.Module):
             if cfg.is_memory_block(layer)
             else None
         )
-        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
+        # the dense MLP's norm feeds only its first matmul; the MoE router reads float32 (moe.py)
+        self.mlp_norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels, autocast_out=not cfg.is_moe_block(layer))
         if cfg.is_moe_block(layer):
             self.mlp = MoE(
                 cfg.dim, cfg.moe_hidden, cfg.n_experts, cfg.top_k, impl=cfg.moe_impl, aux_loss_coef=cfg.aux_loss_coef
@@ -135,7 +136,7 @@ class HybridModel(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         gate_kw = dict(threshold=cfg.gate_threshold, impl=cfg.gating_impl, gate_source="first")  # causal gates
         self.fabric = DynamicNeuroFabric(cfg.dim, cfg.n_layers, **gate_kw) if cfg.gating else None
-        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels)
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, impl=cfg.kernels, autocast_out=True)  # feeds the head only
         self.kv_caches: list[StaticKVCache] | None = None
         self.meta_states: list[torch.Tensor | None] | None = None
         self.memory_caches: list[MemoryCache | None] | None = None

@@ -53,10 +53,12 @@ _Tensor = torch.Tensor
 
 
 def check_rms_norm_inputs(
-    fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, eps: float = 1e-6
+    fn: str, x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None, eps=1e-6, out_dtype=None
 ) -> float:
-    """x (..., N) and weight (N,) floating point, residual like x, one device, eps a real number >= 0.
-    Returns eps as a float; errors name ``fn`` and the argument."""
+    """x (..., N) and weight (N,) floating point, residual like x, one device, eps a real number >= 0, out_dtype
+    None or a floating dtype. Returns eps as a float; errors name ``fn`` and the argument."""
+    if out_dtype is not None and not (isinstance(out_dtype, torch.dtype) and out_dtype.is_floating_point):
+        raise TypeError(f"{fn}: out_dtype must be None or a floating-point torch.dtype, got {out_dtype!r}")
     if not (isinstance(x, _Tensor) and x.is_floating_point() and x.dim()):
         check_float_tensor(fn, "x", x)
     if not (isinstance(weight, _Tensor) and weight.is_floating_point()):
@@ -87,25 +89,27 @@ def check_rms_norm_inputs(
     return eps
 
 
-def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype=None) -> torch.Tensor:
     # float32 math for half types; float64 stays float64 so the eager path doubles as the reference
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
-    return (xf * rstd * weight.to(xf.dtype)).to(x.dtype)
+    return (xf * rstd * weight.to(xf.dtype)).to(out_dtype or x.dtype)
 
 
-def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2, -1) + eps) * weight, in float32, returned in ``x.dtype``.  x: (..., N)."""
-    return _rms_norm_eager(x, weight, check_rms_norm_inputs("rms_norm_eager", x, weight, eps=eps))
+def rms_norm_eager(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out_dtype=None) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2, -1) + eps) * weight, in float32, returned in ``out_dtype`` (default x.dtype).
+    x: (..., N)."""
+    eps = check_rms_norm_inputs("rms_norm_eager", x, weight, None, eps, out_dtype)
+    return _rms_norm_eager(x, weight, eps, out_dtype)
 
 
 def add_rms_norm_eager(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out_dtype=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual (in ``x.dtype``); y = rms_norm(h).  Returns (y, h), the pre-norm block's pair."""
-    eps = check_rms_norm_inputs("add_rms_norm_eager", x, weight, residual, eps)
+    """h = x + residual (in ``x.dtype``); y = rms_norm(h) in ``out_dtype``.  Returns (y, h): a pre-norm block's."""
+    eps = check_rms_norm_inputs("add_rms_norm_eager", x, weight, residual, eps, out_dtype)
     h = x + residual
-    return _rms_norm_eager(h, weight, eps), h
+    return _rms_norm_eager(h, weight, eps, out_dtype), h
 
 
 # Kernels
@@ -297,8 +301,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float):
-    """Run the forward kernel on checked inputs. Returns (y, h or None); both have x's shape and dtype.
+def rms_norm_fwd_launch(
+    x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float, out_dtype=None
+):
+    """Run the forward kernel on checked inputs. Returns (y, h or None) of x's shape; h in x's dtype, y in
+    ``out_dtype`` (default x's).
 
     Contiguous inputs launch through a plan per shape, dtypes, pointer alignments and device: the direct
     launch that the first such call compiled, with its grid and integer arguments, so that later calls
@@ -315,11 +322,11 @@ def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
     ):
         device = current_device()
         align = None if residual is None else residual.data_ptr() & 15
-        plan_key = (device, x.shape, x.dtype, weight.dtype, x.data_ptr() & 15, weight.data_ptr() & 15, align)
+        plan_key = (device, x.shape, x.dtype, weight.dtype, out_dtype, x.data_ptr() & 15, weight.data_ptr() & 15, align)
         plan = _fwd_plans.get(plan_key)
         if plan is not None:
             (run, function, packed, tail), grid, ints = plan
-            y = torch.empty_like(x)
+            y = torch.empty_like(x, dtype=out_dtype)
             h = None if residual is None else torch.empty_like(x)
             run(
                 *grid, current_stream(device), function, packed, None, None, None, x, residual, weight, y, h, *ints,
@@ -330,10 +337,11 @@ def rms_norm_fwd_launch(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
     block_m, block_n, num_warps = fwd_config(n_cols)
     x2 = _rows(x)
     n_rows = x2.numel() // n_cols if n_cols else 0
-    y = torch.empty_like(x2) if x2 is x else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    yd = out_dtype or x.dtype
+    y = torch.empty_like(x2, dtype=yd) if x2 is x else torch.empty(x.shape, dtype=yd, device=x.device)
     h = r2 = None
     if residual is not None:
-        h, r2 = torch.empty_like(y), _rows(residual)
+        h, r2 = torch.empty_like(y, dtype=x.dtype), _rows(residual)
     if n_rows == 0:
         return y, h
     stride_x, stride_r = _row_stride(x2), _row_stride(r2) if r2 is not None else 0
@@ -419,8 +427,8 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, residual, weight, eps):
-        y, h = rms_norm_fwd_launch(x, weight, residual, eps)
+    def forward(ctx, x, residual, weight, eps, out_dtype):
+        y, h = rms_norm_fwd_launch(x, weight, residual, eps, out_dtype)
         ctx.save_for_backward(x if h is None else h, weight)  # h: what was normalized (an output)
         ctx.eps = eps
         ctx.set_materialize_grads(False)  # an unused h (Block.delta) gets no zeros tensor to fill and read
@@ -429,23 +437,23 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy, dh=None):
         if dy is None:  # only h = x + residual was used
-            return dh, dh, None, None
+            return dh, dh, None, None, None
         x, weight = ctx.saved_tensors
-        dx, dw = rms_norm_bwd_launch(dy, x, weight, ctx.eps, dh)
-        return dx, dx if ctx.needs_input_grad[1] else None, dw, None  # h = x + residual: one gradient
+        dx, dw = rms_norm_bwd_launch(dy, x, weight, ctx.eps, dh)  # dy in y's dtype, dx in x's
+        return dx, dx if ctx.needs_input_grad[1] else None, dw, None, None  # h = x + residual: one gradient
 
 
 @torch.library.custom_op("mahia::rms_norm_fwd", mutates_args=())
 def _fwd_op(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    y, h = rms_norm_fwd_launch(x, weight, residual, eps)
+    y, h = rms_norm_fwd_launch(x, weight, residual, eps, out_dtype)
     return y, x.new_empty(0) if h is None else h
 
 
 @_fwd_op.register_fake
-def _(x, residual, weight, eps):
-    return x.new_empty(x.shape), x.new_empty(x.shape if residual is not None else (0,))
+def _(x, residual, weight, eps, out_dtype):
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(x.shape if residual is not None else (0,))
 
 
 @torch.library.custom_op("mahia::rms_norm_bwd", mutates_args=())
@@ -461,7 +469,7 @@ def _(dy, x, weight, eps, dh):
 
 
 def _setup(ctx, inputs, output):
-    x, residual, weight, ctx.eps = inputs
+    x, residual, weight, ctx.eps, _ = inputs
     ctx.residual = residual is not None
     ctx.save_for_backward(output[1] if ctx.residual else x, weight)
     ctx.set_materialize_grads(False)  # as in _RMSNorm
@@ -469,10 +477,10 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dy, dh):
     if dy is None:
-        return dh, dh if ctx.residual else None, None, None
+        return dh, dh if ctx.residual else None, None, None, None
     x, weight = ctx.saved_tensors
     dx, dw = _bwd_op(dy, x, weight, ctx.eps, dh if ctx.residual else None)
-    return dx, dx if ctx.residual else None, dw, None
+    return dx, dx if ctx.residual else None, dw, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
@@ -490,34 +498,36 @@ def _too_wide(x: torch.Tensor) -> str | None:
     )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """y = x / sqrt(mean(x^2, -1) + eps) * weight (float32 math, output in x.dtype).  x: (..., N).
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out_dtype=None) -> torch.Tensor:
+    """y = x / sqrt(mean(x^2, -1) + eps) * weight (float32 math, output in ``out_dtype``, default x.dtype).
+    x: (..., N). ``out_dtype``: e.g. bfloat16 for a float32 x under autocast, when y only feeds a matmul that
+    would cast it anyway: the kernel writes the rounded y, the same bits, without a cast kernel after it.
 
     The Triton kernels where they can run (:mod:`mahia.ops.dispatch`), else :func:`rms_norm_eager`: also
     for a hidden size N > ``MAX_HIDDEN`` (65536; one warning), for float64 in x or weight (silently) and
     for ``meta`` tensors. Inputs are checked once, here; errors name ``rms_norm`` and the argument.
     """
-    eps = check_rms_norm_inputs("rms_norm", x, weight, None, eps)
+    eps = check_rms_norm_inputs("rms_norm", x, weight, None, eps, out_dtype)
     if use_triton("rms_norm", x, weight, unsupported=_too_wide(x)):
         if torch.compiler.is_compiling():
-            return _fwd_op(x, None, weight, eps)[0]
+            return _fwd_op(x, None, weight, eps, out_dtype)[0]
         if (x.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
-            return _apply(x, None, weight, eps)
-        return rms_norm_fwd_launch(x, weight, None, eps)[0]  # no graph to record: no Function
-    return _rms_norm_eager(x, weight, eps)
+            return _apply(x, None, weight, eps, out_dtype)
+        return rms_norm_fwd_launch(x, weight, None, eps, out_dtype)[0]  # no graph to record: no Function
+    return _rms_norm_eager(x, weight, eps, out_dtype)
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, out_dtype=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; y = rms_norm(h, weight, eps). Returns (y, h); h is rounded to x's dtype and
-    that rounded h is normalized. Paths and edge cases as :func:`rms_norm`."""
-    eps = check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps)
+    """h = x + residual; y = rms_norm(h, weight, eps, out_dtype=out_dtype). Returns (y, h); h is rounded to x's
+    dtype and that rounded h is normalized. Paths and edge cases as :func:`rms_norm`."""
+    eps = check_rms_norm_inputs("add_rms_norm", x, weight, residual, eps, out_dtype)
     if use_triton("add_rms_norm", x, residual, weight, unsupported=_too_wide(x)):
         if torch.compiler.is_compiling():
-            return _fwd_op(x, residual, weight, eps)
+            return _fwd_op(x, residual, weight, eps, out_dtype)
         if (x.requires_grad or residual.requires_grad or weight.requires_grad) and torch.is_grad_enabled():
-            return _apply(x, residual, weight, eps)
-        return rms_norm_fwd_launch(x, weight, residual, eps)
+            return _apply(x, residual, weight, eps, out_dtype)
+        return rms_norm_fwd_launch(x, weight, residual, eps, out_dtype)
     h = x + residual
-    return _rms_norm_eager(h, weight, eps), h
+    return _rms_norm_eager(h, weight, eps, out_dtype), h
