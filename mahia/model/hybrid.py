@@ -395,17 +395,18 @@ class HybridModel(nn.Module):
 
         # Notation of flops_breakdown. Attention: norm input (the block input, D r) and output, q, k, v, its
         # output; sdpa: the float32 log-sum-exp; manual/chunked: the float32 probabilities (and their cast),
-        # the O(T^2) term. Meta: q, k, g, v, output, the gain's input. Memory: write k, v, read q, output,
-        # write and read weights; per segment its state, diffused state, read keys and values. MoE: norm; per
-        # assignment input, up projection, activation, output; router probabilities. SwiGLU: norm, up (2F),
-        # activation. Head: final norm; nll_loss's float32 log-probabilities, under autocast also the
-        # log-softmax output in the activation dtype.
+        # the O(T^2) term. Meta: q, g, the projection (k, v and the gate's code), output, the gain's input.
+        # Memory: write k, v, read q, output, write and read weights; per segment its state, diffused state,
+        # read keys and values. MoE: norm; per assignment input, up projection, activation, output; router
+        # probabilities. SwiGLU: norm, up (2F), activation. Head: final norm; nll_loss's float32
+        # log-probabilities, under autocast also the log-softmax output in the activation dtype.
         for i, block in enumerate(self.blocks):
             core = 4 * Hq if cfg.attention_impl == "sdpa" else Hq * T * probs_bytes
             row(i, "attention", D * r + (3 * D + 2 * Dkv) * s + core, D * r + (2 * D + 2 * Dkv) * s + core)
             if block.meta is not None:
                 H, K, V = block.meta.n_heads, block.meta.key_dim, block.meta.value_dim
-                row(i, "meta-attention", (3 * H * K + 2 * H * V + D) * s, (2 * H * K + 2 * H * V + D) * s)
+                proj = H * (2 * K + V) + block.meta.gate_rank  # kept whole: k and v are views into it
+                row(i, "meta-attention", (2 * H * K + proj + H * V + D) * s, (H * K + proj + H * V + D) * s)
             if block.memory is not None:
                 N, S = block.memory.n_nodes, min(cfg.memory_segment or T, T)
                 mem = (4 * D + 2 * N) * s + 4 * N * D * s / S

@@ -81,9 +81,8 @@ class MetaAttention(nn.Module):
     def _project(self, x: torch.Tensor):
         """q (scaled by 1/sqrt(K)), k, v and the log-decays g <= 0 from x (B, T, dim)."""
         HK, HV = self.n_heads * self.key_dim, self.n_heads * self.value_dim
-        q, k, v, r = self.in_proj(x).split([HK, HK, HV, self.gate_rank], dim=-1)  # r: (B, T, gate_rank)
-        # r copied (small): a view would keep the whole fused output alive for gate_up's backward
-        g = F.logsigmoid(self.gate_up(r.contiguous())) / self.gate_temperature  # (B, T, H*K)
+        q, k, v, r = self.in_proj(x).split([HK, HK, HV, self.gate_rank], dim=-1)  # views; r: (B, T, gate_rank)
+        g = F.logsigmoid(self.gate_up(r)) / self.gate_temperature  # (B, T, H*K)
         return q * self.key_dim**-0.5, k, v, g  # (B, T, H*K), (B, T, H*K), (B, T, H*V), (B, T, H*K)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,13 +96,10 @@ class MetaAttention(nn.Module):
                 f"{w.device}); convert one of them (module.to(x)) or run under torch.autocast"
             )
         B, T, _ = x.shape
-        H, K, V = self.n_heads, self.key_dim, self.value_dim
-
-        def heads(t: torch.Tensor, d: int) -> torch.Tensor:  # (B, T, H * d) -> (B, H, T, d), copied once:
-            return t.view(B, T, H, d).transpose(1, 2).contiguous()  # autograd keeps it, not a view to copy again
-
-        q, k, v, g = self._project(x)
-        q, k, v, g = heads(q, K), heads(k, K), heads(v, V), heads(g, K)
+        H, V = self.n_heads, self.value_dim
+        # (B, T, H * d) -> (B, H, T, d) views: the Triton scan reads them in place (k, v inside the projection's
+        # output) and writes o as (B, T, H, V) memory, so no copy on either side of it
+        q, k, v, g = (t.view(B, T, H, -1).transpose(1, 2) for t in self._project(x))
         o = gated_linear_attention(q, k, v, g, impl=self.impl)  # (B, H, T, V)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * V))
 

@@ -69,7 +69,7 @@ IMPLS = ("loop", "logspace", "triton")
 # register are the launchers themselves.
 _fwd_op = torch.library.custom_op("mahia::gla_fwd", kernels.gla_fwd, mutates_args=())
 _bwd_op = torch.library.custom_op("mahia::gla_bwd", kernels.gla_bwd, mutates_args=())
-_fwd_op.register_fake(lambda q, k, v, g: v.new_empty(v.shape))
+_fwd_op.register_fake(lambda q, k, v, g: kernels.output_like(v))  # the kernels' layout: Inductor checks strides
 _bwd_op.register_fake(lambda q, k, v, g, do: tuple(t.new_empty(t.shape) for t in (q, k, v, g)))
 
 
@@ -97,7 +97,9 @@ def gated_linear_attention(
     """o_t = S_t^T q_t with S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T  (module docstring).
 
     q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T, K) log-decays, <= 0 (not checked: a check
-    reads the data, a host sync; below -60 a full reset). Returns (B, H, T, V) in v's dtype. ``impl``:
+    reads the data, a host sync; below -60 a full reset). Returns (B, H, T, V) in v's dtype. The Triton path
+    reads transposed views of (B, T, H, d) tensors in place and then returns o as one, (B, T, H, V) in memory
+    (a view to ``.transpose(1, 2).reshape(B, T, H * V)`` for free). ``impl``:
     "loop", "logspace" or "triton" (falls back to "logspace", with one warning, where Triton cannot run
     on the input, K > 128 included; float64 in any input takes "logspace" silently, since the kernels
     compute in float32; so do ``meta`` tensors). T = 0 gives an empty output with zero gradients for

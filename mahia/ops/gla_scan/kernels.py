@@ -40,7 +40,10 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   the intra-chunk terms) and a ``sum(0)`` finishes them. With one value block there is nothing to sum: the
   program writes them in the inputs' dtypes (16-bit inputs: three conversion kernels fewer a call).
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
-Layout: (B, H, T, K) / (B, H, T, V), made contiguous (a copy) if they are not. Any T; K <= 128; any V.
+Layout: q, k, g (B, H, T, K), v (B, H, T, V), each with any strides but a unit one along K or V: the (b, h, t) strides
+are arguments, so transposed views of a projection's (B, T, H * d) output are read in place, without a copy. o
+takes v's head order ((B, T, H, V) memory under a transposed v, for the output projection to read as it is); the
+gradients and the scratch are contiguous. Any T; K <= 128; any V.
 A reset (a gate below RESET, mahia.ops.gla_scan) zeroes every decay across it and the kernels write dg = 0
 there (the true dg carries a factor exp(g)). The launchers do not check their inputs: the public function did.
 """
@@ -90,22 +93,29 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _seq(X, pid_bh, n_heads, stride_b, stride_h):
+    """X's first element of the sequence pid_bh = b * n_heads + h (int64: it can pass 2**31)."""
+    return X + (pid_bh // n_heads) * stride_b + (pid_bh % n_heads) * stride_h
+
+
+@triton.jit
 def _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT: tl.constexpr):
-    """Offsets and masks of chunk c (rows c * BT ... c * BT + BT - 1) in a (T, K) and a (T, V) operand of
-    one (batch, head): (qk_off, qk_mask, v_off, v_mask), each (BT, BK) or (BT, BV); padding rows and
-    columns are masked."""
+    """Rows, offsets and masks of chunk c (rows c * BT ... c * BT + BT - 1) in a contiguous (T, K) and (T, V)
+    buffer of one (batch, head): (rows, qk_off, qk_mask, v_off, v_mask), the last four (BT, BK) or (BT, BV);
+    padding rows and columns are masked. An input with row stride st is at rows[:, None] * st + columns."""
     rows = c * BT + offs_t
     t_ok = rows < seq_len
     qk_off = rows[:, None] * k_dim + offs_k[None, :]
     qk_mask = t_ok[:, None] & k_ok[None, :]
     v_off = rows[:, None] * v_dim + offs_v[None, :]
     v_mask = t_ok[:, None] & v_ok[None, :]
-    return qk_off, qk_mask, v_off, v_mask
+    return rows, qk_off, qk_mask, v_off, v_mask
 
 
 @triton.jit
 def _gla_intra_kernel(
-    Q, K, V, G, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim,
+    Q, K, V, G, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads,
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
@@ -116,32 +126,35 @@ def _gla_intra_kernel(
     # the pairs j = i add the same q_i k_i dA_ii to q * dq and to k * dk, so they go into dq and dk apart.
     n_chunks = tl.cdiv(seq_len, BT)  # one flat grid axis: B * H may pass a second axis' limit, 65535
     c, pid_bh = tl.program_id(0) % n_chunks, (tl.program_id(0) // n_chunks).to(tl.int64)
-    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in Q, K, G, DQI, DKI, DGI
-    Q, K, G, A = Q + qk0, K + qk0, G + qk0, A + pid_bh * n_chunks * BT * BT
-    offs_t = tl.arange(0, BT)
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in DQI, DKI, DGI
+    Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
+    A += pid_bh * n_chunks * BT * BT
+    offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
     rows = c * BT + offs_t
-    off = rows[:, None] * k_dim + tl.arange(0, BK)[None, :]
-    mask = (rows < seq_len)[:, None] & (tl.arange(0, BK) < k_dim)[None, :]
-    q = tl.load(Q + off, mask=mask, other=0.0).to(tl.float32)  # (BT, BK); padding rows and columns load 0
-    k = tl.load(K + off, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + off, mask=mask, other=0.0).to(tl.float32)
+    off = rows[:, None] * k_dim + offs_k[None, :]
+    mask = (rows < seq_len)[:, None] & (offs_k < k_dim)[None, :]
+    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)  # (BT, BK); padding 0
+    k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
     b, R, _, _ = _log_decays(g, RESET)
     dA = tl.zeros((BT, BT), dtype=tl.float32)
     if BACKWARD:
+        V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
         for v0 in range(0, v_dim, BV):
-            v_off = pid_bh * seq_len * v_dim + rows[:, None] * v_dim + v0 + tl.arange(0, BV)[None, :]
-            v_mask = (rows < seq_len)[:, None] & (v0 + tl.arange(0, BV) < v_dim)[None, :]
-            v = tl.load(V + v_off, mask=v_mask, other=0.0)
-            dA += _dot(tl.load(DO + v_off, mask=v_mask, other=0.0), tl.trans(v), PRECISION, UPCAST)
+            cols = v0 + tl.arange(0, BV)
+            v_mask = (rows < seq_len)[:, None] & (cols < v_dim)[None, :]
+            v = tl.load(V + rows[:, None] * svt + cols[None, :], mask=v_mask, other=0.0)
+            do = tl.load(DO + rows[:, None] * sdt + cols[None, :], mask=v_mask, other=0.0)
+            dA += _dot(do, tl.trans(v), PRECISION, UPCAST)
     a = tl.zeros((BT, BT), dtype=tl.float32)
     dq, dk = tl.zeros((BT, BK), dtype=tl.float32), tl.zeros((BT, BK), dtype=tl.float32)
     b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
     for j in tl.static_range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
         row_j = offs_t[:, None] == j  # selected, not multiplied by 0: a NaN of another row stays there
         # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
-        j_mask = tl.arange(0, BK) < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
-        k_j = tl.load(K + (c * BT + j) * k_dim + tl.arange(0, BK), mask=j_mask, other=0.0).to(tl.float32)
-        g_j = tl.load(G + (c * BT + j) * k_dim + tl.arange(0, BK), mask=j_mask, other=0.0).to(tl.float32)
+        j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
+        k_j = tl.load(K + (c * BT + j) * skt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
+        g_j = tl.load(G + (c * BT + j) * sgt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
         b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
         seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
         e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BK), row j to i
@@ -162,7 +175,8 @@ def _gla_intra_kernel(
 
 @triton.jit
 def _gla_fwd_kernel(
-    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sob, soh, sot,  # (b, h, t) strides of Q K V G O
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
@@ -176,11 +190,8 @@ def _gla_fwd_kernel(
     grp = (tl.program_id(0) // n_vblocks) % n_groups
     pid_bh = (tl.program_id(0) // n_vblocks // n_groups).to(tl.int64)  # pid_bh * seq_len * k_dim can pass 2**31
     SB += ((pid_v * n_bh + pid_bh) * n_groups + grp) * BK * BV
-    Q += pid_bh * seq_len * k_dim
-    K += pid_bh * seq_len * k_dim
-    G += pid_bh * seq_len * k_dim
-    V += pid_bh * seq_len * v_dim
-    O += pid_bh * seq_len * v_dim
+    Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
+    V, O = _seq(V, pid_bh, n_heads, svb, svh), _seq(O, pid_bh, n_heads, sob, soh)
     A += pid_bh * tl.cdiv(seq_len, BT) * BT * BT
 
     offs_t = tl.arange(0, BT)
@@ -193,14 +204,12 @@ def _gla_fwd_kernel(
     if n_groups > 1:
         state = tl.load(SB + offs_k[:, None] * BV + tl.arange(0, BV)[None, :])
     for c in range(grp * (GROUP // BT), tl.minimum((grp + 1) * (GROUP // BT), tl.cdiv(seq_len, BT))):
-        qk_off, qk_mask, v_off, v_mask = _chunk_offsets(
-            c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
-        )
+        rows, _, qk_mask, _, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT)
         # Padding rows and columns load 0: g = 0 keeps b constant, k = v = 0 adds nothing to the state.
-        q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
-        k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-        v = tl.load(V + v_off, mask=v_mask, other=0.0)  # (BT, BV), the dot operand dtype
+        q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
+        k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)  # (BT, BV), dot operand dtype
 
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT), _gla_intra_kernel's
         b, R, b_last, R_last = _log_decays(g, RESET)
@@ -213,7 +222,7 @@ def _gla_fwd_kernel(
         q_in = (q * tl.exp(b + R)).to(v.dtype)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
         o = tl.where(after_bad, float("nan"), o)
-        tl.store(O + v_off, o.to(O.dtype.element_ty), mask=v_mask)
+        tl.store(O + rows[:, None] * sot + offs_v[None, :], o.to(O.dtype.element_ty), mask=v_mask)
 
         # decay from row j to the chunk end
         k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
@@ -222,7 +231,8 @@ def _gla_fwd_kernel(
 
 @triton.jit
 def _gla_bounds_kernel(
-    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     STEP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
@@ -246,6 +256,8 @@ def _gla_bounds_kernel(
     k_ok = offs_k < k_dim
     v_ok = offs_v < v_dim
     box = (pid_v * n_bh + pid_bh) * n_groups * BK * BV + offs_k[:, None] * BV + tl.arange(0, BV)[None, :]
+    Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
+    V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
     n_steps = tl.cdiv(seq_len, STEP)
     carry = tl.zeros((BK, BV), dtype=tl.float32)
     for i in range(0, n_steps):
@@ -255,39 +267,42 @@ def _gla_bounds_kernel(
             tl.store(SB + box + first * BK * BV, carry)  # the state entering group `first`
         if adjoint & ((((s + 1) * STEP) % GROUP == 0) | (s == n_steps - 1)):
             tl.store(HB + box + first * BK * BV, carry)  # the adjoint leaving group `first`
-        qk_off, qk_mask, v_off, v_mask = _chunk_offsets(
-            s, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, STEP
-        )
-        qk_off += pid_bh * seq_len * k_dim
-        v_off += pid_bh * seq_len * v_dim
-        b, R, b_last, R_last = _log_decays(tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32), RESET)
+        rows, _, qk_mask, _, v_mask = _chunk_offsets(s, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, STEP)
+        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        b, R, b_last, R_last = _log_decays(g, RESET)
         carry = carry * tl.exp(b_last + R_last)[:, None]
         if adjoint:
-            q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-            do = tl.load(DO + v_off, mask=v_mask, other=0.0)
+            q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+            do = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
             carry += _dot(tl.trans((q * tl.exp(b + R)).to(do.dtype)), do, PRECISION, UPCAST)
         else:
-            k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-            v = tl.load(V + v_off, mask=v_mask, other=0.0)
+            k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+            v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)
             k_out = k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))
             carry += _dot(tl.trans(k_out.to(v.dtype)), v, PRECISION, UPCAST)
 
 
 @triton.jit
-def _gla_bwd_load(Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT: tl.constexpr):
-    """Chunk c's offsets and masks (_chunk_offsets) and q, k, g (float32), v, do (the dot operand dtype)."""
-    qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT)
-    q = tl.load(Q + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-    k = tl.load(K + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-    g = tl.load(G + qk_off, mask=qk_mask, other=0.0).to(tl.float32)
-    v = tl.load(V + v_off, mask=v_mask, other=0.0)
-    do = tl.load(DO + v_off, mask=v_mask, other=0.0)
+def _gla_bwd_load(
+    Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok,
+    BT: tl.constexpr,
+):  # fmt: skip
+    """Chunk c's offsets in the contiguous buffers and masks (_chunk_offsets) and q, k, g (float32), v, do (the dot
+    operand dtype), read with their row strides."""
+    rows, qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok,
+                                                          BT)  # fmt: skip
+    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+    k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+    v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)
+    do = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
     return qk_off, qk_mask, v_off, v_mask, q, k, g, v, do
 
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q, K, V, G, DO, A, DQI, DKI, DGI, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups,
+    Q, K, V, G, DO, A, DQI, DKI, DGI, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
@@ -303,14 +318,11 @@ def _gla_bwd_kernel(
     n_chunks = tl.cdiv(seq_len, BT)
     c_begin = grp * (GROUP // BT)
     c_end = tl.minimum(c_begin + GROUP // BT, n_chunks)
-    Q += pid_bh * seq_len * k_dim
-    K += pid_bh * seq_len * k_dim
-    G += pid_bh * seq_len * k_dim
+    Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
+    V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
     DQI += pid_bh * seq_len * k_dim
     DKI += pid_bh * seq_len * k_dim
     DGI += pid_bh * seq_len * k_dim
-    V += pid_bh * seq_len * v_dim
-    DO += pid_bh * seq_len * v_dim
     DV += pid_bh * seq_len * v_dim
     A += pid_bh * n_chunks * BT * BT
     part = pid_v * n_bh + pid_bh  # this program's slice of the partials and of the scratch
@@ -335,7 +347,7 @@ def _gla_bwd_kernel(
     for i in range(c_begin, c_end):
         c = c_end - 1 - (i - c_begin)
         qk_off, qk_mask, v_off, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
+            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
         )
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT)
         b, R, b_last, R_last = _log_decays(g, RESET)
@@ -361,7 +373,7 @@ def _gla_bwd_kernel(
         state = tl.load(SB + (part * n_groups + grp) * BK * BV + hs_off)
     for c in range(c_begin, c_end):
         qk_off, qk_mask, v_off, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
+            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
         )
         b, R, b_last, R_last = _log_decays(g, RESET)
         dq = _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b + R)
@@ -415,20 +427,38 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     return n_vblocks, max(1, -(-T // group)), min(group, 64), meta
 
 
+def _unit(t: torch.Tensor) -> torch.Tensor:
+    """t itself when its last dim has a unit stride (any other strides: the kernels take them), else a copy."""
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
+    """The (b, h, t) strides of each (B, H, T, d) operand, in order: the kernels' stride arguments."""
+    return tuple(s for t in tensors for s in t.stride()[:3])
+
+
+def output_like(v: torch.Tensor) -> torch.Tensor:
+    """An empty o for v: (B, T, H, V) memory when v's heads are interleaved along T (a transposed view of a
+    projection), so that the output projection reads o without a copy; else contiguous (B, H, T, V)."""
+    if v.stride(1) < v.stride(2):
+        B, H, T, V = v.shape
+        return v.new_empty((B, T, H, V)).transpose(1, 2)
+    return v.new_empty(v.shape)
+
+
 def gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """o (B, H, T, V) of gated linear attention with log-decays g (B, H, T, K), in v's dtype."""
+    """o (B, H, T, V) of gated linear attention with log-decays g (B, H, T, K), in v's dtype (layout: output_like)."""
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
-    q, k, v, g = (t.contiguous() for t in (q, k, v, g))
-    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    q, k, v, g = (_unit(t) for t in (q, k, v, g))
+    o = output_like(v)
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
     n_vblocks, n_groups, step, meta = _plan(q, v_dim)
     a = _intra(q, k, v, g, None, meta)
     sb = _bounds(q, k, v, g, None, n_vblocks, n_groups, step, meta)
-    _launch_fwd(
-        (n_vblocks * B * H * n_groups,), q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, BT=CHUNK, **meta
-    )
+    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, *_strides(q, k, v, g, o))
+    _launch_fwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
     return o
 
 
@@ -439,7 +469,8 @@ def _intra(q, k, v, g, do, meta):
     n_chunks, bv = triton.cdiv(T, CHUNK), min(64, max(16, triton.next_power_of_2(v.shape[-1])))
     a = torch.empty((B * H, n_chunks * CHUNK, CHUNK), dtype=torch.float32, device=q.device)
     out = [a] + [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in range(3 if bw else 0)]
-    args = (q, k, v, g, do if bw else v, *(out if bw else [a] * 4), T, k_dim, v.shape[-1])
+    do = do if bw else v
+    args = (q, k, v, g, do, *(out if bw else [a] * 4), T, k_dim, v.shape[-1], H, *_strides(q, k, v, g, do))
     _launch_intra((n_chunks * B * H,), *args, BT=CHUNK, BK=meta["BK"], BV=bv, BACKWARD=bw, PRECISION=meta["PRECISION"],
                   UPCAST=meta["UPCAST"], RESET=RESET, num_warps=4)  # fmt: skip
     return out if bw else a
@@ -452,8 +483,9 @@ def _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta):
     shape = (n, n_vblocks, B * H, n_groups, meta["BK"], meta["BV"]) if n_groups > 1 else (2, 1)
     carries = torch.empty(shape, dtype=torch.float32, device=q.device)
     if n_groups > 1:
-        args = (q, k, v, g, v if do is None else do, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups)
-        _launch_bounds((n * n_vblocks * B * H,), *args, STEP=step, **meta)
+        d = v if do is None else do
+        args = (q, k, v, g, d, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H)
+        _launch_bounds((n * n_vblocks * B * H,), *args, *_strides(q, k, v, g, d), STEP=step, **meta)
     return carries[0] if do is None else (carries[0], carries[-1])
 
 
@@ -463,8 +495,8 @@ def gla_bwd(
     """(dq, dk, dv, dg) of gated linear attention given the output's gradient do, each in its input's dtype."""
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
-    q, k, v, g = (t.contiguous() for t in (q, k, v, g))
-    do = do.to(v.dtype).contiguous()  # autograd hands do in o's dtype (v's); a direct caller might not
+    q, k, v, g = (_unit(t) for t in (q, k, v, g))
+    do = _unit(do.to(v.dtype))  # autograd hands do in o's dtype (v's); a direct caller might not
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or v.numel() == 0:
         return q.new_zeros(q.shape), k.new_zeros(k.shape), dv.zero_(), g.new_zeros(g.shape)
@@ -478,8 +510,8 @@ def gla_bwd(
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
     intra = _intra(q, k, v, g, do, meta)  # A, DQI, DKI, DGI
     sb, hb = _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, do, *intra, dq, dk, dv, dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups)
-    _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
+    args = (q, k, v, g, do, *intra, dq, dk, dv, dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
+    _launch_bwd((n_vblocks * B * H * n_groups,), *args, *_strides(q, k, v, g, do), BT=CHUNK, **meta)
     if one:
         return dq[0], dk[0], dv, dg_out
     dq, dk, dg = (t.sum(0) for t in (dq, dk, dg))  # (B, H, T, K) float32
