@@ -45,9 +45,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        dev = x.device.type  # meta (FLOP counts) has no autocast state to ask
-        amp = self.autocast_out and not x.is_meta and torch.is_autocast_enabled(dev)
-        out = torch.get_autocast_dtype(dev) if amp else None
+        out = None  # meta tensors (FLOP counts) have no autocast state to ask
+        if self.autocast_out and not x.is_meta and torch.is_autocast_enabled(x.device.type):
+            out = torch.get_autocast_dtype(x.device.type)
         if residual is None:
             norm = rms_norm if self.impl == "triton" else rms_norm_eager
             return norm(x, self.weight, self.eps, out_dtype=out)

@@ -160,8 +160,8 @@ def _plan(*operands: torch.Tensor) -> tuple[tuple[int], tuple, dict]:
     n_rows, n_cols, operands, strides = _as_rows(*operands)
     block, num_warps = _config(n_cols)
     n_col_blocks = -(-n_cols // block)
-    align = pow2_divisor(functools.reduce(operator.or_, strides, n_cols))
-    return (n_rows * n_col_blocks,), (*operands, n_cols, n_col_blocks, *strides), dict(BLOCK=block, ALIGN=align, num_warps=num_warps)  # fmt: skip
+    meta = dict(BLOCK=block, ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)), num_warps=num_warps)
+    return (n_rows * n_col_blocks,), (*operands, n_cols, n_col_blocks, *strides), meta
 
 
 def _fwd(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -195,7 +195,7 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dc):
         a, b = ctx.saved_tensors
-        return (*_bwd(dc, a, b), None)[:2]
+        return (*_bwd(dc, a, b), None)[:2]  # (da, db), or (dh, None) for a packed h
 
 
 @torch.library.custom_op("mahia::swiglu_fwd", mutates_args=())

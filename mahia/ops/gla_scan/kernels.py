@@ -289,8 +289,9 @@ def _gla_bwd_load(
 ):  # fmt: skip
     """Chunk c's offsets in the contiguous buffers and masks (_chunk_offsets) and q, k, g (float32), v, do (the dot
     operand dtype), read with their row strides."""
-    rows, qk_off, qk_mask, v_off, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok,
-                                                          BT)  # fmt: skip
+    rows, qk_off, qk_mask, v_off, v_mask = _chunk_offsets(
+        c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
+    )
     q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
     k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
     g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
