@@ -500,24 +500,25 @@ _GLA_EW = {torch.float32: {}, torch.float16: dict(rtol=4e-3, atol=4e-3), torch.b
     reset=st.sampled_from([None, float("-inf"), -1e30, -1e4, -100.0]),  # a full reset, in 1 of 8 gates
     layout=st.sampled_from(["contiguous", "heads-first", "strided"]),
     seed=seeds,
+    logits=st.booleans(),  # g the gate's logits and q scaled, both in the kernels (MetaAttention's call)
 )
 @example(
     b=0, h=2, t=16, k=16, v=16, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=None, layout="contiguous",
-    seed=0,
+    seed=0, logits=False,
 )  # fmt: skip
 @example(
     b=1, h=1, t=0, k=8, v=8, dtype=torch.bfloat16, g_fp32=True, temperature=4.0, reset=None, layout="contiguous",
-    seed=1,
+    seed=1, logits=False,
 )  # fmt: skip
 @example(
     b=1, h=1, t=1, k=MAX_K, v=1, dtype=torch.float16, g_fp32=False, temperature=1.0, reset=None, layout="strided",
-    seed=2,
+    seed=2, logits=True,
 )  # fmt: skip
 @example(
     b=1, h=2, t=40, k=16, v=8, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=-1e30, layout="contiguous",
-    seed=3,
+    seed=3, logits=True,
 )  # fmt: skip
-def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, reset, layout, seed):
+def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, reset, layout, seed, logits):
     if not ON_GPU:  # (value blocks x chunks) programs of (16, 16, K) blocks: keep the interpreter's work small
         while b * h * -(-t // 16) * -(-v // 32) * (2 if k > 64 else 1) > 12 and (v > 16 or t > 16):
             if v > 16:
@@ -535,23 +536,25 @@ def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, reset, layout, seed
         x = _randn([b, h, t, last], torch.float64, gen, scale)
         return _view((x if transform is None else transform(x)).to(dt), layout)
 
-    q = make(k, dtype, k**-0.5)
+    q = make(k, dtype, 1.0 if logits else k**-0.5)
     kk = make(k, dtype)
     vv = make(v, dtype)
 
     def log_decays(z):  # <= 0; with reset, 1 in 8 of them -inf or very large (issue 37: NaN, 24% error)
-        g = F.logsigmoid(2 * z) / temperature
+        g = 2 * z if logits else F.logsigmoid(2 * z) / temperature
         return g if reset is None else torch.where(torch.rand(z.shape, generator=gen).to(z.device) < 1 / 8, reset, g)
 
     gg = make(k, gdt, transform=log_decays)
+    kw = dict(scale=k**-0.5, gate_temperature=temperature) if logits else {}
     with _quiet():
-        o = gated_linear_attention(q, kk, vv, gg, impl="triton")
+        o = gated_linear_attention(q, kk, vv, gg, impl="triton", **kw)
     assert o.shape == (b, h, t, v) and o.dtype == dtype
     do = _randn(o.shape, dtype, gen)
     dq, dk, dv, dg = _grads(o, [q, kk, vv, gg], do)
 
     q64, k64, v64, g64 = _ref_inputs(q, kk, vv, gg)
-    o64 = _gla_recurrence(q64, k64, v64, g64)
+    qs, gs = (q64 * kw["scale"], F.logsigmoid(g64) / temperature) if logits else (q64, g64)
+    o64 = _gla_recurrence(qs, k64, v64, gs)
     dq64, dk64, dv64, dg64 = _grads(o64, [q64, k64, v64, g64], do.double())
     low = _low(dtype, gdt)
     ew = _GLA_EW[low]
@@ -561,6 +564,7 @@ def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, reset, layout, seed
     assert_close("gla dv", dv, dv64, low, **ew)
     # dg = sum_{s >= t} (q_s dq_s - k_s dk_s): a cancellation (exactly 0 at T = 1); its terms set the scale
     terms = max((q64 * dq64).abs().amax().item(), (k64 * dk64).abs().amax().item()) if dg.numel() else 0.0
+    terms /= temperature if logits else 1.0  # dL/dz = dL/dg * sigmoid(-z) / temperature
     assert_close(
         "gla dg", dg, dg64, low, scale=max(terms, dg64.abs().amax().item() if dg.numel() else 0.0), norm=t > 1, **ew
     )

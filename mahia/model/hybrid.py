@@ -395,7 +395,8 @@ class HybridModel(nn.Module):
 
         # Notation of flops_breakdown. Attention: norm input (the block input, D r) and output, q, k, v, its
         # output; sdpa: the float32 log-sum-exp; manual/chunked: the float32 probabilities (and their cast),
-        # the O(T^2) term. Meta: q, g, the projection (k, v and the gate's code), output, the gain's input.
+        # the O(T^2) term. Meta: the projection (q, k, v, the gate's code), the gate's logits, output, the gain's
+        # input (the scan scales q and takes logsigmoid itself: nothing elementwise to drop when selective).
         # Memory: write k, v, read q, output, write and read weights; per segment its state, diffused state,
         # read keys and values. MoE: norm; per assignment input, up projection, activation, output; router
         # probabilities. SwiGLU: norm, up (2F), activation. Head: final norm; nll_loss's float32
@@ -405,8 +406,8 @@ class HybridModel(nn.Module):
             row(i, "attention", D * r + (3 * D + 2 * Dkv) * s + core, D * r + (2 * D + 2 * Dkv) * s + core)
             if block.meta is not None:
                 H, K, V = block.meta.n_heads, block.meta.key_dim, block.meta.value_dim
-                proj = H * (2 * K + V) + block.meta.gate_rank  # kept whole: k and v are views into it
-                row(i, "meta-attention", (2 * H * K + proj + H * V + D) * s, (H * K + proj + H * V + D) * s)
+                meta = H * (3 * K + 2 * V) + block.meta.gate_rank + D  # q, k, v, r are views into the projection
+                row(i, "meta-attention", meta * s, meta * s)
             if block.memory is not None:
                 N, S = block.memory.n_nodes, min(cfg.memory_segment or T, T)
                 mem = (4 * D + 2 * N) * s + 4 * N * D * s / S

@@ -79,11 +79,12 @@ class MetaAttention(nn.Module):
         self.o_proj = nn.Linear(n_heads * value_dim, dim, bias=False, **fk)
 
     def _project(self, x: torch.Tensor):
-        """q (scaled by 1/sqrt(K)), k, v and the log-decays g <= 0 from x (B, T, dim)."""
+        """q (unscaled), k, v and the gate's logits z from x (B, T, dim): (B, T, H*K) x 2, (B, T, H*V), (B, T, H*K).
+        The scan scales q by 1/sqrt(K) and takes the log-decays logsigmoid(z) / temperature <= 0 itself."""
         HK, HV = self.n_heads * self.key_dim, self.n_heads * self.value_dim
         q, k, v, r = self.in_proj(x).split([HK, HK, HV, self.gate_rank], dim=-1)  # views; r: (B, T, gate_rank)
-        g = F.logsigmoid(self.gate_up(r)) / self.gate_temperature  # (B, T, H*K)
-        return q * self.key_dim**-0.5, k, v, g  # (B, T, H*K), (B, T, H*K), (B, T, H*V), (B, T, H*K)
+        # r as the 2-D view it is: the bias goes into the matmul (addmm), not into a kernel of its own
+        return q, k, v, self.gate_up(r.flatten(0, 1)).unflatten(0, x.shape[:2])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_float_tensor("MetaAttention", "x", x)
@@ -99,8 +100,9 @@ class MetaAttention(nn.Module):
         H, V = self.n_heads, self.value_dim
         # (B, T, H * d) -> (B, H, T, d) views: the Triton scan reads them in place (k, v inside the projection's
         # output) and writes o as (B, T, H, V) memory, so no copy on either side of it
-        q, k, v, g = (t.view(B, T, H, -1).transpose(1, 2) for t in self._project(x))
-        o = gated_linear_attention(q, k, v, g, impl=self.impl)  # (B, H, T, V)
+        q, k, v, z = (t.view(B, T, H, -1).transpose(1, 2) for t in self._project(x))
+        kw = dict(scale=self.key_dim**-0.5, gate_temperature=self.gate_temperature)
+        o = gated_linear_attention(q, k, v, z, impl=self.impl, **kw)  # (B, H, T, V)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, H * V))
 
     def decode(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -110,7 +112,8 @@ class MetaAttention(nn.Module):
         B, T, _ = x.shape
         H, V = self.n_heads, self.value_dim
         dt = state.dtype
-        q, k, v, g = (t.view(B, T, H, -1).to(dt) for t in self._project(x))
+        q, k, v, z = (t.view(B, T, H, -1).to(dt) for t in self._project(x))
+        q, g = q * self.key_dim**-0.5, F.logsigmoid(z) / self.gate_temperature
         S, outs = state, []
         for t in range(T):
             S = g[:, t].exp().unsqueeze(-1) * S + k[:, t].unsqueeze(-1) * v[:, t].unsqueeze(-2)  # (B, H, K, V)

@@ -44,7 +44,10 @@ checked (a check would read the data: a host sync).
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from mahia.ops.dispatch import use_triton
 from mahia.ops.gla_scan import kernels
@@ -58,7 +61,6 @@ from mahia.ops.gla_scan.reference import (
     gla_flops,
     gla_logspace,
     gla_loop,
-    naive_cumprod_form,  # noqa: F401  (notebook 09 imports it from here)
 )
 
 __all__ = ["IMPLS", "gated_linear_attention", "gla_loop", "gla_logspace", "gla_flops", "gla_bytes"]
@@ -69,15 +71,20 @@ IMPLS = ("loop", "logspace", "triton")
 # register are the launchers themselves.
 _fwd_op = torch.library.custom_op("mahia::gla_fwd", kernels.gla_fwd, mutates_args=())
 _bwd_op = torch.library.custom_op("mahia::gla_bwd", kernels.gla_bwd, mutates_args=())
-_fwd_op.register_fake(lambda q, k, v, g: kernels.output_like(v))  # the kernels' layout: Inductor checks strides
-_bwd_op.register_fake(lambda q, k, v, g, do: tuple(t.new_empty(t.shape) for t in (q, k, v, g)))
+_fwd_op.register_fake(lambda q, k, v, g, scale=1.0, inv_t=0.0: kernels.output_like(v))  # strides checked
+_bwd_op.register_fake(lambda q, k, v, g, do, scale=1.0, inv_t=0.0: tuple(map(kernels.output_like, (q, k, v, g))))
 
 
 def _save_inputs(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)  # q, k, v, g: the backward recomputes states instead of storing them
+    *tensors, ctx.scale, ctx.inv_t = inputs
+    ctx.save_for_backward(*tensors)  # q, k, v, g: the backward recomputes states instead of storing them
 
 
-_fwd_op.register_autograd(lambda ctx, do: _bwd_op(*ctx.saved_tensors, do), setup_context=_save_inputs)
+def _grads(bwd):
+    return lambda ctx, do: (*bwd(*ctx.saved_tensors, do, ctx.scale, ctx.inv_t), None, None)  # none for the floats
+
+
+_fwd_op.register_autograd(_grads(_bwd_op), setup_context=_save_inputs)
 
 
 class _GLAFunction(torch.autograd.Function):
@@ -85,19 +92,19 @@ class _GLAFunction(torch.autograd.Function):
 
     forward = staticmethod(kernels.gla_fwd)
     setup_context = staticmethod(_save_inputs)
-
-    @staticmethod
-    def backward(ctx, do):
-        return kernels.gla_bwd(*ctx.saved_tensors, do)
+    backward = staticmethod(_grads(kernels.gla_bwd))
 
 
 def gated_linear_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, impl: str
-) -> torch.Tensor:
-    """o_t = S_t^T q_t with S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T  (module docstring).
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, impl: str, scale: float = 1.0,
+    gate_temperature: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """o_t = S_t^T (scale q_t) with S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T  (module docstring).
 
     q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T, K) log-decays, <= 0 (not checked: a check
-    reads the data, a host sync; below -60 a full reset). Returns (B, H, T, V) in v's dtype. The Triton path
+    reads the data, a host sync; below -60 a full reset), or with ``gate_temperature`` t the gate's logits z,
+    the log-decays being logsigmoid(z) / t (GLA's gate; the Triton path computes them in its kernels, as it
+    scales q, so neither is a tensor). Returns (B, H, T, V) in v's dtype. The Triton path
     reads transposed views of (B, T, H, d) tensors in place and then returns o as one, (B, T, H, V) in memory
     (a view to ``.transpose(1, 2).reshape(B, T, H * V)`` for free). ``impl``:
     "loop", "logspace" or "triton" (falls back to "logspace", with one warning, where Triton cannot run
@@ -105,15 +112,22 @@ def gated_linear_attention(
     compute in float32; so do ``meta`` tensors). T = 0 gives an empty output with zero gradients for
     all four inputs. A NaN at step t reaches no output before t. Inputs are checked once, here.
     """
+    fn, t = "gated_linear_attention", gate_temperature
     if impl not in IMPLS:
-        raise ValueError(f"gated_linear_attention: impl must be one of {IMPLS}, got {impl!r}")
-    check_gla_inputs("gated_linear_attention", q, k, v, g)
-    if impl == "loop":
-        return _gla_loop(q, k, v, g)
+        raise ValueError(f"{fn}: impl must be one of {IMPLS}, got {impl!r}")
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"{fn}: scale must be a finite number, got {scale!r}")
+    if not (t is None or (isinstance(t, (int, float)) and 0 < t < math.inf)):
+        raise ValueError(f"{fn}: gate_temperature must be None or a positive finite number, got {t!r}")
+    check_gla_inputs(fn, q, k, v, g)
     K = q.shape[-1]
     too_wide = None if K <= MAX_K else f"key dim K={K} exceeds the kernel's limit of {MAX_K} (registers)"
     if impl == "triton" and use_triton("gla", q, k, v, g, unsupported=too_wide):
+        scale, inv_t = float(scale), 0.0 if t is None else 1.0 / t
         if torch.compiler.is_compiling():
-            return _fwd_op(q, k, v, g)
-        return _GLAFunction.apply(q, k, v, g)
-    return _gla_logspace(q, k, v, g, LOGSPACE_CHUNK)
+            return _fwd_op(q, k, v, g, scale, inv_t)
+        return _GLAFunction.apply(q, k, v, g, scale, inv_t)
+    dt = torch.promote_types(q.dtype, torch.float32)  # the PyTorch paths compute in it: q and g enter unrounded
+    q = q if scale == 1 else q.to(dt) * scale
+    g = g if t is None else F.logsigmoid(g.to(dt)) / t
+    return _gla_loop(q, k, v, g) if impl == "loop" else _gla_logspace(q, k, v, g, LOGSPACE_CHUNK)

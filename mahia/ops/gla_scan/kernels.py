@@ -40,10 +40,13 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   the intra-chunk terms) and a ``sum(0)`` finishes them. With one value block there is nothing to sum: the
   program writes them in the inputs' dtypes (16-bit inputs: three conversion kernels fewer a call).
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
+q is read times ``scale`` and dq written times it; with GATE, G holds the gate's logits z and every read computes
+g = logsigmoid(z) * inv_t (_load_gate), dg written times sigmoid(-z) * inv_t: dL/dz. Neither q * scale nor g is
+ever a tensor (MetaAttention: two elementwise kernels fewer in the forward, one in the backward, per layer).
 Layout: q, k, g (B, H, T, K), v (B, H, T, V), each with any strides but a unit one along K or V: the (b, h, t) strides
-are arguments, so transposed views of a projection's (B, T, H * d) output are read in place, without a copy. o
-takes v's head order ((B, T, H, V) memory under a transposed v, for the output projection to read as it is); the
-gradients and the scratch are contiguous. Any T; K <= 128; any V.
+are arguments, so transposed views of a projection's (B, T, H * d) output are read in place, without a copy. o and
+each gradient take their input's head order (output_like: (B, T, H, d) memory under a transposed view, for the
+projections' matmuls to read as they are); the scratch is contiguous. Any T; K <= 128; any V.
 A reset (a gate below RESET, mahia.ops.gla_scan) zeroes every decay across it and the kernels write dg = 0
 there (the true dg carries a factor exp(g)). The launchers do not check their inputs: the public function did.
 """
@@ -93,31 +96,38 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _load_gate(ptr, mask, inv_t, GATE: tl.constexpr):
+    """The log-decays at ptr, float32, 0 where masked: g, or with GATE (g the logits z) logsigmoid(z) * inv_t =
+    (min(z, 0) - log1p(exp(-|z|))) * inv_t, log1p(x) = log(u) x / (u - 1), u = 1 + x (log(u) is 0 for x < 6e-8)."""
+    g = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    if GATE:
+        x = tl.exp(-tl.abs(g))
+        u = 1.0 + x
+        log1p = tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
+        g = tl.where(mask, (tl.minimum(g, 0.0) - log1p) * inv_t, 0.0)
+    return g
+
+
+@triton.jit
 def _seq(X, pid_bh, n_heads, stride_b, stride_h):
     """X's first element of the sequence pid_bh = b * n_heads + h (int64: it can pass 2**31)."""
     return X + (pid_bh // n_heads) * stride_b + (pid_bh % n_heads) * stride_h
 
 
 @triton.jit
-def _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT: tl.constexpr):
-    """Rows, offsets and masks of chunk c (rows c * BT ... c * BT + BT - 1) in a contiguous (T, K) and (T, V)
-    buffer of one (batch, head): (rows, qk_off, qk_mask, v_off, v_mask), the last four (BT, BK) or (BT, BV);
-    padding rows and columns are masked. An input with row stride st is at rows[:, None] * st + columns."""
+def _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT: tl.constexpr):
+    """Chunk c's rows c * BT ... c * BT + BT - 1 and their masks (BT, BK), (BT, BV), padding rows and columns masked:
+    an operand with row stride st is at rows[:, None] * st + columns."""
     rows = c * BT + offs_t
-    t_ok = rows < seq_len
-    qk_off = rows[:, None] * k_dim + offs_k[None, :]
-    qk_mask = t_ok[:, None] & k_ok[None, :]
-    v_off = rows[:, None] * v_dim + offs_v[None, :]
-    v_mask = t_ok[:, None] & v_ok[None, :]
-    return rows, qk_off, qk_mask, v_off, v_mask
+    return rows, (rows < seq_len)[:, None] & k_ok[None, :], (rows < seq_len)[:, None] & v_ok[None, :]
 
 
 @triton.jit
 def _gla_intra_kernel(
-    Q, K, V, G, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads,
+    Q, K, V, G, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
 ):  # fmt: skip
     # A: float32 (B*H, n_chunks * BT, BT); row i of chunk c holds A_ij for the chunk's rows j (0 for j > i).
     # BACKWARD: also dA_ij = do_i . v_j over all V columns (BV at a time), then, float32 (B*H, T, K),
@@ -133,9 +143,9 @@ def _gla_intra_kernel(
     rows = c * BT + offs_t
     off = rows[:, None] * k_dim + offs_k[None, :]
     mask = (rows < seq_len)[:, None] & (offs_k < k_dim)[None, :]
-    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)  # (BT, BK); padding 0
-    k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32) * scale  # (BT, BK)
+    k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)  # padding 0
+    g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], mask, inv_t, GATE)
     b, R, _, _ = _log_decays(g, RESET)
     dA = tl.zeros((BT, BT), dtype=tl.float32)
     if BACKWARD:
@@ -154,7 +164,7 @@ def _gla_intra_kernel(
         # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
         j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
         k_j = tl.load(K + (c * BT + j) * skt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
-        g_j = tl.load(G + (c * BT + j) * sgt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
+        g_j = _load_gate(G + (c * BT + j) * sgt + offs_k, j_mask, inv_t, GATE)
         b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
         seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
         e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BK), row j to i
@@ -175,10 +185,10 @@ def _gla_intra_kernel(
 
 @triton.jit
 def _gla_fwd_kernel(
-    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sob, soh, sot,  # (b, h, t) strides of Q K V G O
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
 ):  # fmt: skip
     # BT rows per chunk, GROUP rows per program (a multiple of BT); the whole key dim in one program (BK: the
     # next power of two >= k_dim), BV value columns; PRECISION: tl.dot's for float32 operands; UPCAST: see _dot;
@@ -204,11 +214,11 @@ def _gla_fwd_kernel(
     if n_groups > 1:
         state = tl.load(SB + offs_k[:, None] * BV + tl.arange(0, BV)[None, :])
     for c in range(grp * (GROUP // BT), tl.minimum((grp + 1) * (GROUP // BT), tl.cdiv(seq_len, BT))):
-        rows, _, qk_mask, _, v_mask = _chunk_offsets(c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT)
+        rows, qk_mask, v_mask = _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT)
         # Padding rows and columns load 0: g = 0 keeps b constant, k = v = 0 adds nothing to the state.
-        q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
-        k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
+        k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
+        g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], qk_mask, inv_t, GATE)
         v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)  # (BT, BV), dot operand dtype
 
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT), _gla_intra_kernel's
@@ -231,10 +241,10 @@ def _gla_fwd_kernel(
 
 @triton.jit
 def _gla_bounds_kernel(
-    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     STEP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
 ):  # fmt: skip
     """The carries at the group boundaries, so that the groups of a sequence run in parallel: programs
     [0, P) walk forwards and write the state S entering each group to SB, programs [P, 2P) (launched by the
@@ -267,12 +277,12 @@ def _gla_bounds_kernel(
             tl.store(SB + box + first * BK * BV, carry)  # the state entering group `first`
         if adjoint & ((((s + 1) * STEP) % GROUP == 0) | (s == n_steps - 1)):
             tl.store(HB + box + first * BK * BV, carry)  # the adjoint leaving group `first`
-        rows, _, qk_mask, _, v_mask = _chunk_offsets(s, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, STEP)
-        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        rows, qk_mask, v_mask = _chunk_rows(s, seq_len, offs_t, k_ok, v_ok, STEP)
+        g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], qk_mask, inv_t, GATE)
         b, R, b_last, R_last = _log_decays(g, RESET)
         carry = carry * tl.exp(b_last + R_last)[:, None]
         if adjoint:
-            q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+            q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
             do = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
             carry += _dot(tl.trans((q * tl.exp(b + R)).to(do.dtype)), do, PRECISION, UPCAST)
         else:
@@ -284,32 +294,33 @@ def _gla_bounds_kernel(
 
 @triton.jit
 def _gla_bwd_load(
-    Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok,
-    BT: tl.constexpr,
+    Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, inv_t,
+    BT: tl.constexpr, GATE: tl.constexpr,
 ):  # fmt: skip
-    """Chunk c's offsets in the contiguous buffers and masks (_chunk_offsets) and q, k, g (float32), v, do (the dot
-    operand dtype), read with their row strides."""
-    rows, qk_off, qk_mask, v_off, v_mask = _chunk_offsets(
-        c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
-    )
-    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+    """Chunk c's rows and masks (_chunk_rows), its offsets in the contiguous scratch, and q (times scale), k, g
+    (float32), v, do (the dot operand dtype), read with their row strides."""
+    rows, qk_mask, v_mask = _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT)
+    qk_off = rows[:, None] * k_dim + offs_k[None, :]  # in the contiguous scratch
+    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
     k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+    g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], qk_mask, inv_t, GATE)
     v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)
     do = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
-    return qk_off, qk_mask, v_off, v_mask, q, k, g, v, do
+    return rows, qk_off, qk_mask, v_mask, q, k, g, v, do
 
 
 @triton.jit
 def _gla_bwd_kernel(
     Q, K, V, G, DO, A, DQI, DKI, DGI, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
+    s1b, s1h, s1t, s2b, s2h, s2t, s3b, s3h, s3t, s4b, s4h, s4t,  # (b, h, t) strides of DQ DK DV DGO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
 ):  # fmt: skip
     # DQ, DK, DG: float32 partials (n_vblocks, B*H, T, K), DG also the scratch of pass 1; DGO: where the final dg goes
-    # (DG itself, or with one value block the output in g's dtype, as DQ and DK are then in q's and k's: no partials
-    # to sum, so no conversion after); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
+    # (DG itself; with one value block, DQ, DK, DGO are the outputs, in the inputs' dtypes and layouts: no partials
+    # to sum, so no conversion or copy after); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
     # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it;
     # A, DQI, DKI, DGI: _gla_intra_kernel's, added to value block 0's partials.
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
@@ -324,13 +335,12 @@ def _gla_bwd_kernel(
     DQI += pid_bh * seq_len * k_dim
     DKI += pid_bh * seq_len * k_dim
     DGI += pid_bh * seq_len * k_dim
-    DV += pid_bh * seq_len * v_dim
     A += pid_bh * n_chunks * BT * BT
     part = pid_v * n_bh + pid_bh  # this program's slice of the partials and of the scratch
-    DQ += part * seq_len * k_dim
-    DK += part * seq_len * k_dim
     DG += part * seq_len * k_dim
-    DGO += part * seq_len * k_dim
+    vblock = pid_v * n_bh * seq_len * k_dim  # the value block's partials (0 with one block: the outputs)
+    DQ, DK = _seq(DQ, pid_bh, n_heads, s1b, s1h) + vblock, _seq(DK, pid_bh, n_heads, s2b, s2h) + vblock
+    DV, DGO = _seq(DV, pid_bh, n_heads, s3b, s3h), _seq(DGO, pid_bh, n_heads, s4b, s4h) + vblock
     HS += part * n_chunks * BK * BV
     first = pid_v == 0
 
@@ -347,9 +357,10 @@ def _gla_bwd_kernel(
         dstate = tl.load(HB + (part * n_groups + grp) * BK * BV + hs_off)
     for i in range(c_begin, c_end):
         c = c_end - 1 - (i - c_begin)
-        qk_off, qk_mask, v_off, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
-        )
+        rows, qk_off, qk_mask, v_mask, q, k, g, v, do = _gla_bwd_load(
+            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, inv_t,
+            BT, GATE,
+        )  # fmt: skip
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT)
         b, R, b_last, R_last = _log_decays(g, RESET)
         d_out = tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BK) decay from row j to the chunk end
@@ -361,8 +372,8 @@ def _gla_bwd_kernel(
         tl.store(DG + qk_off, k * dk, mask=qk_mask)  # the k side of dG, for pass 2
         if first:
             dk += tl.load(DKI + qk_off, mask=qk_mask, other=0.0)
-        tl.store(DK + qk_off, dk, mask=qk_mask)
-        tl.store(DV + v_off, dv.to(DV.dtype.element_ty), mask=v_mask)
+        tl.store(DK + rows[:, None] * s2t + offs_k[None, :], dk, mask=qk_mask)
+        tl.store(DV + rows[:, None] * s3t + offs_v[None, :], dv.to(DV.dtype.element_ty), mask=v_mask)
         q_in = (q * tl.exp(b + R)).to(v.dtype)
         dstate = dstate * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(q_in), do, PRECISION, UPCAST)
 
@@ -373,9 +384,10 @@ def _gla_bwd_kernel(
     if n_groups > 1:
         state = tl.load(SB + (part * n_groups + grp) * BK * BV + hs_off)
     for c in range(c_begin, c_end):
-        qk_off, qk_mask, v_off, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, v_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
-        )
+        rows, qk_off, qk_mask, v_mask, q, k, g, v, do = _gla_bwd_load(
+            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, inv_t,
+            BT, GATE,
+        )  # fmt: skip
         b, R, b_last, R_last = _log_decays(g, RESET)
         dq = _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b + R)
         k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
@@ -388,8 +400,12 @@ def _gla_bwd_kernel(
         if first:
             dq += tl.load(DQI + qk_off, mask=qk_mask, other=0.0)
             dg += tl.load(DGI + qk_off, mask=qk_mask, other=0.0)
-        tl.store(DQ + qk_off, dq, mask=qk_mask)
-        tl.store(DGO + qk_off, tl.where(g < RESET, 0.0, dg), mask=qk_mask)  # 0 at a reset: its dg carries exp(g)
+        tl.store(DQ + rows[:, None] * s1t + offs_k[None, :], dq * scale, mask=qk_mask)  # dq was q * scale's
+        if GATE:  # the gradient of the logits: d logsigmoid(z) / dz = sigmoid(-z)
+            z = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+            dg = dg * inv_t / (1.0 + tl.exp(z))
+        dg = tl.where(g < RESET, 0.0, dg)  # 0 at a reset: its dg carries exp(g)
+        tl.store(DGO + rows[:, None] * s4t + offs_k[None, :], dg, mask=qk_mask)
 
 
 _launch_intra = Launcher(_gla_intra_kernel)
@@ -403,8 +419,9 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
-    """(value blocks, groups per sequence, the carry pass's STEP, the kernels' meta) for inputs like q (B, H, T, K).
+def _plan(q: torch.Tensor, v_dim: int, inv_t: float) -> tuple[int, int, int, dict]:
+    """(value blocks, groups per sequence, the carry pass's STEP, the kernels' meta) for inputs like q (B, H, T, K)
+    and a gate like inv_t (GATE: g holds logits, inv_t > 0).
 
     BK, BV, num_warps of the sequential kernels: BV = 64 for 16-bit inputs; float32 dot operands take twice the
     registers, so float32 uses BV = 32 for K <= 32, else 16 (ptxas's register counts for sm_90 when these
@@ -422,9 +439,8 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
-    meta = dict(
-        BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=4 if bk == 16 else 8
-    )
+    meta = dict(BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, GATE=inv_t > 0,
+                num_warps=4 if bk == 16 else 8)  # fmt: skip
     return n_vblocks, max(1, -(-T // group)), min(group, 64), meta
 
 
@@ -439,31 +455,35 @@ def _strides(*tensors: torch.Tensor) -> tuple[int, ...]:
 
 
 def output_like(v: torch.Tensor) -> torch.Tensor:
-    """An empty o for v: (B, T, H, V) memory when v's heads are interleaved along T (a transposed view of a
-    projection), so that the output projection reads o without a copy; else contiguous (B, H, T, V)."""
+    """An empty tensor like v (B, H, T, d): (B, T, H, d) memory when v's heads are interleaved along T (a transposed
+    view of a projection), so that a projection's matmul reads it without a copy (o, the gradients); else contiguous."""
     if v.stride(1) < v.stride(2):
         B, H, T, V = v.shape
         return v.new_empty((B, T, H, V)).transpose(1, 2)
     return v.new_empty(v.shape)
 
 
-def gla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """o (B, H, T, V) of gated linear attention with log-decays g (B, H, T, K), in v's dtype (layout: output_like)."""
+def gla_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, scale: float = 1.0, inv_t: float = 0.0
+) -> torch.Tensor:
+    """o (B, H, T, V) of gated linear attention with q * scale and log-decays g (B, H, T, K), or with inv_t > 0
+    logsigmoid(g) * inv_t; in v's dtype (layout: output_like)."""
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
-    q, k, v, g = (_unit(t) for t in (q, k, v, g))
     o = output_like(v)
+    q, k, v, g = (_unit(t) for t in (q, k, v, g))
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
-    n_vblocks, n_groups, step, meta = _plan(q, v_dim)
-    a = _intra(q, k, v, g, None, meta)
-    sb = _bounds(q, k, v, g, None, n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, *_strides(q, k, v, g, o))
+    n_vblocks, n_groups, step, meta = _plan(q, v_dim, inv_t)
+    si = (float(scale), float(inv_t))
+    a = _intra(q, k, v, g, None, si, meta)
+    sb = _bounds(q, k, v, g, None, si, n_vblocks, n_groups, step, meta)
+    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, *si, *_strides(q, k, v, g, o))
     _launch_fwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
     return o
 
 
-def _intra(q, k, v, g, do, meta):
+def _intra(q, k, v, g, do, si, meta):
     """A, or (A, DQI, DKI, DGI) given do: _gla_intra_kernel's outputs, one program per chunk and (b, h). 4 warps:
     8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
@@ -471,13 +491,13 @@ def _intra(q, k, v, g, do, meta):
     a = torch.empty((B * H, n_chunks * CHUNK, CHUNK), dtype=torch.float32, device=q.device)
     out = [a] + [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in range(3 if bw else 0)]
     do = do if bw else v
-    args = (q, k, v, g, do, *(out if bw else [a] * 4), T, k_dim, v.shape[-1], H, *_strides(q, k, v, g, do))
+    args = (q, k, v, g, do, *(out if bw else [a] * 4), T, k_dim, v.shape[-1], H, *si, *_strides(q, k, v, g, do))
     _launch_intra((n_chunks * B * H,), *args, BT=CHUNK, BK=meta["BK"], BV=bv, BACKWARD=bw, PRECISION=meta["PRECISION"],
-                  UPCAST=meta["UPCAST"], RESET=RESET, num_warps=4)  # fmt: skip
+                  UPCAST=meta["UPCAST"], RESET=RESET, GATE=meta["GATE"], num_warps=4)  # fmt: skip
     return out if bw else a
 
 
-def _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta):
+def _bounds(q, k, v, g, do, si, n_vblocks, n_groups, step, meta):
     """SB, or (SB, HB) given do: the carries entering the groups; a stand-in, unread, for one group a sequence."""
     B, H, T, k_dim = q.shape
     n = 1 if do is None else 2
@@ -485,35 +505,39 @@ def _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta):
     carries = torch.empty(shape, dtype=torch.float32, device=q.device)
     if n_groups > 1:
         d = v if do is None else do
-        args = (q, k, v, g, d, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H)
+        args = (q, k, v, g, d, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H, *si)
         _launch_bounds((n * n_vblocks * B * H,), *args, *_strides(q, k, v, g, d), STEP=step, **meta)
     return carries[0] if do is None else (carries[0], carries[-1])
 
 
 def gla_bwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dg) of gated linear attention given the output's gradient do, each in its input's dtype."""
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, do: torch.Tensor, scale: float = 1.0,
+    inv_t: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv, dg) of :func:`gla_fwd` given the output's gradient do, each in its input's dtype and layout
+    (output_like: the layout a transposed view's gradient goes on in, e.g. to the projection's matmul)."""
     B, H, T, k_dim = q.shape
     v_dim = v.shape[-1]
+    outs = [output_like(t) for t in (q, k, v, g)]
     q, k, v, g = (_unit(t) for t in (q, k, v, g))
     do = _unit(do.to(v.dtype))  # autograd hands do in o's dtype (v's); a direct caller might not
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or v.numel() == 0:
-        return q.new_zeros(q.shape), k.new_zeros(k.shape), dv.zero_(), g.new_zeros(g.shape)
-    n_vblocks, n_groups, step, meta = _plan(q, v_dim)  # after the check: no programs, no plan
+        return tuple(t.zero_() for t in outs)
+    n_vblocks, n_groups, step, meta = _plan(q, v_dim, inv_t)  # after the check: no programs, no plan
+    si = (float(scale), float(inv_t))
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns. With one value block (V <= 64
-    # for 16-bit inputs) nothing is summed: dq, dk and the final dg are written in their inputs' dtypes.
+    # for 16-bit inputs) nothing is summed: the kernel writes dq, dk and the final dg into the outputs.
     one = n_vblocks == 1
-    dq, dk = (q.new_empty((n_vblocks, B, H, T, k_dim), dtype=t.dtype if one else torch.float32) for t in (q, k))
-    dg = q.new_empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32)
-    dg_out = g.new_empty(g.shape) if one and g.dtype != torch.float32 else dg[0]  # else dg's own slice, in place
+    dg = q.new_empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32)  # pass 1's scratch (and the partials)
+    dq, dk = outs[:2] if one else (torch.empty_like(dg) for _ in range(2))
+    dg_out = outs[3] if one else dg  # else in place
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
-    intra = _intra(q, k, v, g, do, meta)  # A, DQI, DKI, DGI
-    sb, hb = _bounds(q, k, v, g, do, n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, do, *intra, dq, dk, dv, dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
-    _launch_bwd((n_vblocks * B * H * n_groups,), *args, *_strides(q, k, v, g, do), BT=CHUNK, **meta)
-    if one:
-        return dq[0], dk[0], dv, dg_out
-    dq, dk, dg = (t.sum(0) for t in (dq, dk, dg))  # (B, H, T, K) float32
-    return dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype)
+    intra = _intra(q, k, v, g, do, si, meta)  # A, DQI, DKI, DGI
+    sb, hb = _bounds(q, k, v, g, do, si, n_vblocks, n_groups, step, meta)
+    args = (q, k, v, g, do, *intra, dq, dk, outs[2], dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
+    ends = _strides(*(t if one else t[0] for t in (dq, dk)), outs[2], dg_out if one else dg[0])
+    _launch_bwd((n_vblocks * B * H * n_groups,), *args, *si, *_strides(q, k, v, g, do), *ends, BT=CHUNK, **meta)
+    if not one:
+        for out, partials in zip((outs[0], outs[1], outs[3]), (dq, dk, dg)):
+            out.copy_(partials.sum(0))
+    return tuple(outs)

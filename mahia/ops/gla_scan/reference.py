@@ -1,6 +1,5 @@
-"""The PyTorch paths of gated linear attention: the recurrence (the float64 reference), the naive
-cumulative-product form (kept to show why it fails), the chunked log-space form, and the counts of FLOPs
-and bytes. The math is in :mod:`mahia.ops.gla_scan`; the public function there checks and dispatches.
+"""The PyTorch paths of gated linear attention: the recurrence (the float64 reference), the chunked log-space
+form, and the counts of FLOPs and bytes. The math is in :mod:`mahia.ops.gla_scan`; the public function there checks and dispatches.
 """
 
 from __future__ import annotations
@@ -41,22 +40,13 @@ def check_gla_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     check_same_device(fn, **named)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # float32 math for half types; float64 stays float64 so the loop doubles as the reference.
-    return torch.promote_types(dtype, torch.float32)
-
-
 def _empty_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """The (B, H, 0, V) output of T = 0, attached to the autograd graph through every input (zero
     gradients), so that autograd.grad over q, k, v, g reports no unused input."""
     return v * 0 + (q.sum() + k.sum() + g.sum()).to(v.dtype) * 0
 
 
-# --------------------------------------------------------------------------------------------------
 # Path 1: the recurrence, one step at a time
-# --------------------------------------------------------------------------------------------------
-
-
 def gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """S_t = exp(g_t)[:, None] * S_{t-1} + k_t v_t^T;  o_t = S_t^T q_t.  Returns (B, H, T, V) in v's dtype."""
     check_gla_inputs("gla_loop", q, k, v, g)
@@ -82,7 +72,7 @@ def _outside_autocast(fn):
 def _gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     B, H, T, K = q.shape
     V = v.shape[-1]
-    out_dtype, dt = v.dtype, _compute_dtype(q.dtype)
+    out_dtype, dt = v.dtype, torch.promote_types(q.dtype, torch.float32)  # float64 stays: the loop is the reference
     if T == 0:
         return _empty_output(q, k, v, g)
     S = q.new_zeros(B, H, K, V, dtype=dt)
@@ -95,30 +85,7 @@ def _gla_loop(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     return torch.stack(outs, dim=2).to(out_dtype)
 
 
-# --------------------------------------------------------------------------------------------------
 # Path 2: vectorized in log space
-# --------------------------------------------------------------------------------------------------
-
-
-@_outside_autocast
-def naive_cumprod_form(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """The tempting vectorization, kept to show why it fails: exp(G_t - G_s) = exp(G_t) * exp(-G_s).
-
-        o = tril((q * exp(G)) (k * exp(-G))^T) v,      G = cumsum(g) over the whole sequence
-
-    Exact in exact arithmetic, but exp(-G_s) grows like exp(s |g|): past |G| ~ 88 it is inf in
-    float32 while exp(G_t) underflows to 0, and 0 * inf = NaN. Fine for short sequences only.
-    """
-    check_gla_inputs("naive_cumprod_form", q, k, v, g)
-    T = q.shape[2]
-    out_dtype, dt = v.dtype, _compute_dtype(q.dtype)
-    q, k, v, g = (t.to(dt) for t in (q, k, v, g))
-    G = g.cumsum(dim=2)  # (B, H, T, K)
-    scores = (q * G.exp()) @ (k * (-G).exp()).transpose(-1, -2)  # (B, H, T, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    return (scores.masked_fill(~causal, 0.0) @ v).to(out_dtype)
-
-
 def gla_logspace(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, *, chunk_size: int = LOGSPACE_CHUNK
 ) -> torch.Tensor:
@@ -136,7 +103,7 @@ def gla_logspace(
 def _gla_logspace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int) -> torch.Tensor:
     B, H, T, K = q.shape
     V = v.shape[-1]
-    out_dtype, dt = v.dtype, _compute_dtype(q.dtype)
+    out_dtype, dt = v.dtype, torch.promote_types(q.dtype, torch.float32)
     if T == 0:
         return _empty_output(q, k, v, g)
     C = chunk_size
