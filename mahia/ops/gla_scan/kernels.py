@@ -40,9 +40,9 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   the intra-chunk terms) and a ``sum(0)`` finishes them. With one value block there is nothing to sum: the
   program writes them in the inputs' dtypes (16-bit inputs: three conversion kernels fewer a call).
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
-q is read times ``scale`` and dq written times it; with GATE, G holds the gate's logits z and every read computes
-g = logsigmoid(z) * inv_t (_load_gate), dg written times sigmoid(-z) * inv_t: dL/dz. Neither q * scale nor g is
-ever a tensor (MetaAttention: two elementwise kernels fewer in the forward, one in the backward, per layer).
+q is read times ``scale``, dq written times it. With GATE, G holds the gate's logits z: the intra kernel writes
+g = logsigmoid(z) * inv_t to a float32 scratch that the later kernels read, and dg is written times dg/dz (g computed
+on every read instead spilled the intra kernel's registers: 2,216 B of stack in the backward, ptxas sm_90).
 Layout: q, k, g (B, H, T, K), v (B, H, T, V), each with any strides but a unit one along K or V: the (b, h, t) strides
 are arguments, so transposed views of a projection's (B, T, H * d) output are read in place, without a copy. o and
 each gradient take their input's head order (output_like: (B, T, H, d) memory under a transposed view, for the
@@ -96,19 +96,6 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _load_gate(ptr, mask, inv_t, GATE: tl.constexpr):
-    """The log-decays at ptr, float32, 0 where masked: g, or with GATE (g the logits z) logsigmoid(z) * inv_t =
-    (min(z, 0) - log1p(exp(-|z|))) * inv_t, log1p(x) = log(u) x / (u - 1), u = 1 + x (log(u) is 0 for x < 6e-8)."""
-    g = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
-    if GATE:
-        x = tl.exp(-tl.abs(g))
-        u = 1.0 + x
-        log1p = tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
-        g = tl.where(mask, (tl.minimum(g, 0.0) - log1p) * inv_t, 0.0)
-    return g
-
-
-@triton.jit
 def _seq(X, pid_bh, n_heads, stride_b, stride_h):
     """X's first element of the sequence pid_bh = b * n_heads + h (int64: it can pass 2**31)."""
     return X + (pid_bh // n_heads) * stride_b + (pid_bh % n_heads) * stride_h
@@ -124,7 +111,7 @@ def _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT: tl.constexpr):
 
 @triton.jit
 def _gla_intra_kernel(
-    Q, K, V, G, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
+    Q, K, V, G, GS, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
@@ -145,7 +132,15 @@ def _gla_intra_kernel(
     mask = (rows < seq_len)[:, None] & (offs_k < k_dim)[None, :]
     q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32) * scale  # (BT, BK)
     k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)  # padding 0
-    g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], mask, inv_t, GATE)
+    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    if GATE:  # G holds the logits z: g = logsigmoid(z) * inv_t = (min(z, 0) - log1p(exp(-|z|))) * inv_t, written
+        x = tl.exp(-tl.abs(g))  # once (GS: float32 (B*H, T, K)) for the row reads below and the kernels after this
+        u = 1.0 + x  # log1p(x) = log(u) x / (u - 1) (Kahan: log(u) alone is 0 for x < 6e-8)
+        log1p = tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
+        g = tl.where(mask, (tl.minimum(g, 0.0) - log1p) * inv_t, 0.0)
+        tl.store(GS + qk0 + off, g, mask=mask)
+        tl.debug_barrier()
+        G, sgt = GS + qk0, k_dim
     b, R, _, _ = _log_decays(g, RESET)
     dA = tl.zeros((BT, BT), dtype=tl.float32)
     if BACKWARD:
@@ -164,7 +159,7 @@ def _gla_intra_kernel(
         # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
         j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
         k_j = tl.load(K + (c * BT + j) * skt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
-        g_j = _load_gate(G + (c * BT + j) * sgt + offs_k, j_mask, inv_t, GATE)
+        g_j = tl.load(G + (c * BT + j) * sgt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
         b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
         seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
         e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BK), row j to i
@@ -185,10 +180,10 @@ def _gla_intra_kernel(
 
 @triton.jit
 def _gla_fwd_kernel(
-    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale, inv_t,
+    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sob, soh, sot,  # (b, h, t) strides of Q K V G O
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     # BT rows per chunk, GROUP rows per program (a multiple of BT); the whole key dim in one program (BK: the
     # next power of two >= k_dim), BV value columns; PRECISION: tl.dot's for float32 operands; UPCAST: see _dot;
@@ -218,7 +213,7 @@ def _gla_fwd_kernel(
         # Padding rows and columns load 0: g = 0 keeps b constant, k = v = 0 adds nothing to the state.
         q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
         k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
-        g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], qk_mask, inv_t, GATE)
+        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
         v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)  # (BT, BV), dot operand dtype
 
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT), _gla_intra_kernel's
@@ -241,10 +236,10 @@ def _gla_fwd_kernel(
 
 @triton.jit
 def _gla_bounds_kernel(
-    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale, inv_t,
+    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     STEP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     """The carries at the group boundaries, so that the groups of a sequence run in parallel: programs
     [0, P) walk forwards and write the state S entering each group to SB, programs [P, 2P) (launched by the
@@ -278,7 +273,7 @@ def _gla_bounds_kernel(
         if adjoint & ((((s + 1) * STEP) % GROUP == 0) | (s == n_steps - 1)):
             tl.store(HB + box + first * BK * BV, carry)  # the adjoint leaving group `first`
         rows, qk_mask, v_mask = _chunk_rows(s, seq_len, offs_t, k_ok, v_ok, STEP)
-        g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], qk_mask, inv_t, GATE)
+        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
         b, R, b_last, R_last = _log_decays(g, RESET)
         carry = carry * tl.exp(b_last + R_last)[:, None]
         if adjoint:
@@ -294,8 +289,8 @@ def _gla_bounds_kernel(
 
 @triton.jit
 def _gla_bwd_load(
-    Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, inv_t,
-    BT: tl.constexpr, GATE: tl.constexpr,
+    Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale,
+    BT: tl.constexpr,
 ):  # fmt: skip
     """Chunk c's rows and masks (_chunk_rows), its offsets in the contiguous scratch, and q (times scale), k, g
     (float32), v, do (the dot operand dtype), read with their row strides."""
@@ -303,7 +298,7 @@ def _gla_bwd_load(
     qk_off = rows[:, None] * k_dim + offs_k[None, :]  # in the contiguous scratch
     q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
     k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-    g = _load_gate(G + rows[:, None] * sgt + offs_k[None, :], qk_mask, inv_t, GATE)
+    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
     v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)
     do = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
     return rows, qk_off, qk_mask, v_mask, q, k, g, v, do
@@ -338,7 +333,7 @@ def _gla_bwd_kernel(
     A += pid_bh * n_chunks * BT * BT
     part = pid_v * n_bh + pid_bh  # this program's slice of the partials and of the scratch
     DG += part * seq_len * k_dim
-    vblock = pid_v * n_bh * seq_len * k_dim  # the value block's partials (0 with one block: the outputs)
+    vblock = (pid_v * n_bh).to(tl.int64) * seq_len * k_dim  # the value block's partials (0 with one block)
     DQ, DK = _seq(DQ, pid_bh, n_heads, s1b, s1h) + vblock, _seq(DK, pid_bh, n_heads, s2b, s2h) + vblock
     DV, DGO = _seq(DV, pid_bh, n_heads, s3b, s3h), _seq(DGO, pid_bh, n_heads, s4b, s4h) + vblock
     HS += part * n_chunks * BK * BV
@@ -358,9 +353,8 @@ def _gla_bwd_kernel(
     for i in range(c_begin, c_end):
         c = c_end - 1 - (i - c_begin)
         rows, qk_off, qk_mask, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, inv_t,
-            BT, GATE,
-        )  # fmt: skip
+            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, BT
+        )
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT)
         b, R, b_last, R_last = _log_decays(g, RESET)
         d_out = tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BK) decay from row j to the chunk end
@@ -385,9 +379,8 @@ def _gla_bwd_kernel(
         state = tl.load(SB + (part * n_groups + grp) * BK * BV + hs_off)
     for c in range(c_begin, c_end):
         rows, qk_off, qk_mask, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, inv_t,
-            BT, GATE,
-        )  # fmt: skip
+            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, BT
+        )
         b, R, b_last, R_last = _log_decays(g, RESET)
         dq = _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b + R)
         k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
@@ -401,9 +394,11 @@ def _gla_bwd_kernel(
             dq += tl.load(DQI + qk_off, mask=qk_mask, other=0.0)
             dg += tl.load(DGI + qk_off, mask=qk_mask, other=0.0)
         tl.store(DQ + rows[:, None] * s1t + offs_k[None, :], dq * scale, mask=qk_mask)  # dq was q * scale's
-        if GATE:  # the gradient of the logits: d logsigmoid(z) / dz = sigmoid(-z)
-            z = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-            dg = dg * inv_t / (1.0 + tl.exp(z))
+        if GATE:  # dL/dz = dL/dg * inv_t * sigmoid(-z); G holds g, x = logsigmoid(z) <= 0, sigmoid(-z) = 1 - e^x
+            x = g / inv_t  # 1 - u, or where u is near 1 (cancelling) -expm1(x) = (1 - u) x / log(u) (Kahan)
+            u = tl.exp(x)
+            kahan = tl.where(u == 1.0, -x, (1.0 - u) * x / tl.where(u == 1.0, 1.0, tl.log(tl.maximum(u, 0.5))))
+            dg = dg * inv_t * tl.where(u > 0.5, kahan, 1.0 - u)
         dg = tl.where(g < RESET, 0.0, dg)  # 0 at a reset: its dg carries exp(g)
         tl.store(DGO + rows[:, None] * s4t + offs_k[None, :], dg, mask=qk_mask)
 
@@ -419,9 +414,8 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _plan(q: torch.Tensor, v_dim: int, inv_t: float) -> tuple[int, int, int, dict]:
-    """(value blocks, groups per sequence, the carry pass's STEP, the kernels' meta) for inputs like q (B, H, T, K)
-    and a gate like inv_t (GATE: g holds logits, inv_t > 0).
+def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
+    """(value blocks, groups per sequence, the carry pass's STEP, the kernels' meta) for inputs like q (B, H, T, K).
 
     BK, BV, num_warps of the sequential kernels: BV = 64 for 16-bit inputs; float32 dot operands take twice the
     registers, so float32 uses BV = 32 for K <= 32, else 16 (ptxas's register counts for sm_90 when these
@@ -439,8 +433,9 @@ def _plan(q: torch.Tensor, v_dim: int, inv_t: float) -> tuple[int, int, int, dic
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
-    meta = dict(BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, GATE=inv_t > 0,
-                num_warps=4 if bk == 16 else 8)  # fmt: skip
+    meta = dict(
+        BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=4 if bk == 16 else 8
+    )
     return n_vblocks, max(1, -(-T // group)), min(group, 64), meta
 
 
@@ -474,30 +469,32 @@ def gla_fwd(
     q, k, v, g = (_unit(t) for t in (q, k, v, g))
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
-    n_vblocks, n_groups, step, meta = _plan(q, v_dim, inv_t)
-    si = (float(scale), float(inv_t))
-    a = _intra(q, k, v, g, None, si, meta)
-    sb = _bounds(q, k, v, g, None, si, n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, *si, *_strides(q, k, v, g, o))
+    n_vblocks, n_groups, step, meta = _plan(q, v_dim)
+    a, g = _intra(q, k, v, g, None, float(scale), float(inv_t), meta)  # g: the log-decays from here on
+    sb = _bounds(q, k, v, g, None, float(scale), n_vblocks, n_groups, step, meta)
+    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, float(scale), *_strides(q, k, v, g, o))
     _launch_fwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
     return o
 
 
-def _intra(q, k, v, g, do, si, meta):
-    """A, or (A, DQI, DKI, DGI) given do: _gla_intra_kernel's outputs, one program per chunk and (b, h). 4 warps:
+def _intra(q, k, v, g, do, scale, inv_t, meta):
+    """(A, or [A, DQI, DKI, DGI] given do: _gla_intra_kernel's outputs, one program per chunk and (b, h); the
+    log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones it wrote). 4 warps:
     8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
     n_chunks, bv = triton.cdiv(T, CHUNK), min(64, max(16, triton.next_power_of_2(v.shape[-1])))
     a = torch.empty((B * H, n_chunks * CHUNK, CHUNK), dtype=torch.float32, device=q.device)
     out = [a] + [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in range(3 if bw else 0)]
     do = do if bw else v
-    args = (q, k, v, g, do, *(out if bw else [a] * 4), T, k_dim, v.shape[-1], H, *si, *_strides(q, k, v, g, do))
-    _launch_intra((n_chunks * B * H,), *args, BT=CHUNK, BK=meta["BK"], BV=bv, BACKWARD=bw, PRECISION=meta["PRECISION"],
-                  UPCAST=meta["UPCAST"], RESET=RESET, GATE=meta["GATE"], num_warps=4)  # fmt: skip
-    return out if bw else a
+    gs = torch.empty(q.shape, dtype=torch.float32, device=q.device) if inv_t > 0 else g
+    args = (q, k, v, g, gs, do, *(out if bw else [a] * 4), T, k_dim, v.shape[-1], H, scale, inv_t)
+    consts = {name: meta[name] for name in ("BK", "PRECISION", "UPCAST", "RESET")}
+    _launch_intra((n_chunks * B * H,), *args, *_strides(q, k, v, g, do), BT=CHUNK, BV=bv, BACKWARD=bw, GATE=inv_t > 0,
+                  num_warps=4, **consts)  # fmt: skip
+    return (out if bw else a), gs
 
 
-def _bounds(q, k, v, g, do, si, n_vblocks, n_groups, step, meta):
+def _bounds(q, k, v, g, do, scale, n_vblocks, n_groups, step, meta):
     """SB, or (SB, HB) given do: the carries entering the groups; a stand-in, unread, for one group a sequence."""
     B, H, T, k_dim = q.shape
     n = 1 if do is None else 2
@@ -505,7 +502,7 @@ def _bounds(q, k, v, g, do, si, n_vblocks, n_groups, step, meta):
     carries = torch.empty(shape, dtype=torch.float32, device=q.device)
     if n_groups > 1:
         d = v if do is None else do
-        args = (q, k, v, g, d, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H, *si)
+        args = (q, k, v, g, d, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H, scale)
         _launch_bounds((n * n_vblocks * B * H,), *args, *_strides(q, k, v, g, d), STEP=step, **meta)
     return carries[0] if do is None else (carries[0], carries[-1])
 
@@ -523,8 +520,8 @@ def gla_bwd(
     do = _unit(do.to(v.dtype))  # autograd hands do in o's dtype (v's); a direct caller might not
     if q.numel() == 0 or v.numel() == 0:
         return tuple(t.zero_() for t in outs)
-    n_vblocks, n_groups, step, meta = _plan(q, v_dim, inv_t)  # after the check: no programs, no plan
-    si = (float(scale), float(inv_t))
+    n_vblocks, n_groups, step, meta = _plan(q, v_dim)  # after the check: no programs, no plan
+    scale, inv_t = float(scale), float(inv_t)
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns. With one value block (V <= 64
     # for 16-bit inputs) nothing is summed: the kernel writes dq, dk and the final dg into the outputs.
     one = n_vblocks == 1
@@ -532,11 +529,12 @@ def gla_bwd(
     dq, dk = outs[:2] if one else (torch.empty_like(dg) for _ in range(2))
     dg_out = outs[3] if one else dg  # else in place
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
-    intra = _intra(q, k, v, g, do, si, meta)  # A, DQI, DKI, DGI
-    sb, hb = _bounds(q, k, v, g, do, si, n_vblocks, n_groups, step, meta)
+    intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, DQI, DKI, DGI; g: the log-decays from here on
+    sb, hb = _bounds(q, k, v, g, do, scale, n_vblocks, n_groups, step, meta)
     args = (q, k, v, g, do, *intra, dq, dk, outs[2], dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
     ends = _strides(*(t if one else t[0] for t in (dq, dk)), outs[2], dg_out if one else dg[0])
-    _launch_bwd((n_vblocks * B * H * n_groups,), *args, *si, *_strides(q, k, v, g, do), *ends, BT=CHUNK, **meta)
+    args += (scale, inv_t, *_strides(q, k, v, g, do), *ends)
+    _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, GATE=inv_t > 0, **meta)
     if not one:
         for out, partials in zip((outs[0], outs[1], outs[3]), (dq, dk, dg)):
             out.copy_(partials.sum(0))

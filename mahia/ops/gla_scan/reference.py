@@ -1,5 +1,6 @@
 """The PyTorch paths of gated linear attention: the recurrence (the float64 reference), the chunked log-space
-form, and the counts of FLOPs and bytes. The math is in :mod:`mahia.ops.gla_scan`; the public function there checks and dispatches.
+form, and the counts of FLOPs and bytes. The math is in :mod:`mahia.ops.gla_scan`; the public function there
+checks and dispatches.
 """
 
 from __future__ import annotations
