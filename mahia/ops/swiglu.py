@@ -11,8 +11,8 @@ long row, otherwise each operand needs a unit stride along N only.
 
 ``swiglu(h)``, one packed (..., 2N) tensor [a | b] as ``F.glu`` takes it (the output of a fused gate/up
 projection): the halves are read in place and the backward writes dh = [da | db] into one tensor. Given
-the halves apart, autograd would concatenate da and db into dh after the kernel: under torch.compile two
-more copy kernels a call, which Inductor cannot fuse into a custom op's output.
+the halves apart, autograd would concatenate da and db into dh after the kernel: under torch.compile one
+more copy kernel a call (a GPU's lowering of the cat), which Inductor cannot fuse into a custom op's output.
 
 Edges: empty inputs give empty outputs and gradients; float64 runs the eager reference silently;
 ``meta`` tensors get their shapes from it.

@@ -470,9 +470,10 @@ def gla_fwd(
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
     n_vblocks, n_groups, step, meta = _plan(q, v_dim)
-    a, g = _intra(q, k, v, g, None, float(scale), float(inv_t), meta)  # g: the log-decays from here on
-    sb = _bounds(q, k, v, g, None, float(scale), n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, float(scale), *_strides(q, k, v, g, o))
+    scale, inv_t = float(scale), float(inv_t)
+    a, g = _intra(q, k, v, g, None, scale, inv_t, meta)  # g: the log-decays from here on
+    sb = _bounds(q, k, v, g, None, scale, n_vblocks, n_groups, step, meta)
+    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, scale, *_strides(q, k, v, g, o))
     _launch_fwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
     return o
 
