@@ -67,13 +67,11 @@ __all__ = ["IMPLS", "gated_linear_attention", "gla_loop", "gla_logspace", "gla_f
 
 IMPLS = ("loop", "logspace", "triton")
 
-# torch.compile sees one custom op per kernel (fake and autograd rules below); the functions they
-# register are the launchers themselves. flexible_layout: the kernels take any strides, so Inductor passes its
-# own layouts (a padded projection's views) instead of copying q, k, v to eager strides (H200, torch 2.11,
-# 2026-12-05: 3 copies a call each way, 48 kernels a step of the small hybrid).
-_tags = (torch.Tag.flexible_layout,)
-_fwd_op = torch.library.custom_op("mahia::gla_fwd", kernels.gla_fwd, mutates_args=(), tags=_tags)
-_bwd_op = torch.library.custom_op("mahia::gla_bwd", kernels.gla_bwd, mutates_args=(), tags=_tags)
+# torch.compile sees one custom op per kernel (fake and autograd rules below), registering the launchers themselves.
+# flexible_layout: the kernels take any strides, so Inductor passes its padded views uncopied (H200, torch 2.11,
+# 2026-12-05: else 3 copies a call each way, 48 kernels a step of the small hybrid).
+_fwd_op = torch.library.custom_op("mahia::gla_fwd", kernels.gla_fwd, mutates_args=(), tags=(torch.Tag.flexible_layout,))
+_bwd_op = torch.library.custom_op("mahia::gla_bwd", kernels.gla_bwd, mutates_args=(), tags=(torch.Tag.flexible_layout,))
 _fwd_op.register_fake(lambda q, k, v, g, scale=1.0, inv_t=0.0: kernels.output_like(v))  # strides checked
 _bwd_op.register_fake(lambda q, k, v, g, do, scale=1.0, inv_t=0.0: tuple(map(kernels.output_like, (q, k, v, g))))
 
