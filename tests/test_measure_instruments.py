@@ -8,14 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from mahia.measure.instruments import (
-    ByteTraffic,
-    LiveTensorMemory,
-    count_ops,
-    count_syncs,
-    float32_matmuls,
-    trace_ops,
-)
+from mahia.measure.instruments import ByteTraffic, LiveTensorMemory, count_ops, count_syncs, float32_matmuls, trace_ops
 
 N, K, M = 37, 19, 11
 

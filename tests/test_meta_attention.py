@@ -230,6 +230,17 @@ def test_nan_at_step_t_reaches_no_earlier_output(impl, which):
         assert not before, f"d{name}: NaN at steps {before} where the recurrence is finite"
 
 
+@needs_triton
+def test_the_intra_chunk_dots_agree_with_the_column_loop(monkeypatch):
+    """The pairs inside a chunk as dots (decays spanning <= SPAN) against one column at a time (SPAN < 0)."""
+    ins = [t.requires_grad_() for t in make_inputs(1, 2, 40, 16, 24)]
+    run = lambda: [o := gated_linear_attention(*ins, impl="triton"), *torch.autograd.grad(o.square().sum(), ins)]  # noqa: E731
+    dots = run()
+    monkeypatch.setattr("mahia.ops.gla_scan.kernels.SPAN", -1.0)
+    for name, got, ref in zip(["o", "dq", "dk", "dv", "dg"], dots, run()):
+        assert not torch.equal(got, ref) and rel_error(got, ref) < 1e-6, name  # both ran: other roundings
+
+
 @pytest.mark.parametrize("reset", [float("-inf"), -1e4, -1e30])
 def test_a_full_reset_gives_the_recurrences_answer(reset):
     """Regression (issue 37 #2, #3): a log-decay of -inf made every later output NaN on the chunked paths,

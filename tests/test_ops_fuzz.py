@@ -502,22 +502,14 @@ _GLA_EW = {torch.float32: {}, torch.float16: dict(rtol=4e-3, atol=4e-3), torch.b
     seed=seeds,
     logits=st.booleans(),  # g the gate's logits and q scaled, both in the kernels (MetaAttention's call)
 )
-@example(
-    b=0, h=2, t=16, k=16, v=16, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=None, layout="contiguous",
-    seed=0, logits=False,
-)  # fmt: skip
-@example(
-    b=1, h=1, t=0, k=8, v=8, dtype=torch.bfloat16, g_fp32=True, temperature=4.0, reset=None, layout="contiguous",
-    seed=1, logits=False,
-)  # fmt: skip
-@example(
-    b=1, h=1, t=1, k=MAX_K, v=1, dtype=torch.float16, g_fp32=False, temperature=1.0, reset=None, layout="strided",
-    seed=2, logits=True,
-)  # fmt: skip
-@example(
-    b=1, h=2, t=40, k=16, v=8, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=-1e30, layout="contiguous",
-    seed=3, logits=True,
-)  # fmt: skip
+@example(b=0, h=2, t=16, k=16, v=16, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=None,
+         layout="contiguous", seed=0, logits=False)  # fmt: skip
+@example(b=1, h=1, t=0, k=8, v=8, dtype=torch.bfloat16, g_fp32=True, temperature=4.0, reset=None,
+         layout="contiguous", seed=1, logits=False)  # fmt: skip
+@example(b=1, h=1, t=1, k=MAX_K, v=1, dtype=torch.float16, g_fp32=False, temperature=1.0, reset=None,
+         layout="strided", seed=2, logits=True)  # fmt: skip
+@example(b=1, h=2, t=40, k=16, v=8, dtype=torch.float32, g_fp32=False, temperature=4.0, reset=-1e30,
+         layout="contiguous", seed=3, logits=True)  # fmt: skip
 def test_fuzz_gla(b, h, t, k, v, dtype, g_fp32, temperature, reset, layout, seed, logits):
     if not ON_GPU:  # (value blocks x chunks) programs of (16, 16, K) blocks: keep the interpreter's work small
         while b * h * -(-t // 16) * -(-v // 32) * (2 if k > 64 else 1) > 12 and (v > 16 or t > 16):

@@ -19,19 +19,6 @@ from mahia.layers.mlp import SwiGLU
 from mahia.layers.norm import RMSNorm
 from mahia.layers.rope import RotaryCache, apply_rope
 
-__all__ = [
-    "Attention",
-    "StaticKVCache",
-    "attention_bytes",
-    "attention_flops",
-    "available_backends",
-    "fused_backends",
-    "chunked_attention",
-    "manual_attention",
-    "rope_rows",
-    "sdpa_attention",
-    "SwiGLU",
-    "RMSNorm",
-    "RotaryCache",
-    "apply_rope",
-]
+__all__ = ["Attention", "StaticKVCache", "attention_bytes", "attention_flops", "available_backends", "fused_backends"]
+__all__ += ["chunked_attention", "manual_attention", "rope_rows", "sdpa_attention", "SwiGLU", "RMSNorm", "RotaryCache"]
+__all__ += ["apply_rope"]

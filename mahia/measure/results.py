@@ -44,25 +44,9 @@ from mahia.measure.summary import (
 )
 from mahia.measure.timing import Timing
 
-__all__ = [
-    "GOALS",
-    "MOE",
-    "SUITE_SUMMARIES",
-    "goal_status",
-    "COLUMNS",
-    "HEADLINE_KEYS",
-    "Recorder",
-    "atomic_write_text",
-    "default_results_dir",
-    "default_figures_dir",
-    "load_records",
-    "latest",
-    "profiles",
-    "headline",
-    "write_summary",
-    "write_summaries",
-    "read_summary",
-]
+__all__ = ["GOALS", "MOE", "SUITE_SUMMARIES", "goal_status", "COLUMNS", "HEADLINE_KEYS", "Recorder"]
+__all__ += ["atomic_write_text", "default_results_dir", "default_figures_dir", "load_records", "latest", "profiles"]
+__all__ += ["headline", "write_summary", "write_summaries", "read_summary"]
 
 ROLES = ("baseline", "optimized", "peer", "reference", "metric")
 

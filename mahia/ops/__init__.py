@@ -25,25 +25,7 @@ from mahia.ops.rmsnorm import add_rms_norm, add_rms_norm_eager, rms_norm, rms_no
 from mahia.ops.rope import apply_rope_eager, rope
 from mahia.ops.swiglu import swiglu, swiglu_eager
 
-__all__ = [
-    "rms_norm",
-    "add_rms_norm",
-    "swiglu",
-    "rope",
-    "moe_combine",
-    "grouped_mm",
-    "gated_linear_attention",
-    "rms_norm_eager",
-    "add_rms_norm_eager",
-    "swiglu_eager",
-    "apply_rope_eager",
-    "moe_combine_eager",
-    "gla_loop",
-    "gla_logspace",
-    "grouped_mm_backend",
-    "status",
-    "triton_available_for",
-    "why_not",
-    "reset_fallback_warnings",
-    "KERNELS",
-]
+__all__ = ["rms_norm", "add_rms_norm", "swiglu", "rope", "moe_combine", "grouped_mm", "gated_linear_attention"]
+__all__ += ["rms_norm_eager", "add_rms_norm_eager", "swiglu_eager", "apply_rope_eager", "moe_combine_eager", "gla_loop"]
+__all__ += ["gla_logspace", "grouped_mm_backend", "status", "triton_available_for", "why_not"]
+__all__ += ["reset_fallback_warnings", "KERNELS"]

@@ -49,22 +49,9 @@ from mahia.runner.session import (
     reference_commit,
 )
 
-__all__ = [
-    "UsageError",
-    "StopFlag",
-    "list_notebooks",
-    "select_notebooks",
-    "run",
-    "reference",
-    "reference_commit",
-    "recorded_parts",
-    "new_run_dir",
-    "notebook_parameters",
-    "conforms",
-    "notebook_is_clean",
-    "clean_notebook",
-    "strip_on_save",
-]
+__all__ = ["UsageError", "StopFlag", "list_notebooks", "select_notebooks", "run", "reference", "reference_commit"]
+__all__ += ["recorded_parts", "new_run_dir", "notebook_parameters", "conforms", "notebook_is_clean", "clean_notebook"]
+__all__ += ["strip_on_save"]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 NAME_RE = re.compile(r"^\d\d_[a-z0-9_]+\.ipynb$")

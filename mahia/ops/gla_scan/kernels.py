@@ -2,10 +2,10 @@
 
 The chunked form they compute is in :mod:`mahia.ops.gla_scan` (chunks of BT = 16 rows, b_i the log-decay
 from the chunk start through row i, S the state entering the chunk). Every exponent is <= 0, so nothing
-can overflow at any sequence length. The tempting factorization A = (q * exp(b)) (k * exp(-b))^T would
-let tl.dot do the intra-chunk part too, but exp(-b_j) grows like exp(BT * |g|) and overflows (float16:
-above exp(11)) for strong decays; the pairwise decays are computed one column j at a time instead, a
-(BT, K) block of exponentials each: BT * BT * K of them a chunk, the kernels' costliest part.
+can overflow at any sequence length. Inside a chunk, A = (q * exp(b - m)) (k * exp(m - b))^T (m the middle of
+each channel's log-decays) lets tl.dot do the pairs in float32 where both factors stay in range: the chunk's
+decays span at most SPAN. A chunk with stronger decays (exp(-b_j) grows like exp(BT * |g|)), a reset or a
+non-finite q or k computes the pairwise decays one column j at a time: BT * BT * K exponentials a chunk.
 
 Backward (do = dL/do): dA_ij = do_i . v_j, and the adjoint state H_next = sum over the rows s after the
 chunk of exp(G_s - G_end) q_s do_s^T, carried backwards over the chunks like S is carried forwards:
@@ -64,6 +64,7 @@ from mahia.ops.gla_scan.reference import RESET
 
 CHUNK = 16  # rows per chunk: tl.dot's minimum; the pairwise exponentials grow with it (CHUNK^2 * K a chunk)
 MAX_K = 128
+SPAN = 40.0  # the largest log-decay span of a chunk that _gla_intra_kernel's dots take (factors within e^+-20)
 
 
 @triton.jit
@@ -114,7 +115,7 @@ def _gla_intra_kernel(
     Q, K, V, G, GS, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     # A: float32 (B*H, n_chunks * BT, BT); row i of chunk c holds A_ij for the chunk's rows j (0 for j > i).
     # BACKWARD: also dA_ij = do_i . v_j over all V columns (BV at a time), then, float32 (B*H, T, K),
@@ -153,22 +154,36 @@ def _gla_intra_kernel(
             dA += _dot(do, tl.trans(v), PRECISION, UPCAST)
     a = tl.zeros((BT, BT), dtype=tl.float32)
     dq, dk = tl.zeros((BT, BK), dtype=tl.float32), tl.zeros((BT, BK), dtype=tl.float32)
-    b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
-    for j in tl.static_range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
-        row_j = offs_t[:, None] == j  # selected, not multiplied by 0: a NaN of another row stays there
-        # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
-        j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
-        k_j = tl.load(K + (c * BT + j) * skt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
-        g_j = tl.load(G + (c * BT + j) * sgt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
-        b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
-        seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
-        e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BK), row j to i
-        a = tl.where(offs_t[None, :] == j, tl.sum(q * k_j[None, :] * e, axis=1)[:, None], a)
+    # Where the chunk allows it, exp(b_i - b_j) = exp(b_i - m) exp(m - b_j) (m: each channel's middle log-decay) and
+    # the pairs are float32 dots: decays spanning <= SPAN (factors in e^(+-SPAN/2)), no reset, q and k finite (a dot's
+    # 0 * NaN would reach earlier rows) and, with dA, below 2**40 (no product overflows; dA's NaN, Inf are selected).
+    ok = (tl.abs(q) < 2.0**40) & (tl.abs(k) < 2.0**40) & (R == 0.0) & (tl.abs(b) < float("inf"))
+    n_big = tl.sum(((tl.abs(dA) >= 2.0**40) & (tl.abs(dA) < float("inf"))).to(tl.int32))
+    lo, hi = tl.min(b, axis=0), tl.max(b, axis=0)  # (BK,)
+    if (tl.sum(ok.to(tl.int32)) == BT * BK) & (n_big == 0) & (tl.max(hi - lo) <= SPAN):
+        e_q, e_k = tl.exp(b - (lo + hi)[None, :] * 0.5), tl.exp((lo + hi)[None, :] * 0.5 - b)  # (BT, BK)
+        a = _dot(q * e_q, tl.trans(k * e_k), "ieee", False)
         if BACKWARD:
-            dA_j = tl.sum(tl.where(offs_t[None, :] == j, dA, 0.0), axis=1)  # (BT,) over the rows i
-            later = (offs_t > j)[:, None]  # rows i > j (selected: dA_j or k_j may be NaN)
-            dq += tl.where(later, dA_j[:, None] * k_j[None, :] * e, 0.0)
-            dk = tl.where(row_j, tl.sum(tl.where(later, dA_j[:, None] * q * e, 0.0), axis=0)[None, :], dk)
+            later = tl.where(offs_t[:, None] > offs_t[None, :], dA, 0.0)  # (BT, BT): dA_ij for rows i > j
+            dq = _dot(later, k * e_k, "ieee", False) * e_q
+            dk = _dot(tl.trans(later), q * e_q, "ieee", False) * e_k
+    else:
+        b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
+        for j in tl.static_range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
+            row_j = offs_t[:, None] == j  # selected, not multiplied by 0: a NaN of another row stays there
+            # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
+            j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
+            k_j = tl.load(K + (c * BT + j) * skt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
+            g_j = tl.load(G + (c * BT + j) * sgt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
+            b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
+            seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
+            e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BK), row j to i
+            a = tl.where(offs_t[None, :] == j, tl.sum(q * k_j[None, :] * e, axis=1)[:, None], a)
+            if BACKWARD:
+                dA_j = tl.sum(tl.where(offs_t[None, :] == j, dA, 0.0), axis=1)  # (BT,) over the rows i
+                later = (offs_t > j)[:, None]  # rows i > j (selected: dA_j or k_j may be NaN)
+                dq += tl.where(later, dA_j[:, None] * k_j[None, :] * e, 0.0)
+                dk = tl.where(row_j, tl.sum(tl.where(later, dA_j[:, None] * q * e, 0.0), axis=0)[None, :], dk)
     tl.store(A + rows[:, None] * BT + offs_t[None, :], tl.where(offs_t[:, None] >= offs_t[None, :], a, 0.0))
     if BACKWARD:
         dg = tl.cumsum(q * dq - k * dk, axis=0, reverse=True)
@@ -491,7 +506,7 @@ def _intra(q, k, v, g, do, scale, inv_t, meta):
     args = (q, k, v, g, gs, do, *(out if bw else [a] * 4), T, k_dim, v.shape[-1], H, scale, inv_t)
     consts = {name: meta[name] for name in ("BK", "PRECISION", "UPCAST", "RESET")}
     _launch_intra((n_chunks * B * H,), *args, *_strides(q, k, v, g, do), BT=CHUNK, BV=bv, BACKWARD=bw, GATE=inv_t > 0,
-                  num_warps=4, **consts)  # fmt: skip
+                  SPAN=SPAN, num_warps=4, **consts)  # fmt: skip
     return (out if bw else a), gs
 
 
