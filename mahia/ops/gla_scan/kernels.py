@@ -162,11 +162,12 @@ def _gla_intra_kernel(
     lo, hi = tl.min(b, axis=0), tl.max(b, axis=0)  # (BK,)
     if (tl.sum(ok.to(tl.int32)) == BT * BK) & (n_big == 0) & (tl.max(hi - lo) <= SPAN):
         e_q, e_k = tl.exp(b - (lo + hi)[None, :] * 0.5), tl.exp((lo + hi)[None, :] * 0.5 - b)  # (BT, BK)
-        a = _dot(q * e_q, tl.trans(k * e_k), "ieee", False)
+        q_m, k_m = q * e_q, k * e_k  # q_i exp(b_i - m), k_j exp(m - b_j)
+        a = _dot(q_m, tl.trans(k_m), "ieee", False)
         if BACKWARD:
             later = tl.where(offs_t[:, None] > offs_t[None, :], dA, 0.0)  # (BT, BT): dA_ij for rows i > j
-            dq = _dot(later, k * e_k, "ieee", False) * e_q
-            dk = _dot(tl.trans(later), q * e_q, "ieee", False) * e_k
+            dq = _dot(later, k_m, "ieee", False) * e_q
+            dk = _dot(tl.trans(later), q_m, "ieee", False) * e_k
     else:
         b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
         for j in tl.static_range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
