@@ -161,7 +161,8 @@ def _gla_intra_kernel(
     n_big = tl.sum(((tl.abs(dA) >= 2.0**40) & (tl.abs(dA) < float("inf"))).to(tl.int32))
     lo, hi = tl.min(b, axis=0), tl.max(b, axis=0)  # (BK,)
     if (tl.sum(ok.to(tl.int32)) == BT * BK) & (n_big == 0) & (tl.max(hi - lo) <= SPAN):
-        e_q, e_k = tl.exp(b - (lo + hi)[None, :] * 0.5), tl.exp((lo + hi)[None, :] * 0.5 - b)  # (BT, BK)
+        m = (lo + hi)[None, :] * 0.5  # (1, BK): the middle of each channel's log-decays
+        e_q, e_k = tl.exp(b - m), tl.exp(m - b)  # (BT, BK)
         q_m, k_m = q * e_q, k * e_k  # q_i exp(b_i - m), k_j exp(m - b_j)
         a = _dot(q_m, tl.trans(k_m), "ieee", False)
         if BACKWARD:
