@@ -166,9 +166,9 @@ def _gla_intra_kernel(
         q_m, k_m = q * e_q, k * e_k  # q_i exp(b_i - m), k_j exp(m - b_j)
         a = _dot(q_m, tl.trans(k_m), "ieee", False)
         if BACKWARD:
-            later = tl.where(offs_t[:, None] > offs_t[None, :], dA, 0.0)  # (BT, BT): dA_ij for rows i > j
-            dq = _dot(later, k_m, "ieee", False) * e_q
-            dk = _dot(tl.trans(later), q_m, "ieee", False) * e_k
+            dA_low = tl.where(offs_t[:, None] > offs_t[None, :], dA, 0.0)  # (BT, BT): dA_ij for rows i > j
+            dq = _dot(dA_low, k_m, "ieee", False) * e_q
+            dk = _dot(tl.trans(dA_low), q_m, "ieee", False) * e_k
     else:
         b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
         for j in tl.static_range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
