@@ -2,6 +2,10 @@
 included): direct launches, issue 35's one path, bad input, the custom ops, the eager reference's cases."""
 
 import importlib
+import inspect
+import json
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -86,9 +90,9 @@ def test_direct_launch_matches_the_jit_launch(rows, cols, dtype):
     assert rmsnorm._launch_fwd.cache_size() > 0 and rmsnorm._launch_bwd.cache_size() > 0
 
 
-@needs_gpu
-def test_every_op_launches_directly_once_warm():
-    """Each launcher gets a direct entry after two calls (a constexpr mismatch would keep the JIT launch)."""
+def _every_op_forward_and_backward(times: int = 1) -> None:
+    """Each op's forward and backward: every launcher runs but the dw sum (a backward of several programs;
+    5 rows is one) and the zero tail (after the native backend's torch._grouped_mm only)."""
     calls = [(getattr(ops, op), _inputs(op)) for op in ("rms_norm", "swiglu", "rope", "moe_combine")]
     bf16 = dict(device=DEV, dtype=torch.bfloat16)
     mm = (torch.randn(96, 64, **bf16), torch.randn(3, 64, 128, **bf16))
@@ -98,13 +102,55 @@ def test_every_op_launches_directly_once_warm():
     for fn, args in calls:
         for a in args[:2]:
             a.requires_grad_(a.is_floating_point())
-        for _ in range(2):
+        for _ in range(times):
             out = fn(*args)
             sum(o.float().sum() for o in (out if isinstance(out, tuple) else (out,))).backward()
+
+
+@needs_gpu
+def test_every_op_launches_directly_once_warm():
+    """Each launcher gets a direct entry after two calls (a constexpr mismatch would keep the JIT launch)."""
+    _every_op_forward_and_backward(times=2)
     missing = [name for name, launcher in LAUNCHERS.items() if launcher.cache_size() == 0]
-    # the dw sum runs only when the backward has several programs (5 rows: one), the zero tail after the native
-    # backend's torch._grouped_mm only
     assert set(missing) <= {"mahia.ops.rmsnorm._launch_sum", "mahia.ops.grouped_mm._launch_zero_tail"}, missing
+
+
+_SIG = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32", torch.int64: "i64"}
+_COMPILE_FOR_SM90 = """import importlib, json, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+for module, name, sig, const, options in json.load(sys.stdin):
+    fn = getattr(importlib.import_module(module), name)
+    const = {(fn.arg_names.index(k),): v for k, v in const.items()}
+    try:
+        triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32), options=options)
+    except Exception as e:
+        print(f"{name}: {e}")"""
+
+
+def test_every_launched_kernel_compiles_for_hopper(monkeypatch):
+    """The interpreter runs a kernel's Python, untyped: only the compiler refuses, say, an `if` whose two
+    branches give one name two types (the GLA backward, caught on an H100 on 2026-12-05). Each launch's
+    signature is recorded and compiled for sm_90 in a process without the interpreter (ptxas ships with triton)."""
+    specs, real = {}, _launch.Launcher.__call__
+
+    def record(self, grid, *args, **meta):
+        fn = getattr(self.kernel, "fn", self.kernel)
+        names = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+        sig = {n: "*" + _SIG[a.dtype] if isinstance(a, torch.Tensor) else "fp32" if isinstance(a, float) else "i32"
+               for n, a in zip(names, args)}  # fmt: skip
+        const = {k: v for k, v in meta.items() if k not in _launch._OPTIONS}
+        sig |= dict.fromkeys(const, "constexpr")
+        spec = (fn.__module__, fn.__name__, sig, const, {k: v for k, v in meta.items() if k in _launch._OPTIONS})
+        specs[repr(spec)] = spec
+        return real(self, grid, *args, **meta)
+
+    monkeypatch.setattr(_launch.Launcher, "__call__", record)
+    _every_op_forward_and_backward()
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], input=json.dumps(list(specs.values())),
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert len(specs) >= 11 and done.returncode == 0 and not done.stdout, done.stdout + done.stderr[-2000:]
 
 
 _OPS_DIR = str(Path(rmsnorm.__file__).parent)
