@@ -7,6 +7,18 @@ import torch
 from mahia.measure.checks import CorrectnessError, rel_error, tolerance
 
 
+def grouped_mm_runs(backend: str, dtype: torch.dtype = torch.float32, device="cpu") -> bool:
+    """Whether this grouped matmul backend can run here on ``dtype`` tensors on ``device``."""
+    from mahia.ops.grouped_mm import grouped_mm
+
+    a, b = torch.zeros(2, 16, dtype=dtype, device=device), torch.zeros(1, 16, 16, dtype=dtype, device=device)
+    try:
+        grouped_mm(a, b, torch.tensor([2], dtype=torch.int32, device=device), backend=backend)
+    except ValueError:
+        return False
+    return True
+
+
 def graph_ops(fn, *args):
     """Names of the ops Dynamo puts in the graph of ``fn`` (fullgraph: a graph break raises)."""
     seen = []

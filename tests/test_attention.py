@@ -43,11 +43,7 @@ def reference(q, k, v, causal=True, attn_mask=None):
 
 def qkv(B, Hq, Hkv, T, S, D, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (
-        torch.randn(B, Hq, T, D, generator=g).to(dtype),
-        torch.randn(B, Hkv, S, D, generator=g).to(dtype),
-        torch.randn(B, Hkv, S, D, generator=g).to(dtype),
-    )
+    return tuple(torch.randn(B, H, n, D, generator=g).to(dtype) for H, n in ((Hq, T), (Hkv, S), (Hkv, S)))
 
 
 def paths(q, k, v, causal, attn_mask=None):

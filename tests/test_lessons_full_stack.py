@@ -32,9 +32,7 @@ def _batch(cfg, B=3, T=13):
     return SyntheticTokens(cfg.vocab_size, T, seed=1).batch(B)
 
 
-# --- stacks and rungs ------------------------------------------------------------------------------
-
-
+# -- stacks and rungs -------------------------------------------------------------------------------
 def test_rungs_accumulate_and_stack_config_applies_them():
     rung = {r.name: r for r in fs.LADDER}
     assert fs.LADDER[0].name == "hybrid_parts"  # the loops go first: the standard rungs start from their absence
@@ -75,9 +73,7 @@ def test_for_device_drops_and_swaps_cuda_only_rungs():
     assert kept_gpu == list(fs.LADDER) and why_gpu == {}
 
 
-# --- building and checking -------------------------------------------------------------------------
-
-
+# -- building and checking --------------------------------------------------------------------------
 def test_every_cpu_rung_matches_the_baseline_and_a_wrong_weight_is_caught():
     # Notebook 10's rule: float32 rungs match exactly, a bf16 rung in loss and cross-entropy (top-k routing may send
     # a near-tie token elsewhere once bf16 rounds the router's input; the MoE-free direction check is 10's own gate)
@@ -121,9 +117,7 @@ def test_check_step_direction_and_cosine():
     assert math.isnan(fs.cosine(a, torch.tensor([1.0, float("nan"), 0.0])))  # fails check_step's `cos >= min_cosine`
 
 
-# --- the cost model --------------------------------------------------------------------------------
-
-
+# -- the cost model ---------------------------------------------------------------------------------
 def test_sync_free_logging_removes_exactly_one_sync_per_step():
     cfg = _cfg()
     batch = _batch(cfg, B=2, T=7)

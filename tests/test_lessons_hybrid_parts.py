@@ -97,9 +97,7 @@ def test_threshold_in_gap():
     assert hp.threshold_in_gap(torch.tensor([0.95])) == pytest.approx(0.5)  # nothing inside: the middle
 
 
-# --- the host's measured cost per op ---------------------------------------------------------------
-
-
+# -- the host's measured cost per op ----------------------------------------------------------------
 def _adds(n: int):
     """A call of n one-element adds (n ops that launch a kernel) and one read-back (a sync on a GPU)."""
     x = torch.zeros(1)

@@ -4,6 +4,7 @@ matmul backend, the absence of host syncs in the grouped path, routing statistic
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import grouped_mm_runs
 
 from mahia.measure.checks import compare_fn, rel_error, tolerance
 from mahia.measure.instruments import count_syncs
@@ -26,16 +27,6 @@ def _triton_only_where_tested(request, monkeypatch):
 
 D, H, E = 48, 80, 5  # odd sizes, rows still 16-byte aligned for torch._grouped_mm
 LEAD = (3, 37)  # 111 tokens
-
-
-def runs(backend, dtype=torch.float32):
-    """Whether this grouped matmul backend can run here on ``dtype``."""
-    try:
-        a, b = torch.zeros(2, 16, dtype=dtype), torch.zeros(1, 16, 16, dtype=dtype)
-        grouped_mm(a, b, torch.tensor([2]).int(), backend=backend)
-    except ValueError:
-        return False
-    return True
 
 
 def dense_reference(x, w_router, w13, w2, top_k, coef):
@@ -107,7 +98,7 @@ F32, BF16 = torch.float32, torch.bfloat16
 def test_matches_dense_reference(impl, backend, dtype, top_k, never):
     """y, aux and the gradients of x and the three weights against the float64 dense reference, also with
     experts that get no token."""
-    if impl == "grouped" and not runs(backend, dtype):
+    if impl == "grouped" and not grouped_mm_runs(backend, dtype):
         pytest.skip(f"{backend} cannot run here")
     torch.manual_seed(0)
     moe = MoE(D, H, E, top_k, impl=impl, backend=backend, aux_loss_coef=0.3).to(dtype)
@@ -194,7 +185,7 @@ def test_aux_loss_over_weighted_tokens_and_pooled_stats(impl):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_grouped_path_has_no_host_syncs(backend):
-    if not runs(backend):
+    if not grouped_mm_runs(backend):
         pytest.skip(f"{backend} cannot run here")
     moe = MoE(D, H, E, 2, impl="grouped", backend=backend)
     x = torch.randn(*LEAD, D, requires_grad=True)

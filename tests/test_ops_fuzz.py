@@ -66,11 +66,7 @@ hidden = st.one_of(
 layouts = st.sampled_from(["contiguous", "row-gap", "transposed", "strided"])
 
 
-# ---------------------------------------------------------------------------------------------------
-# Inputs
-# ---------------------------------------------------------------------------------------------------
-
-
+# -- Inputs -----------------------------------------------------------------------------------------
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -143,11 +139,7 @@ def _quiet():
         yield
 
 
-# ---------------------------------------------------------------------------------------------------
-# rms_norm, add_rms_norm
-# ---------------------------------------------------------------------------------------------------
-
-
+# -- rms_norm, add_rms_norm -------------------------------------------------------------------------
 # RMSNorm: float64 inputs take the eager path (the other dtypes the kernels); eps any real >= 0, 0 included
 rms_dtypes = st.sampled_from(DTYPES + (torch.float64,))
 rms_eps = st.sampled_from([1e-6, 1e-5, 0.1, 0.0, Fraction(1, 10**6)])
@@ -228,11 +220,7 @@ def test_fuzz_add_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
     assert_close("add_rms_norm dw", dw, dw64, _low(dtype, w.dtype))
 
 
-# ---------------------------------------------------------------------------------------------------
-# swiglu
-# ---------------------------------------------------------------------------------------------------
-
-
+# -- swiglu -----------------------------------------------------------------------------------------
 @FUZZ
 @given(
     lead=leading,
@@ -265,11 +253,7 @@ def test_fuzz_swiglu(lead, n, dtype, layout, seed):
     assert_close("swiglu db", db, db64, dtype)
 
 
-# ---------------------------------------------------------------------------------------------------
-# rope
-# ---------------------------------------------------------------------------------------------------
-
-
+# -- rope -------------------------------------------------------------------------------------------
 def _rotate(x, cos, sin):
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
@@ -330,11 +314,7 @@ def test_fuzz_rope(b, t, hq, hkv, half, dtype, table_fp32, layout, table_layout,
         assert_close(f"rope {name}", got, ref, low)
 
 
-# ---------------------------------------------------------------------------------------------------
-# moe_combine
-# ---------------------------------------------------------------------------------------------------
-
-
+# -- moe_combine ------------------------------------------------------------------------------------
 @FUZZ
 @given(
     n=st.sampled_from([17, 3, 1, 64, 2, 300, 0]),
@@ -395,11 +375,7 @@ def test_fuzz_moe_combine(
         assert_close(f"moe_combine {name}", got, ref, low)
 
 
-# ---------------------------------------------------------------------------------------------------
-# grouped_mm (every backend)
-# ---------------------------------------------------------------------------------------------------
-
-
+# -- grouped_mm (every backend) ---------------------------------------------------------------------
 def _gmm_cost(m: int, k: int, n: int, groups: int) -> int:
     """Tile iterations of the forward, the dgrad and the wgrad kernels (the CPU interpreter's cost)."""
     tiles_m = -(-m // 32) + groups
@@ -464,11 +440,7 @@ def test_fuzz_grouped_mm(m, k, n, empty, groups, tail, backend, dtype, a_layout,
     assert_close("grouped_mm db", db, db64, dtype)
 
 
-# ---------------------------------------------------------------------------------------------------
-# The GLA scan (impl="triton")
-# ---------------------------------------------------------------------------------------------------
-
-
+# -- The GLA scan (impl="triton") -------------------------------------------------------------------
 def _gla_recurrence(q, k, v, g):
     """S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T q_t, one step at a time (float64)."""
     B, H, T, K = q.shape

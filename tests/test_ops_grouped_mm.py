@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_close, compare
+from helpers import assert_close, compare, grouped_mm_runs
 
 from mahia import ops
 from mahia.ops.grouped_mm import BACKENDS, grouped_mm, grouped_mm_backend
@@ -18,6 +18,7 @@ needs_kernels = pytest.mark.skipif(
     not ops.triton_available_for(torch.empty(0, device=DEVICE)), reason=str(ops.status()["moe_grouped_mm"])
 )
 _REPO = Path(__file__).resolve().parents[1]
+gm = importlib.import_module("mahia.ops.grouped_mm")  # mahia.ops.grouped_mm is also the function's name
 
 
 def rule_reference(a, b, offs):
@@ -33,17 +34,9 @@ def rule_reference(a, b, offs):
     return torch.einsum("mk,mkn->mn", a, b_ext[group.to(a.device)])
 
 
-def _runs(backend):
-    try:
-        grouped_mm(torch.zeros(2, 16, device=DEVICE), torch.zeros(1, 16, 16, device=DEVICE), OFFS2, backend=backend)
-    except ValueError:
-        return False
-    return True
-
-
-OFFS2 = torch.tensor([2], dtype=torch.int32, device=DEVICE)
 BACKENDS_HERE = [
-    pytest.param(b, marks=pytest.mark.skipif(not _runs(b), reason=f"{b} cannot run here")) for b in BACKENDS
+    pytest.param(b, marks=pytest.mark.skipif(not grouped_mm_runs(b, device=DEVICE), reason=f"{b} cannot run here"))
+    for b in BACKENDS
 ]
 
 
@@ -64,12 +57,8 @@ def test_every_backend_follows_the_rule_for_offs(backend, case):
     g = torch.Generator().manual_seed(0)
     a = torch.randn(40, 16, generator=g).to(DEVICE)
     b = torch.randn(offs.numel(), 16, 24, generator=g).to(DEVICE)
-    compare(
-        lambda a, b: grouped_mm(a, b, offs, backend=backend),
-        lambda a, b: rule_reference(a, b, offs),
-        [a, b],
-        name=f"grouped_mm {backend} offs {case}",
-    )
+    fast, ref = lambda a, b: grouped_mm(a, b, offs, backend=backend), lambda a, b: rule_reference(a, b, offs)
+    compare(fast, ref, [a, b], name=f"grouped_mm {backend} offs {case}")
 
 
 def _transposed(t):
@@ -112,7 +101,6 @@ def test_auto_backend_takes_transposed_empty_and_broadcast_gradient_inputs(case)
 def test_three_python_frames_from_grouped_mm_to_the_kernel(backend, monkeypatch):
     """Issue 35: at most 3 Python frames (torch's included) from grouped_mm to the launch (Triton, torch._grouped_mm
     or bmm); in the backward, at most 2 from where autograd enters Python."""
-    gm = importlib.import_module("mahia.ops.grouped_mm")  # mahia.ops.grouped_mm is also the function's name
     paths = []
 
     def record(real):
@@ -166,8 +154,6 @@ def test_import_mahia_ops_does_not_import_dynamo():
 
 def test_compiled_cpu_grouped_mm_has_no_graph_break(monkeypatch):
     """torch.compile of the CPU bfloat16 grouped matmul, whose backend choice probes while tracing: no break."""
-    gm = importlib.import_module("mahia.ops.grouped_mm")  # mahia.ops.grouped_mm is also the function's name
-
     monkeypatch.setattr(gm, "_cpu_grouped_mm_probe", {})  # not probed yet: the first call is traced
     monkeypatch.setenv("MAHIA_DISABLE_TRITON", "1")  # the CPU's own paths, not the interpreter
     if not hasattr(torch, "_grouped_mm"):
@@ -187,7 +173,6 @@ def test_compiled_triton_backend_runs_the_two_custom_ops():
     from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    gm = importlib.import_module("mahia.ops.grouped_mm")  # mahia.ops.grouped_mm is also the function's name
     g = torch.Generator().manual_seed(2)
     a = torch.randn(40, 16, generator=g).to(DEVICE).requires_grad_()
     b = torch.randn(3, 16, 24, generator=g).to(DEVICE).requires_grad_()
@@ -217,8 +202,4 @@ def test_compiled_triton_backend_runs_the_two_custom_ops():
     c_e = fn(a, b)
     for got, want in zip((c, da, db), (c_e, *torch.autograd.grad(c_e.square().sum(), [a, b]))):
         torch.testing.assert_close(got, want)
-    assert calls == [
-        "mahia.moe_grouped_mm.default",
-        "mahia.moe_grouped_mm.default",
-        "mahia.moe_grouped_mm_wgrad.default",
-    ]
+    assert calls == ["mahia.moe_grouped_mm.default"] * 2 + ["mahia.moe_grouped_mm_wgrad.default"]
