@@ -121,11 +121,15 @@ def test_every_op_compiles_for_hopper_and_launches_directly_once_warm(monkeypatc
         return real(self, grid, *args, **meta)
 
     monkeypatch.setattr(_launch.Launcher, "__call__", record)
-    calls = [(getattr(ops, op), _inputs(op)) for op in ("rms_norm", "swiglu", "rope", "moe_combine")]
+    calls = [(getattr(ops, op), _inputs(op)) for op in ("rms_norm", "add_rms_norm", "swiglu", "rope", "moe_combine")]
     bf16 = dict(device=DEV, dtype=torch.bfloat16)
     mm, offs = (torch.randn(96, 64, **bf16), torch.randn(3, 64, 128, **bf16)), torch.tensor([32, 64, 96], device=DEV)
     calls.append((lambda a, b: ops.grouped_mm(a, b, offs.int(), backend="triton"), list(mm)))
-    calls.append((lambda *qkvg: ops.gated_linear_attention(*qkvg, impl="triton"), _inputs("gated_linear_attention")))
+    for t in (None, 2.0):  # log-decays, or the gate's logits (GATE)
+        gla = lambda *qkvg, t=t: ops.gated_linear_attention(*qkvg, impl="triton", gate_temperature=t)  # noqa: E731
+        calls.append((gla, _inputs("gated_linear_attention")))
+    half = lambda a: a.bfloat16() if isinstance(a, torch.Tensor) and a.is_floating_point() else a  # noqa: E731
+    calls += [(fn, [half(a) for a in args]) for fn, args in calls[:5] + calls[6:]]  # bfloat16: other constexprs
     for fn, args in calls:
         for a in args[:2]:
             a.requires_grad_(a.is_floating_point())
@@ -139,7 +143,7 @@ def test_every_op_compiles_for_hopper_and_launches_directly_once_warm(monkeypatc
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     done = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], input=json.dumps(list(specs.values())),
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
-    assert len(specs) >= 11 and done.returncode == 0 and not done.stdout, done.stdout + done.stderr[-2000:]
+    assert len(specs) >= 30 and done.returncode == 0 and not done.stdout, done.stdout + done.stderr[-2000:]
 
 
 _OPS_DIR = str(Path(rmsnorm.__file__).parent)
