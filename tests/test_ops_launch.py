@@ -90,7 +90,6 @@ def test_direct_launch_matches_the_jit_launch(rows, cols, dtype):
     assert rmsnorm._launch_fwd.cache_size() > 0 and rmsnorm._launch_bwd.cache_size() > 0
 
 
-_SIG = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32", torch.int64: "i64"}
 _COMPILE_FOR_SM90 = """import importlib, json, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -112,9 +111,9 @@ def test_every_op_compiles_for_hopper_and_launches_directly_once_warm(monkeypatc
     def record(self, grid, *args, **meta):
         fn = getattr(self.kernel, "fn", self.kernel)
         names = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
-        sig = {n: "*" + _SIG[a.dtype] if isinstance(a, torch.Tensor) else "fp32" if isinstance(a, float) else "i32"
-               for n, a in zip(names, args)}  # fmt: skip
-        const = {k: v for k, v in meta.items() if k not in _launch._OPTIONS}
+        sig = {n: _triton_spec(a)[0] for n, a in zip(names, args)}  # Triton's own: "*bf16", "i32", 1 a constexpr
+        const = {n: a for n, a in zip(names, args) if sig[n] == "constexpr"}
+        const |= {k: v for k, v in meta.items() if k not in _launch._OPTIONS}
         sig |= dict.fromkeys(const, "constexpr")
         spec = (fn.__module__, fn.__name__, sig, const, {k: v for k, v in meta.items() if k in _launch._OPTIONS})
         specs[repr(spec)] = spec
