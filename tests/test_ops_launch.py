@@ -109,8 +109,8 @@ def test_every_op_compiles_for_hopper_and_launches_directly_once_warm(monkeypatc
     specs, real = {}, _launch.Launcher.__call__
 
     def record(self, grid, *args, **meta):
-        fn = getattr(self.kernel, "fn", self.kernel)
-        names = list(inspect.signature(getattr(fn, "fn", fn)).parameters)
+        fn = self.kernel.fn  # the Python function, under JITFunction or the interpreter's wrapper
+        names = list(inspect.signature(fn).parameters)
         sig = {n: _triton_spec(a)[0] for n, a in zip(names, args)}  # Triton's own: "*bf16", "i32", 1 a constexpr
         const = {n: a for n, a in zip(names, args) if sig[n] == "constexpr"}
         const |= {k: v for k, v in meta.items() if k not in _launch._OPTIONS}
