@@ -64,7 +64,10 @@ from mahia.ops.gla_scan.reference import RESET
 
 CHUNK = 16  # rows per chunk: tl.dot's minimum; the pairwise exponentials grow with it (CHUNK^2 * K a chunk)
 MAX_K = 128
-SPAN = 40.0  # the largest log-decay span of a chunk that _gla_intra_kernel's dots take (factors within e^+-20)
+SPAN = 40.0  # the largest log-decay span of a chunk that _gla_intra_kernel's dots take (factors e^+-20); 0: no dots.
+# The dots against the column loop alone (SPAN = 0), forward + backward, bf16: 1.31 against 1.54 ms at B16 H8 T1024 K64,
+# 2.60 / 3.07 at B8 H16 T2048, 8.20 / 12.10 at B4 H16 T4096 K128 (H100, 2026-12-05, .gpu/gla_ab.py); the forward 1-5%.
+# They pay although ptxas (sm_90) spills the backward with both paths: 1,816 B of stack at 255 registers, none alone.
 
 
 @triton.jit
@@ -160,7 +163,10 @@ def _gla_intra_kernel(
     ok = (tl.abs(q) < 2.0**40) & (tl.abs(k) < 2.0**40) & (R == 0.0) & (tl.abs(b) < float("inf"))
     n_big = tl.sum(((tl.abs(dA) >= 2.0**40) & (tl.abs(dA) < float("inf"))).to(tl.int32))
     lo, hi = tl.min(b, axis=0), tl.max(b, axis=0)  # (BK,)
-    if (tl.sum(ok.to(tl.int32)) == BT * BK) & (n_big == 0) & (tl.max(hi - lo) <= SPAN):
+    dots = False
+    if SPAN > 0:  # a compile-time switch: SPAN = 0 builds the column loop alone (the dots cost registers even untaken)
+        dots = (tl.sum(ok.to(tl.int32)) == BT * BK) & (n_big == 0) & (tl.max(hi - lo) <= SPAN)
+    if dots:
         m = (lo + hi)[None, :] * 0.5  # (1, BK): the middle of each channel's log-decays
         e_q, e_k = tl.exp(b - m), tl.exp(m - b)  # (BT, BK)
         q_m, k_m = q * e_q, k * e_k  # q_i exp(b_i - m), k_j exp(m - b_j)
