@@ -66,7 +66,7 @@ CHUNK = 16  # rows per chunk: tl.dot's minimum; the pairwise exponentials grow w
 MAX_K = 128
 SPAN = 40.0  # the largest log-decay span of a chunk that _gla_intra_kernel's dots take (factors e^+-20); 0: no dots.
 # The dots against the column loop alone (SPAN = 0), forward + backward, bf16: 1.31 against 1.54 ms at B16 H8 T1024 K64,
-# 2.60 / 3.07 at B8 H16 T2048, 8.20 / 12.10 at B4 H16 T4096 K128 (H100, 2026-12-05, .gpu/gla_ab.py); the forward 1-5%.
+# 2.60 / 3.07 at B8 H16 T2048, 8.20 / 12.10 at B4 H16 T4096 K128 (H100, 2026-12-05, .gpu/gla_ab.py); forward 0.6-5%.
 # They pay although ptxas (sm_90) spills the backward with both paths: 1,816 B of stack at 255 registers, none alone.
 
 
