@@ -67,7 +67,10 @@ MAX_K = 128
 SPAN = 40.0  # the largest log-decay span of a chunk that _gla_intra_kernel's dots take (factors e^+-20); 0: no dots.
 # The dots against the column loop alone (SPAN = 0), forward + backward, bf16: 1.31 against 1.54 ms at B16 H8 T1024 K64,
 # 2.60 / 3.07 at B8 H16 T2048, 8.20 / 12.10 at B4 H16 T4096 K128 (H100, 2026-12-05, .gpu/gla_ab.py); forward 0.6-5%.
-# They pay although ptxas (sm_90) spills the backward with both paths: 1,816 B of stack at 255 registers, none alone.
+# The column loop below is a runtime loop: unrolled (tl.static_range), ptxas (sm_90) spilled the backward with both
+# paths, 1,816 B of stack at 255 registers; rolled, 214 registers, no stack, the same device time (forward + backward
+# 1.306 against 1.314 ms at B16 H8 T1024 K64, 8.17 / 8.19 at B4 H16 T4096 K128, H100, 2026-12-05) and a 3-5x
+# faster compile (CPU, triton 3.9).
 
 
 @triton.jit
@@ -177,7 +180,7 @@ def _gla_intra_kernel(
             dk = _dot(tl.trans(dA_low), q_m, "ieee", False) * e_k
     else:
         b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
-        for j in tl.static_range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
+        for j in range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
             row_j = offs_t[:, None] == j  # selected, not multiplied by 0: a NaN of another row stays there
             # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
             j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
