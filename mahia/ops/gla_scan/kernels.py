@@ -448,7 +448,8 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     kernels still held the pairwise blocks; not measured again since the intra-chunk pass was split out).
     GROUP, rows per program: groups paid only while the programs were fewer than the SMs (before the split,
     4-5 groups made forward + backward 1.97 against 1.66 ms at B16 H8 T1024, H200, 2026-12-04; after it, 2-8x
-    this plan's groups were 18-21% slower at B * H = 128 and within 1.3% at B2 H8 T8192, H200, 2026-12-05).
+    this plan's groups were 18-21% slower with 128 programs of one group, and within 1.3% at B2 H8 T8192,
+    H200, 2026-12-05).
     Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
     """
     B, H, T, k_dim = q.shape
