@@ -446,6 +446,9 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     BK, BV, num_warps of the sequential kernels: BV = 64 for 16-bit inputs; float32 dot operands take twice the
     registers, so float32 uses BV = 32 for K <= 32, else 16 (ptxas's register counts for sm_90 when these
     kernels still held the pairwise blocks; not measured again since the intra-chunk pass was split out).
+    4 warps for 16-bit inputs with K <= 64: forward + backward 5% faster than 8 at B16 H8 T1024 and B8 H16 T2048
+    (the forward 14%; the backward 2%, though ptxas of triton 3.9 gives it 255 registers, 32 B of stack), 19% slower at
+    K = 128, which keeps 8 (H100, 2026-12-05); BV = 32 or 16 was slower.
     GROUP, rows per program: groups paid only while the programs were fewer than the SMs (before the split,
     4-5 groups made forward + backward 1.97 against 1.66 ms at B16 H8 T1024, H200, 2026-12-04; after it, 2-8x
     this plan's groups were 18-21% slower with 128 programs of one group, and within 1.3% at B2 H8 T8192,
@@ -461,9 +464,8 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
-    meta = dict(
-        BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=4 if bk == 16 else 8
-    )
+    warps = 4 if bk == 16 or (bk <= 64 and q.dtype != torch.float32) else 8
+    meta = dict(BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=warps)
     return n_vblocks, max(1, -(-T // group)), min(group, 64), meta
 
 
