@@ -51,6 +51,8 @@ end=$(( $(date +%s) + ${DEADLINE:-1000000000} ))
 left() { local s=$(( end - $(date +%s) )); (( s > 1 )) && echo $s || echo 1; }
 pack() {
   # Only the files this call wrote: another lease's parts in the same folders are not overwritten on unpacking.
+  # data/fla/<gpu>.json is fla's autotuned configs, written once per GPU model by the meta suite (minutes of
+  # tuning the next run skips: 219 s on an H100, 2026-12-05): it comes back to be committed.
   # A part's files (records, part file, executed notebook, figures) are named after it, and two calls may run at
   # once on one machine, one GPU each (CUDA_VISIBLE_DEVICES): the other call's files are newer than this call's
   # start too, and a half-written CSV of a notebook still running there would overwrite its finished copy when
@@ -64,14 +66,14 @@ pack() {
       else echo "pack: $name did not finish in this call: its records and figures are left out" >&2; fi
     done
     owned=$finished
-    find data/results/$slug figures/$slug -type f -newer "$stamp" 2>/dev/null \
+    find data/results/$slug figures/$slug data/fla -type f -newer "$stamp" 2>/dev/null \
       | awk -v owned="$owned" 'BEGIN { n = split(owned, own, " ") }
           { f = $0; sub(/.*\//, "", f); keep = f !~ /^([0-9][0-9]_|bench_)/
             for (i = 1; i <= n && !keep; i++) keep = index(f, own[i]) == 1
             if (keep) print }' > "$stamp.list"
   else  # the parts' names unknown: everything this call's folders gained, as before
     echo "pack: could not name this call's parts ($(tail -1 "$stamp.err")); packing every newer file" >&2
-    find data/results/$slug figures/$slug -type f -newer "$stamp" > "$stamp.list" 2>/dev/null
+    find data/results/$slug figures/$slug data/fla -type f -newer "$stamp" > "$stamp.list" 2>/dev/null
   fi
   tar czf "${OUT:-.}/$tag.tgz" -T "$stamp.list" runs/$tag 2>/dev/null
   rm -f "$stamp" "$stamp.list" "$stamp.err"
