@@ -49,6 +49,10 @@ def test_the_results_table_has_a_graded_column_per_gpu_with_stale_marks(tmp_path
     assert _row(table, "amp_speedup") == ["`amp_speedup`", ">= 3.0", "1.5 (missed)", "5.343 (met)"]
     assert _row(table, "copy_gbps") == ["`copy_gbps`", "", "not measured", "4248 †"]  # no goal: no grade
     assert "† NVIDIA H200: made by an older commit (aaa)" in " ".join(table.split())
+    doc = json.loads((a / "summary.json").read_text()) | {"newest_commit": "ccc", "newest_record": "2026-11-20"}
+    (a / "summary.json").write_text(json.dumps(doc))  # now an older reference than the H100's: the column is stale
+    table = " ".join(readme_tables([b, a]).split())
+    assert "| NVIDIA H100 | NVIDIA H200 (stale) |" in table and "(stale) NVIDIA H200: commit ccc, not the" in table
 
 
 def test_the_parts_table_sums_seconds_per_gpu_and_marks_a_resumed_part(tmp_path):

@@ -255,6 +255,9 @@ def readme_tables(folders: Sequence[Path]) -> str:
         )
         line += f"; {len(parts)} part(s) recorded ({_per_commit(parts)})" if parts else ""
         lines += [_wrap(line + (" (a CPU run: timings say nothing about a GPU)" if cols[-1][1] else "") + "_"), ""]
+    # A column made by another commit than the newest reference's is stale as a whole (remade when that GPU is lent).
+    ref = max((s for s, _ in cols), key=lambda s: str(s.get("newest_record") or ""), default={})
+    old = [s for s, _ in cols if s.get("newest_commit") != ref.get("newest_commit")]
     rows = []
     for k in HEADLINE_KEYS:
         cells = []
@@ -264,13 +267,16 @@ def readme_tables(folders: Sequence[Path]) -> str:
             stale = " †" if k in summary.get("stale", []) else ""
             cells.append("not measured" if v is None else _value(v) + stale + (f" ({g})" if g else ""))
         rows.append((f"`{k}`", " ".join(map(str, GOALS.get(k, ()))), *cells))
-    head = ("metric", "goal", *(str(s.get("device")) for s, _ in cols))
+    head = ("metric", "goal", *(f"{s.get('device')}{' (stale)' if s in old else ''}" for s, _ in cols))
     lines += [f"_{_GENERATED}; † made by an older commit than that GPU's newest record_", "", *_table(head, rows)]
     for s, _ in cols:
         if s.get("stale"):
             older = sorted({c for k in s["stale"] for c in s["sources"][k]} - {s["newest_commit"]})
             note = f"† {s.get('device')}: made by an older commit ({', '.join(older)}) than its newest record "
             lines += ["", _wrap(note + f"({s['newest_commit']}): run that part of the reference again")]
+    for s in old:
+        note = f"(stale) {s.get('device')}: commit {s.get('newest_commit')}, not the newest reference's"
+        lines += ["", _wrap(note + f" ({ref.get('newest_commit')}, {ref.get('device')}): remade when that GPU is lent")]
     return "\n".join(lines) + "\n"
 
 
