@@ -169,11 +169,14 @@ def test_summary_keys_on_synthetic_records():
 def test_summary_keys_reach_the_folders_summary(tmp_path, monkeypatch):
     rows = _peers("rmsnorm_host_fwd", (4, 64), "bfloat16", 0.020, {"F.rms_norm": 0.030})
     rows += _peers("rmsnorm_host_fwd", (4, 64), "bfloat16", 0.010, {"F.rms_norm": 0.030})  # another notebook's
-    df = pd.DataFrame(rows).assign(notebook=["bench_kernels"] * 3 + ["other"] * 3, profile="full", commit="abc1234")
+    rows += _peers("rmsnorm_host_fwdbwd", (4, 64), "bfloat16", 0.010, {"F.rms_norm": 0.030})  # an older sweep's
+    df = pd.DataFrame(rows).assign(notebook=["bench_kernels"] * 3 + ["other"] * 3 + ["bench_kernels"] * 3,
+                                   profile="full", commit=["abc1234"] * 6 + ["old"] * 3, date=["2"] * 6 + ["1"] * 3)  # fmt: skip
     monkeypatch.setattr(results, "load_records", lambda folder: df)
     doc = json.loads(bk.write_summary(tmp_path, "full").read_text())
     assert doc["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(1.5)  # not the other notebook's 3.0
     assert doc["commits"] == ["abc1234"] and doc["where"]["rmsnorm_host_fwd_vs_native"]["shape"] == "4x64"
+    assert doc["metrics"]["rmsnorm_host_fwdbwd_vs_native"] is None  # a case the newest sweep dropped
     monkeypatch.undo()
     head = results.headline(tmp_path, "full")
     assert head["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(1.5)

@@ -529,6 +529,8 @@ def write_summary(folder: str | Path, profile: str) -> Path:
     df = results.load_records(folder)
     if not df.empty:
         df = df[(df["notebook"] == "bench_kernels") & (df["profile"] == profile)]
+    if not df.empty:  # the newest commit's sweep only (resumed runs of one commit append to it)
+        df = df[df["commit"] == df.sort_values("date")["commit"].iloc[-1]]
     keys = summary_keys(df, where=True)
     doc = {
         "profile": profile,

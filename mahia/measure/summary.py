@@ -71,11 +71,13 @@ def profiles(df: pd.DataFrame) -> list[str]:
 
 
 def latest(df: pd.DataFrame) -> pd.DataFrame:
-    """Newest row per (experiment, variant, shape, dtype), whichever notebook wrote it."""
+    """Newest row per (experiment, variant, shape, dtype), whichever notebook wrote it, from each notebook's newest
+    commit only: a case that an older run recorded and the newer one dropped (a smaller grid) does not linger."""
     if df.empty:
         return df
-    key = ["experiment", "variant", "shape", "dtype"]
-    return df.sort_values("date").groupby(key, as_index=False, sort=False).tail(1).reset_index(drop=True)
+    df, key = df.sort_values("date"), ["experiment", "variant", "shape", "dtype"]
+    df = df[df["commit"] == df.groupby("notebook")["commit"].transform("last")]
+    return df.groupby(key, as_index=False, sort=False).tail(1).reset_index(drop=True)
 
 
 def _rows(df, experiment, shape=None, dtype=None):
