@@ -15,7 +15,10 @@ Each variant's output and four gradients are checked against the float64 loop fi
 Against flash-linear-attention (issue 36), on CUDA where fla-core is installed (skipped, and said so, elsewhere):
 experiments ``gla_fwd`` and ``gla_fwdbwd`` at the model's shapes, ``FLA_SHAPES``, bfloat16. The same function on
 both sides (fla's ``chunk_gla`` with scale = 1); each side gets its own layout, (B, H, T, K) and fla's (B, T, H, K),
-made before timing; both are checked against the float64 log-space path, warmed and timed by ``bench``.
+made before timing; both are checked against the float64 log-space path, warmed and timed by ``bench``. The keys'
+experiments time CUDA-graph replays: the kernels' device time. fla's eager calls are host-bound on a slow host (the
+H100 machine, 2026-12-05: one shape's median moved by up to 3.7x between runs, mahia's fwd+bwd 1.3%), so its eager time,
+recorded as ``gla_fwd_eager`` and ``gla_fwdbwd_eager``, judges the host more than the kernels.
 
 fla's first call at these shapes autotunes about 300 Triton configs (240 s of compiling on an H200, 2026-12-03).
 The configs its autotuner chose are saved once per GPU model, in ``data/fla/<gpu>.json`` for the same fla and Triton
@@ -161,11 +164,16 @@ def _against_fla(recorder, ceilings, dev: torch.device, *, quick: bool) -> None:
             ):
                 n_bytes = gla_bytes(B, H, T, K, V, element_size=2, backward=backward)
                 flops = gla_flops(B, H, T, K, V, 16, backward=backward)
-                t = bench(fn, device=dev, warmup_ms=25, rep_ms=100 if quick else 300)
-                recorder.timing(exp, name, role, t, shape=f"B={B},H={H},T={T},K={K},V={V}", dtype=dtype,
-                                bytes=n_bytes, flops=flops, limit=_limit(flops, n_bytes, ceilings, dtype),
-                                rel_err=err, notes=f"fla: chunk_gla(scale=1), (B, T, H, K), {tuned or 'autotuned in this run'}; "
-                                "flops: chunk 16")  # fmt: skip
+                for suffix, graph in (("", True), ("_eager", False)):
+                    try:
+                        t = bench(fn, device=dev, warmup_ms=25, rep_ms=100 if quick else 300, cuda_graph=graph)
+                    except RuntimeError as e:  # not capturable: its eager time only, and the key not measured
+                        print(f"{exp} {name}: {e}")
+                        continue
+                    recorder.timing(exp + suffix, name, role, t, shape=f"B={B},H={H},T={T},K={K},V={V}", dtype=dtype,
+                                    bytes=n_bytes, flops=flops, limit=_limit(flops, n_bytes, ceilings, dtype), rel_err=err,
+                                    notes=f"{'CUDA-graph replay' if graph else 'eager calls'}; fla: chunk_gla(scale=1), "
+                                    f"(B, T, H, K), {tuned or 'autotuned in this run'}; flops: chunk 16")  # fmt: skip
         del inputs, do, mine, theirs, sides, ref_o, ref_grads  # free this shape before the next
     if not tuned:
         _save_fla_configs(saved)
