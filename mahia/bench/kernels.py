@@ -527,10 +527,8 @@ def write_summary(folder: str | Path, profile: str) -> Path:
     bench_kernels_summary.json`` (``-<profile>`` for other than full), with where each worst case is and the
     records' commits. :func:`mahia.measure.results.headline` merges these keys into the folder's summary."""
     df = results.load_records(folder)
-    if not df.empty:
-        df = df[(df["notebook"] == "bench_kernels") & (df["profile"] == profile)]
     if not df.empty:  # the newest commit's sweep only (resumed runs of one commit append to it)
-        df = df[df["commit"] == df.sort_values("date")["commit"].iloc[-1]]
+        df = results.latest(df[(df["notebook"] == "bench_kernels") & (df["profile"] == profile)])
     keys = summary_keys(df, where=True)
     doc = {
         "profile": profile,
