@@ -168,6 +168,8 @@ def _against_fla(recorder, ceilings, dev: torch.device, *, quick: bool) -> None:
                     try:
                         t = bench(fn, device=dev, warmup_ms=25, rep_ms=100 if quick else 300, cuda_graph=graph)
                     except RuntimeError as e:  # not capturable: its eager time only, and the key not measured
+                        if not graph:
+                            raise
                         print(f"{exp} {name}: {e}")
                         continue
                     recorder.timing(exp + suffix, name, role, t, shape=f"B={B},H={H},T={T},K={K},V={V}", dtype=dtype,
