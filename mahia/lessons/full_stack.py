@@ -175,7 +175,8 @@ def graphed(step: Callable, warmup: int = 3) -> Callable:
     training step: forward, backward, AdamW). The first call of a shape captures ``step`` on a copy of the batch
     (:func:`~mahia.measure.timing.capture_graph`: ``warmup`` real steps on a side stream first, for compilation,
     autotuning and the optimizer's state); every call copies the batch into it and replays. ``.history``: the
-    loss of every real step and replay, in order; ``.pool_bytes``: the memory the graphs hold between steps."""
+    loss of every real step and replay, in order; ``.pool_bytes``: the memory the graphs hold between steps, their
+    private pools' reserved segments (notebook 05, section 9: ``memory_allocated`` counts only the live outputs)."""
     graphs: dict = {}
 
     def replay(batch):
@@ -183,12 +184,12 @@ def graphed(step: Callable, warmup: int = 3) -> Callable:
         if key not in graphs:
             static, marks = tuple(t.clone() for t in batch), []
 
-            def once():  # notes the memory in use before each call: the last note is the capture's
-                marks.append(torch.cuda.memory_allocated())
+            def once():  # notes the memory reserved before each call: the last note is the capture's
+                marks.append(torch.cuda.memory_reserved())
                 return step(static)
 
             graph, loss = capture_graph(once, warmup=warmup)  # recorded, not run: the weights are as warm-up left them
-            replay.pool_bytes += torch.cuda.memory_allocated() - marks[-1]
+            replay.pool_bytes += torch.cuda.memory_reserved() - marks[-1]  # the pool's new segments
             replay.history += step.history[-warmup - 1 : -1]  # the warm-up steps' losses (the last is the capture's)
             graphs[key] = graph, static, loss
         graph, static, loss = graphs[key]
