@@ -33,9 +33,10 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   backward dA = do v^T over all V, the pairs' dq, dk and dG (reverse-summed in the chunk), the diagonal terms.
   It also writes what the walks would otherwise compute on their serial path: q exp(b) and k exp(b_last - b) as
   their dots take them, exp(b_last), and for the backward the float32 factors exp(b), exp(b_last - b). Left in
-  the walks, the scans and exponentials took 57% of the forward loop's instructions and half its barriers, a fifth
-  of the backward loops' and a third of their barriers, and its 48 B of stack (SASS for sm_90 compiled on the CPU
-  machine, triton 3.9, bf16, K = V = 64, 2026-12-05; device time not yet measured).
+  the walks, the scans and exponentials were 70% of the forward loop's instructions (928 against 275 a chunk) and
+  16 of its 21 barriers, half the backward loops' (2,471 against 1,178) and 30 of their 82 barriers (SASS for
+  sm_90 compiled on the CPU machine, triton 3.9, bf16, K = V = 64, integers specialized as at the model's shapes,
+  2026-12-05; device time not yet measured).
 - _gla_fwd_kernel / _gla_bwd_kernel, one per (value block of BV columns, b * h, group of GROUP rows): the
   state across chunks, three small dots a chunk, A and the factors read back. The carries entering the
   groups come first, from a light pass (_gla_bounds_kernel: one dot a chunk), so the groups of one
