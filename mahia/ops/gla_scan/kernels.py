@@ -47,8 +47,9 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   program writes them in the inputs' dtypes (16-bit inputs: three conversion kernels fewer a call).
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
 q is read times ``scale``, dq written times it. With GATE, G holds the gate's logits z: the intra kernel writes
-g = logsigmoid(z) * inv_t to a float32 scratch that the later kernels read, and dg is written times dg/dz (g computed
-on every read instead spilled the intra kernel's registers: 2,216 B of stack in the backward, ptxas sm_90).
+g = logsigmoid(z) * inv_t to a float32 scratch that its column loop reads rows of (g computed on every read instead
+spilled its registers: 2,216 B of stack in the backward, ptxas sm_90) and, for the backward, dg/dz = inv_t sigmoid(-z),
+which the walk multiplies dg by (computed there, from g, it was a third of the walk's dq/dg loop).
 Layout: q, k, g (B, H, T, K), v (B, H, T, V), each with any strides but a unit one along K or V: the (b, h, t) strides
 are arguments, so transposed views of a projection's (B, T, H * d) output are read in place, without a copy. o and
 each gradient take their input's head order (output_like: (B, T, H, d) memory under a transposed view, for the
@@ -124,7 +125,7 @@ def _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT: tl.constexpr):
 
 @triton.jit
 def _gla_intra_kernel(
-    Q, K, V, G, GS, DO, A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
+    Q, K, V, G, GS, DO, A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr, SPAN: tl.constexpr,
@@ -153,8 +154,11 @@ def _gla_intra_kernel(
         x = tl.exp(-tl.abs(g))  # once (GS: float32 (B*H, T, K)) for the row reads below and the kernels after this
         u = 1.0 + x  # log1p(x) = log(u) x / (u - 1) (Kahan: log(u) alone is 0 for x < 6e-8)
         log1p = tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
+        dz = tl.where(g >= 0.0, x, 1.0) / u * inv_t  # dg/dz = inv_t sigmoid(-z), for the backward's dg
         g = tl.where(mask, (tl.minimum(g, 0.0) - log1p) * inv_t, 0.0)
         tl.store(GS + qk0 + off, g, mask=mask)
+        if BACKWARD:  # DZ (B*H, T, K) float32; NaN marks a reset, whose dg is 0 whatever dL/dg is
+            tl.store(DZ + qk0 + off, tl.where(g < RESET, float("nan"), dz), mask=mask)
         tl.debug_barrier()
         G, sgt = GS + qk0, k_dim
     b, R, b_last, R_last = _log_decays(g, RESET)
@@ -331,8 +335,8 @@ def _gla_bwd_load(
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q, K, V, G, DO, A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim, n_bh,
-    n_groups, n_heads, scale, inv_t,
+    Q, K, V, G, DO, A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim,
+    n_bh, n_groups, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     s1b, s1h, s1t, s2b, s2h, s2t, s3b, s3h, s3t, s4b, s4h, s4t,  # (b, h, t) strides of DQ DK DV DGO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
@@ -342,7 +346,7 @@ def _gla_bwd_kernel(
     # (DG itself; with one value block, DQ, DK, DGO are the outputs, in the inputs' dtypes and layouts: no partials
     # to sum, so no conversion or copy after); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
     # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it;
-    # A, QI, KO, EI, EO, DEC: _gla_intra_kernel's; DQI, DKI, DGI: its too, added to value block 0's partials.
+    # A, QI, KO, EI, EO, DEC, DZ: _gla_intra_kernel's; DQI, DKI, DGI: its too, added to value block 0's partials.
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
     pid_v = tl.program_id(0) % n_vblocks
     grp = (tl.program_id(0) // n_vblocks) % n_groups
@@ -353,6 +357,7 @@ def _gla_bwd_kernel(
     Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
     V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
     DQI, DKI, DGI = DQI + pid_bh * seq_len * k_dim, DKI + pid_bh * seq_len * k_dim, DGI + pid_bh * seq_len * k_dim
+    DZ += pid_bh * seq_len * k_dim
     QI, KO = QI + pid_bh * seq_len * k_dim, KO + pid_bh * seq_len * k_dim
     EI, EO, DEC = EI + pid_bh * seq_len * k_dim, EO + pid_bh * seq_len * k_dim, DEC + pid_bh * n_chunks * BK
     A += pid_bh * n_chunks * BT * BT
@@ -418,13 +423,12 @@ def _gla_bwd_kernel(
             dq += tl.load(DQI + qk_off, mask=qk_mask, other=0.0)
             dg += tl.load(DGI + qk_off, mask=qk_mask, other=0.0)
         tl.store(DQ + rows[:, None] * s1t + offs_k[None, :], dq * scale, mask=qk_mask)  # dq was q * scale's
-        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-        if GATE:  # dL/dz = dL/dg * inv_t * sigmoid(-z); G holds g, x = logsigmoid(z) <= 0, sigmoid(-z) = 1 - e^x
-            x = g / inv_t  # 1 - u, or where u is near 1 (cancelling) -expm1(x) = (1 - u) x / log(u) (Kahan)
-            u = tl.exp(x)
-            kahan = tl.where(u == 1.0, -x, (1.0 - u) * x / tl.where(u == 1.0, 1.0, tl.log(tl.maximum(u, 0.5))))
-            dg = dg * inv_t * tl.where(u > 0.5, kahan, 1.0 - u)
-        dg = tl.where(g < RESET, 0.0, dg)  # 0 at a reset: its dg carries exp(g)
+        if GATE:  # dL/dz = dL/dg dg/dz, the factor _gla_intra_kernel wrote (NaN: a reset, dg 0)
+            dz = tl.load(DZ + qk_off, mask=qk_mask, other=0.0)
+            dg = tl.where(dz != dz, 0.0, dg * dz)
+        else:
+            g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+            dg = tl.where(g < RESET, 0.0, dg)  # 0 at a reset: its dg carries exp(g)
         tl.store(DGO + rows[:, None] * s4t + offs_k[None, :], dg, mask=qk_mask)
 
 
@@ -507,7 +511,7 @@ def gla_fwd(
 
 
 def _intra(q, k, v, g, do, scale, inv_t, meta):
-    """([A, QI, KO, DEC], or given do [A, QI, KO, EI, EO, DEC, DQI, DKI, DGI]: _gla_intra_kernel's outputs, one program per
+    """([A, QI, KO, DEC], or given do [A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ]: _gla_intra_kernel's outputs, one program per
     chunk and (b, h); the log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones
     it wrote). 4 warps: 8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
@@ -516,6 +520,7 @@ def _intra(q, k, v, g, do, scale, inv_t, meta):
     a, dec = torch.empty((B * H, n_chunks * CHUNK, CHUNK), **f32), torch.empty((B * H, n_chunks, meta["BK"]), **f32)
     qi, ko = (torch.empty(q.shape, dtype=v.dtype, device=q.device) for _ in range(2))  # as the walks' dots take them
     rest = [torch.empty(q.shape, **f32) for _ in range(5)] if bw else [a] * 5  # EI, EO, DQI, DKI, DGI (a: unwritten)
+    rest += [torch.empty(q.shape, **f32) if bw and inv_t > 0 else a]  # DZ
     out, do = [a, qi, ko, *rest[:2], dec, *rest[2:]], do if bw else v  # the kernel's order
     gs = torch.empty(q.shape, **f32) if inv_t > 0 else g
     args = (q, k, v, g, gs, do, *out, T, k_dim, v.shape[-1], H, scale, inv_t)
@@ -560,7 +565,7 @@ def gla_bwd(
     dq, dk = outs[:2] if one else (torch.empty_like(dg) for _ in range(2))
     dg_out = outs[3] if one else dg  # else in place
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
-    intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, QI, KO, EI, EO, DEC, DQI, DKI, DGI; g: log-decays
+    intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ; g: log-decays
     sb, hb = _bounds(intra[1], intra[2], intra[5], v, do, n_vblocks, n_groups, meta)
     args = (q, k, v, g, do, *intra, dq, dk, outs[2], dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
     ends = _strides(*(t if one else t[0] for t in (dq, dk)), outs[2], dg_out if one else dg[0])
