@@ -125,7 +125,7 @@ def _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT: tl.constexpr):
 
 @triton.jit
 def _gla_intra_kernel(
-    Q, K, V, G, GS, DO, A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
+    Q, K, V, G, GS, DO, A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr, SPAN: tl.constexpr,
@@ -140,7 +140,7 @@ def _gla_intra_kernel(
     # the pairs j = i add the same q_i k_i dA_ii to q * dq and to k * dk, so they go into dq and dk apart.
     n_chunks = tl.cdiv(seq_len, BT)  # one flat grid axis: B * H may pass a second axis' limit, 65535
     c, pid_bh = tl.program_id(0) % n_chunks, (tl.program_id(0) // n_chunks).to(tl.int64)
-    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in DQI, DKI, DGI
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in the (B*H, T, K) outputs
     Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
     A += pid_bh * n_chunks * BT * BT
     offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
@@ -242,7 +242,8 @@ def _gla_fwd_kernel(
     pid_bh = (tl.program_id(0) // n_vblocks // n_groups).to(tl.int64)  # pid_bh * seq_len * k_dim can pass 2**31
     SB += ((pid_v * n_bh + pid_bh) * n_groups + grp) * BK * BV
     n_chunks = tl.cdiv(seq_len, BT)
-    QI, KO, DEC = QI + pid_bh * seq_len * k_dim, KO + pid_bh * seq_len * k_dim, DEC + pid_bh * n_chunks * BK
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in QI, KO
+    QI, KO, DEC = QI + qk0, KO + qk0, DEC + pid_bh * n_chunks * BK
     V, O = _seq(V, pid_bh, n_heads, svb, svh), _seq(O, pid_bh, n_heads, sob, soh)
     A += pid_bh * n_chunks * BT * BT
 
@@ -299,7 +300,8 @@ def _gla_bounds_kernel(
     offs_t, offs_k, offs_v = tl.arange(0, BT), tl.arange(0, BK), pid_v * BV + tl.arange(0, BV)
     box = (pid_v * n_bh + pid_bh) * n_groups * BK * BV + offs_k[:, None] * BV + tl.arange(0, BV)[None, :]
     n_chunks = tl.cdiv(seq_len, BT)
-    QI, KO, DEC = QI + pid_bh * seq_len * k_dim, KO + pid_bh * seq_len * k_dim, DEC + pid_bh * n_chunks * BK
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in QI, KO
+    QI, KO, DEC = QI + qk0, KO + qk0, DEC + pid_bh * n_chunks * BK
     V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
     carry = tl.zeros((BK, BV), dtype=tl.float32)
     for i in range(0, n_chunks):
@@ -335,7 +337,7 @@ def _gla_bwd_load(
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q, K, V, G, DO, A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim,
+    Q, K, V, G, DO, A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim,
     n_bh, n_groups, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     s1b, s1h, s1t, s2b, s2h, s2t, s3b, s3h, s3t, s4b, s4h, s4t,  # (b, h, t) strides of DQ DK DV DGO
@@ -346,7 +348,7 @@ def _gla_bwd_kernel(
     # (DG itself; with one value block, DQ, DK, DGO are the outputs, in the inputs' dtypes and layouts: no partials
     # to sum, so no conversion or copy after); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
     # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it;
-    # A, QI, KO, EI, EO, DEC, DZ: _gla_intra_kernel's; DQI, DKI, DGI: its too, added to value block 0's partials.
+    # A, QI, KO, DEC, EI, EO, DZ: _gla_intra_kernel's; DQI, DKI, DGI: its too, added to value block 0's partials.
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
     pid_v = tl.program_id(0) % n_vblocks
     grp = (tl.program_id(0) // n_vblocks) % n_groups
@@ -356,10 +358,10 @@ def _gla_bwd_kernel(
     c_end = tl.minimum(c_begin + GROUP // BT, n_chunks)
     Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
     V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
-    DQI, DKI, DGI = DQI + pid_bh * seq_len * k_dim, DKI + pid_bh * seq_len * k_dim, DGI + pid_bh * seq_len * k_dim
-    DZ += pid_bh * seq_len * k_dim
-    QI, KO = QI + pid_bh * seq_len * k_dim, KO + pid_bh * seq_len * k_dim
-    EI, EO, DEC = EI + pid_bh * seq_len * k_dim, EO + pid_bh * seq_len * k_dim, DEC + pid_bh * n_chunks * BK
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in the (B*H, T, K) scratch
+    QI, KO, EI, EO = QI + qk0, KO + qk0, EI + qk0, EO + qk0
+    DQI, DKI, DGI, DZ = DQI + qk0, DKI + qk0, DGI + qk0, DZ + qk0
+    DEC += pid_bh * n_chunks * BK
     A += pid_bh * n_chunks * BT * BT
     part = pid_v * n_bh + pid_bh  # this program's slice of the partials and of the scratch
     DG += part * seq_len * k_dim
@@ -511,7 +513,7 @@ def gla_fwd(
 
 
 def _intra(q, k, v, g, do, scale, inv_t, meta):
-    """([A, QI, KO, DEC], or given do [A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ]: _gla_intra_kernel's outputs, one program per
+    """([A, QI, KO, DEC], and given do EI, EO, DQI, DKI, DGI, DZ after them: _gla_intra_kernel's outputs, one program per
     chunk and (b, h); the log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones
     it wrote). 4 warps: 8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
@@ -520,14 +522,13 @@ def _intra(q, k, v, g, do, scale, inv_t, meta):
     a, dec = torch.empty((B * H, n_chunks * CHUNK, CHUNK), **f32), torch.empty((B * H, n_chunks, meta["BK"]), **f32)
     qi, ko = (torch.empty(q.shape, dtype=v.dtype, device=q.device) for _ in range(2))  # as the walks' dots take them
     rest = [torch.empty(q.shape, **f32) for _ in range(5)] if bw else [a] * 5  # EI, EO, DQI, DKI, DGI (a: unwritten)
-    rest += [torch.empty(q.shape, **f32) if bw and inv_t > 0 else a]  # DZ
-    out, do = [a, qi, ko, *rest[:2], dec, *rest[2:]], do if bw else v  # the kernel's order
+    out, do = [a, qi, ko, dec, *rest, torch.empty(q.shape, **f32) if bw and inv_t > 0 else a], do if bw else v  # DZ
     gs = torch.empty(q.shape, **f32) if inv_t > 0 else g
     args = (q, k, v, g, gs, do, *out, T, k_dim, v.shape[-1], H, scale, inv_t)
     consts = {name: meta[name] for name in ("BK", "PRECISION", "UPCAST", "RESET")}
     _launch_intra((n_chunks * B * H,), *args, *_strides(q, k, v, g, do), BT=CHUNK, BV=bv, BACKWARD=bw, GATE=inv_t > 0,
                   SPAN=SPAN, num_warps=4, **consts)  # fmt: skip
-    return (out if bw else [a, qi, ko, dec]), gs
+    return (out if bw else out[:4]), gs
 
 
 def _bounds(qi, ko, dec, v, do, n_vblocks, n_groups, meta):
@@ -565,8 +566,8 @@ def gla_bwd(
     dq, dk = outs[:2] if one else (torch.empty_like(dg) for _ in range(2))
     dg_out = outs[3] if one else dg  # else in place
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
-    intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, QI, KO, EI, EO, DEC, DQI, DKI, DGI, DZ; g: log-decays
-    sb, hb = _bounds(intra[1], intra[2], intra[5], v, do, n_vblocks, n_groups, meta)
+    intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ; g: log-decays
+    sb, hb = _bounds(*intra[1:4], v, do, n_vblocks, n_groups, meta)
     args = (q, k, v, g, do, *intra, dq, dk, outs[2], dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
     ends = _strides(*(t if one else t[0] for t in (dq, dk)), outs[2], dg_out if one else dg[0])
     args += (scale, inv_t, *_strides(q, k, v, g, do), *ends)
