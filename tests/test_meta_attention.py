@@ -13,7 +13,7 @@ from mahia.measure.checks import compare_fn, rel_error, tolerance
 from mahia.measure.instruments import count_syncs
 from mahia.model.meta_attention import MetaAttention
 from mahia.ops.dispatch import reset_fallback_warnings, triton_import_error
-from mahia.ops.gla_scan import gated_linear_attention, gla_bytes, gla_flops, gla_logspace, gla_loop
+from mahia.ops.gla_scan import gated_linear_attention, gla_bytes, gla_flops, gla_logspace, gla_loop, kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 needs_triton = pytest.mark.skipif(triton_import_error() is not None, reason="triton is not installed")
@@ -87,9 +87,8 @@ def test_module_matches_float64_loop_module(impl):
     x = torch.randn(2, 37, 40, device=DEVICE)
     x_ref = x.double().requires_grad_()
     x.requires_grad_()
-    y, y_ref = fast(x), ref(x_ref)
+    y, y_ref, tol = fast(x), ref(x_ref), tolerance(torch.float32)
     assert y.shape == x.shape
-    tol = tolerance(torch.float32)
     assert rel_error(y, y_ref) <= tol
     dy = torch.randn(y.shape, dtype=torch.float64, device=DEVICE)
     y.backward(dy.float())
@@ -105,8 +104,7 @@ def test_the_chunked_paths_stay_exact_past_float32s_exp_range():
     exp(-G) of the naive factorization (notebook 09) overflows float32; the chunked paths stay exact."""
     q, k, v, g = make_inputs(1, 2, 2048, 16, 16, temperature=16.0)
     assert g.sum(dim=2).max() < -88
-    ref = gla_loop(*(t.double() for t in (q, k, v, g)))
-    tol = tolerance(torch.float32)
+    ref, tol = gla_loop(*(t.double() for t in (q, k, v, g))), tolerance(torch.float32)
     assert rel_error(gla_logspace(q, k, v, g), ref) <= tol
     if triton_import_error() is None:
         assert rel_error(gated_linear_attention(q, k, v, g, impl="triton"), ref) <= tol
@@ -239,6 +237,16 @@ def test_the_intra_chunk_dots_agree_with_the_column_loop(monkeypatch):
     monkeypatch.setattr("mahia.ops.gla_scan.kernels.SPAN", -1.0)
     for name, got, ref in zip(["o", "dq", "dk", "dv", "dg"], dots, run()):
         assert not torch.equal(got, ref) and rel_error(got, ref) < 1e-6, name  # both ran: other roundings
+
+
+@needs_triton
+def test_the_groups_a_sequence_is_split_into_change_no_bit(monkeypatch):
+    """The carries entering the groups (their number follows the GPU's SM count) are updated as the walks do."""
+    ins = [t.requires_grad_() for t in make_inputs(1, 2, 100, 16, 24)]  # 4 groups of 32 rows on the CPU
+    run = lambda: [o := gated_linear_attention(*ins, impl="triton"), *torch.autograd.grad(o.square().sum(), ins)]  # noqa: E731
+    split, plan = run(), kernels._plan
+    monkeypatch.setattr(kernels, "_plan", lambda q, v: (plan(q, v)[0], 1, {**plan(q, v)[2], "GROUP": 128}))
+    assert all(torch.equal(a, b) for a, b in zip(split, run()))
 
 
 @pytest.mark.parametrize("reset", [float("-inf"), -1e4, -1e30])

@@ -31,9 +31,15 @@ Two kinds of programs (one walking the chunks with the pairwise blocks too was l
 chunk; split, the forward is 1.15x faster at the model's shapes, forward + backward even; bf16, H200, 2026-12-04):
 - _gla_intra_kernel, one per (chunk, b * h), many and small: everything pairwise in a chunk. A, and in the
   backward dA = do v^T over all V, the pairs' dq, dk and dG (reverse-summed in the chunk), the diagonal terms.
+  It also writes what the walks would otherwise compute on their serial path: q exp(b) and k exp(b_last - b) as
+  their dots take them, exp(b_last), and for the backward the float32 factors exp(b), exp(b_last - b). Left in
+  the walks, the scans and exponentials were 70% of the forward loop's instructions (928 against 275 a chunk) and
+  16 of its 21 barriers, half the backward loops' (2,471 against 1,178) and 30 of their 82 barriers (SASS for
+  sm_90 compiled on the CPU machine, triton 3.9, bf16, K = V = 64, integers specialized as at the model's shapes,
+  2026-12-05; device time not yet measured).
 - _gla_fwd_kernel / _gla_bwd_kernel, one per (value block of BV columns, b * h, group of GROUP rows): the
-  state across chunks, (16, K) decays and three small dots a chunk, A read back. The carries entering the
-  groups come first, from a light pass (_gla_bounds_kernel: one dot per 64 rows), so the groups of one
+  state across chunks, three small dots a chunk, A and the factors read back. The carries entering the
+  groups come first, from a light pass (_gla_bounds_kernel: one dot a chunk), so the groups of one
   sequence run in parallel; a sequence of one group needs none. The backward walks its group's chunks
   backwards (dk, dv; H saved at every chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S,
   dg). dq, dk, dg sum over all V columns: each program writes float32 partials (value block 0's include
@@ -41,8 +47,9 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   program writes them in the inputs' dtypes (16-bit inputs: three conversion kernels fewer a call).
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
 q is read times ``scale``, dq written times it. With GATE, G holds the gate's logits z: the intra kernel writes
-g = logsigmoid(z) * inv_t to a float32 scratch that the later kernels read, and dg is written times dg/dz (g computed
-on every read instead spilled the intra kernel's registers: 2,216 B of stack in the backward, ptxas sm_90).
+g = logsigmoid(z) * inv_t to a float32 scratch that its column loop reads rows of (g computed on every read instead
+spilled its registers: 2,216 B of stack in the backward, ptxas sm_90) and, for the backward, dg/dz = inv_t sigmoid(-z),
+which the walk multiplies dg by (computed there, from g, it was a third of the walk's dq/dg loop).
 Layout: q, k, g (B, H, T, K), v (B, H, T, V), each with any strides but a unit one along K or V: the (b, h, t) strides
 are arguments, so transposed views of a projection's (B, T, H * d) output are read in place, without a copy. o and
 each gradient take their input's head order (output_like: (B, T, H, d) memory under a transposed view, for the
@@ -118,19 +125,22 @@ def _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT: tl.constexpr):
 
 @triton.jit
 def _gla_intra_kernel(
-    Q, K, V, G, GS, DO, A, DQI, DKI, DGI, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
+    Q, K, V, G, GS, DO, A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     # A: float32 (B*H, n_chunks * BT, BT); row i of chunk c holds A_ij for the chunk's rows j (0 for j > i).
+    # For the walks, so that no scan or exponential is left in their loops (B*H, T, K): QI = q exp(b), KO = k exp(b_last
+    # - b), both rounded to v's dtype as the dots take them, DEC (B*H, n_chunks, BK) exp(b_last); BACKWARD: also the
+    # float32 factors EI = exp(b), EO = exp(b_last - b) (resets included, as _log_decays gives them).
     # BACKWARD: also dA_ij = do_i . v_j over all V columns (BV at a time), then, float32 (B*H, T, K),
     #   DQI = sum_{j<i} dA_ij k_j e_ij + dA_ii k_i,     DKI = sum_{i>j} dA_ij q_i e_ij + dA_ii q_i,
     #   DGI = reverse cumsum within the chunk of q * dq - k * dk over the pairs j < i, 0 at a reset:
     # the pairs j = i add the same q_i k_i dA_ii to q * dq and to k * dk, so they go into dq and dk apart.
     n_chunks = tl.cdiv(seq_len, BT)  # one flat grid axis: B * H may pass a second axis' limit, 65535
     c, pid_bh = tl.program_id(0) % n_chunks, (tl.program_id(0) // n_chunks).to(tl.int64)
-    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in DQI, DKI, DGI
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in the (B*H, T, K) outputs
     Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
     A += pid_bh * n_chunks * BT * BT
     offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
@@ -144,11 +154,21 @@ def _gla_intra_kernel(
         x = tl.exp(-tl.abs(g))  # once (GS: float32 (B*H, T, K)) for the row reads below and the kernels after this
         u = 1.0 + x  # log1p(x) = log(u) x / (u - 1) (Kahan: log(u) alone is 0 for x < 6e-8)
         log1p = tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
+        dz = tl.where(g >= 0.0, x, 1.0) / u * inv_t  # dg/dz = inv_t sigmoid(-z), for the backward's dg
         g = tl.where(mask, (tl.minimum(g, 0.0) - log1p) * inv_t, 0.0)
         tl.store(GS + qk0 + off, g, mask=mask)
+        if BACKWARD:  # DZ (B*H, T, K) float32; NaN marks a reset, whose dg is 0 whatever dL/dg is
+            tl.store(DZ + qk0 + off, tl.where(g < RESET, float("nan"), dz), mask=mask)
         tl.debug_barrier()
         G, sgt = GS + qk0, k_dim
-    b, R, _, _ = _log_decays(g, RESET)
+    b, R, b_last, R_last = _log_decays(g, RESET)
+    e_in, e_out = tl.exp(b + R), tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BK)
+    tl.store(QI + qk0 + off, (q * e_in).to(QI.dtype.element_ty), mask=mask)
+    tl.store(KO + qk0 + off, (k * e_out).to(KO.dtype.element_ty), mask=mask)
+    tl.store(DEC + (pid_bh * n_chunks + c) * BK + offs_k, tl.exp(b_last + R_last))
+    if BACKWARD:
+        tl.store(EI + qk0 + off, e_in, mask=mask)
+        tl.store(EO + qk0 + off, e_out, mask=mask)
     dA = tl.zeros((BT, BT), dtype=tl.float32)
     if BACKWARD:
         V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
@@ -206,24 +226,26 @@ def _gla_intra_kernel(
 
 @triton.jit
 def _gla_fwd_kernel(
-    Q, K, V, G, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale,
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sob, soh, sot,  # (b, h, t) strides of Q K V G O
+    QI, KO, V, DEC, A, O, SB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    svb, svh, svt, sob, soh, sot,  # (b, h, t) strides of V O
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     # BT rows per chunk, GROUP rows per program (a multiple of BT); the whole key dim in one program (BK: the
     # next power of two >= k_dim), BV value columns; PRECISION: tl.dot's for float32 operands; UPCAST: see _dot;
-    # log-decays below RESET are full resets (reference.RESET). SB: the state entering each group (float32
-    # (n_vblocks, B*H, n_groups, BK, BV), from _gla_bounds_kernel); A: _gla_intra_kernel's.
+    # SB: the state entering each group (float32 (n_vblocks, B*H, n_groups, BK, BV), from _gla_bounds_kernel);
+    # A, QI, KO, DEC: _gla_intra_kernel's (resets are in them: RESET, like the bounds pass's, is unused).
     # One flat grid axis (a second holds 65535 programs; B*H can pass that); value blocks neighbour, sharing L2.
     n_vblocks = tl.cdiv(v_dim, BV)
     pid_v = tl.program_id(0) % n_vblocks
     grp = (tl.program_id(0) // n_vblocks) % n_groups
     pid_bh = (tl.program_id(0) // n_vblocks // n_groups).to(tl.int64)  # pid_bh * seq_len * k_dim can pass 2**31
     SB += ((pid_v * n_bh + pid_bh) * n_groups + grp) * BK * BV
-    Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
+    n_chunks = tl.cdiv(seq_len, BT)
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in QI, KO
+    QI, KO, DEC = QI + qk0, KO + qk0, DEC + pid_bh * n_chunks * BK
     V, O = _seq(V, pid_bh, n_heads, svb, svh), _seq(O, pid_bh, n_heads, sob, soh)
-    A += pid_bh * tl.cdiv(seq_len, BT) * BT * BT
+    A += pid_bh * n_chunks * BT * BT
 
     offs_t = tl.arange(0, BT)
     offs_k = tl.arange(0, BK)
@@ -234,106 +256,89 @@ def _gla_fwd_kernel(
     state = tl.zeros((BK, BV), dtype=tl.float32)  # S entering the chunk
     if n_groups > 1:
         state = tl.load(SB + offs_k[:, None] * BV + tl.arange(0, BV)[None, :])
-    for c in range(grp * (GROUP // BT), tl.minimum((grp + 1) * (GROUP // BT), tl.cdiv(seq_len, BT))):
+    for c in range(grp * (GROUP // BT), tl.minimum((grp + 1) * (GROUP // BT), n_chunks)):
         rows, qk_mask, v_mask = _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT)
-        # Padding rows and columns load 0: g = 0 keeps b constant, k = v = 0 adds nothing to the state.
-        q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
-        k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)  # (BT, BK)
-        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+        # Padding rows and columns load 0: q_in = k_out = v = 0 add nothing to o or to the state.
+        q_in = tl.load(QI + rows[:, None] * k_dim + offs_k[None, :], mask=qk_mask, other=0.0)  # (BT, BK)
+        k_out = tl.load(KO + rows[:, None] * k_dim + offs_k[None, :], mask=qk_mask, other=0.0)
         v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)  # (BT, BV), dot operand dtype
-
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT), _gla_intra_kernel's
-        b, R, b_last, R_last = _log_decays(g, RESET)
         # A v takes v with its non-finite entries zeroed (0 * NaN in the dot would reach the whole chunk);
         # each value column is NaN from its first non-finite entry on, as in the recurrence.
         finite = tl.abs(v.to(tl.float32)) < float("inf")  # (BT, BV), False for NaN and +-Inf
         first_bad = tl.min(tl.where(finite, BT, offs_t[:, None]), axis=0)  # (BV,): BT if none
         after_bad = offs_t[:, None] >= first_bad[None, :]
         o = _dot(a.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
-        q_in = (q * tl.exp(b + R)).to(v.dtype)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
         o = tl.where(after_bad, float("nan"), o)
         tl.store(O + rows[:, None] * sot + offs_v[None, :], o.to(O.dtype.element_ty), mask=v_mask)
-
-        # decay from row j to the chunk end
-        k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
-        state = state * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
+        dec = tl.load(DEC + c * BK + offs_k)  # (BK,) the decay of the whole chunk
+        state = state * dec[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
 
 
 @triton.jit
 def _gla_bounds_kernel(
-    Q, K, V, G, DO, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads, scale,
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
-    STEP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
+    QI, KO, V, DO, DEC, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
+    svb, svh, svt, sdb, sdh, sdt,  # (b, h, t) strides of V DO
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
     """The carries at the group boundaries, so that the groups of a sequence run in parallel: programs
     [0, P) walk forwards and write the state S entering each group to SB, programs [P, 2P) (launched by the
     backward) walk backwards and write the adjoint H leaving each group to HB; P = value blocks x B*H.
-    Only the carry is updated, STEP rows at a time (exp(b_last - b_j) <= 1 at any STEP):
+    Only the carry is updated, from _gla_intra_kernel's factors QI, KO, DEC and as the walks update it, so a group
+    starts from the very bits the walk of one group would have there:
 
         S' = exp(b_last) S + sum_j (k_j exp(b_last - b_j)) v_j^T,    H = exp(b_last) H' + sum_i (q_i exp(b_i)) do_i^T
     """
     n_vblocks = tl.cdiv(v_dim, BV)
     P = n_vblocks * n_bh
-    forward = tl.program_id(0) < P
-    adjoint = tl.program_id(0) >= P
+    forward, adjoint = tl.program_id(0) < P, tl.program_id(0) >= P
     pid = tl.program_id(0) % P
     pid_v = pid % n_vblocks
     pid_bh = (pid // n_vblocks).to(tl.int64)
-    offs_t = tl.arange(0, STEP)
-    offs_k = tl.arange(0, BK)
-    offs_v = pid_v * BV + tl.arange(0, BV)
-    k_ok = offs_k < k_dim
-    v_ok = offs_v < v_dim
+    offs_t, offs_k, offs_v = tl.arange(0, BT), tl.arange(0, BK), pid_v * BV + tl.arange(0, BV)
     box = (pid_v * n_bh + pid_bh) * n_groups * BK * BV + offs_k[:, None] * BV + tl.arange(0, BV)[None, :]
-    Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
+    n_chunks = tl.cdiv(seq_len, BT)
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in QI, KO
+    QI, KO, DEC = QI + qk0, KO + qk0, DEC + pid_bh * n_chunks * BK
     V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
-    n_steps = tl.cdiv(seq_len, STEP)
     carry = tl.zeros((BK, BV), dtype=tl.float32)
-    for i in range(0, n_steps):
-        s = tl.where(adjoint, n_steps - 1 - i, i)
-        first = (s * STEP) // GROUP
-        if forward & ((s * STEP) % GROUP == 0):
-            tl.store(SB + box + first * BK * BV, carry)  # the state entering group `first`
-        if adjoint & ((((s + 1) * STEP) % GROUP == 0) | (s == n_steps - 1)):
-            tl.store(HB + box + first * BK * BV, carry)  # the adjoint leaving group `first`
-        rows, qk_mask, v_mask = _chunk_rows(s, seq_len, offs_t, k_ok, v_ok, STEP)
-        g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-        b, R, b_last, R_last = _log_decays(g, RESET)
-        carry = carry * tl.exp(b_last + R_last)[:, None]
+    for i in range(0, n_chunks):
+        c = tl.where(adjoint, n_chunks - 1 - i, i)
+        grp = c // (GROUP // BT)
+        if forward & (c % (GROUP // BT) == 0):
+            tl.store(SB + box + grp * BK * BV, carry)  # the state entering group grp
+        if adjoint & ((c % (GROUP // BT) == GROUP // BT - 1) | (c == n_chunks - 1)):
+            tl.store(HB + box + grp * BK * BV, carry)  # the adjoint leaving group grp
+        rows, qk_mask, v_mask = _chunk_rows(c, seq_len, offs_t, offs_k < k_dim, offs_v < v_dim, BT)
         if adjoint:
-            q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
-            do = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
-            carry += _dot(tl.trans((q * tl.exp(b + R)).to(do.dtype)), do, PRECISION, UPCAST)
+            x = tl.load(QI + rows[:, None] * k_dim + offs_k[None, :], mask=qk_mask, other=0.0)
+            y = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
         else:
-            k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-            v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)
-            k_out = k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))
-            carry += _dot(tl.trans(k_out.to(v.dtype)), v, PRECISION, UPCAST)
+            x = tl.load(KO + rows[:, None] * k_dim + offs_k[None, :], mask=qk_mask, other=0.0)
+            y = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)
+        carry = carry * tl.load(DEC + c * BK + offs_k)[:, None] + _dot(tl.trans(x), y, PRECISION, UPCAST)
 
 
 @triton.jit
 def _gla_bwd_load(
-    Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale,
-    BT: tl.constexpr,
+    X, sxt, V, DO, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT: tl.constexpr,
 ):  # fmt: skip
-    """Chunk c's rows and masks (_chunk_rows), its offsets in the contiguous scratch, and q (times scale), k, g
-    (float32), v, do (the dot operand dtype), read with their row strides."""
+    """Chunk c's rows and masks (_chunk_rows), its offsets in the contiguous scratch, x (float32; q or k, read with its
+    row stride sxt), v and do (the dot operand dtype)."""
     rows, qk_mask, v_mask = _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT)
     qk_off = rows[:, None] * k_dim + offs_k[None, :]  # in the contiguous scratch
-    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32) * scale
-    k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
-    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+    x = tl.load(X + rows[:, None] * sxt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
     v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)
     do = tl.load(DO + rows[:, None] * sdt + offs_v[None, :], mask=v_mask, other=0.0)
-    return rows, qk_off, qk_mask, v_mask, q, k, g, v, do
+    return rows, qk_off, qk_mask, v_mask, x, v, do
 
 
 @triton.jit
 def _gla_bwd_kernel(
-    Q, K, V, G, DO, A, DQI, DKI, DGI, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
-    scale, inv_t,
+    Q, K, V, G, DO, A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ, DQ, DK, DV, DG, DGO, HS, SB, HB, seq_len, k_dim, v_dim,
+    n_bh, n_groups, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
     s1b, s1h, s1t, s2b, s2h, s2t, s3b, s3h, s3t, s4b, s4h, s4t,  # (b, h, t) strides of DQ DK DV DGO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
@@ -343,7 +348,7 @@ def _gla_bwd_kernel(
     # (DG itself; with one value block, DQ, DK, DGO are the outputs, in the inputs' dtypes and layouts: no partials
     # to sum, so no conversion or copy after); HS: float32 scratch (n_vblocks, B*H, n_chunks, BK, BV),
     # the adjoint state at every chunk end; SB, HB: the state entering each group and the adjoint leaving it;
-    # A, DQI, DKI, DGI: _gla_intra_kernel's, added to value block 0's partials.
+    # A, QI, KO, DEC, EI, EO, DZ: _gla_intra_kernel's; DQI, DKI, DGI: its too, added to value block 0's partials.
     n_vblocks = tl.cdiv(v_dim, BV)  # a flat grid, as in the forward kernel
     pid_v = tl.program_id(0) % n_vblocks
     grp = (tl.program_id(0) // n_vblocks) % n_groups
@@ -353,9 +358,10 @@ def _gla_bwd_kernel(
     c_end = tl.minimum(c_begin + GROUP // BT, n_chunks)
     Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
     V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
-    DQI += pid_bh * seq_len * k_dim
-    DKI += pid_bh * seq_len * k_dim
-    DGI += pid_bh * seq_len * k_dim
+    qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in the (B*H, T, K) scratch
+    QI, KO, EI, EO = QI + qk0, KO + qk0, EI + qk0, EO + qk0
+    DQI, DKI, DGI, DZ = DQI + qk0, DKI + qk0, DGI + qk0, DZ + qk0
+    DEC += pid_bh * n_chunks * BK
     A += pid_bh * n_chunks * BT * BT
     part = pid_v * n_bh + pid_bh  # this program's slice of the partials and of the scratch
     DG += part * seq_len * k_dim
@@ -378,24 +384,23 @@ def _gla_bwd_kernel(
         dstate = tl.load(HB + (part * n_groups + grp) * BK * BV + hs_off)
     for i in range(c_begin, c_end):
         c = c_end - 1 - (i - c_begin)
-        rows, qk_off, qk_mask, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, BT
+        rows, qk_off, qk_mask, v_mask, k, v, do = _gla_bwd_load(
+            K, skt, V, DO, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
         )
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT)
-        b, R, b_last, R_last = _log_decays(g, RESET)
-        d_out = tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BK) decay from row j to the chunk end
+        d_out = tl.load(EO + qk_off, mask=qk_mask, other=0.0)  # (BT, BK) decay from row j to the chunk end
         tl.store(HS + c * BK * BV + hs_off, dstate)  # H at this chunk's end, for dg in pass 2
         dstate_op = dstate.to(v.dtype)
         dk = _dot(v, tl.trans(dstate_op), PRECISION, UPCAST) * d_out
         dv = _dot(tl.trans(a.to(v.dtype)), do, PRECISION, UPCAST)  # (BT, BV)
-        dv += _dot((k * d_out).to(v.dtype), dstate_op, PRECISION, UPCAST)
+        dv += _dot(tl.load(KO + qk_off, mask=qk_mask, other=0.0), dstate_op, PRECISION, UPCAST)  # k_out H
         tl.store(DG + qk_off, k * dk, mask=qk_mask)  # the k side of dG, for pass 2
         if first:
             dk += tl.load(DKI + qk_off, mask=qk_mask, other=0.0)
         tl.store(DK + rows[:, None] * s2t + offs_k[None, :], dk, mask=qk_mask)
         tl.store(DV + rows[:, None] * s3t + offs_v[None, :], dv.to(DV.dtype.element_ty), mask=v_mask)
-        q_in = (q * tl.exp(b + R)).to(v.dtype)
-        dstate = dstate * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(q_in), do, PRECISION, UPCAST)
+        q_in = tl.load(QI + qk_off, mask=qk_mask, other=0.0)
+        dstate = dstate * tl.load(DEC + c * BK + offs_k)[:, None] + _dot(tl.trans(q_in), do, PRECISION, UPCAST)
 
     tl.debug_barrier()  # pass 2 reads what other threads of this program wrote to DG and HS
 
@@ -404,13 +409,13 @@ def _gla_bwd_kernel(
     if n_groups > 1:
         state = tl.load(SB + (part * n_groups + grp) * BK * BV + hs_off)
     for c in range(c_begin, c_end):
-        rows, qk_off, qk_mask, v_mask, q, k, g, v, do = _gla_bwd_load(
-            Q, K, G, V, DO, sqt, skt, sgt, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, scale, BT
+        rows, qk_off, qk_mask, v_mask, q, v, do = _gla_bwd_load(
+            Q, sqt, V, DO, svt, sdt, c, seq_len, k_dim, offs_t, offs_k, offs_v, k_ok, v_ok, BT
         )
-        b, R, b_last, R_last = _log_decays(g, RESET)
-        dq = _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.exp(b + R)
-        k_out = (k * tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))).to(v.dtype)
-        state = state * tl.exp(b_last + R_last)[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
+        q = q * scale
+        dq = _dot(do, tl.trans(state.to(v.dtype)), PRECISION, UPCAST) * tl.load(EI + qk_off, mask=qk_mask, other=0.0)
+        k_out = tl.load(KO + qk_off, mask=qk_mask, other=0.0)
+        state = state * tl.load(DEC + c * BK + offs_k)[:, None] + _dot(tl.trans(k_out), v, PRECISION, UPCAST)
         # dg_t = sum_{s >= t in the chunk} dG_s + sum_v S_end * H_end: the pairs straddling the chunk
         # end, summed directly instead of as a long, cancelling sum of dG over the rest of the sequence.
         dg_after = tl.sum(state * tl.load(HS + c * BK * BV + hs_off), axis=1)  # (BK,)
@@ -420,12 +425,12 @@ def _gla_bwd_kernel(
             dq += tl.load(DQI + qk_off, mask=qk_mask, other=0.0)
             dg += tl.load(DGI + qk_off, mask=qk_mask, other=0.0)
         tl.store(DQ + rows[:, None] * s1t + offs_k[None, :], dq * scale, mask=qk_mask)  # dq was q * scale's
-        if GATE:  # dL/dz = dL/dg * inv_t * sigmoid(-z); G holds g, x = logsigmoid(z) <= 0, sigmoid(-z) = 1 - e^x
-            x = g / inv_t  # 1 - u, or where u is near 1 (cancelling) -expm1(x) = (1 - u) x / log(u) (Kahan)
-            u = tl.exp(x)
-            kahan = tl.where(u == 1.0, -x, (1.0 - u) * x / tl.where(u == 1.0, 1.0, tl.log(tl.maximum(u, 0.5))))
-            dg = dg * inv_t * tl.where(u > 0.5, kahan, 1.0 - u)
-        dg = tl.where(g < RESET, 0.0, dg)  # 0 at a reset: its dg carries exp(g)
+        if GATE:  # dL/dz = dL/dg dg/dz, the factor _gla_intra_kernel wrote (NaN: a reset, dg 0)
+            dz = tl.load(DZ + qk_off, mask=qk_mask, other=0.0)
+            dg = tl.where(dz != dz, 0.0, dg * dz)
+        else:
+            g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=qk_mask, other=0.0).to(tl.float32)
+            dg = tl.where(g < RESET, 0.0, dg)  # 0 at a reset: its dg carries exp(g)
         tl.store(DGO + rows[:, None] * s4t + offs_k[None, :], dg, mask=qk_mask)
 
 
@@ -440,8 +445,8 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
-    """(value blocks, groups per sequence, the carry pass's STEP, the kernels' meta) for inputs like q (B, H, T, K).
+def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, dict]:
+    """(value blocks, groups per sequence, the kernels' meta) for inputs like q (B, H, T, K).
 
     BK, BV, num_warps of the sequential kernels: BV = 64 for 16-bit inputs; float32 dot operands take twice the
     registers, so float32 uses BV = 32 for K <= 32, else 16 (ptxas's register counts for sm_90 when these
@@ -466,7 +471,7 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, int, dict]:
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
     warps = 4 if bk == 16 or (bk <= 64 and q.dtype != torch.float32) else 8
     meta = dict(BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=warps)
-    return n_vblocks, max(1, -(-T // group)), min(group, 64), meta
+    return n_vblocks, max(1, -(-T // group)), meta
 
 
 def _unit(t: torch.Tensor) -> torch.Tensor:
@@ -499,42 +504,43 @@ def gla_fwd(
     q, k, v, g = (_unit(t) for t in (q, k, v, g))
     if o.numel() == 0 or q.numel() == 0:
         return o.zero_()
-    n_vblocks, n_groups, step, meta = _plan(q, v_dim)
-    scale, inv_t = float(scale), float(inv_t)
-    a, g = _intra(q, k, v, g, None, scale, inv_t, meta)  # g: the log-decays from here on
-    sb = _bounds(q, k, v, g, None, scale, n_vblocks, n_groups, step, meta)
-    args = (q, k, v, g, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, scale, *_strides(q, k, v, g, o))
+    n_vblocks, n_groups, meta = _plan(q, v_dim)
+    (a, qi, ko, dec), _ = _intra(q, k, v, g, None, float(scale), float(inv_t), meta)
+    sb = _bounds(qi, ko, dec, v, None, n_vblocks, n_groups, meta)
+    args = (qi, ko, v, dec, a, o, sb, T, k_dim, v_dim, B * H, n_groups, H, *_strides(v, o))
     _launch_fwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, **meta)
     return o
 
 
 def _intra(q, k, v, g, do, scale, inv_t, meta):
-    """(A, or [A, DQI, DKI, DGI] given do: _gla_intra_kernel's outputs, one program per chunk and (b, h); the
-    log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones it wrote). 4 warps:
-    8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
+    """([A, QI, KO, DEC], and given do EI, EO, DQI, DKI, DGI, DZ after them: _gla_intra_kernel's outputs, one program per
+    chunk and (b, h); the log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones
+    it wrote). 4 warps: 8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
     n_chunks, bv = triton.cdiv(T, CHUNK), min(64, max(16, triton.next_power_of_2(v.shape[-1])))
-    a = torch.empty((B * H, n_chunks * CHUNK, CHUNK), dtype=torch.float32, device=q.device)
-    out = [a] + [torch.empty(q.shape, dtype=torch.float32, device=q.device) for _ in range(3 if bw else 0)]
-    do = do if bw else v
-    gs = torch.empty(q.shape, dtype=torch.float32, device=q.device) if inv_t > 0 else g
-    args = (q, k, v, g, gs, do, *(out if bw else [a] * 4), T, k_dim, v.shape[-1], H, scale, inv_t)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    a, dec = torch.empty((B * H, n_chunks * CHUNK, CHUNK), **f32), torch.empty((B * H, n_chunks, meta["BK"]), **f32)
+    qi, ko = (torch.empty(q.shape, dtype=v.dtype, device=q.device) for _ in range(2))  # as the walks' dots take them
+    rest = [torch.empty(q.shape, **f32) for _ in range(5)] if bw else [a] * 5  # EI, EO, DQI, DKI, DGI (a: unwritten)
+    out, do = [a, qi, ko, dec, *rest, torch.empty(q.shape, **f32) if bw and inv_t > 0 else a], do if bw else v  # DZ
+    gs = torch.empty(q.shape, **f32) if inv_t > 0 else g
+    args = (q, k, v, g, gs, do, *out, T, k_dim, v.shape[-1], H, scale, inv_t)
     consts = {name: meta[name] for name in ("BK", "PRECISION", "UPCAST", "RESET")}
     _launch_intra((n_chunks * B * H,), *args, *_strides(q, k, v, g, do), BT=CHUNK, BV=bv, BACKWARD=bw, GATE=inv_t > 0,
                   SPAN=SPAN, num_warps=4, **consts)  # fmt: skip
-    return (out if bw else a), gs
+    return (out if bw else out[:4]), gs
 
 
-def _bounds(q, k, v, g, do, scale, n_vblocks, n_groups, step, meta):
+def _bounds(qi, ko, dec, v, do, n_vblocks, n_groups, meta):
     """SB, or (SB, HB) given do: the carries entering the groups; a stand-in, unread, for one group a sequence."""
-    B, H, T, k_dim = q.shape
+    B, H, T, k_dim = qi.shape
     n = 1 if do is None else 2
     shape = (n, n_vblocks, B * H, n_groups, meta["BK"], meta["BV"]) if n_groups > 1 else (2, 1)
-    carries = torch.empty(shape, dtype=torch.float32, device=q.device)
+    carries = torch.empty(shape, dtype=torch.float32, device=qi.device)
     if n_groups > 1:
         d = v if do is None else do
-        args = (q, k, v, g, d, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H, scale)
-        _launch_bounds((n * n_vblocks * B * H,), *args, *_strides(q, k, v, g, d), STEP=step, **meta)
+        args = (qi, ko, v, d, dec, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H)
+        _launch_bounds((n * n_vblocks * B * H,), *args, *_strides(v, d), BT=CHUNK, **meta)
     return carries[0] if do is None else (carries[0], carries[-1])
 
 
@@ -551,7 +557,7 @@ def gla_bwd(
     do = _unit(do.to(v.dtype))  # autograd hands do in o's dtype (v's); a direct caller might not
     if q.numel() == 0 or v.numel() == 0:
         return tuple(t.zero_() for t in outs)
-    n_vblocks, n_groups, step, meta = _plan(q, v_dim)  # after the check: no programs, no plan
+    n_vblocks, n_groups, meta = _plan(q, v_dim)  # after the check: no programs, no plan
     scale, inv_t = float(scale), float(inv_t)
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns. With one value block (V <= 64
     # for 16-bit inputs) nothing is summed: the kernel writes dq, dk and the final dg into the outputs.
@@ -560,8 +566,8 @@ def gla_bwd(
     dq, dk = outs[:2] if one else (torch.empty_like(dg) for _ in range(2))
     dg_out = outs[3] if one else dg  # else in place
     h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
-    intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, DQI, DKI, DGI; g: the log-decays from here on
-    sb, hb = _bounds(q, k, v, g, do, scale, n_vblocks, n_groups, step, meta)
+    intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ; g: log-decays
+    sb, hb = _bounds(*intra[1:4], v, do, n_vblocks, n_groups, meta)
     args = (q, k, v, g, do, *intra, dq, dk, outs[2], dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
     ends = _strides(*(t if one else t[0] for t in (dq, dk)), outs[2], dg_out if one else dg[0])
     args += (scale, inv_t, *_strides(q, k, v, g, do), *ends)
