@@ -36,7 +36,8 @@ chunk; split, the forward is 1.15x faster at the model's shapes, forward + backw
   the walks, the scans and exponentials were 70% of the forward loop's instructions (928 against 275 a chunk) and
   16 of its 21 barriers, half the backward loops' (2,471 against 1,178) and 30 of their 82 barriers (SASS for
   sm_90 compiled on the CPU machine, triton 3.9, bf16, K = V = 64, integers specialized as at the model's shapes,
-  2026-12-05; device time not yet measured).
+  2026-12-05). Device time (bf16, H100, 2026-12-06): the forward walk 132 -> 64 us, the intra kernels 470 -> 599 us
+  (fwd + bwd, B16 H8 T1024 K64); the forward 10% faster there, 2.2x at B2 H8 T8192 K128, fwd + bwd 1.6x there.
 - _gla_fwd_kernel / _gla_bwd_kernel, one per (value block of BV columns, b * h, group of GROUP rows): the
   state across chunks, three small dots a chunk, A and the factors read back. The carries entering the
   groups come first, from a light pass (_gla_bounds_kernel: one dot a chunk), so the groups of one
@@ -264,10 +265,11 @@ def _gla_fwd_kernel(
         v = tl.load(V + rows[:, None] * svt + offs_v[None, :], mask=v_mask, other=0.0)  # (BT, BV), dot operand dtype
         a = tl.load(A + (c * BT + offs_t)[:, None] * BT + offs_t[None, :])  # (BT, BT), _gla_intra_kernel's
         # A v takes v with its non-finite entries zeroed (0 * NaN in the dot would reach the whole chunk);
-        # each value column is NaN from its first non-finite entry on, as in the recurrence.
+        # each value column is NaN from its first non-finite entry on, as in the recurrence: a dot of the 0/1 lower
+        # triangle counts the non-finite rows at or above each row (integers <= BT: exact; no cross-lane minimum).
         finite = tl.abs(v.to(tl.float32)) < float("inf")  # (BT, BV), False for NaN and +-Inf
-        first_bad = tl.min(tl.where(finite, BT, offs_t[:, None]), axis=0)  # (BV,): BT if none
-        after_bad = offs_t[:, None] >= first_bad[None, :]
+        tril = (offs_t[:, None] >= offs_t[None, :]).to(v.dtype)
+        after_bad = _dot(tril, tl.where(finite, 0.0, 1.0).to(v.dtype), PRECISION, UPCAST) > 0.0
         o = _dot(a.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
         o = tl.where(after_bad, float("nan"), o)
@@ -445,8 +447,8 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, dict]:
-    """(value blocks, groups per sequence, the kernels' meta) for inputs like q (B, H, T, K).
+def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int, dict]:
+    """(value blocks, groups per sequence, the kernels' meta) for inputs like q (B, H, T, K) and the forward or backward.
 
     BK, BV, num_warps of the sequential kernels: BV = 64 for 16-bit inputs; float32 dot operands take twice the
     registers, so float32 uses BV = 32 for K <= 32, else 16 (ptxas's register counts for sm_90 when these
@@ -454,10 +456,10 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, dict]:
     4 warps for 16-bit inputs with K <= 64: forward + backward 5% faster than 8 at B16 H8 T1024 and B8 H16 T2048
     (the forward 14%; the backward 2%, though ptxas of triton 3.9 gives it 255 registers, 32 B of stack), 19% slower at
     K = 128, which keeps 8 (H100, 2026-12-05); BV = 32 or 16 was slower.
-    GROUP, rows per program: groups paid only while the programs were fewer than the SMs (before the split,
-    4-5 groups made forward + backward 1.97 against 1.66 ms at B16 H8 T1024, H200, 2026-12-04; after it, 2-8x
-    this plan's groups were 18-21% slower with 128 programs of one group, and within 1.3% at B2 H8 T8192,
-    H200, 2026-12-05).
+    GROUP, rows per program: the forward takes about one program per SM; the backward 8x the groups, its programs
+    being longer (bf16, H100, 2026-12-06: the backward, fwd + bwd less fwd, 0.86 against 1.02 ms at B16 H8 T1024 K64,
+    1.69 against 2.03 at B8 H16 T2048, 2.95 against 3.02 at B2 H8 T8192 K128, 5.31 against 5.28 at B4 H16 T4096;
+    the forward at 8x 9-11% slower at K = 64).
     Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
     """
     B, H, T, k_dim = q.shape
@@ -465,7 +467,7 @@ def _plan(q: torch.Tensor, v_dim: int) -> tuple[int, int, dict]:
     cap = 64 if q.dtype != torch.float32 else (32 if bk <= 32 else 16)
     bv = min(cap, max(16, triton.next_power_of_2(v_dim)))
     n_vblocks = triton.cdiv(v_dim, bv)
-    want = max(1, _sm_count(q.device) // (n_vblocks * B * H)) if q.is_cuda else 1  # groups per sequence
+    want = max(1, _sm_count(q.device) * (8 if backward else 1) // (n_vblocks * B * H)) if q.is_cuda else 1
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -557,7 +559,7 @@ def gla_bwd(
     do = _unit(do.to(v.dtype))  # autograd hands do in o's dtype (v's); a direct caller might not
     if q.numel() == 0 or v.numel() == 0:
         return tuple(t.zero_() for t in outs)
-    n_vblocks, n_groups, meta = _plan(q, v_dim)  # after the check: no programs, no plan
+    n_vblocks, n_groups, meta = _plan(q, v_dim, backward=True)  # after the check: no programs, no plan
     scale, inv_t = float(scale), float(inv_t)
     # float32 partials, one slice per value block: dq, dk and dg sum over all V columns. With one value block (V <= 64
     # for 16-bit inputs) nothing is summed: the kernel writes dq, dk and the final dg into the outputs.
