@@ -245,7 +245,7 @@ def test_the_groups_a_sequence_is_split_into_change_no_bit(monkeypatch):
     ins = [t.requires_grad_() for t in make_inputs(1, 2, 100, 16, 24)]  # 4 groups of 32 rows on the CPU
     run = lambda: [o := gated_linear_attention(*ins, impl="triton"), *torch.autograd.grad(o.square().sum(), ins)]  # noqa: E731
     split, plan = run(), kernels._plan
-    monkeypatch.setattr(kernels, "_plan", lambda q, v, **kw: (plan(q, v)[0], 1, {**plan(q, v)[2], "GROUP": 128}))
+    monkeypatch.setattr(kernels, "_plan", lambda q, v, **kw: ((p := plan(q, v, **kw))[0], 1, {**p[2], "GROUP": 128}))
     assert all(torch.equal(a, b) for a, b in zip(split, run()))
 
 

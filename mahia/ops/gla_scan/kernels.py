@@ -257,6 +257,7 @@ def _gla_fwd_kernel(
     state = tl.zeros((BK, BV), dtype=tl.float32)  # S entering the chunk
     if n_groups > 1:
         state = tl.load(SB + offs_k[:, None] * BV + tl.arange(0, BV)[None, :])
+    tril = (offs_t[:, None] >= offs_t[None, :]).to(V.dtype.element_ty)  # (BT, BT) 0/1: row i sums rows <= i
     for c in range(grp * (GROUP // BT), tl.minimum((grp + 1) * (GROUP // BT), n_chunks)):
         rows, qk_mask, v_mask = _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT)
         # Padding rows and columns load 0: q_in = k_out = v = 0 add nothing to o or to the state.
@@ -268,7 +269,6 @@ def _gla_fwd_kernel(
         # each value column is NaN from its first non-finite entry on, as in the recurrence: a dot of the 0/1 lower
         # triangle counts the non-finite rows at or above each row (integers <= BT: exact; no cross-lane minimum).
         finite = tl.abs(v.to(tl.float32)) < float("inf")  # (BT, BV), False for NaN and +-Inf
-        tril = (offs_t[:, None] >= offs_t[None, :]).to(v.dtype)
         after_bad = _dot(tril, tl.where(finite, 0.0, 1.0).to(v.dtype), PRECISION, UPCAST) > 0.0
         o = _dot(a.to(v.dtype), tl.where(finite, v, 0.0).to(v.dtype), PRECISION, UPCAST)  # (BT, BV)
         o += _dot(q_in, state.to(v.dtype), PRECISION, UPCAST)
