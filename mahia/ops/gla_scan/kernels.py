@@ -576,5 +576,5 @@ def gla_bwd(
     _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, GATE=inv_t > 0, **meta)
     if not one:
         for out, partials in zip((outs[0], outs[1], outs[3]), (dq, dk, dg)):
-            torch.sum(partials, 0, out=out)  # one kernel: summed in float32, written in out's dtype and layout
+            out.copy_(partials.sum(0))
     return tuple(outs)
