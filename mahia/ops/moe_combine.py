@@ -235,12 +235,8 @@ def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torc
     kp, bt, bd, warps = _config(N, k, D, 4096)
     _launch_fwd(
         (triton.cdiv(N, bt),), out, inverse, gates, y, N, k, D, N * k, out.stride(0), gates.stride(0),
-        gates.stride(1), y.stride(0),
-        KP=kp,
-        BLOCK_T=bt,
-        BLOCK_D=bd,
-        ALIGN=pow2_divisor(D | out.stride(0) | y.stride(0)),
-        num_warps=warps,
+        gates.stride(1), y.stride(0), KP=kp, BLOCK_T=bt, BLOCK_D=bd,
+        ALIGN=pow2_divisor(D | out.stride(0) | y.stride(0)), num_warps=warps,
     )  # fmt: skip
     return y
 
@@ -266,13 +262,8 @@ def moe_combine_bwd_launch(
     kp, bt, bd, warps = _config(N, k, D, 2048)
     _launch_bwd(
         (triton.cdiv(N, bt),), dy, out, inverse, gates, d_out, d_gates, N, k, D, N * k, dy.stride(0), out.stride(0),
-        gates.stride(0), gates.stride(1), d_out.stride(0),
-        GATE_GRAD=bool(gate_grad),
-        KP=kp,
-        BLOCK_T=bt,
-        BLOCK_D=bd,
-        ALIGN=pow2_divisor(D | dy.stride(0) | out.stride(0) | d_out.stride(0)),
-        num_warps=warps,
+        gates.stride(0), gates.stride(1), d_out.stride(0), GATE_GRAD=bool(gate_grad), KP=kp, BLOCK_T=bt, BLOCK_D=bd,
+        ALIGN=pow2_divisor(D | dy.stride(0) | out.stride(0) | d_out.stride(0)), num_warps=warps,
     )  # fmt: skip
     return d_out, d_gates
 

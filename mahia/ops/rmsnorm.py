@@ -350,12 +350,8 @@ def rms_norm_fwd_launch(
     ints = (n_rows, n_cols, stride_x, stride_r, n_cols, n_cols)  # y and h are contiguous
     w = weight if weight.is_contiguous() else weight.contiguous()
     entry = _launch_fwd(
-        grid, x2, r2, w, y, h, *ints, eps,
-        num_warps=num_warps,
-        HAS_RESIDUAL=residual is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        ALIGN=pow2_divisor(bits),
+        grid, x2, r2, w, y, h, *ints, eps, num_warps=num_warps, HAS_RESIDUAL=residual is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, ALIGN=pow2_divisor(bits),
     )  # fmt: skip
     if plan_key is not None and entry is not None:
         if len(_fwd_plans) >= 4096:  # a process that sees ever new shapes
@@ -390,30 +386,15 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
     bits = n_cols | stride_dy | stride_x | stride_dh  # every integer ALIGN must divide
     _launch_bwd(
         (n_programs,), dy2, x2, weight if weight.is_contiguous() else weight.contiguous(), dh2, dx, partials, n_rows,
-        n_cols, rows_per_program, stride_dy, stride_x, stride_dh,
-        n_cols,  # dx is contiguous
-        eps,
-        num_warps=num_warps,
-        HAS_DH=dh is not None,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        ALIGN=pow2_divisor(bits),
+        n_cols, rows_per_program, stride_dy, stride_x, stride_dh, n_cols, eps,  # n_cols: dx's row stride
+        num_warps=num_warps, HAS_DH=dh is not None, BLOCK_M=block_m, BLOCK_N=block_n, ALIGN=pow2_divisor(bits),
     )  # fmt: skip
     if n_programs > 1:
         # narrow column strips, all partial rows in one or two tiles: enough programs and loads in flight
         # for a reduction of a few MB (a few wide strips walking the rows one tile at a time took
         # ~40 us at 264 x 4096 on an H100)
-        _launch_sum(
-            (triton.cdiv(n_cols, 32),),
-            partials,
-            dw,
-            n_programs,
-            n_cols,
-            num_warps=4,
-            BLOCK_P=128,
-            BLOCK_N=32,
-            ALIGN=pow2_divisor(n_cols),
-        )
+        _launch_sum((triton.cdiv(n_cols, 32),), partials, dw, n_programs, n_cols, num_warps=4, BLOCK_P=128,
+                    BLOCK_N=32, ALIGN=pow2_divisor(n_cols))  # fmt: skip
     return dx, dw
 
 

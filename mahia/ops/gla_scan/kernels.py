@@ -1,11 +1,10 @@
 """The Triton kernels of gated linear attention, forward and backward, and the two functions that launch them.
 
-The chunked form they compute is in :mod:`mahia.ops.gla_scan` (chunks of BT = 16 rows, b_i the log-decay
-from the chunk start through row i, S the state entering the chunk). Every exponent is <= 0, so nothing
-can overflow at any sequence length. Inside a chunk, A = (q * exp(b - m)) (k * exp(m - b))^T (m the middle of
-each channel's log-decays) lets tl.dot do the pairs in float32 where both factors stay in range: the chunk's
-decays span at most SPAN. A chunk with stronger decays (exp(-b_j) grows like exp(BT * |g|)), a reset or a
-non-finite q or k computes the pairwise decays one column j at a time: BT * BT * K exponentials a chunk.
+The chunked form they compute is in :mod:`mahia.ops.gla_scan` (chunks of BT = 16 rows, b_i the log-decay from the
+chunk start through row i, S the state entering the chunk). Every exponent is <= 0: nothing overflows at any length.
+Inside a chunk, A = (q * exp(b - m)) (k * exp(m - b))^T (m the middle of each channel's log-decays) lets tl.dot do
+the pairs in float32 where both factors stay in range: the chunk's decays span at most SPAN. A chunk with stronger
+decays (exp(-b_j) grows like exp(BT |g|)), a reset or a non-finite q or k goes one column j at a time (BT^2 K exps).
 
 Backward (do = dL/do): dA_ij = do_i . v_j, and the adjoint state H_next = sum over the rows s after the
 chunk of exp(G_s - G_end) q_s do_s^T, carried backwards over the chunks like S is carried forwards:
@@ -27,41 +26,31 @@ directly: sum_{s > chunk end} dG_s is the derivative for the pairs straddling th
 Likewise the pairs j = i (decay exp(0) = 1) would add the same q_i k_i (do_i . v_i) to q * dq and to
 k * dk; they go into dq and dk apart, never into dG.
 
-Two kinds of programs (one walking the chunks with the pairwise blocks too was latency-bound, ~11,000 cycles a
-chunk; split, the forward is 1.15x faster at the model's shapes, forward + backward even; bf16, H200, 2026-12-04):
-- _gla_intra_kernel, one per (chunk, b * h), many and small: everything pairwise in a chunk. A, and in the
-  backward dA = do v^T over all V, the pairs' dq, dk and dG (reverse-summed in the chunk), the diagonal terms.
-  It also writes what the walks would otherwise compute on their serial path: q exp(b) and k exp(b_last - b) as
-  their dots take them, exp(b_last), and for the backward the float32 factors exp(b), exp(b_last - b). Left in
-  the walks, the scans and exponentials were 70% of the forward loop's instructions (928 against 275 a chunk) and
-  16 of its 21 barriers, half the backward loops' (2,471 against 1,178) and 30 of their 82 barriers (SASS for
-  sm_90 compiled on the CPU machine, triton 3.9, bf16, K = V = 64, integers specialized as at the model's shapes,
-  2026-12-05). Device time (bf16, H100, 2026-12-06): the forward walk 132 -> 64 us, the intra kernels 470 -> 599 us
-  (fwd + bwd, B16 H8 T1024 K64); the forward 10% faster there, 2.2x at B2 H8 T8192 K128, fwd + bwd 1.6x there.
-- _gla_fwd_kernel / _gla_bwd_kernel, one per (value block of BV columns, b * h, group of GROUP rows): the
-  state across chunks, three small dots a chunk, A and the factors read back. The carries entering the
-  groups come first, from a light pass (_gla_bounds_kernel: one dot a chunk), so the groups of one
-  sequence run in parallel; a sequence of one group needs none. The backward walks its group's chunks
-  backwards (dk, dv; H saved at every chunk end: a (T/16, K, BV) float32 scratch), then forwards (dq, S,
-  dg). dq, dk, dg sum over all V columns: each program writes float32 partials (value block 0's include
-  the intra-chunk terms) and a ``sum(0)`` finishes them. With one value block there is nothing to sum: the
-  program writes them in the inputs' dtypes (16-bit inputs: three conversion kernels fewer a call).
+Programs of two kinds (one walking the chunks with the pairwise blocks too was latency-bound, ~11,000 cycles a chunk;
+split, the forward is 1.15x faster at the model's shapes, forward + backward even; bf16, H200, 2026-12-04):
+- _gla_intra_kernel, one per (chunk, b * h), many and small: everything pairwise in a chunk. A, and in the backward
+  (dA = do v^T from _gla_dA_kernel) the pairs' dq, dk and dG (reverse-summed in the chunk), the diagonal terms. It
+  also writes what the walks would otherwise compute on their serial path: q exp(b), k exp(b_last - b), exp(b_last)
+  and for the backward exp(b), exp(b_last - b) in float32. In the walks, these were 70% of the forward loop's
+  instructions and half the backward's (SASS, sm_90, 2026-12-05); the forward walk took 132 us, now 64 (H100).
+- _gla_fwd_kernel / _gla_bwd_kernel, one per (value block of BV columns, b * h, group of GROUP rows): the state
+  across chunks, three small dots a chunk, A and the factors read back. The carries entering the groups come first,
+  from a light pass (_gla_bounds_kernel: one dot a chunk), so the groups of one sequence run in parallel. The
+  backward walks its group's chunks backwards (dk, dv; H saved at every chunk end: a (T/16, K, BV) float32
+  scratch), then forwards (dq, S, dg). dq, dk, dg sum over all V columns: float32 partials per value block (block
+  0's with the intra-chunk terms), then a ``sum(0)``; with one value block the program writes them as they are.
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
 q is read times ``scale``, dq written times it. With GATE, G holds the gate's logits z: the intra kernel writes
-g = logsigmoid(z) * inv_t to a float32 scratch that its column loop reads rows of (g computed on every read instead
-spilled its registers: 2,216 B of stack in the backward, ptxas sm_90) and, for the backward, dg/dz = inv_t sigmoid(-z),
-which the walk multiplies dg by (computed there, from g, it was a third of the walk's dq/dg loop).
-Layout: q, k, g (B, H, T, K), v (B, H, T, V), each with any strides but a unit one along K or V: the (b, h, t) strides
-are arguments, so transposed views of a projection's (B, T, H * d) output are read in place, without a copy. o and
-each gradient take their input's head order (output_like: (B, T, H, d) memory under a transposed view, for the
-projections' matmuls to read as they are); the scratch is contiguous. Any T; K <= 128; any V.
-A reset (a gate below RESET, mahia.ops.gla_scan) zeroes every decay across it and the kernels write dg = 0
-there (the true dg carries a factor exp(g)). The launchers do not check their inputs: the public function did.
+g = logsigmoid(z) * inv_t to a float32 scratch for its column loop (recomputed there, it spilled registers) and for
+the backward dg/dz = inv_t sigmoid(-z), which the walk multiplies dg by (computed there, a third of its loop).
+Layout: q, k, g (B, H, T, K), v (B, H, T, V), any strides but a unit one along K or V (the (b, h, t) strides are
+arguments: transposed views of a projection's output are read in place). o and each gradient take their input's
+head order (output_like); the scratch is contiguous. Any T; K <= 128; any V. A reset (a gate below RESET) zeroes
+every decay across it; dg = 0 there. The launchers do not check their inputs: the public function did.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -74,11 +63,8 @@ CHUNK = 16  # rows per chunk: tl.dot's minimum; the pairwise exponentials grow w
 MAX_K = 128
 SPAN = 40.0  # the largest log-decay span of a chunk that _gla_intra_kernel's dots take (factors e^+-20); 0: no dots.
 # The dots against the column loop alone (SPAN = 0), forward + backward, bf16: 1.31 against 1.54 ms at B16 H8 T1024 K64,
-# 2.60 / 3.07 at B8 H16 T2048, 8.20 / 12.10 at B4 H16 T4096 K128 (H100, 2026-12-05, .gpu/gla_ab.py); forward 0.6-5%.
-# The column loop below is a runtime loop: unrolled (tl.static_range), ptxas (sm_90) spilled the backward with both
-# paths, 1,816 B of stack at 255 registers; rolled, 214 registers, no stack, the same device time (forward + backward
-# 1.306 against 1.314 ms at B16 H8 T1024 K64, 8.17 / 8.19 at B4 H16 T4096 K128, H100, 2026-12-05) and a 3-5x
-# faster compile (CPU, triton 3.9).
+# 8.20 / 12.10 at B4 H16 T4096 K128 (H100, 2026-12-05). The column loop is a runtime loop: unrolled, ptxas (sm_90)
+# spilled the backward (1,816 B of stack); rolled, the same device time (H100, 2026-12-05) and a 3-5x faster compile.
 
 
 @triton.jit
@@ -126,103 +112,138 @@ def _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT: tl.constexpr):
 
 @triton.jit
 def _gla_intra_kernel(
-    Q, K, V, G, GS, DO, A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ, seq_len, k_dim, v_dim, n_heads, scale, inv_t,
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sgb, sgh, sgt, sdb, sdh, sdt,  # (b, h, t) strides of Q K V G DO
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BACKWARD: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, GATE: tl.constexpr, SPAN: tl.constexpr,
+    Q, K, G, GS, DA, A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ, seq_len, k_dim, n_heads, scale, inv_t,
+    sqb, sqh, sqt, skb, skh, skt, sgb, sgh, sgt,  # (b, h, t) strides of Q K G
+    BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BACKWARD: tl.constexpr, RESET: tl.constexpr,
+    GATE: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     # A: float32 (B*H, n_chunks * BT, BT); row i of chunk c holds A_ij for the chunk's rows j (0 for j > i).
-    # For the walks, so that no scan or exponential is left in their loops (B*H, T, K): QI = q exp(b), KO = k exp(b_last
-    # - b), both rounded to v's dtype as the dots take them, DEC (B*H, n_chunks, BK) exp(b_last); BACKWARD: also the
-    # float32 factors EI = exp(b), EO = exp(b_last - b) (resets included, as _log_decays gives them).
-    # BACKWARD: also dA_ij = do_i . v_j over all V columns (BV at a time), then, float32 (B*H, T, K),
+    # For the walks (B*H, T, K): QI = q exp(b), KO = k exp(b_last - b) in v's dtype; DEC (B*H, n_chunks, BK) exp(b_last)
+    # BACKWARD: the float32 factors EI = exp(b), EO = exp(b_last - b) (resets included, as _log_decays gives them),
+    # and from DA = do v^T (_gla_dA_kernel's, laid out as A) float32 (B*H, T, K)
     #   DQI = sum_{j<i} dA_ij k_j e_ij + dA_ii k_i,     DKI = sum_{i>j} dA_ij q_i e_ij + dA_ii q_i,
     #   DGI = reverse cumsum within the chunk of q * dq - k * dk over the pairs j < i, 0 at a reset:
     # the pairs j = i add the same q_i k_i dA_ii to q * dq and to k * dk, so they go into dq and dk apart.
+    # All but A are per key channel, so the channels go BKB at a time, A summed over the blocks: fewer registers.
     n_chunks = tl.cdiv(seq_len, BT)  # one flat grid axis: B * H may pass a second axis' limit, 65535
     c, pid_bh = tl.program_id(0) % n_chunks, (tl.program_id(0) // n_chunks).to(tl.int64)
     qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in the (B*H, T, K) outputs
     Q, K, G = _seq(Q, pid_bh, n_heads, sqb, sqh), _seq(K, pid_bh, n_heads, skb, skh), _seq(G, pid_bh, n_heads, sgb, sgh)
     A += pid_bh * n_chunks * BT * BT
-    offs_t, offs_k = tl.arange(0, BT), tl.arange(0, BK)
+    offs_t = tl.arange(0, BT)
     rows = c * BT + offs_t
-    off = rows[:, None] * k_dim + offs_k[None, :]
-    mask = (rows < seq_len)[:, None] & (offs_k < k_dim)[None, :]
-    q = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32) * scale  # (BT, BK)
-    k = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)  # padding 0
-    g = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-    if GATE:  # G holds the logits z: g = logsigmoid(z) * inv_t = (min(z, 0) - log1p(exp(-|z|))) * inv_t, written
-        x = tl.exp(-tl.abs(g))  # once (GS: float32 (B*H, T, K)) for the row reads below and the kernels after this
-        u = 1.0 + x  # log1p(x) = log(u) x / (u - 1) (Kahan: log(u) alone is 0 for x < 6e-8)
-        log1p = tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
-        dz = tl.where(g >= 0.0, x, 1.0) / u * inv_t  # dg/dz = inv_t sigmoid(-z), for the backward's dg
-        g = tl.where(mask, (tl.minimum(g, 0.0) - log1p) * inv_t, 0.0)
-        tl.store(GS + qk0 + off, g, mask=mask)
-        if BACKWARD:  # DZ (B*H, T, K) float32; NaN marks a reset, whose dg is 0 whatever dL/dg is
-            tl.store(DZ + qk0 + off, tl.where(g < RESET, float("nan"), dz), mask=mask)
-        tl.debug_barrier()
-        G, sgt = GS + qk0, k_dim
-    b, R, b_last, R_last = _log_decays(g, RESET)
-    e_in, e_out = tl.exp(b + R), tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BK)
-    tl.store(QI + qk0 + off, (q * e_in).to(QI.dtype.element_ty), mask=mask)
-    tl.store(KO + qk0 + off, (k * e_out).to(KO.dtype.element_ty), mask=mask)
-    tl.store(DEC + (pid_bh * n_chunks + c) * BK + offs_k, tl.exp(b_last + R_last))
-    if BACKWARD:
-        tl.store(EI + qk0 + off, e_in, mask=mask)
-        tl.store(EO + qk0 + off, e_out, mask=mask)
+    if GATE:  # the column loop reads rows of the log-decays this program writes (GS, float32)
+        GR, sgr = GS + qk0, k_dim
+    else:
+        GR, sgr = G, sgt
     dA = tl.zeros((BT, BT), dtype=tl.float32)
     if BACKWARD:
-        V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
-        for v0 in range(0, v_dim, BV):
-            cols = v0 + tl.arange(0, BV)
-            v_mask = (rows < seq_len)[:, None] & (cols < v_dim)[None, :]
-            v = tl.load(V + rows[:, None] * svt + cols[None, :], mask=v_mask, other=0.0)
-            do = tl.load(DO + rows[:, None] * sdt + cols[None, :], mask=v_mask, other=0.0)
-            dA += _dot(do, tl.trans(v), PRECISION, UPCAST)
-    a = tl.zeros((BT, BT), dtype=tl.float32)
-    dq, dk = tl.zeros((BT, BK), dtype=tl.float32), tl.zeros((BT, BK), dtype=tl.float32)
-    # Where the chunk allows it, exp(b_i - b_j) = exp(b_i - m) exp(m - b_j) (m: each channel's middle log-decay) and
-    # the pairs are float32 dots: decays spanning <= SPAN (factors in e^(+-SPAN/2)), no reset, q and k finite (a dot's
-    # 0 * NaN would reach earlier rows) and, with dA, below 2**40 (no product overflows; dA's NaN, Inf are selected).
-    ok = (tl.abs(q) < 2.0**40) & (tl.abs(k) < 2.0**40) & (R == 0.0) & (tl.abs(b) < float("inf"))
+        dA = tl.load(DA + (pid_bh * n_chunks + c) * BT * BT + offs_t[:, None] * BT + offs_t[None, :])
+    # dA's entries finite and below 2**40, or the pairs go by the column loop (no product overflows; NaN, Inf selected)
     n_big = tl.sum(((tl.abs(dA) >= 2.0**40) & (tl.abs(dA) < float("inf"))).to(tl.int32))
-    lo, hi = tl.min(b, axis=0), tl.max(b, axis=0)  # (BK,)
-    dots = False
-    if SPAN > 0:  # a compile-time switch: SPAN = 0 builds the column loop alone (the dots cost registers even untaken)
-        dots = (tl.sum(ok.to(tl.int32)) == BT * BK) & (n_big == 0) & (tl.max(hi - lo) <= SPAN)
-    if dots:
-        m = (lo + hi)[None, :] * 0.5  # (1, BK): the middle of each channel's log-decays
-        e_q, e_k = tl.exp(b - m), tl.exp(m - b)  # (BT, BK)
-        q_m, k_m = q * e_q, k * e_k  # q_i exp(b_i - m), k_j exp(m - b_j)
-        a = _dot(q_m, tl.trans(k_m), "ieee", False)
+    dA_low = tl.where(offs_t[:, None] > offs_t[None, :], dA, 0.0)  # (BT, BT): dA_ij for rows i > j
+    diag = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], dA, 0.0), axis=1)  # (BT,): do_i . v_i
+    a = tl.zeros((BT, BT), dtype=tl.float32)
+    # Each block's q, k, g are loaded one block ahead, so their loads are in flight while the block before is computed.
+    offs_k = tl.arange(0, BKB)
+    mask = (rows < seq_len)[:, None] & (offs_k < k_dim)[None, :]
+    q_next = tl.load(Q + rows[:, None] * sqt + offs_k[None, :], mask=mask, other=0.0)  # (BT, BKB)
+    k_next = tl.load(K + rows[:, None] * skt + offs_k[None, :], mask=mask, other=0.0)  # padding 0
+    g_next = tl.load(G + rows[:, None] * sgt + offs_k[None, :], mask=mask, other=0.0)
+    for k0 in range(0, BK, BKB):
+        offs_k = k0 + tl.arange(0, BKB)
+        off = rows[:, None] * k_dim + offs_k[None, :]
+        mask = (rows < seq_len)[:, None] & (offs_k < k_dim)[None, :]
+        q, k, g = q_next.to(tl.float32) * scale, k_next.to(tl.float32), g_next.to(tl.float32)
+        n_mask = (rows < seq_len)[:, None] & (offs_k + BKB < k_dim)[None, :]  # none after the last block
+        q_next = tl.load(Q + rows[:, None] * sqt + (offs_k + BKB)[None, :], mask=n_mask, other=0.0)
+        k_next = tl.load(K + rows[:, None] * skt + (offs_k + BKB)[None, :], mask=n_mask, other=0.0)
+        g_next = tl.load(G + rows[:, None] * sgt + (offs_k + BKB)[None, :], mask=n_mask, other=0.0)
+        if GATE:  # G holds the logits z: g = logsigmoid(z) * inv_t = (min(z, 0) - log1p(exp(-|z|))) * inv_t, written
+            x = tl.exp(-tl.abs(g))  # once (GS: float32 (B*H, T, K)) for the row reads below and the kernels after this
+            u = 1.0 + x  # log1p(x) = log(u) x / (u - 1) (Kahan: log(u) alone is 0 for x < 6e-8)
+            log1p = tl.where(u == 1.0, x, tl.log(u) * x / tl.where(u == 1.0, 1.0, u - 1.0))
+            dz = tl.where(g >= 0.0, x, 1.0) / u * inv_t  # dg/dz = inv_t sigmoid(-z), for the backward's dg
+            g = tl.where(mask, (tl.minimum(g, 0.0) - log1p) * inv_t, 0.0)
+            tl.store(GS + qk0 + off, g, mask=mask)
+            if BACKWARD:  # DZ (B*H, T, K) float32; NaN marks a reset, whose dg is 0 whatever dL/dg is
+                tl.store(DZ + qk0 + off, tl.where(g < RESET, float("nan"), dz), mask=mask)
+            tl.debug_barrier()
+        b, R, b_last, R_last = _log_decays(g, RESET)
+        e_in, e_out = tl.exp(b + R), tl.exp((b_last[None, :] - b) + (R_last[None, :] - R))  # (BT, BKB)
+        tl.store(QI + qk0 + off, (q * e_in).to(QI.dtype.element_ty), mask=mask)
+        tl.store(KO + qk0 + off, (k * e_out).to(KO.dtype.element_ty), mask=mask)
+        tl.store(DEC + (pid_bh * n_chunks + c) * BK + offs_k, tl.exp(b_last + R_last))
         if BACKWARD:
-            dA_low = tl.where(offs_t[:, None] > offs_t[None, :], dA, 0.0)  # (BT, BT): dA_ij for rows i > j
-            dq = _dot(dA_low, k_m, "ieee", False) * e_q
-            dk = _dot(tl.trans(dA_low), q_m, "ieee", False) * e_k
-    else:
-        b_j, R_j = tl.zeros((BK,), dtype=tl.float32), tl.zeros((BK,), dtype=tl.float32)
-        for j in range(BT):  # one column j at a time: a (BT, BK) block, not (BT, BT, BK)
-            row_j = offs_t[:, None] == j  # selected, not multiplied by 0: a NaN of another row stays there
-            # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
-            j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
-            k_j = tl.load(K + (c * BT + j) * skt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
-            g_j = tl.load(G + (c * BT + j) * sgt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
-            b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
-            seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
-            e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BK), row j to i
-            a = tl.where(offs_t[None, :] == j, tl.sum(q * k_j[None, :] * e, axis=1)[:, None], a)
+            tl.store(EI + qk0 + off, e_in, mask=mask)
+            tl.store(EO + qk0 + off, e_out, mask=mask)
+        a_k = tl.zeros((BT, BT), dtype=tl.float32)  # this block's channels' share of A
+        dq, dk = tl.zeros((BT, BKB), dtype=tl.float32), tl.zeros((BT, BKB), dtype=tl.float32)
+        # Where the block allows it, exp(b_i - b_j) = exp(b_i - m) exp(m - b_j) (m: each channel's middle log-decay) and
+        # the pairs are float32 dots: decays spanning <= SPAN (factors in e^(+-SPAN/2)), no reset, q and k finite (a
+        # dot's 0 * NaN would reach earlier rows) and dA below 2**40.
+        ok = (tl.abs(q) < 2.0**40) & (tl.abs(k) < 2.0**40) & (R == 0.0) & (tl.abs(b) < float("inf"))
+        lo, hi = tl.min(b, axis=0), tl.max(b, axis=0)  # (BKB,)
+        dots = False
+        if SPAN > 0:  # compile-time: SPAN = 0 builds the column loop alone (untaken, the dots cost registers)
+            dots = (tl.sum(ok.to(tl.int32)) == BT * BKB) & (n_big == 0) & (tl.max(hi - lo) <= SPAN)
+        if dots:
+            m = (lo + hi)[None, :] * 0.5  # (1, BKB): the middle of each channel's log-decays
+            e_q, e_k = tl.exp(b - m), tl.exp(m - b)  # (BT, BKB)
+            q_m, k_m = q * e_q, k * e_k  # q_i exp(b_i - m), k_j exp(m - b_j)
+            a_k = _dot(q_m, tl.trans(k_m), "ieee", False)
             if BACKWARD:
-                dA_j = tl.sum(tl.where(offs_t[None, :] == j, dA, 0.0), axis=1)  # (BT,) over the rows i
-                later = (offs_t > j)[:, None]  # rows i > j (selected: dA_j or k_j may be NaN)
-                dq += tl.where(later, dA_j[:, None] * k_j[None, :] * e, 0.0)
-                dk = tl.where(row_j, tl.sum(tl.where(later, dA_j[:, None] * q * e, 0.0), axis=0)[None, :], dk)
+                dq = _dot(dA_low, k_m, "ieee", False) * e_q
+                dk = _dot(tl.trans(dA_low), q_m, "ieee", False) * e_k
+        else:
+            b_j, R_j = tl.zeros((BKB,), dtype=tl.float32), tl.zeros((BKB,), dtype=tl.float32)
+            for j in range(BT):  # one column j at a time: a (BT, BKB) block, not (BT, BT, BKB)
+                row_j = offs_t[:, None] == j  # selected, not multiplied by 0: a NaN of another row stays there
+                # row j read again (L1), b_j and R_j summed on the way: from the tile it was 3-4x slower (H200)
+                j_mask = offs_k < k_dim * (c * BT + j < seq_len).to(tl.int32)  # padding rows load 0
+                k_j = tl.load(K + (c * BT + j) * skt + offs_k, mask=j_mask, other=0.0).to(tl.float32)
+                g_j = tl.load(GR + (c * BT + j) * sgr + offs_k, mask=j_mask, other=0.0).to(tl.float32)
+                b_j, R_j = b_j + tl.where(g_j < RESET, 0.0, g_j), R_j + tl.where(g_j < RESET, -(2.0**100), 0.0)
+                seen = (offs_t >= j)[:, None]  # rows i >= j: exponent <= 0; the others' is masked, not left to overflow
+                e = tl.exp(tl.where(seen, (b - b_j[None, :]) + (R - R_j[None, :]), float("-inf")))  # (BT, BKB)
+                a_k = tl.where(offs_t[None, :] == j, tl.sum(q * k_j[None, :] * e, axis=1)[:, None], a_k)
+                if BACKWARD:
+                    dA_j = tl.sum(tl.where(offs_t[None, :] == j, dA, 0.0), axis=1)  # (BT,) over the rows i
+                    later = (offs_t > j)[:, None]  # rows i > j (selected: dA_j or k_j may be NaN)
+                    dq += tl.where(later, dA_j[:, None] * k_j[None, :] * e, 0.0)
+                    dk = tl.where(row_j, tl.sum(tl.where(later, dA_j[:, None] * q * e, 0.0), axis=0)[None, :], dk)
+        a += a_k
+        if BACKWARD:
+            dg = tl.cumsum(q * dq - k * dk, axis=0, reverse=True)
+            tl.store(DGI + qk0 + off, tl.where(g < RESET, 0.0, dg), mask=mask)
+            tl.store(DQI + qk0 + off, dq + diag[:, None] * k, mask=mask)
+            tl.store(DKI + qk0 + off, dk + diag[:, None] * q, mask=mask)
     tl.store(A + rows[:, None] * BT + offs_t[None, :], tl.where(offs_t[:, None] >= offs_t[None, :], a, 0.0))
-    if BACKWARD:
-        dg = tl.cumsum(q * dq - k * dk, axis=0, reverse=True)
-        tl.store(DGI + qk0 + off, tl.where(g < RESET, 0.0, dg), mask=mask)
-        diag = tl.sum(tl.where(offs_t[:, None] == offs_t[None, :], dA, 0.0), axis=1)  # (BT,): do_i . v_i
-        tl.store(DQI + qk0 + off, dq + diag[:, None] * k, mask=mask)
-        tl.store(DKI + qk0 + off, dk + diag[:, None] * q, mask=mask)
+
+
+@triton.jit
+def _gla_dA_kernel(
+    V, DO, DA, seq_len, v_dim, n_heads, svb, svh, svt, sdb, sdh, sdt,
+    BT: tl.constexpr, NC: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    # dA = do v^T of NC chunks at once, one (NC * BT)^2 dot, of which the NC diagonal (BT, BT) blocks are stored:
+    # DA float32 (B*H, n_chunks * BT, BT), row i of chunk c holding dA_ij for the chunk's rows j.
+    n_chunks = tl.cdiv(seq_len, BT)
+    n_prog = tl.cdiv(n_chunks, NC)
+    p, pid_bh = tl.program_id(0) % n_prog, (tl.program_id(0) // n_prog).to(tl.int64)
+    V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
+    r = tl.arange(0, NC * BT)
+    rows = p * NC * BT + r
+    acc = tl.zeros((NC * BT, NC * BT), dtype=tl.float32)
+    for v0 in range(0, v_dim, BV):
+        cols = v0 + tl.arange(0, BV)
+        m = (rows < seq_len)[:, None] & (cols < v_dim)[None, :]
+        v = tl.load(V + rows[:, None] * svt + cols[None, :], mask=m, other=0.0)
+        do = tl.load(DO + rows[:, None] * sdt + cols[None, :], mask=m, other=0.0)
+        acc += _dot(do, tl.trans(v), PRECISION, UPCAST)
+    same = (r[:, None] // BT) == (r[None, :] // BT)
+    out = DA + pid_bh * n_chunks * BT * BT + rows[:, None] * BT + (r[None, :] % BT)
+    tl.store(out, acc, mask=same & (rows < n_chunks * BT)[:, None])
 
 
 @triton.jit
@@ -232,10 +253,9 @@ def _gla_fwd_kernel(
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
 ):  # fmt: skip
-    # BT rows per chunk, GROUP rows per program (a multiple of BT); the whole key dim in one program (BK: the
-    # next power of two >= k_dim), BV value columns; PRECISION: tl.dot's for float32 operands; UPCAST: see _dot;
-    # SB: the state entering each group (float32 (n_vblocks, B*H, n_groups, BK, BV), from _gla_bounds_kernel);
-    # A, QI, KO, DEC: _gla_intra_kernel's (resets are in them: RESET, like the bounds pass's, is unused).
+    # BT rows per chunk, GROUP rows per program (a multiple of BT); all BK >= k_dim key channels, BV value columns;
+    # PRECISION: tl.dot's for float32 operands; UPCAST: see _dot; SB: the state entering each group (float32
+    # (n_vblocks, B*H, n_groups, BK, BV), _gla_bounds_kernel's); A, QI, KO, DEC: _gla_intra_kernel's (resets in them).
     # One flat grid axis (a second holds 65535 programs; B*H can pass that); value blocks neighbour, sharing L2.
     n_vblocks = tl.cdiv(v_dim, BV)
     pid_v = tl.program_id(0) % n_vblocks
@@ -438,24 +458,17 @@ def _gla_bwd_kernel(
 
 _launch_intra = Launcher(_gla_intra_kernel)
 _launch_fwd = Launcher(_gla_fwd_kernel)
+_launch_dA = Launcher(_gla_dA_kernel)
 _launch_bwd = Launcher(_gla_bwd_kernel)
 _launch_bounds = Launcher(_gla_bounds_kernel)
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int, dict]:
     """(value blocks, groups per sequence, the kernels' meta) for inputs like q (B, H, T, K) and the forward or backward.
 
-    BK, BV, num_warps of the sequential kernels: BV = 64 for 16-bit inputs; float32 dot operands take twice the
-    registers, so float32 uses BV = 32 for K <= 32, else 16 (ptxas's register counts for sm_90 when these
-    kernels still held the pairwise blocks; not measured again since the intra-chunk pass was split out).
-    4 warps for 16-bit inputs with K <= 64: forward + backward 5% faster than 8 at B16 H8 T1024 and B8 H16 T2048
-    (the forward 14%; the backward 2%, though ptxas of triton 3.9 gives it 255 registers, 32 B of stack), 19% slower at
-    K = 128, which keeps 8 (H100, 2026-12-05); BV = 32 or 16 was slower.
+    BK, BV, num_warps of the walks: BV = 64 for 16-bit inputs; float32 operands take twice the registers, so float32
+    uses BV = 32 for K <= 32, else 16 (ptxas, sm_90). 4 warps for 16-bit inputs with K <= 64: forward + backward 5%
+    faster than 8 at the model's shapes, 19% slower at K = 128, which keeps 8 (H100, 2026-12-05); BV 32, 16 were slower.
     GROUP, rows per program: the forward takes about one program per SM; the backward 8x the groups, its programs
     being longer (bf16, H100, 2026-12-06: the backward, fwd + bwd less fwd, 0.86 against 1.02 ms at B16 H8 T1024 K64,
     1.69 against 2.03 at B8 H16 T2048, 2.95 against 3.02 at B2 H8 T8192 K128, 5.31 against 5.28 at B4 H16 T4096;
@@ -467,7 +480,8 @@ def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int
     cap = 64 if q.dtype != torch.float32 else (32 if bk <= 32 else 16)
     bv = min(cap, max(16, triton.next_power_of_2(v_dim)))
     n_vblocks = triton.cdiv(v_dim, bv)
-    want = max(1, _sm_count(q.device) * (8 if backward else 1) // (n_vblocks * B * H)) if q.is_cuda else 1
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 0
+    want = max(1, sms * (8 if backward else 1) // (n_vblocks * B * H))
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -517,19 +531,25 @@ def gla_fwd(
 def _intra(q, k, v, g, do, scale, inv_t, meta):
     """([A, QI, KO, DEC], and given do EI, EO, DQI, DKI, DGI, DZ after them: _gla_intra_kernel's outputs, one program per
     chunk and (b, h); the log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones
-    it wrote). 4 warps: 8 made forward + backward 1.95 against 1.65 ms at B16 H8 T1024 K64 (bf16, H200, 2026-12-04)."""
+    it wrote). Key channels 16 at a time, 4 warps, dA by its own kernel (four chunks a dot): 79 and 114 registers a
+    thread (ptxas, sm_90; all K at once with dA in it: 96 and 212). GLA fwd + bwd, bf16, H100, 2026-12-06: 0.886 against
+    1.092 ms at B16 H8 T1024 K64, 1.729 / 2.144 at B8 H16 T2048, 3.48 / 3.78 at B2 H8 T8192 K128; at B16 H8 T1024
+    32 channels 0.921 ms, 8 warps 1.018, dA in it 0.938, and then no loads one block ahead 0.986."""
     (B, H, T, k_dim), bw = q.shape, do is not None
-    n_chunks, bv = triton.cdiv(T, CHUNK), min(64, max(16, triton.next_power_of_2(v.shape[-1])))
+    n_chunks = triton.cdiv(T, CHUNK)
     f32 = dict(dtype=torch.float32, device=q.device)
     a, dec = torch.empty((B * H, n_chunks * CHUNK, CHUNK), **f32), torch.empty((B * H, n_chunks, meta["BK"]), **f32)
     qi, ko = (torch.empty(q.shape, dtype=v.dtype, device=q.device) for _ in range(2))  # as the walks' dots take them
     rest = [torch.empty(q.shape, **f32) for _ in range(5)] if bw else [a] * 5  # EI, EO, DQI, DKI, DGI (a: unwritten)
-    out, do = [a, qi, ko, dec, *rest, torch.empty(q.shape, **f32) if bw and inv_t > 0 else a], do if bw else v  # DZ
-    gs = torch.empty(q.shape, **f32) if inv_t > 0 else g
-    args = (q, k, v, g, gs, do, *out, T, k_dim, v.shape[-1], H, scale, inv_t)
-    consts = {name: meta[name] for name in ("BK", "PRECISION", "UPCAST", "RESET")}
-    _launch_intra((n_chunks * B * H,), *args, *_strides(q, k, v, g, do), BT=CHUNK, BV=bv, BACKWARD=bw, GATE=inv_t > 0,
-                  SPAN=SPAN, num_warps=4, **consts)  # fmt: skip
+    out = [a, qi, ko, dec, *rest, torch.empty(q.shape, **f32) if bw and inv_t > 0 else a]  # DZ
+    gs, da = torch.empty(q.shape, **f32) if inv_t > 0 else g, torch.empty_like(a) if bw else a
+    if bw:
+        bv = min(64, max(16, triton.next_power_of_2(v.shape[-1])))
+        _launch_dA((triton.cdiv(n_chunks, 4) * B * H,), v, do, da, T, v.shape[-1], H, *_strides(v, do), BT=CHUNK, NC=4,
+                   BV=bv, PRECISION=meta["PRECISION"], UPCAST=meta["UPCAST"], num_warps=4)  # fmt: skip
+    args = (q, k, g, gs, da, *out, T, k_dim, H, scale, inv_t, *_strides(q, k, g))
+    _launch_intra((n_chunks * B * H,), *args, BT=CHUNK, BK=meta["BK"], BKB=min(meta["BK"], 16), BACKWARD=bw,
+                  RESET=meta["RESET"], GATE=inv_t > 0, SPAN=SPAN, num_warps=4)  # fmt: skip
     return (out if bw else out[:4]), gs
 
 
