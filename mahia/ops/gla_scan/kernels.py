@@ -114,8 +114,8 @@ def _chunk_rows(c, seq_len, offs_t, k_ok, v_ok, BT: tl.constexpr):
 def _gla_intra_kernel(
     Q, K, G, GS, DA, A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ, seq_len, k_dim, n_heads, scale, inv_t,
     sqb, sqh, sqt, skb, skh, skt, sgb, sgh, sgt,  # (b, h, t) strides of Q K G
-    BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BACKWARD: tl.constexpr, RESET: tl.constexpr,
-    GATE: tl.constexpr, SPAN: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BKB: tl.constexpr, BACKWARD: tl.constexpr, PRECISION: tl.constexpr,
+    RESET: tl.constexpr, GATE: tl.constexpr, SPAN: tl.constexpr,
 ):  # fmt: skip
     # A: float32 (B*H, n_chunks * BT, BT); row i of chunk c holds A_ij for the chunk's rows j (0 for j > i).
     # For the walks (B*H, T, K): QI = q exp(b), KO = k exp(b_last - b) in v's dtype; DEC (B*H, n_chunks, BK) exp(b_last)
@@ -191,7 +191,7 @@ def _gla_intra_kernel(
             m = (lo + hi)[None, :] * 0.5  # (1, BKB): the middle of each channel's log-decays
             e_q, e_k = tl.exp(b - m), tl.exp(m - b)  # (BT, BKB)
             q_m, k_m = q * e_q, k * e_k  # q_i exp(b_i - m), k_j exp(m - b_j)
-            a_k = _dot(q_m, tl.trans(k_m), "ieee", False)
+            a_k = _dot(q_m, tl.trans(k_m), PRECISION, False)  # tf32 for 16-bit inputs: A goes to their dtype
             if BACKWARD:
                 dq = _dot(dA_low, k_m, "ieee", False) * e_q
                 dk = _dot(tl.trans(dA_low), q_m, "ieee", False) * e_k
@@ -469,10 +469,10 @@ def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int
     BK, BV, num_warps of the walks: BV = 64 for 16-bit inputs; float32 operands take twice the registers, so float32
     uses BV = 32 for K <= 32, else 16 (ptxas, sm_90). 4 warps for 16-bit inputs with K <= 64: forward + backward 5%
     faster than 8 at the model's shapes, 19% slower at K = 128, which keeps 8 (H100, 2026-12-05); BV 32, 16 were slower.
-    GROUP, rows per program: the forward takes about one program per SM; the backward 8x the groups, its programs
-    being longer (bf16, H100, 2026-12-06: the backward, fwd + bwd less fwd, 0.86 against 1.02 ms at B16 H8 T1024 K64,
-    1.69 against 2.03 at B8 H16 T2048, 2.95 against 3.02 at B2 H8 T8192 K128, 5.31 against 5.28 at B4 H16 T4096;
-    the forward at 8x 9-11% slower at K = 64).
+    GROUP, rows per program: the forward takes about one program per SM; the backward 4x the groups, its programs
+    being longer (bf16, H100, 2026-12-06: at 8x against 1x the backward took 0.86 against 1.02 ms at B16 H8 T1024 K64,
+    1.69 / 2.03 at B8 H16 T2048, 2.95 / 3.02 at B2 H8 T8192 K128, 5.31 / 5.28 at B4 H16 T4096; 4x against 8x, fwd +
+    bwd, 0.838 / 0.843 and 1.637 / 1.642 at the first two; the forward at 2x 15% slower at K = 64).
     Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
     """
     B, H, T, k_dim = q.shape
@@ -481,7 +481,7 @@ def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int
     bv = min(cap, max(16, triton.next_power_of_2(v_dim)))
     n_vblocks = triton.cdiv(v_dim, bv)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 0
-    want = max(1, sms * (8 if backward else 1) // (n_vblocks * B * H))
+    want = max(1, sms * (4 if backward else 1) // (n_vblocks * B * H))
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
@@ -531,13 +531,13 @@ def gla_fwd(
 def _intra(q, k, v, g, do, scale, inv_t, meta):
     """([A, QI, KO, DEC], and given do EI, EO, DQI, DKI, DGI, DZ after them: _gla_intra_kernel's outputs, one program per
     chunk and (b, h); the log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones
-    it wrote). Key channels 16 at a time, 4 warps, dA by its own kernel (four chunks a dot): 79 and 114 registers a
-    thread (ptxas, sm_90; all K at once with dA in it: 96 and 212). GLA fwd + bwd, bf16, H100, 2026-12-06: 0.886 against
-    1.092 ms at B16 H8 T1024 K64, 1.729 / 2.144 at B8 H16 T2048, 3.48 / 3.78 at B2 H8 T8192 K128; at B16 H8 T1024
-    32 channels 0.921 ms, 8 warps 1.018, dA in it 0.938, and then no loads one block ahead 0.986."""
+    it wrote). Key channels 16 at a time (79 and 114 registers a thread, ptxas sm_90; all K at once: 96 and 212), dA by
+    its own kernel (four chunks a dot), A's dot in tf32 for 16-bit inputs, 2 warps forward, 4 backward. GLA fwd + bwd,
+    bf16, H100, 2026-12-06, ms at B16 H8 T1024 K64 and B8 H16 T2048: all K at once 1.092, 2.144; 16 channels 0.938,
+    1.851; dA apart 0.886, 1.726; A in tf32 0.856, 1.668 (o's error 2.82e-3 -> 2.87e-3, dg's 3.09e-3 as it was); 2
+    warps forward 0.843, 1.642 (8 warps: 1.018 at the second step; 32 channels 0.921 at the third)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
-    n_chunks = triton.cdiv(T, CHUNK)
-    f32 = dict(dtype=torch.float32, device=q.device)
+    n_chunks, f32 = triton.cdiv(T, CHUNK), dict(dtype=torch.float32, device=q.device)
     a, dec = torch.empty((B * H, n_chunks * CHUNK, CHUNK), **f32), torch.empty((B * H, n_chunks, meta["BK"]), **f32)
     qi, ko = (torch.empty(q.shape, dtype=v.dtype, device=q.device) for _ in range(2))  # as the walks' dots take them
     rest = [torch.empty(q.shape, **f32) for _ in range(5)] if bw else [a] * 5  # EI, EO, DQI, DKI, DGI (a: unwritten)
@@ -549,7 +549,7 @@ def _intra(q, k, v, g, do, scale, inv_t, meta):
                    BV=bv, PRECISION=meta["PRECISION"], UPCAST=meta["UPCAST"], num_warps=4)  # fmt: skip
     args = (q, k, g, gs, da, *out, T, k_dim, H, scale, inv_t, *_strides(q, k, g))
     _launch_intra((n_chunks * B * H,), *args, BT=CHUNK, BK=meta["BK"], BKB=min(meta["BK"], 16), BACKWARD=bw,
-                  RESET=meta["RESET"], GATE=inv_t > 0, SPAN=SPAN, num_warps=4)  # fmt: skip
+                  PRECISION=meta["PRECISION"], RESET=RESET, GATE=inv_t > 0, SPAN=SPAN, num_warps=4 if bw else 2)  # fmt: skip
     return (out if bw else out[:4]), gs
 
 
