@@ -18,6 +18,8 @@ versions other than 3.x.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from mahia.ops._triton import IMPORT_ERROR, triton
@@ -59,6 +61,12 @@ def pow2_divisor(n: int, cap: int = 16) -> int:
     """
     low = n & -n  # the lowest set bit
     return cap if low == 0 or low > cap else low
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 for the CPU interpreter: few programs keep it fast)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def c_apply(function: type[torch.autograd.Function]):

@@ -39,6 +39,7 @@ from mahia.ops._launch import (
     current_stream,
     direct_launch_available,
     pow2_divisor,
+    sm_count,
 )
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
@@ -295,12 +296,6 @@ def bwd_config(n_cols: int, rows: int, element_size: int) -> tuple[int, int, int
     return block_m, block_n, num_warps, per_sm
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (4 for the CPU interpreter: few programs keep it fast)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def rms_norm_fwd_launch(
     x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None, eps: float, out_dtype=None
 ):
@@ -375,7 +370,7 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
 
     # the persistent grid: at most per_sm programs per SM, each a contiguous run of whole row blocks
     row_blocks = triton.cdiv(n_rows, block_m)
-    per_program = triton.cdiv(row_blocks, min(_sm_count(x.device) * per_sm, row_blocks))
+    per_program = triton.cdiv(row_blocks, min(sm_count(x.device) * per_sm, row_blocks))
     rows_per_program = per_program * block_m
     n_programs = triton.cdiv(n_rows, rows_per_program)
     # A single program writes dw itself; several write float32 partials that a second kernel sums.

@@ -55,7 +55,7 @@ import os
 
 import torch
 
-from mahia.ops._launch import Launcher
+from mahia.ops._launch import Launcher, sm_count
 from mahia.ops._triton import tl, triton
 from mahia.ops.gla_scan.reference import RESET
 
@@ -480,8 +480,7 @@ def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int
     cap = 64 if q.dtype != torch.float32 else (32 if bk <= 32 else 16)
     bv = min(cap, max(16, triton.next_power_of_2(v_dim)))
     n_vblocks = triton.cdiv(v_dim, bv)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 0
-    want = max(1, sms * (4 if backward else 1) // (n_vblocks * B * H))
+    want = max(1, sm_count(q.device) * (4 if backward else 1) // (n_vblocks * B * H))
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
