@@ -530,11 +530,12 @@ def gla_fwd(
 def _intra(q, k, v, g, do, scale, inv_t, meta):
     """([A, QI, KO, DEC], and given do EI, EO, DQI, DKI, DGI, DZ after them: _gla_intra_kernel's outputs, one program per
     chunk and (b, h); the log-decays the kernels after it read: g, or with inv_t > 0 (g the logits) the float32 ones
-    it wrote). Key channels 16 at a time (79 and 114 registers a thread, ptxas sm_90; all K at once: 96 and 212), dA by
-    its own kernel (four chunks a dot), A's dot in tf32 for 16-bit inputs, 2 warps forward, 4 backward. GLA fwd + bwd,
-    bf16, H100, 2026-12-06, ms at B16 H8 T1024 K64 and B8 H16 T2048: all K at once 1.092, 2.144; 16 channels 0.938,
-    1.851; dA apart 0.886, 1.726; A in tf32 0.856, 1.668 (o's error 2.82e-3 -> 2.87e-3, dg's 3.09e-3 as it was); 2
-    warps forward 0.843, 1.642 (8 warps: 1.018 at the second step; 32 channels 0.921 at the third)."""
+    it wrote). Key channels 16 at a time, dA by its own kernel (four chunks a dot), A's dot in tf32 for 16-bit inputs,
+    2 warps forward, 4 backward: 128 and 112 registers a thread (ptxas sm_90, triton 3.9; all K at once, dA in the
+    kernel, 4 warps: 96 and 212). GLA fwd + bwd, bf16, H100, 2026-12-06, ms at B16 H8 T1024 K64 and B8 H16 T2048: all
+    K at once 1.092, 2.144; 16 channels 0.938, 1.851; dA apart 0.886, 1.726; A in tf32 0.856, 1.668 (o's error 2.82e-3
+    -> 2.87e-3, dg's 3.09e-3 as it was); 2 warps forward 0.843, 1.642 (8 warps: 1.018 at the second step; 32 channels
+    0.921 at the third)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
     n_chunks, f32 = triton.cdiv(T, CHUNK), dict(dtype=torch.float32, device=q.device)
     a, dec = torch.empty((B * H, n_chunks * CHUNK, CHUNK), **f32), torch.empty((B * H, n_chunks, meta["BK"]), **f32)
