@@ -237,10 +237,10 @@ def test_parameters_are_read_from_annotations_and_literal_defaults_and_checked(t
     with pytest.raises(runner.UsageError, match=r"n_experts='notanumber': 08_moe declares `n_experts: int \| None`"):
         _run(tmp_path, params=["n_experts=notanumber"])
     assert not (tmp_path / "out").exists()
-    find = runner.importlib.util.find_spec  # the notebooks extra half installed: refused before anything runs
-    refused = r"^nbconvert not installed: pip install 'mahia\[notebooks\]'"
+    find, gone = runner.importlib.util.find_spec, ("nbconvert", "mistune")  # half the extra: refused before a run
+    refused = r"^nbconvert and mistune not installed: pip install 'mahia\[notebooks\]'"
     with monkeypatch.context() as m, pytest.raises(runner.UsageError, match=refused):
-        m.setattr(runner.importlib.util, "find_spec", lambda name, *a: None if name == "nbconvert" else find(name, *a))
+        m.setattr(runner.importlib.util, "find_spec", lambda name, *a: None if name in gone else find(name, *a))
         _run(tmp_path, params=["n_experts=16"])
     assert not (tmp_path / "out").exists()
     monkeypatch.setattr(runner, "_run_parts", lambda *a, **k: [])

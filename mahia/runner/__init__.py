@@ -217,8 +217,10 @@ def _checked(timeout: float, params: Sequence[str], chosen: list[Path]) -> tuple
         raise UsageError(f"--timeout must be positive seconds, got {timeout}")
     extra = parse_params(params)
     declared = _check_params(chosen, extra)
-    # both of mahia[notebooks]: papermill runs, nbconvert trims the copy a reference keeps (a lent GPU image lacked it)
-    if chosen and (missing := [m for m in ("papermill", "nbconvert") if importlib.util.find_spec(m) is None]):
+    # mahia[notebooks]: papermill runs, nbconvert trims the copy a reference keeps, its mistune renders every run's
+    # report.html (a lent GPU image lacked both: a bench-only reference failed after its suites had run, 2026-12-06)
+    need = ("papermill", "nbconvert", "mistune") if chosen else ("mistune",)
+    if missing := [m for m in need if importlib.util.find_spec(m) is None]:
         raise UsageError(f"{' and '.join(missing)} not installed: pip install 'mahia[notebooks]' (or use `make run`)")
     for n, nb in ((n, nb) for n in extra for nb, ps in declared.items() if n in ps and ps[n] is None):
         print(f"  note: -p {n} ({nb.stem}): not type-checked, its parameters cell has no annotation, a None default")
