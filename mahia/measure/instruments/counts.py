@@ -88,9 +88,7 @@ def _kernel_name(metadata) -> str:
     return f"triton.{data.get('name', 'kernel') if isinstance(data, dict) else 'kernel'}"
 
 
-# ---------------------------------------------------------------------------------------------------
-# Host-device syncs
-# ---------------------------------------------------------------------------------------------------
+# --- Host-device syncs ---
 
 # ATen ops that make the host wait for the device when their inputs live on a CUDA device.
 SYNCING_OPS = frozenset(
@@ -204,9 +202,7 @@ def _set_sync_debug_mode(mode) -> None:
         torch.cuda.set_sync_debug_mode(mode)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Kernel launches, live memory, byte traffic
-# ---------------------------------------------------------------------------------------------------
+# --- Kernel launches, live memory, byte traffic ---
 
 
 @dataclass

@@ -284,9 +284,7 @@ def trace_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> OpTrace:
     return OpTrace(tracer.ops, outputs, tracer.sizes)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Float32 matrix products (Inductor's TF32 hint)
-# ---------------------------------------------------------------------------------------------------
+# --- Float32 matrix products (Inductor's TF32 hint) ---
 
 
 @dataclass(frozen=True)
