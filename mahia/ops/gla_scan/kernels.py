@@ -482,7 +482,7 @@ def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int
     n_vblocks = triton.cdiv(v_dim, bv)
     want = max(1, sm_count(q.device) * (4 if backward else 1) // (n_vblocks * B * H))
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # the latter is ignored for 16-bit operands
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: for float32 operands, e.g. the intra kernel's A
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
     warps = 4 if bk == 16 or (bk <= 64 and q.dtype != torch.float32) else 8
     meta = dict(BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=warps)
