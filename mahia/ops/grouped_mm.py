@@ -39,7 +39,7 @@ import warnings
 
 import torch
 
-from mahia.ops._launch import Launcher
+from mahia.ops._launch import Launcher, cdiv
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import why_not
 
@@ -392,14 +392,14 @@ class _GroupedMM(torch.autograd.Function):
                 # not in place: selective activation checkpointing may keep c as torch._grouped_mm returned it
                 return c.masked_fill((torch.arange(M, device=a.device) >= last)[:, None], 0)
             if c.numel():
-                grid = (triton.cdiv(M, 64), triton.cdiv(N, 256))
+                grid = (cdiv(M, 64), cdiv(N, 256))
                 _launch_zero_tail(grid, c, ends, M, N, ends.numel(), *c.stride(), BLOCK_M=64, BLOCK_N=256, num_warps=4)
             return c
         c = a.new_empty(M, N)
         if c.numel():
             cfg = _blocks(a, "mm")
             group, row0 = _tile_table(ends, M, cfg["BLOCK_M"])
-            grid = (group.numel(), triton.cdiv(N, cfg["BLOCK_N"]))
+            grid = (group.numel(), cdiv(N, cfg["BLOCK_N"]))
             _launch_mm(
                 grid, a, b, c, ends, group, row0, M, N, a.shape[1], ends.numel(),
                 *a.stride(), *b.stride(), *c.stride(), IEEE=_ieee_dot(a), **cfg,
@@ -429,7 +429,7 @@ def _wgrad(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor, native: bool) 
     db = a.new_empty(ends.numel(), K, N)
     if db.numel():
         cfg = _blocks(a, "wgrad")
-        grid = (ends.numel(), triton.cdiv(K, cfg["BLOCK_K"]), triton.cdiv(N, cfg["BLOCK_N"]))
+        grid = (ends.numel(), cdiv(K, cfg["BLOCK_K"]), cdiv(N, cfg["BLOCK_N"]))
         _launch_wgrad(grid, a, dc, db, ends, K, N, *a.stride(), *dc.stride(), *db.stride(), IEEE=_ieee_dot(a), **cfg)
     return db
 
@@ -439,9 +439,7 @@ def _mm_op(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, native: bool) -
     return _GroupedMM.forward(a, b, ends, native)
 
 
-@_mm_op.register_fake
-def _(a, b, ends, native):
-    return a.new_empty(a.shape[0], b.shape[2])
+_mm_op.register_fake(lambda a, b, ends, native: a.new_empty(a.shape[0], b.shape[2]))
 
 
 @torch.library.custom_op("mahia::moe_grouped_mm_wgrad", mutates_args=())
@@ -449,6 +447,4 @@ def _wgrad_op(a: torch.Tensor, dc: torch.Tensor, ends: torch.Tensor, native: boo
     return _wgrad(a, dc, ends, native)
 
 
-@_wgrad_op.register_fake
-def _(a, dc, ends, native):
-    return a.new_empty(ends.shape[0], a.shape[1], dc.shape[1])
+_wgrad_op.register_fake(lambda a, dc, ends, native: a.new_empty(ends.shape[0], a.shape[1], dc.shape[1]))

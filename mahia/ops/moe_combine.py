@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher, c_apply, pow2_divisor
+from mahia.ops._launch import Launcher, c_apply, cdiv, next_pow2, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import KERNEL_DTYPES, use_triton
 
@@ -213,9 +213,9 @@ def _config(n_tokens: int, k: int, n_cols: int, tile: int) -> tuple[int, int, in
     were the fastest of the sweep: forward (2 tokens, 1024, 4 warps) 31.3 us, backward (1, 1024, 4)
     49.5 us; 8 warps took 32.2 and 61.5 us.
     """
-    kp = triton.next_power_of_2(max(1, k))
-    bd = max(16, min(triton.next_power_of_2(max(1, n_cols)), tile // kp))
-    bt = max(1, min(16, tile // (kp * bd), triton.next_power_of_2(max(1, n_tokens))))
+    kp = next_pow2(max(1, k))
+    bd = max(16, min(next_pow2(max(1, n_cols)), tile // kp))
+    bt = max(1, min(16, tile // (kp * bd), next_pow2(max(1, n_tokens))))
     return kp, bt, bd, max(1, min(4, bt * kp * bd // 512))
 
 
@@ -234,7 +234,7 @@ def moe_combine_fwd_launch(out: torch.Tensor, inverse: torch.Tensor, gates: torc
     out, inverse = _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _config(N, k, D, 4096)
     _launch_fwd(
-        (triton.cdiv(N, bt),), out, inverse, gates, y, N, k, D, N * k, out.stride(0), gates.stride(0),
+        (cdiv(N, bt),), out, inverse, gates, y, N, k, D, N * k, out.stride(0), gates.stride(0),
         gates.stride(1), y.stride(0), KP=kp, BLOCK_T=bt, BLOCK_D=bd,
         ALIGN=pow2_divisor(D | out.stride(0) | y.stride(0)), num_warps=warps,
     )  # fmt: skip
@@ -261,7 +261,7 @@ def moe_combine_bwd_launch(
     dy, out, inverse = _unit_stride(dy), _unit_stride(out), inverse.contiguous()
     kp, bt, bd, warps = _config(N, k, D, 2048)
     _launch_bwd(
-        (triton.cdiv(N, bt),), dy, out, inverse, gates, d_out, d_gates, N, k, D, N * k, dy.stride(0), out.stride(0),
+        (cdiv(N, bt),), dy, out, inverse, gates, d_out, d_gates, N, k, D, N * k, dy.stride(0), out.stride(0),
         gates.stride(0), gates.stride(1), d_out.stride(0), GATE_GRAD=bool(gate_grad), KP=kp, BLOCK_T=bt, BLOCK_D=bd,
         ALIGN=pow2_divisor(D | dy.stride(0) | out.stride(0) | d_out.stride(0)), num_warps=warps,
     )  # fmt: skip
@@ -291,9 +291,7 @@ def _fwd_op(out: torch.Tensor, inverse: torch.Tensor, gates: torch.Tensor, dtype
     return moe_combine_fwd_launch(out, inverse, gates, dtype)
 
 
-@_fwd_op.register_fake
-def _(out, inverse, gates, dtype):
-    return out.new_empty(gates.shape[0], out.shape[1], dtype=dtype)
+_fwd_op.register_fake(lambda out, inverse, gates, dtype: out.new_empty(gates.shape[0], out.shape[1], dtype=dtype))
 
 
 @torch.library.custom_op("mahia::moe_combine_bwd", mutates_args=())

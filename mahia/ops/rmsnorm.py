@@ -35,9 +35,11 @@ from mahia.ops._launch import (
     Launcher,
     _hooks_installed,
     c_apply,
+    cdiv,
     current_device,
     current_stream,
     direct_launch_available,
+    next_pow2,
     pow2_divisor,
     sm_count,
 )
@@ -268,7 +270,7 @@ def _row_stride(t: torch.Tensor) -> int:
 @functools.cache
 def fwd_config(n_cols: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the forward kernel for hidden size ``n_cols`` (<= MAX_HIDDEN)."""
-    block_n = triton.next_power_of_2(n_cols)
+    block_n = next_pow2(n_cols)
     block_m = max(1, 4096 // block_n)  # small rows: several per program, so each moves >= 4096 elements
     # 512 elements per warp (16 per thread), at most 16 warps. On an H100 (bf16, 2^26 elements) this
     # reached 0.93-0.95 of copy bandwidth for N = 512 .. 16384; too many warps for the tile (16 on 2048
@@ -369,10 +371,10 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         return dx, torch.zeros_like(weight)
 
     # the persistent grid: at most per_sm programs per SM, each a contiguous run of whole row blocks
-    row_blocks = triton.cdiv(n_rows, block_m)
-    per_program = triton.cdiv(row_blocks, min(sm_count(x.device) * per_sm, row_blocks))
+    row_blocks = cdiv(n_rows, block_m)
+    per_program = cdiv(row_blocks, min(sm_count(x.device) * per_sm, row_blocks))
     rows_per_program = per_program * block_m
-    n_programs = triton.cdiv(n_rows, rows_per_program)
+    n_programs = cdiv(n_rows, rows_per_program)
     # A single program writes dw itself; several write float32 partials that a second kernel sums.
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format)
     partials = dw if n_programs == 1 else torch.empty((n_programs, n_cols), dtype=torch.float32, device=x.device)
@@ -388,7 +390,7 @@ def rms_norm_bwd_launch(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
         # narrow column strips, all partial rows in one or two tiles: enough programs and loads in flight
         # for a reduction of a few MB (a few wide strips walking the rows one tile at a time took
         # ~40 us at 264 x 4096 on an H100)
-        _launch_sum((triton.cdiv(n_cols, 32),), partials, dw, n_programs, n_cols, num_warps=4, BLOCK_P=128,
+        _launch_sum((cdiv(n_cols, 32),), partials, dw, n_programs, n_cols, num_warps=4, BLOCK_P=128,
                     BLOCK_N=32, ALIGN=pow2_divisor(n_cols))  # fmt: skip
     return dx, dw
 
@@ -427,9 +429,9 @@ def _fwd_op(
     return y, x.new_empty(0) if h is None else h
 
 
-@_fwd_op.register_fake
-def _(x, residual, weight, eps, out_dtype):
-    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(x.shape if residual is not None else (0,))
+_fwd_op.register_fake(
+    lambda x, r, w, eps, dt: (x.new_empty(x.shape, dtype=dt), x.new_empty(x.shape if r is not None else (0,)))
+)
 
 
 @torch.library.custom_op("mahia::rms_norm_bwd", mutates_args=())
@@ -439,9 +441,7 @@ def _bwd_op(
     return rms_norm_bwd_launch(dy, x, weight, eps, dh)
 
 
-@_bwd_op.register_fake
-def _(dy, x, weight, eps, dh):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+_bwd_op.register_fake(lambda dy, x, w, eps, dh: (x.new_empty(x.shape), w.new_empty(w.shape)))
 
 
 def _setup(ctx, inputs, output):

@@ -207,9 +207,7 @@ def _op(
     return rope_launch(q, k, cos, sin, backward=backward)
 
 
-@_op.register_fake
-def _(q, k, cos, sin, backward):
-    return q.new_empty(q.shape), k.new_empty(k.shape)
+_op.register_fake(lambda q, k, cos, sin, backward: (q.new_empty(q.shape), k.new_empty(k.shape)))
 
 
 def _setup(ctx, inputs, output):

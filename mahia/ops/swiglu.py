@@ -203,9 +203,7 @@ def _fwd_op(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return _fwd(a, b)
 
 
-@_fwd_op.register_fake
-def _(a, b):
-    return a.new_empty(_halves(a, b)[0].shape)
+_fwd_op.register_fake(lambda a, b: a.new_empty(_halves(a, b)[0].shape))
 
 
 @torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
@@ -213,9 +211,7 @@ def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> list[t
     return _bwd(dc, a, b)
 
 
-@_bwd_op.register_fake
-def _(dc, a, b):
-    return [a.new_empty(a.shape) for _ in range(1 if b is None else 2)]
+_bwd_op.register_fake(lambda dc, a, b: [a.new_empty(a.shape) for _ in range(1 if b is None else 2)])
 
 
 def _setup(ctx, inputs, output):

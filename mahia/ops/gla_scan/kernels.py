@@ -15,11 +15,11 @@ chunk of exp(G_s - G_end) q_s do_s^T, carried backwards over the chunks like S i
     H    = exp(b_last) * H_next + sum_i (q_i * exp(b_i)) do_i^T
 
 and for the gate the standard GLA identity: G = cumsum(g) enters only through exp(G_t - G_s), so
-dL/dG_t = q_t * dq_t - k_t * dk_t (t as the later index, minus t as the earlier one) and dg is its
-reverse cumulative sum, dg_t = sum_{s>=t} (q_s * dq_s - k_s * dk_s). Summed over a long sequence that
-cancels badly (|dg| is ~300x smaller than sum |dG| at T=2048: a float32 kernel doing it lost a decimal
-digit, a bfloat16 one failed its tolerance). The kernel sums dG only inside the chunk and adds the tail
-directly: sum_{s > chunk end} dG_s is the derivative for the pairs straddling the chunk end, which is
+dL/dG_t = q_t * dq_t - k_t * dk_t (t as the later index, minus t as the earlier one) and dg is its reverse cumulative
+sum, dg_t = sum_{s>=t} (q_s * dq_s - k_s * dk_s). Summed over a long sequence that cancels badly (|dg| is ~300x
+smaller than sum |dG| at T=2048: a float32 kernel doing it lost a decimal digit, a bfloat16 one failed its
+tolerance). The kernel sums dG only inside the chunk and adds the tail directly: sum_{s > chunk end} dG_s is the
+derivative for the pairs straddling the chunk end, which is
 
     dg_after = sum_v S_end * H_end            (per key channel; S_end, H_end: state and adjoint there)
 
@@ -55,7 +55,7 @@ import os
 
 import torch
 
-from mahia.ops._launch import Launcher, sm_count
+from mahia.ops._launch import Launcher, cdiv, next_pow2, sm_count
 from mahia.ops._triton import tl, triton
 from mahia.ops.gla_scan.reference import RESET
 
@@ -303,29 +303,31 @@ def _gla_bounds_kernel(
     QI, KO, V, DO, DEC, SB, HB, seq_len, k_dim, v_dim, n_bh, n_groups, n_heads,
     svb, svh, svt, sdb, sdh, sdt,  # (b, h, t) strides of V DO
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GROUP: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, RESET: tl.constexpr, KS: tl.constexpr,
 ):  # fmt: skip
     """The carries at the group boundaries, so that the groups of a sequence run in parallel: programs
     [0, P) walk forwards and write the state S entering each group to SB, programs [P, 2P) (launched by the
-    backward) walk backwards and write the adjoint H leaving each group to HB; P = value blocks x B*H.
-    Only the carry is updated, from _gla_intra_kernel's factors QI, KO, DEC and as the walks update it, so a group
-    starts from the very bits the walk of one group would have there:
+    backward) walk backwards and write the adjoint H leaving each group to HB; P = value blocks x B*H x BK/KS (the
+    decay is diagonal in the key channels: each of the carry's rows evolves alone, KS of them a program). Only the
+    carry is updated, from _gla_intra_kernel's factors QI, KO, DEC and as the walks update it, so a group starts from
+    the very bits the walk of one group would have there:
 
         S' = exp(b_last) S + sum_j (k_j exp(b_last - b_j)) v_j^T,    H = exp(b_last) H' + sum_i (q_i exp(b_i)) do_i^T
     """
     n_vblocks = tl.cdiv(v_dim, BV)
-    P = n_vblocks * n_bh
+    P = n_vblocks * n_bh * (BK // KS)
     forward, adjoint = tl.program_id(0) < P, tl.program_id(0) >= P
     pid = tl.program_id(0) % P
-    pid_v = pid % n_vblocks
-    pid_bh = (pid // n_vblocks).to(tl.int64)
-    offs_t, offs_k, offs_v = tl.arange(0, BT), tl.arange(0, BK), pid_v * BV + tl.arange(0, BV)
+    pid_v = pid // (BK // KS) % n_vblocks
+    pid_bh = (pid // (BK // KS) // n_vblocks).to(tl.int64)
+    offs_t, offs_v = tl.arange(0, BT), pid_v * BV + tl.arange(0, BV)
+    offs_k = pid % (BK // KS) * KS + tl.arange(0, KS)  # this program's rows of the carry
     box = (pid_v * n_bh + pid_bh) * n_groups * BK * BV + offs_k[:, None] * BV + tl.arange(0, BV)[None, :]
     n_chunks = tl.cdiv(seq_len, BT)
     qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in QI, KO
     QI, KO, DEC = QI + qk0, KO + qk0, DEC + pid_bh * n_chunks * BK
     V, DO = _seq(V, pid_bh, n_heads, svb, svh), _seq(DO, pid_bh, n_heads, sdb, sdh)
-    carry = tl.zeros((BK, BV), dtype=tl.float32)
+    carry = tl.zeros((KS, BV), dtype=tl.float32)
     for i in range(0, n_chunks):
         c = tl.where(adjoint, n_chunks - 1 - i, i)
         grp = c // (GROUP // BT)
@@ -456,11 +458,9 @@ def _gla_bwd_kernel(
         tl.store(DGO + rows[:, None] * s4t + offs_k[None, :], dg, mask=qk_mask)
 
 
-_launch_intra = Launcher(_gla_intra_kernel)
-_launch_fwd = Launcher(_gla_fwd_kernel)
-_launch_dA = Launcher(_gla_dA_kernel)
-_launch_bwd = Launcher(_gla_bwd_kernel)
-_launch_bounds = Launcher(_gla_bounds_kernel)
+_launch_intra, _launch_fwd, _launch_dA, _launch_bwd, _launch_bounds = (
+    Launcher(k) for k in (_gla_intra_kernel, _gla_fwd_kernel, _gla_dA_kernel, _gla_bwd_kernel, _gla_bounds_kernel)
+)
 
 
 def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int, dict]:
@@ -476,10 +476,10 @@ def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int
     Under the CPU interpreter 32 rows, so the tests' sequences cross groups.
     """
     B, H, T, k_dim = q.shape
-    bk = max(16, triton.next_power_of_2(k_dim))  # tl.dot needs every dim >= 16
+    bk = max(16, next_pow2(k_dim))  # tl.dot needs every dim >= 16
     cap = 64 if q.dtype != torch.float32 else (32 if bk <= 32 else 16)
-    bv = min(cap, max(16, triton.next_power_of_2(v_dim)))
-    n_vblocks = triton.cdiv(v_dim, bv)
+    bv = min(cap, max(16, next_pow2(v_dim)))
+    n_vblocks = cdiv(v_dim, bv)
     want = max(1, sm_count(q.device) * (4 if backward else 1) // (n_vblocks * B * H))
     group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: for float32 operands, e.g. the intra kernel's A
@@ -513,8 +513,7 @@ def gla_fwd(
 ) -> torch.Tensor:
     """o (B, H, T, V) of gated linear attention with q * scale and log-decays g (B, H, T, K), or with inv_t > 0
     logsigmoid(g) * inv_t; in v's dtype (layout: output_like)."""
-    B, H, T, k_dim = q.shape
-    v_dim = v.shape[-1]
+    (B, H, T, k_dim), v_dim = q.shape, v.shape[-1]
     o = output_like(v)
     q, k, v, g = (_unit(t) for t in (q, k, v, g))
     if o.numel() == 0 or q.numel() == 0:
@@ -537,15 +536,15 @@ def _intra(q, k, v, g, do, scale, inv_t, meta):
     -> 2.87e-3, dg's 3.09e-3 as it was); 2 warps forward 0.843, 1.642 (8 warps: 1.018 at the second step; 32 channels
     0.921 at the third)."""
     (B, H, T, k_dim), bw = q.shape, do is not None
-    n_chunks, f32 = triton.cdiv(T, CHUNK), dict(dtype=torch.float32, device=q.device)
+    n_chunks, f32 = cdiv(T, CHUNK), dict(dtype=torch.float32, device=q.device)
     a, dec = torch.empty((B * H, n_chunks * CHUNK, CHUNK), **f32), torch.empty((B * H, n_chunks, meta["BK"]), **f32)
     qi, ko = (torch.empty(q.shape, dtype=v.dtype, device=q.device) for _ in range(2))  # as the walks' dots take them
     rest = [torch.empty(q.shape, **f32) for _ in range(5)] if bw else [a] * 5  # EI, EO, DQI, DKI, DGI (a: unwritten)
     out = [a, qi, ko, dec, *rest, torch.empty(q.shape, **f32) if bw and inv_t > 0 else a]  # DZ
     gs, da = torch.empty(q.shape, **f32) if inv_t > 0 else g, torch.empty_like(a) if bw else a
     if bw:
-        bv = min(64, max(16, triton.next_power_of_2(v.shape[-1])))
-        _launch_dA((triton.cdiv(n_chunks, 4) * B * H,), v, do, da, T, v.shape[-1], H, *_strides(v, do), BT=CHUNK, NC=4,
+        bv = min(64, max(16, next_pow2(v.shape[-1])))
+        _launch_dA((cdiv(n_chunks, 4) * B * H,), v, do, da, T, v.shape[-1], H, *_strides(v, do), BT=CHUNK, NC=4,
                    BV=bv, PRECISION=meta["PRECISION"], UPCAST=meta["UPCAST"], num_warps=4)  # fmt: skip
     args = (q, k, g, gs, da, *out, T, k_dim, H, scale, inv_t, *_strides(q, k, g))
     _launch_intra((n_chunks * B * H,), *args, BT=CHUNK, BK=meta["BK"], BKB=min(meta["BK"], 16), BACKWARD=bw,
@@ -555,14 +554,15 @@ def _intra(q, k, v, g, do, scale, inv_t, meta):
 
 def _bounds(qi, ko, dec, v, do, n_vblocks, n_groups, meta):
     """SB, or (SB, HB) given do: the carries entering the groups; a stand-in, unread, for one group a sequence."""
-    B, H, T, k_dim = qi.shape
-    n = 1 if do is None else 2
-    shape = (n, n_vblocks, B * H, n_groups, meta["BK"], meta["BV"]) if n_groups > 1 else (2, 1)
+    (B, H, T, k_dim), n, bk = qi.shape, 1 if do is None else 2, meta["BK"]
+    shape = (n, n_vblocks, B * H, n_groups, bk, meta["BV"]) if n_groups > 1 else (2, 1)
     carries = torch.empty(shape, dtype=torch.float32, device=qi.device)
     if n_groups > 1:
-        d = v if do is None else do
+        d, ks, p = v if do is None else do, bk, n * n_vblocks * B * H  # ks rows of the carry a program:
+        while ks >= 64 and p * bk // ks < sm_count(qi.device):  # halved while the SMs outnumber the programs
+            ks //= 2
         args = (qi, ko, v, d, dec, carries[0], carries[-1], T, k_dim, v.shape[-1], B * H, n_groups, H)
-        _launch_bounds((n * n_vblocks * B * H,), *args, *_strides(v, d), BT=CHUNK, **meta)
+        _launch_bounds((p * bk // ks,), *args, *_strides(v, d), BT=CHUNK, KS=ks, **meta)
     return carries[0] if do is None else (carries[0], carries[-1])
 
 
@@ -572,8 +572,7 @@ def gla_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, dk, dv, dg) of :func:`gla_fwd` given the output's gradient do, each in its input's dtype and layout
     (output_like: the layout a transposed view's gradient goes on in, e.g. to the projection's matmul)."""
-    B, H, T, k_dim = q.shape
-    v_dim = v.shape[-1]
+    (B, H, T, k_dim), v_dim = q.shape, v.shape[-1]
     outs = [output_like(t) for t in (q, k, v, g)]
     q, k, v, g = (_unit(t) for t in (q, k, v, g))
     do = _unit(do.to(v.dtype))  # autograd hands do in o's dtype (v's); a direct caller might not
@@ -587,7 +586,7 @@ def gla_bwd(
     dg = q.new_empty((n_vblocks, B, H, T, k_dim), dtype=torch.float32)  # pass 1's scratch (and the partials)
     dq, dk = outs[:2] if one else (torch.empty_like(dg) for _ in range(2))
     dg_out = outs[3] if one else dg  # else in place
-    h_ends = q.new_empty((n_vblocks, B * H, triton.cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
+    h_ends = q.new_empty((n_vblocks, B * H, cdiv(T, CHUNK), meta["BK"], meta["BV"]), dtype=torch.float32)
     intra, g = _intra(q, k, v, g, do, scale, inv_t, meta)  # A, QI, KO, DEC, EI, EO, DQI, DKI, DGI, DZ; g: log-decays
     sb, hb = _bounds(*intra[1:4], v, do, n_vblocks, n_groups, meta)
     args = (q, k, v, g, do, *intra, dq, dk, outs[2], dg, dg_out, h_ends, sb, hb, T, k_dim, v_dim, B * H, n_groups, H)
