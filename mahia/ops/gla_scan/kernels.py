@@ -38,7 +38,7 @@ split, the forward is 1.15x faster at the model's shapes, forward + backward eve
   from a light pass (_gla_bounds_kernel: one dot a chunk), so the groups of one sequence run in parallel. The
   backward walks its group's chunks backwards (dk, dv; H saved at every chunk end: a (T/16, K, BV) float32
   scratch), then forwards (dq, S, dg). dq, dk, dg sum over all V columns: float32 partials per value block (block
-  0's with the intra-chunk terms), then a ``sum(0)``; with one value block the program writes them as they are.
+  0's with the intra-chunk terms), summed after (two blocks: one add); with one value block the program writes them.
 Inputs float32, bfloat16 or float16, accumulated in float32; 16-bit dots on tensor cores, float32 ones "ieee".
 q is read times ``scale``, dq written times it. With GATE, G holds the gate's logits z: the intra kernel writes
 g = logsigmoid(z) * inv_t to a float32 scratch for its column loop (recomputed there, it spilled registers) and for
@@ -594,6 +594,6 @@ def gla_bwd(
     args += (scale, inv_t, *_strides(q, k, v, g, do), *ends)
     _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, GATE=inv_t > 0, **meta)
     if not one:
-        for out, partials in zip((outs[0], outs[1], outs[3]), (dq, dk, dg)):
-            out.copy_(partials.sum(0))
+        for out, partials in zip((outs[0], outs[1], outs[3]), (dq, dk, dg)):  # 2 blocks (K = V = 128): one kernel
+            torch.add(*partials, out=out) if n_vblocks == 2 else out.copy_(partials.sum(0))
     return tuple(outs)
