@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from mahia.measure.checks import check_float_tensor, check_same_device
-from mahia.ops._launch import Launcher, c_apply, pow2_divisor
+from mahia.ops._launch import Launcher, c_apply, cdiv, pow2_divisor
 from mahia.ops._triton import tl, triton
 from mahia.ops.dispatch import use_triton
 
@@ -159,7 +159,7 @@ def _plan(*operands: torch.Tensor) -> tuple[tuple[int], tuple, dict]:
     then the outputs (written in place: views of a fresh tensor, with a unit stride along N)."""
     n_rows, n_cols, operands, strides = _as_rows(*operands)
     block, num_warps = _config(n_cols)
-    n_col_blocks = -(-n_cols // block)
+    n_col_blocks = cdiv(n_cols, block)
     meta = dict(BLOCK=block, ALIGN=pow2_divisor(functools.reduce(operator.or_, strides, n_cols)), num_warps=num_warps)
     return (n_rows * n_col_blocks,), (*operands, n_cols, n_col_blocks, *strides), meta
 

@@ -481,12 +481,12 @@ def _plan(q: torch.Tensor, v_dim: int, backward: bool = False) -> tuple[int, int
     bv = min(cap, max(16, next_pow2(v_dim)))
     n_vblocks = cdiv(v_dim, bv)
     want = max(1, sm_count(q.device) * (4 if backward else 1) // (n_vblocks * B * H))
-    group = 64 * max(1, -(-T // (64 * want))) if q.is_cuda else 2 * CHUNK
+    group = 64 * max(1, cdiv(T, 64 * want)) if q.is_cuda else 2 * CHUNK
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # tf32: for float32 operands, e.g. the intra kernel's A
     upcast = q.dtype == torch.bfloat16 and not q.is_cuda and os.environ.get("TRITON_INTERPRET", "") == "1"
     warps = 4 if bk == 16 or (bk <= 64 and q.dtype != torch.float32) else 8
     meta = dict(BK=bk, BV=bv, GROUP=group, PRECISION=precision, UPCAST=upcast, RESET=RESET, num_warps=warps)
-    return n_vblocks, max(1, -(-T // group)), meta
+    return n_vblocks, max(1, cdiv(T, group)), meta
 
 
 def _unit(t: torch.Tensor) -> torch.Tensor:
