@@ -594,6 +594,6 @@ def gla_bwd(
     args += (scale, inv_t, *_strides(q, k, v, g, do), *ends)
     _launch_bwd((n_vblocks * B * H * n_groups,), *args, BT=CHUNK, GATE=inv_t > 0, **meta)
     if not one:
-        for out, partials in zip((outs[0], outs[1], outs[3]), (dq, dk, dg)):  # 2 blocks (K = V = 128): one kernel
+        for out, partials in zip((outs[0], outs[1], outs[3]), (dq, dk, dg)):  # 2 blocks (16-bit V = 128): one kernel
             torch.add(*partials, out=out) if n_vblocks == 2 else out.copy_(partials.sum(0))
     return tuple(outs)
