@@ -325,9 +325,12 @@ def rms_norm_fwd_launch(
             (run, function, packed, tail), grid, ints = plan
             y = torch.empty_like(x, dtype=out_dtype)
             h = None if residual is None else torch.empty_like(x)
+            # pointers as integers: Triton's launcher takes them as they are, where for a tensor it calls
+            # data_ptr() and asks the driver to validate the address (cuPointerGetAttribute)
+            r, hp = (None, None) if h is None else (residual.data_ptr(), h.data_ptr())
             run(
-                *grid, current_stream(device), function, packed, None, None, None, x, residual, weight, y, h, *ints,
-                eps, *tail,
+                *grid, current_stream(device), function, packed, None, None, None, x.data_ptr(), r,
+                weight.data_ptr(), y.data_ptr(), hp, *ints, eps, *tail,
             )  # fmt: skip
             return y, h
     n_cols = x.shape[-1]
@@ -409,8 +412,10 @@ class _RMSNorm(torch.autograd.Function):
         y, h = rms_norm_fwd_launch(x, weight, residual, eps, out_dtype)
         ctx.save_for_backward(x if h is None else h, weight)  # h: what was normalized (an output)
         ctx.eps = eps
+        if h is None:
+            return y
         ctx.set_materialize_grads(False)  # an unused h (Block.delta) gets no zeros tensor to fill and read
-        return y if h is None else (y, h)
+        return y, h
 
     @staticmethod
     def backward(ctx, dy, dh=None):
