@@ -207,11 +207,12 @@ _fwd_op.register_fake(lambda a, b: a.new_empty(_halves(a, b)[0].shape))
 
 
 @torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
-def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> list[torch.Tensor]:
-    return _bwd(dc, a, b)
+def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    # (dh, an empty tensor) for a packed h: Inductor's C++ wrapper read a list return as one tensor (a segfault)
+    return (*_bwd(dc, a, b), a.new_empty(0))[:2]
 
 
-_bwd_op.register_fake(lambda dc, a, b: [a.new_empty(a.shape) for _ in range(1 if b is None else 2)])
+_bwd_op.register_fake(lambda dc, a, b: (a.new_empty(a.shape), a.new_empty(a.shape if b is not None else (0,))))
 
 
 def _setup(ctx, inputs, output):
@@ -220,7 +221,8 @@ def _setup(ctx, inputs, output):
 
 def _backward(ctx, dc):
     a, b = ctx.saved_tensors
-    return (*_bwd_op(dc, a, b), None)[:2]
+    da, db = _bwd_op(dc, a, b)
+    return da, None if b is None else db
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
