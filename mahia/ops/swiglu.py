@@ -209,7 +209,8 @@ _fwd_op.register_fake(lambda a, b: a.new_empty(_halves(a, b)[0].shape))
 @torch.library.custom_op("mahia::swiglu_bwd", mutates_args=())
 def _bwd_op(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     # (dh, an empty tensor) for a packed h: Inductor's C++ wrapper read a list return as one tensor (a segfault)
-    return (*_bwd(dc, a, b), a.new_empty(0))[:2]
+    da, *db = _bwd(dc, a, b)
+    return da, db[0] if db else a.new_empty(0)
 
 
 _bwd_op.register_fake(lambda dc, a, b: (a.new_empty(a.shape), a.new_empty(a.shape if b is not None else (0,))))
