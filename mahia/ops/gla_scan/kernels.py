@@ -314,14 +314,14 @@ def _gla_bounds_kernel(
 
         S' = exp(b_last) S + sum_j (k_j exp(b_last - b_j)) v_j^T,    H = exp(b_last) H' + sum_i (q_i exp(b_i)) do_i^T
     """
-    n_vblocks = tl.cdiv(v_dim, BV)
-    P = n_vblocks * n_bh * (BK // KS)
+    n_vblocks, splits = tl.cdiv(v_dim, BV), BK // KS  # splits: the programs of one carry, KS rows each
+    P = n_vblocks * n_bh * splits
     forward, adjoint = tl.program_id(0) < P, tl.program_id(0) >= P
     pid = tl.program_id(0) % P
-    pid_v = pid // (BK // KS) % n_vblocks
-    pid_bh = (pid // (BK // KS) // n_vblocks).to(tl.int64)
+    pid_v = pid // splits % n_vblocks
+    pid_bh = (pid // splits // n_vblocks).to(tl.int64)
     offs_t, offs_v = tl.arange(0, BT), pid_v * BV + tl.arange(0, BV)
-    offs_k = pid % (BK // KS) * KS + tl.arange(0, KS)  # this program's rows of the carry
+    offs_k = pid % splits * KS + tl.arange(0, KS)  # this program's rows of the carry
     box = (pid_v * n_bh + pid_bh) * n_groups * BK * BV + offs_k[:, None] * BV + tl.arange(0, BV)[None, :]
     n_chunks = tl.cdiv(seq_len, BT)
     qk0 = pid_bh * seq_len * k_dim  # this (b, h)'s first element in QI, KO
