@@ -185,7 +185,7 @@ def _report(folder: Path | None) -> int:
     """Every profile's summary and report.md of one device folder (default: each reference folder)."""
     from mahia.measure import files
     from mahia.measure.report import build_report
-    from mahia.measure.results import write_summaries
+    from mahia.measure.summary import write_summaries
     from mahia.runner import UsageError
 
     root = files.reference_results_dir()
@@ -210,7 +210,7 @@ def _readme(folders: list[Path], write: bool) -> int:
     its records say) and the wall time of each of their parts. Everything is checked before anything is written."""
     from mahia.measure import report
     from mahia.measure.files import REPO_ROOT
-    from mahia.measure.results import headline, read_summary
+    from mahia.measure.summary import headline, read_summary
     from mahia.runner import UsageError
 
     root = REPO_ROOT / "data" / "results"

@@ -23,7 +23,7 @@ from pathlib import Path
 from mahia.measure import files
 from mahia.measure.executed import trim_notebook
 from mahia.measure.report import grade, reference_parts
-from mahia.measure.results import GOALS
+from mahia.measure.summary import GOALS
 from mahia.runner import UsageError
 
 __all__ = ["build_site", "default_results"]

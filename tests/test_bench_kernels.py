@@ -9,7 +9,7 @@ import torch
 
 from mahia.bench import kernels as bk
 from mahia.bench.kernels import min_bytes
-from mahia.measure import hardware, results
+from mahia.measure import hardware, results, summary
 from mahia.measure.checks import CorrectnessError
 from mahia.ops.rmsnorm import rms_norm_eager
 
@@ -143,7 +143,7 @@ def test_summary_keys_on_synthetic_records():
     rows += _peers("swiglu_fwdbwd", (16384, 11008), fp, 2.0, {"torch.compile": 1.9})
     df = pd.DataFrame(rows)
     keys = bk.summary_keys(df)
-    assert set(keys) == set(results.SUITE_SUMMARIES[bk.SUMMARY_STEM])
+    assert set(keys) == set(summary.SUITE_SUMMARIES[bk.SUMMARY_STEM])
     expect = {
         "rmsnorm_host_fwd_vs_native": 1.5,
         "rmsnorm_host_fwdbwd_vs_native": 1.5,
@@ -172,13 +172,13 @@ def test_summary_keys_reach_the_folders_summary(tmp_path, monkeypatch):
     rows += _peers("rmsnorm_host_fwdbwd", (4, 64), "bfloat16", 0.010, {"F.rms_norm": 0.030})  # an older sweep's
     df = pd.DataFrame(rows).assign(notebook=["bench_kernels"] * 3 + ["other"] * 3 + ["bench_kernels"] * 3,
                                    profile="full", commit=["abc1234"] * 6 + ["old"] * 3, date=["2"] * 6 + ["1"] * 3)  # fmt: skip
-    monkeypatch.setattr(results, "load_records", lambda folder: df)
+    monkeypatch.setattr(summary, "load_records", lambda folder: df)
     doc = json.loads(bk.write_summary(tmp_path, "full").read_text())
     assert doc["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(1.5)  # not the other notebook's 3.0
     assert doc["commits"] == ["abc1234"] and doc["where"]["rmsnorm_host_fwd_vs_native"]["shape"] == "4x64"
     assert doc["metrics"]["rmsnorm_host_fwdbwd_vs_native"] is None  # a case the newest sweep dropped
     monkeypatch.undo()
-    head = results.headline(tmp_path, "full")
+    head = summary.headline(tmp_path, "full")
     assert head["metrics"]["rmsnorm_host_fwd_vs_native"] == pytest.approx(1.5)
     assert head["sources"]["rmsnorm_host_fwd_vs_native"] == ["abc1234"]
-    assert results.headline(tmp_path, "quick")["metrics"]["rmsnorm_host_fwd_vs_native"] is None
+    assert summary.headline(tmp_path, "quick")["metrics"]["rmsnorm_host_fwd_vs_native"] is None

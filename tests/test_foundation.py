@@ -82,22 +82,3 @@ def test_resolve_device_device_report_and_slug():
     rep = hardware.device_report("cpu")
     assert rep["torch"] == torch.__version__
     assert rep["device_slug"].startswith("cpu-") and " " not in rep["device_slug"]
-
-
-def test_device_report_gives_the_l2_cache_in_mib_under_a_mib_key(monkeypatch):
-    # 00-11: the value is L2_cache_size / 2**20, so its key says MiB (a fake H100's properties, no GPU needed)
-    import types
-
-    props = types.SimpleNamespace(
-        name="Fake GPU", major=9, minor=0, multi_processor_count=132, total_memory=80 * 2**30, L2_cache_size=50 * 2**20
-    )
-    monkeypatch.setattr(hardware, "resolve_device", lambda d="auto": torch.device("cuda", 0))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d: props.name)
-    monkeypatch.setattr(hardware, "_driver_version", lambda: None)
-    hardware.device_report.cache_clear()
-    try:
-        rep = hardware.device_report("cuda")
-    finally:
-        hardware.device_report.cache_clear()
-    assert rep["l2_cache_mib"] == 50.0 and "l2_cache_mb" not in rep

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from mahia.measure import hardware, results
+from mahia.measure import hardware, results, summary
 from mahia.measure.report import ABOVE_ONE, CPU_NOT_GRADED, build_report, readme_tables
 from mahia.measure.timing import Timing
 
@@ -32,20 +32,20 @@ def _t(ms, spread=0.05):
 
 def test_a_recorder_writes_rows_and_derives_metrics_from_the_newest(tmp_path):
     rec = _rec(tmp_path, "08_moe", ceilings=_ceil())
-    rec.timing("moe_fwd", "loop", "baseline", _t(4.0), shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
-    row = rec.timing("moe_fwd", "grouped", "optimized", _t(1.0), shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
+    rec.timing("moe_fwd", "loop", "baseline", _t(4.0), shape=summary.MOE, dtype=torch.bfloat16, flops=2e9)
+    row = rec.timing("moe_fwd", "grouped", "optimized", _t(1.0), shape=summary.MOE, dtype=torch.bfloat16, flops=2e9)
     rec.timing("moe_fwd", "grouped", "optimized", _t(0.1), shape=(16, 8), dtype=torch.bfloat16, flops=2e9)  # a sweep
     assert row["limit"] == "matmul_bf16" and [row["tflops"], row["frac_of_limit"]] == pytest.approx([2.0, 0.2])
     rec.metric("sync_count", "baseline", 7, unit="syncs")
     on_disk = pd.read_csv(rec.path)
-    assert len(on_disk) == 4 and list(on_disk.columns) == results.COLUMNS
+    assert len(on_disk) == 4 and list(on_disk.columns) == summary.COLUMNS
     m = rec.summarize()
     assert m["moe_vs_loop"] == pytest.approx(4.0) and m["moe_fwd_tflops"] == pytest.approx(2.0)  # not the sweep's
     assert m["sync_count_baseline"] == 7 and m["amp_speedup"] is None  # not measured -> null, never invented
-    assert set(json.loads((rec.folder / "summary.json").read_text())["metrics"]) == set(results.HEADLINE_KEYS)
+    assert set(json.loads((rec.folder / "summary.json").read_text())["metrics"]) == set(summary.HEADLINE_KEYS)
     later = _rec(tmp_path, "08_moe", run_id="run-2")  # the newest record wins; the history is kept
-    later.timing("moe_fwd", "grouped", "optimized", _t(0.5), shape=results.MOE, dtype=torch.bfloat16, flops=2e9)
-    assert len(results.load_records(rec.folder)) == 5 and later.summarize()["moe_vs_loop"] == pytest.approx(8.0)
+    later.timing("moe_fwd", "grouped", "optimized", _t(0.5), shape=summary.MOE, dtype=torch.bfloat16, flops=2e9)
+    assert len(summary.load_records(rec.folder)) == 5 and later.summarize()["moe_vs_loop"] == pytest.approx(8.0)
 
 
 def test_the_ladder_speedup_comes_only_from_the_ladder_that_starts_without_the_loops(tmp_path):
@@ -110,7 +110,7 @@ def test_goals_are_graded_and_a_cpu_run_is_reported_as_one_and_not_graded(tmp_pa
     rec = _rec(tmp_path, "06_amp")
     rec.timing("amp_train_step", "fp32", "baseline", _t(1.2))
     rec.timing("amp_train_step", "bf16", "optimized", _t(1.0))  # 1.2x: far from the GPU goal
-    results.write_summary(rec.folder, "full")
+    summary.write_summary(rec.folder, "full")
     md = build_report(rec.folder)
     assert "**A CPU run.**" in md and f"| `amp_speedup` | 1.2 | >= 3.0 | {CPU_NOT_GRADED} |" in md
     assert "| missed |" not in md and f"| 1.2 ({CPU_NOT_GRADED}) |" in readme_tables([rec.folder])

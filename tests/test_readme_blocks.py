@@ -12,7 +12,7 @@ import pytest
 
 from mahia.__main__ import BEGIN, END
 from mahia.__main__ import main as cli
-from mahia.measure import files, results
+from mahia.measure import files, summary
 from mahia.measure.report import RUNS_BEGIN, RUNS_END, parts_table, readme_tables, render_runs_block
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ def _summary(folder: Path, device: str, metrics: dict, *, stale=()) -> Path:
     sources = {k: ["aaa" if k in stale else "bbb"] for k, v in metrics.items() if v is not None}
     doc = {"device": device, "profile": "full", "newest_record": "2026-11-24T10:00:00+00:00", "newest_commit": "bbb"}
     doc |= {"commits": sorted({c for cs in sources.values() for c in cs}), "stale": list(stale), "sources": sources}
-    doc["metrics"] = {k: metrics.get(k) for k in results.HEADLINE_KEYS}
+    doc["metrics"] = {k: metrics.get(k) for k in summary.HEADLINE_KEYS}
     (folder / "summary.json").write_text(json.dumps(doc))
     return folder
 
@@ -91,10 +91,10 @@ def test_write_replaces_both_blocks_idempotently_and_bad_input_changes_nothing(r
     assert once.startswith("# r\n\n") and once.endswith(f"{END}\n\nend\n") and "stale-x" not in once
     folders = [repo / "data" / "results" / H100, repo / "data" / "results" / H200]
     assert _block(once, BEGIN, END) == readme_tables(folders)
-    summary = folders[1] / "summary.json"
-    doc = json.loads(summary.read_text())
+    path = folders[1] / "summary.json"
+    doc = json.loads(path.read_text())
     doc["metrics"]["amp_speedup"] = 99.0  # a summary that no longer says what its records say
-    summary.write_text(json.dumps(doc))
+    path.write_text(json.dumps(doc))
     (repo / "data" / "results" / "cpu-old").mkdir()  # no summary
     (repo / "README.md").write_text(once.replace(RUNS_BEGIN, ""))
     for argv, message in (

@@ -14,7 +14,7 @@ import pytest
 
 from mahia import runner
 from mahia.__main__ import main as cli
-from mahia.measure import files, hardware, results
+from mahia.measure import files, hardware, results, summary
 from mahia.measure.report import reference_parts
 from mahia.measure.timing import Timing
 
@@ -81,11 +81,11 @@ def test_describe_commit_says_dirty_only_for_tracked_changes_under_mahia_or_note
 
 
 def test_the_committed_h200_reference_is_the_full_profile_of_one_commit_and_its_summary_matches():
-    df = results.load_records(H200)
+    df = summary.load_records(H200)
     commits = {p["commit"] for p in reference_parts(H200)}
     assert len(df) > 400 and set(df["profile"]) == {"full"} and len(commits) == 1 and set(df["commit"]) == commits
-    summary = json.loads((H200 / "summary.json").read_text())
-    assert summary["profile"] == "full" and summary["commits"] == sorted(commits) and summary["stale"] == []
+    doc = json.loads((H200 / "summary.json").read_text())
+    assert doc["profile"] == "full" and doc["commits"] == sorted(commits) and doc["stale"] == []
 
 
 def test_a_quick_run_never_changes_the_full_summary(tmp_path):
@@ -120,12 +120,12 @@ def test_a_metric_from_an_older_commit_is_marked_stale(tmp_path):
     new = results.Recorder("06_amp", "cpu", results_dir=tmp_path, profile="full", commit="bbb")
     new.timing("amp_train_step", "fp32", "baseline", Timing(4.0, 4, 4, 3))
     new.timing("amp_train_step", "bf16", "optimized", Timing(1.0, 1, 1, 3))
-    doc = results.headline(old.folder, "full")
+    doc = summary.headline(old.folder, "full")
     assert doc["commits"] == ["aaa", "bbb"] and doc["stale"] == ["sync_count_baseline", "sync_count_optimized"]
     assert doc["sources"]["sync_count_baseline"] == ["aaa"] and doc["sources"]["amp_speedup"] == ["bbb"]
     newer = results.Recorder("01_sync", "cpu", results_dir=tmp_path, profile="full", commit="ccc")
     newer.metric("sync_count", "baseline", 5)
-    assert results.headline(old.folder, "full")["metrics"]["sync_count_optimized"] is None
+    assert summary.headline(old.folder, "full")["metrics"]["sync_count_optimized"] is None
 
 
 @needs_git

@@ -50,7 +50,15 @@ def nbdir(tmp_path, monkeypatch) -> Path:
     return tmp_path / "notebooks"
 
 
-def test_a_failing_notebook_is_named_with_its_cell_and_the_run_goes_on(tmp_path, nbdir):
+def test_a_failing_notebook_is_named_with_its_cell_and_the_run_goes_on(tmp_path, nbdir, monkeypatch):
+    # Kernels die at start-up, as when they race for ports (papermill#239): 00's twice, 01's once (started again).
+    (site := tmp_path / "site").mkdir()
+    (site / "sitecustomize.py").write_text(  # a kernel is started with -f CONNECTION_FILE; papermill is not
+        f"import os, sys\nf = {str(tmp_path / 'starts')!r}\nif '-f' in sys.argv:\n    with open(f, 'a') as h:\n"
+        "        h.write('x')\n    if os.path.getsize(f) <= 3:\n        os._exit(1)\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    _notebook(nbdir / "00_unlucky.ipynb", "", "x = 1")
     _notebook(nbdir / "01_breaks.ipynb", "extra = None", "x = 1", "raise ValueError('planted failure')")
     _notebook(
         nbdir / "02_fine.ipynb", "extra = None", "assert profile == 'quick' and not interactive and extra == [1, 2]"
@@ -61,10 +69,16 @@ def test_a_failing_notebook_is_named_with_its_cell_and_the_run_goes_on(tmp_path,
     outcomes = _outcomes(tmp_path / "out")
     failed = outcomes["01_breaks"]  # cells: parameters, x = 1, the raise (papermill's injected cell not counted)
     assert (failed["status"], failed["cell"], failed["error"]) == ("failed", 3, "ValueError: planted failure")
+    assert outcomes["00_unlucky"]["error"].endswith("RuntimeError: Kernel died before replying to kernel_info")
+    assert (tmp_path / "starts").read_text() == "x" * 6  # 00: 2, 01: 2, 02 and 03: 1 each
     assert outcomes["02_fine"]["status"] == "ok" and outcomes["03_other"]["status"] == "ok", outcomes
     assert [c["cell"] for c in outcomes["02_fine"]["slowest_cells"]][:1] in ([1], [2])
     run = json.loads((tmp_path / "out" / "run.json").read_text())
-    assert run["profile"] == "quick" and run["parts"] == ["01_breaks", "02_fine", "03_other"] and run["commit"]
+    assert (
+        run["profile"] == "quick"
+        and run["parts"] == ["00_unlucky", "01_breaks", "02_fine", "03_other"]
+        and run["commit"]
+    )
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| 01_breaks | failed |" in md and "cell 3: ValueError: planted failure" in md
 

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 
 from mahia import ops
 from mahia.layers.rope import RotaryCache
-from mahia.measure import files, results
+from mahia.measure import files, summary
 from mahia.measure.checks import CorrectnessError, compare_fn, tolerance
 from mahia.measure.timing import Timing, bench
 
@@ -525,10 +525,10 @@ def summary_keys(records, *, where: bool = False) -> dict:
 def write_summary(folder: str | Path, profile: str) -> Path:
     """Write :func:`summary_keys` of the folder's kernel records of ``profile`` to ``<folder>/
     bench_kernels_summary.json`` (``-<profile>`` for other than full), with where each worst case is and the
-    records' commits. :func:`mahia.measure.results.headline` merges these keys into the folder's summary."""
-    df = results.load_records(folder)
+    records' commits. :func:`mahia.measure.summary.headline` merges these keys into the folder's summary."""
+    df = summary.load_records(folder)
     if not df.empty:  # the newest commit's sweep only (resumed runs of one commit append to it)
-        df = results.latest(df[(df["notebook"] == "bench_kernels") & (df["profile"] == profile)])
+        df = summary.latest(df[(df["notebook"] == "bench_kernels") & (df["profile"] == profile)])
     keys = summary_keys(df, where=True)
     doc = {
         "profile": profile,

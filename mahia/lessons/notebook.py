@@ -20,7 +20,8 @@ import pandas as pd
 import torch
 
 from mahia.measure import hardware
-from mahia.measure.results import Recorder, default_figures_dir, default_results_dir
+from mahia.measure.files import default_figures_dir, default_results_dir
+from mahia.measure.results import Recorder
 from mahia.measure.timing import Timing, bench
 
 __all__ = ["PROFILES", "Context", "setup", "show_source", "side_by_side", "explorer", "watch_settings"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from mahia.measure.files import atomic_write_text
-from mahia.measure.results import (
+from mahia.measure.summary import (
     GOALS,
     HEADLINE_KEYS,
     goal_status,

@@ -25,28 +25,10 @@ import pandas as pd
 import torch
 
 from mahia.measure import files
-from mahia.measure.files import UNKNOWN, atomic_write_text, default_figures_dir, default_results_dir
+from mahia.measure.files import UNKNOWN, atomic_write_text, default_results_dir
 from mahia.measure.hardware import Ceilings, device_report, device_slug, resolve_device
-from mahia.measure.summary import (
-    COLUMNS,
-    GOALS,
-    HEADLINE_KEYS,
-    MOE,
-    SUITE_SUMMARIES,
-    goal_status,
-    headline,
-    latest,
-    load_records,
-    profiles,
-    read_summary,
-    write_summaries,
-    write_summary,
-)
+from mahia.measure.summary import COLUMNS, write_summary
 from mahia.measure.timing import Timing
-
-__all__ = ["GOALS", "MOE", "SUITE_SUMMARIES", "goal_status", "COLUMNS", "HEADLINE_KEYS", "Recorder"]
-__all__ += ["atomic_write_text", "default_results_dir", "default_figures_dir", "load_records", "latest", "profiles"]
-__all__ += ["headline", "write_summary", "write_summaries", "read_summary"]
 
 ROLES = ("baseline", "optimized", "peer", "reference", "metric")
 

@@ -1,6 +1,6 @@
 """Reading result records and deriving the headline metrics (``summary.json``) from the newest of them.
 
-A ratio key ``x_vs_y`` is time(y) / time(x): above 1 means x is faster. Re-exported by :mod:`mahia.measure.results`.
+A ratio key ``x_vs_y`` is time(y) / time(x): above 1 means x is faster.
 """
 
 from __future__ import annotations

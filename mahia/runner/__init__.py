@@ -28,8 +28,10 @@ from mahia.runner.notebooks import (
     _check_params,
     _failure,
     _has_parameters_cell,
+    _running_cell,
     clean_notebook,
     conforms,
+    last_line,
     notebook_is_clean,
     notebook_parameters,
     parse_params,
@@ -115,15 +117,22 @@ def _run_notebook(sess: _Session, nb: Path, mine: dict) -> dict:
     cmd += ["--log-output", "--no-progress-bar", "-p", "interactive", "False"]
     fixed = {"device": sess.dev, "profile": sess.profile, "seed": sess.seed, "results_dir": sess.res_root}
     cmd += [a for name, value in fixed.items() for a in ("-p", name, str(value))]
+    cmd += ["-y", json.dumps(mine)]  # JSON is YAML: lists keep their type
     t0 = time.perf_counter()
-    rc = _spawn(cmd + ["-y", json.dumps(mine)], log, sess)  # JSON is YAML: lists keep their type
+    rc = _spawn(cmd, log, sess)
+    if rc not in (0, None) and out_nb.exists() and _running_cell(out_nb) is None:
+        # The kernel died before its first cell ("Kernel died before replying to kernel_info"): kernels started
+        # side by side can race for their ports (papermill#239; once in CI, under two pytest workers). Nothing
+        # ran, so nothing is lost by starting it once more; the log keeps both attempts.
+        print(f"  {nb.stem}: the kernel died before its first cell ({last_line(log)}); starting it once more")
+        rc = _spawn(cmd, log, sess, mode="a")
     outcome["seconds"] = time.perf_counter() - t0
     if rc == 0:
         outcome["status"] = "ok"
     elif rc is None:
         outcome.update(_stopped(sess, out_nb))
     else:
-        cell, err = _failure(out_nb)
+        cell, err = _failure(out_nb, log)
         outcome.update(status="failed", cell=cell, error=err)
     return outcome | {"slowest_cells": slowest_cells(out_nb)}
 
@@ -140,8 +149,7 @@ def _run_bench(sess: _Session, suite: str) -> dict:
         return outcome | {"status": "ok"}
     if rc is None:
         return outcome | _stopped(sess)
-    tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["no output"]
-    return outcome | {"status": "failed", "error": tail[0][:300]}
+    return outcome | {"status": "failed", "error": last_line(log)}
 
 
 def _run_parts(sess: _Session, parts: list, progress: bool, on_ok: Callable[[dict], None] | None = None) -> list[dict]:

@@ -184,15 +184,22 @@ def _source_cells(out_nb: Path) -> list[tuple[int, dict]]:
     return list(enumerate((c for c in cells if c["cell_type"] == "code" and "injected-parameters" not in tags(c)), 1))
 
 
-def _failure(out_nb: Path) -> tuple[int | None, str]:
-    """(code cell number in the source notebook, 'Error: message') of the first cell with an error output."""
+def last_line(log: Path) -> str:
+    """The last non-empty line a part's process wrote to its log: papermill's or a suite's final error."""
+    lines = [ln for ln in Path(log).read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+    return lines[-1][:300] if lines else "no output"
+
+
+def _failure(out_nb: Path, log: Path) -> tuple[int | None, str]:
+    """(code cell number in the source notebook, 'Error: message') of the first cell with an error output; else
+    (None, the log's last line): the kernel died (killed, out of memory, or never started) and left no error."""
     if not out_nb.exists():
-        return None, "no output notebook was written"
+        return None, f"no output notebook was written: {last_line(log)}"
     for number, c in _source_cells(out_nb):
         for o in c.get("outputs", []):
             if o.get("output_type") == "error":
                 return number, f"{o.get('ename')}: {str(o.get('evalue'))[:300]}"
-    return None, "no error cell: the kernel stopped (killed, or out of memory?) or the output notebook is unreadable"
+    return None, f"no error cell (the kernel died: killed, or out of memory?): {last_line(log)}"
 
 
 def slowest_cells(out_nb: Path, n: int = 3) -> list[dict]:

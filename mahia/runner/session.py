@@ -153,11 +153,12 @@ def _session(dev, prof: str, *, out, res_root, fig_root, timeout, seed, label, c
     return _Session(dev, slug, prof, run_id, commit, out_dir, res_root, fig_root, env, timeout, seed)
 
 
-def _spawn(cmd: list[str], log: Path, sess: _Session, cwd: Path | None = None) -> int | None:
-    """Run ``cmd``, output to ``log``; its exit code, or None when it was stopped (the ``--timeout`` limit, or a
-    signal set ``sess.stop``): SIGTERM, on which papermill (nbclient) shuts its kernel down, then SIGKILL."""
+def _spawn(cmd: list[str], log: Path, sess: _Session, cwd: Path | None = None, mode: str = "w") -> int | None:
+    """Run ``cmd``, output to ``log`` (``mode`` "a": after what is there); its exit code, or None when it was
+    stopped (the ``--timeout`` limit, or a signal set ``sess.stop``): SIGTERM, on which papermill (nbclient) shuts
+    its kernel down, then SIGKILL."""
     deadline = time.monotonic() + sess.timeout
-    with open(log, "w") as logf:
+    with open(log, mode) as logf:
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=sess.env, cwd=cwd)
         while sess.stop.signum is None and time.monotonic() < deadline:  # short waits: a handler only sets the flag
             with contextlib.suppress(subprocess.TimeoutExpired):
