@@ -153,12 +153,17 @@ def _unit(t: torch.Tensor) -> float:
     return t.detach().abs().amax().item() if t.numel() else 0.0
 
 
-def _check_rms_grads(name, x64, w64, dy64, eps, got_dx, ref_dx, dtype, n):
+def _check_rms_grads(name, x64, w64, dy64, eps, got, ref, dtypes, n):
     # dx = rstd * (w dy - x_hat * mean(x_hat * w dy)): for N <= 2 a cancellation of terms of size
     # rstd * |w dy| down to far less; the element-wise bound takes that term size as its unit.
+    # dw = sum over rows of dy * x_hat can cancel too (a random-seed fuzz: 12,288 rows, N = 1, |dw| 0.82 from
+    # terms of 2-norm 110; float32 error 1.2e-5 here, 7.6e-6 in F.rms_norm): its unit is the terms' 2-norm.
     rstd = torch.rsqrt(x64.detach().pow(2).mean(dim=-1, keepdim=True) + float(eps))
     terms = _unit(rstd * w64.detach() * dy64) if x64.numel() else 0.0
-    assert_close(f"{name} dx", got_dx, ref_dx, dtype, scale=max(terms, _unit(ref_dx)), norm=n > 2)
+    assert_close(f"{name} dx", got[0], ref[0], dtypes[0], scale=max(terms, _unit(ref[0])), norm=n > 2)
+    assert got[1].dtype == dtypes[1]
+    dw_terms = (dy64 * x64.detach() * rstd).reshape(-1, n).norm(dim=0).max().item() if x64.numel() else 0.0
+    assert_close(f"{name} dw", got[1], ref[1], _low(*dtypes), scale=max(dw_terms, _unit(ref[1])), norm=n > 2)
 
 
 @FUZZ
@@ -183,9 +188,7 @@ def test_fuzz_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed, out):
     y64 = _rms_ref(x64, w64, eps)
     dx64, dw64 = _grads(y64, [x64, w64], dy.double())
     assert_close("rms_norm y", y, y64, _low(dtype, y.dtype))
-    _check_rms_grads("rms_norm", x64, w64, dy.double(), eps, dx, dx64, dtype, n)
-    assert dw.dtype == w.dtype
-    assert_close("rms_norm dw", dw, dw64, _low(dtype, w.dtype))
+    _check_rms_grads("rms_norm", x64, w64, dy.double(), eps, (dx, dw), (dx64, dw64), (dtype, w.dtype), n)
 
 
 @FUZZ
@@ -193,6 +196,7 @@ def test_fuzz_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed, out):
 @example(lead=[65], n=40, dtype=torch.bfloat16, w_fp32=True, layout="row-gap", eps=0, seed=3)  # issue 37 #1
 @example(lead=[0], n=4097, dtype=torch.float16, w_fp32=False, layout="transposed", eps=1e-6, seed=0)
 @example(lead=[1, 1], n=9000, dtype=torch.bfloat16, w_fp32=True, layout="strided", eps=1e-6, seed=1)
+@example(lead=[3, 64, 64], n=1, dtype=torch.float32, w_fp32=True, layout="transposed", eps=1e-6, seed=1935195)  # dw
 def test_fuzz_add_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
     lead, g = _fit(lead, n), _gen(seed)
     x = _view(_randn(lead + [n], dtype, g), layout)
@@ -214,10 +218,11 @@ def test_fuzz_add_rms_norm(lead, n, dtype, w_fp32, layout, eps, seed):
     assert_close("add_rms_norm h", h, h64, dtype)
     assert_close("add_rms_norm y", y, y64, dtype)
     # dx = dh + the RMSNorm gradient (a cancellation for N <= 2, see _check_rms_grads)
-    _check_rms_grads("add_rms_norm", h.detach().double(), w64, dy.double(), eps, dx, dx64, dtype, n)
+    _check_rms_grads(
+        "add_rms_norm", h.detach().double(), w64, dy.double(), eps, (dx, dw), (dx64, dw64), (dtype, w.dtype), n
+    )
     assert torch.equal(dx, dr)  # h = x + residual: one gradient for both
     assert_close("add_rms_norm dresidual", dr, dr64, dtype, norm=n > 2, scale=_unit(dx64))
-    assert_close("add_rms_norm dw", dw, dw64, _low(dtype, w.dtype))
 
 
 # -- swiglu -----------------------------------------------------------------------------------------
