@@ -2,10 +2,11 @@
 
 Each notebook runs in a papermill process of its own: a per-notebook limit can stop it, a crash cannot take the
 runner down, and on SIGTERM papermill (nbclient) shuts its kernel down, so one GPU notebook's memory is gone
-before the next starts. A failure is reported with its cell (numbered as in the source notebook) and the run
-goes on. ``run`` writes records and figures to ``runs/results`` and ``runs/figures``, the executed notebooks,
-logs, ``outcomes.json``, ``run.json`` and the report to a folder of its own; ``reference`` is the only writer of
-the committed ``data/results/<gpu>/`` and ``figures/<gpu>/``, in parts that resume. Every part of a run gets its
+before the next starts. A failure is reported with its cell (numbered as in the source notebook), or without one
+with papermill's last line, and the run goes on; a kernel that dies before its first cell is started once more.
+``run`` writes records and figures to ``runs/results`` and ``runs/figures``, the executed notebooks, logs,
+``outcomes.json``, ``run.json`` and the report to a folder of its own; ``reference`` is the only writer of the
+committed ``data/results/<gpu>/`` and ``figures/<gpu>/``, in parts that resume. Every part of a run gets its
 commit (``MAHIA_COMMIT``) and profile (``MAHIA_PROFILE``), which the records carry.
 """
 
