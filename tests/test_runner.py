@@ -51,7 +51,7 @@ def nbdir(tmp_path, monkeypatch) -> Path:
 
 
 def test_a_failing_notebook_is_named_with_its_cell_and_the_run_goes_on(tmp_path, nbdir, monkeypatch):
-    # Kernels die at start-up, as when they race for ports (papermill#239): 00's twice, 01's once (started again).
+    # Kernels die at start-up, as side by side ones can (papermill#239): 00's twice, 01's once (started again).
     (site := tmp_path / "site").mkdir()
     (site / "sitecustomize.py").write_text(  # a kernel is started with -f CONNECTION_FILE; papermill is not
         f"import os, sys\nf = {str(tmp_path / 'starts')!r}\nif '-f' in sys.argv:\n    with open(f, 'a') as h:\n"

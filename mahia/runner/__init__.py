@@ -122,9 +122,9 @@ def _run_notebook(sess: _Session, nb: Path, mine: dict) -> dict:
     t0 = time.perf_counter()
     rc = _spawn(cmd, log, sess)
     if rc not in (0, None) and out_nb.exists() and _running_cell(out_nb) is None:
-        # The kernel died before its first cell ("Kernel died before replying to kernel_info"): kernels started
-        # side by side can race for their ports (papermill#239; once in CI, under two pytest workers). Nothing
-        # ran, so nothing is lost by starting it once more; the log keeps both attempts.
+        # The kernel died before its first cell ("Kernel died before replying to kernel_info"), as kernels started
+        # side by side can at start-up (papermill#239; once in CI, under two pytest workers). Nothing ran, so
+        # nothing is lost by starting it once more; the log keeps both attempts.
         print(f"  {nb.stem}: the kernel died before its first cell ({last_line(log)}); starting it once more")
         rc = _spawn(cmd, log, sess, mode="a")
     outcome["seconds"] = time.perf_counter() - t0
