@@ -190,7 +190,7 @@ def test_each_run_gets_its_own_folder_and_a_report_when_nothing_was_recorded(tmp
         ("mahia run --timeout 0", "--timeout must be positive"),
         ("mahia run --param no-equals-sign", "--param expects NAME=VALUE"),
         ("mahia run --param device=cuda", "use the runner's own --device"),
-        ("mahia run -n 00 --param batchsize=8", "no selected notebook has such a parameter"),
+        ("mahia run -n 00 --param batchsize=8", "such a parameter; theirs: none but the runner's own options"),
         ("mahia run -n 06 -p loss_tol=abc", "loss_tol: float"),  # literal defaults of the committed cells
         ("mahia run -n 00 --results-dir /proc/x", "--results-dir"),
         (f"mahia run -n 00 --out {__file__}", "is a file, not a folder"),

@@ -228,10 +228,8 @@ def _check_params(chosen: list[Path], extra: dict) -> dict[Path, dict[str, str |
     names = set().union(*(set(d) for d in declared.values()))
     unknown = sorted(set(extra) - names)
     if unknown:
-        valid = sorted(names - set(RESERVED))
-        raise UsageError(
-            f"--param {', '.join(unknown)}: no selected notebook has such a parameter; theirs: {', '.join(valid)}"
-        )
+        valid = ", ".join(sorted(names - set(RESERVED))) or "none but the runner's own options"
+        raise UsageError(f"--param {', '.join(unknown)}: no selected notebook has such a parameter; theirs: {valid}")
     for name, value in extra.items():
         for nb, params in declared.items():
             kind = params.get(name)
