@@ -111,7 +111,7 @@ def test_a_signal_or_the_limit_stops_the_notebooks_kernel_and_the_report_is_writ
     _notebook(nbdir / "02_after.ipynb", "", "x = 2")
     env = dict(os.environ, MAHIA_PID_FILE=str(tmp_path / "kernel.pid"))
     timeout = "600" if sig else "30"
-    pipes = dict(text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pipes = dict(text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # its own group
     proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path), timeout], env=env, cwd=ROOT, **pipes)
     try:
         deadline = time.monotonic() + 120
@@ -120,7 +120,7 @@ def test_a_signal_or_the_limit_stops_the_notebooks_kernel_and_the_report_is_writ
             time.sleep(0.2)
         kernel = int((tmp_path / "kernel.pid").read_text())
         if sig:
-            proc.send_signal(sig)
+            os.killpg(proc.pid, sig)  # the whole group, as Ctrl-C in a terminal or `timeout` do: papermill too
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()

@@ -162,7 +162,10 @@ def _spawn(cmd: list[str], log: Path, sess: _Session, cwd: Path | None = None, m
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=sess.env, cwd=cwd)
         while sess.stop.signum is None and time.monotonic() < deadline:  # short waits: a handler only sets the flag
             with contextlib.suppress(subprocess.TimeoutExpired):
-                return proc.wait(timeout=0.5)
+                rc = proc.wait(timeout=0.5)
+                # A terminal's Ctrl-C and `timeout` signal the whole group: the child may die of the same signal
+                # before this loop sees the flag. It was stopped, not failed.
+                return None if rc != 0 and sess.stop.signum is not None else rc
         proc.terminate()
         try:
             proc.wait(timeout=KILL_GRACE_S)
