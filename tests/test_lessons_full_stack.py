@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import matplotlib
 import pytest
@@ -64,8 +65,7 @@ def test_climb_is_cumulative_and_alone_is_not():
 
 def test_for_device_drops_and_swaps_cuda_only_rungs():
     kept, why = fs.for_device(fs.LADDER, cuda=False, compile_problem="no compiler here")
-    names = [r.name for r in kept]
-    assert "triton" not in names and "compile" not in names
+    assert not {"triton", "compile"} & {r.name for r in kept}
     assert "CUDA only" in why["triton"] and "no compiler here" in why["compile"] and "CUDA only" in why["graphs"]
     parts = next(r for r in kept if r.name == "hybrid_parts")
     assert parts.model == ("logspace_scan", "batched_memory", "masked_gating")
@@ -112,9 +112,18 @@ def test_check_step_direction_and_cosine():
     with pytest.raises(CorrectnessError, match="grad"):
         fs.check_step("flipped", flipped, ref, 1e-6)
     a = torch.tensor([1.0, 2.0, 3.0])
-    assert fs.cosine(a, 2 * a) == pytest.approx(1.0)
-    assert fs.cosine(a, -a) == pytest.approx(-1.0)
+    assert fs.cosine(a, 2 * a) == pytest.approx(1.0) and fs.cosine(a, -a) == pytest.approx(-1.0)
     assert math.isnan(fs.cosine(a, torch.tensor([1.0, float("nan"), 0.0])))  # fails check_step's `cos >= min_cosine`
+
+
+def test_the_graph_is_captured_on_copies_in_the_batch_strides(monkeypatch):
+    # A compiled forward guards on its inputs' strides: contiguous clones of a sliced batch recompiled the model
+    x, seen = torch.arange(16).view(2, 8), []
+    step = lambda b: seen.append([t.stride() for t in b]) or b[0].sum()  # noqa: E731
+    step.history = []
+    monkeypatch.setattr(fs, "capture_graph", lambda fn, warmup: (SimpleNamespace(replay=lambda: None), fn()))
+    fs.graphed(step)((x[:, :-1], x[:, 1:]))  # (idx, targets) as SyntheticTokens gives them: slices of one tensor
+    assert seen == [[(8, 1), (8, 1)]]  # contiguous clones have (7, 1)
 
 
 # -- the cost model ---------------------------------------------------------------------------------
@@ -134,8 +143,7 @@ def test_waterfall():
     ax = fs.waterfall(names, ms, title="t", device_note="CPU run")
     assert len(ax.patches) == 4  # three rungs and the total
     texts = [t.get_text() for t in ax.texts]
-    assert "x4" in texts and "x0.75" in texts and any("x3" in t for t in texts)
-    assert ax.get_yscale() == "log"
+    assert "x4" in texts and "x0.75" in texts and any("x3" in t for t in texts) and ax.get_yscale() == "log"
     plt.close(ax.figure)
     # spread draws one error bar per level; a rung whose range overlaps the one below is marked n.s.
     ax = fs.waterfall(names, ms, title="t", spread=[(9, 11), (30, 50), (28, 31)], significant=[True, True, False])

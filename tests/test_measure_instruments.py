@@ -139,8 +139,7 @@ def test_in_place_writes_leave_the_region_and_backward_and_fused_steps_are_trace
     params, grads = [torch.randn(N, K) for _ in range(3)], [torch.randn(N, K) for _ in range(3)]
     (op,) = trace_ops(lambda: torch._foreach_add_(params, grads, alpha=-0.1)).ops  # returns nothing, writes params
     nb = 4 * N * K
-    assert op.kind == "pointwise" and op.mutates
-    assert op.read_bytes == 6 * nb and op.write_bytes == 3 * nb
+    assert op.kind == "pointwise" and op.mutates and op.read_bytes == 6 * nb and op.write_bytes == 3 * nb
     x = torch.randn(N, K, requires_grad=True)
     tr = trace_ops(lambda: (x * x).sum().backward())
     assert [o.name for o in tr.ops if o.kind != "free"][:2] == ["mul", "sum"] and tr.kernels > 3  # and backward

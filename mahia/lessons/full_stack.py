@@ -186,7 +186,8 @@ def graphed(step: Callable, warmup: int = 3) -> Callable:
     def replay(batch):
         key = tuple(t.shape for t in batch)
         if key not in graphs:
-            static, marks = tuple(t.clone() for t in batch), []
+            # the batch's strides: a compiled forward guards on them (a clone of a sliced batch recompiled the model)
+            static, marks = tuple(t.new_empty_strided(t.shape, t.stride()).copy_(t) for t in batch), []
 
             def once():  # notes the memory reserved before each call: the last note is the capture's
                 marks.append(torch.cuda.memory_reserved())

@@ -15,6 +15,7 @@ and the others read it back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -60,12 +61,10 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def _cpu_name() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 
