@@ -105,16 +105,16 @@ def break_even_steps(compile_ms: float, eager_ms: float, compiled_ms: float) -> 
 
 class GraphedTrainStep:
     """A whole training step (forward, backward, the optimizer's update; ``capturable=True`` keeps its step count
-    on the device) captured in one CUDA graph: ``step = GraphedTrainStep(model, opt, batch)``, then
-    ``loss = step(batch2)`` copies the batch into the graph's static inputs and replays it. The ``warmup`` steps
-    before the capture *train the model*: give an eager twin the same. ``loss_fn(model, *batch)`` gives the
-    loss (default ``model(*batch)[1]``); the returned loss is overwritten by the next replay."""
+    on the device) in one CUDA graph: ``step = GraphedTrainStep(model, opt, batch)``, then ``loss = step(batch2)``
+    copies the batch into the graph's inputs (made in its strides: a compiled model guards on them) and replays
+    it. The ``warmup`` steps *train the model*: give an eager twin the same. ``loss_fn(model, *batch)`` gives the
+    loss (default ``model(*batch)[1]``); the next replay overwrites the returned loss."""
 
     def __init__(self, model, optimizer, example_batch: Sequence[torch.Tensor], *, warmup=3, loss_fn=None, pool=None):
         if not all(group.get("capturable", False) for group in optimizer.param_groups):
             raise ValueError("GraphedTrainStep: the optimizer must be built with capturable=True")
         loss_of = loss_fn or (lambda m, *batch: m(*batch)[1])
-        self.static_batch = tuple(t.detach().clone() for t in example_batch)
+        self.static_batch = tuple(t.new_empty_strided(t.shape, t.stride()).copy_(t.detach()) for t in example_batch)
 
         def step() -> torch.Tensor:
             optimizer.zero_grad(set_to_none=True)  # at capture: the backward allocates the grads in the pool
